@@ -1,0 +1,27 @@
+"""Test setup shared by every test module.
+
+The device count flag must be set before jax is imported anywhere, so that
+sharding tests see 8 virtual CPU devices; single-device code is unaffected.
+"""
+import os
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+
+import pytest  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# The shared data lives beside the project (../shared/data); users can point
+# elsewhere with ROFORMER_SHARED_DATA.
+SHARED_DATA = Path(os.environ.get("ROFORMER_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.fail(f"shared data not found at {SHARED_DATA}; set ROFORMER_SHARED_DATA")
+    return SHARED_DATA
