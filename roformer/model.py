@@ -1,0 +1,346 @@
+"""RoFormer encoder and heads in Flax NNX, laid out like HF `modeling_roformer.py`.
+
+Module and parameter names follow HF so conversion is a rename + transpose:
+  roformer.embeddings.{word_embeddings, token_type_embeddings, LayerNorm}
+  roformer.embeddings_project                       (only when embedding_size != hidden_size)
+  roformer.encoder.layer[i].attention.self.{query, key, value}
+  roformer.encoder.layer[i].attention.output.{dense, LayerNorm}
+  roformer.encoder.layer[i].intermediate.dense
+  roformer.encoder.layer[i].output.{dense, LayerNorm}
+  roformer.encoder.LayerNorm                        (only with pre_layer_norm)
+  roformer.position.*                               (parameters of the position scheme, if any)
+  cls.predictions.{transform.dense, transform.LayerNorm, bias}   (decoder tied to word_embeddings)
+  classifier.{dense, out_proj}
+Params are float32; computation runs in `config.dtype`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from roformer.attention import ATTENTION_KINDS, RoFormerSelfAttention
+from roformer.positions import POSITION_SCHEMES, make_position_scheme
+from roformer.rope import ROPE_LAYOUTS, ROPE_SCALINGS
+
+ACTIVATIONS = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # exact erf gelu, as HF "gelu"
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+PRESETS: dict[str, dict] = {
+    "tiny": dict(num_layers=2, hidden_size=128, num_heads=2, intermediate_size=512),
+    "mini": dict(num_layers=4, hidden_size=256, num_heads=4, intermediate_size=1024),
+    "small": dict(num_layers=4, hidden_size=512, num_heads=8, intermediate_size=2048),
+    "medium": dict(num_layers=8, hidden_size=512, num_heads=8, intermediate_size=2048),
+    "base": dict(num_layers=12, hidden_size=768, num_heads=12, intermediate_size=3072),
+    "large": dict(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    embedding_size: int | None = None     # None -> hidden_size; else embeddings_project
+    max_position_embeddings: int = 512    # learned absolute table length
+    type_vocab_size: int = 2
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"              # exact (erf) gelu as HF
+    pre_layer_norm: bool = False
+    initializer_range: float = 0.02
+    position: str = "rope"                # learned|sinusoidal|none|shaw|t5|alibi|rope
+    attention: str = "softmax"            # softmax|linear
+    rope_base: float = 10000.0
+    rope_layout: str = "interleaved"      # interleaved|half
+    rotary_dim: int | None = None         # None -> head_dim
+    rotary_value: bool = False
+    rope_scaling: str = "none"            # none|linear|ntk|yarn
+    rope_scaling_factor: float = 1.0
+    rope_original_max_len: int = 512      # for yarn
+    shaw_max_distance: int = 16           # Shaw clip k
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+    dtype: str = "float32"                # compute dtype: float32|bfloat16
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        def choose(field, choices):
+            value = getattr(self, field)
+            if value not in choices:
+                raise ValueError(f"unknown {field} {value!r}; choose one of {sorted(choices)}")
+
+        choose("position", POSITION_SCHEMES)
+        choose("attention", ATTENTION_KINDS)
+        choose("rope_layout", ROPE_LAYOUTS)
+        choose("rope_scaling", ROPE_SCALINGS)
+        choose("dtype", DTYPES)
+        choose("hidden_act", ACTIVATIONS)
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if self.position == "rope":
+            if self.rotary_dim is not None and not 0 < self.rotary_dim <= self.head_dim:
+                raise ValueError(f"rotary_dim {self.rotary_dim} must be in (0, head_dim={self.head_dim}]")
+            if (self.rotary_dim or self.head_dim) % 2:
+                raise ValueError(f"rotary dim must be even (features rotate in pairs), "
+                                 f"got {self.rotary_dim or self.head_dim}")
+        if self.attention == "linear":
+            needs_scores = {name for name, scheme in POSITION_SCHEMES.items()
+                            if scheme.has_bias or scheme.relative_kv}
+            if self.position in needs_scores:
+                raise ValueError(
+                    f"attention='linear' cannot use position {self.position!r} (a logit bias or relative "
+                    f"keys need the L x L scores); use one of {sorted(set(POSITION_SCHEMES) - needs_scores)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def jnp_dtype(self):
+        return DTYPES[self.dtype]
+
+    @classmethod
+    def from_preset(cls, size: str, **overrides) -> "ModelConfig":
+        if size not in PRESETS:
+            raise ValueError(f"unknown model size {size!r}; choose one of {list(PRESETS)}")
+        return cls(**{**PRESETS[size], **overrides})
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "ModelConfig":
+        """Build from a mapping of fields.  An optional "size" key names a preset that fills the
+        fields the mapping leaves out; explicit size fields must agree with it."""
+        d = dict(d)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known - {"size"})
+        if unknown:
+            raise ValueError(f"unknown ModelConfig keys {unknown}; valid keys are {sorted(known)}")
+        size = d.pop("size", None)
+        if size is None:
+            return cls(**d)
+        if size not in PRESETS:
+            raise ValueError(f"unknown model size {size!r}; choose one of {list(PRESETS)}")
+        clashes = {k: (d[k], v) for k, v in PRESETS[size].items() if k in d and d[k] != v}
+        if clashes:
+            raise ValueError(f"size {size!r} does not match the given fields (given, preset): {clashes}")
+        return cls.from_preset(size, **d)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _dense(config: ModelConfig, in_features: int, out_features: int, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(in_features, out_features, dtype=config.jnp_dtype, param_dtype=jnp.float32,
+                      kernel_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+
+
+def _layer_norm(config: ModelConfig, features: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    return nnx.LayerNorm(features, epsilon=config.layer_norm_eps, dtype=config.jnp_dtype,
+                         param_dtype=jnp.float32, rngs=rngs)
+
+
+class RoFormerEmbeddings(nnx.Module):
+    """Word + token-type (+ absolute position) embeddings, LayerNorm, dropout."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        size = config.embedding_size or config.hidden_size
+        init = nnx.initializers.normal(config.initializer_range)
+        self.word_embeddings = nnx.Embed(config.vocab_size, size, dtype=config.jnp_dtype,
+                                         embedding_init=init, rngs=rngs)
+        self.token_type_embeddings = nnx.Embed(config.type_vocab_size, size, dtype=config.jnp_dtype,
+                                               embedding_init=init, rngs=rngs)
+        self.LayerNorm = _layer_norm(config, size, rngs)
+        self.dropout = nnx.Dropout(config.hidden_dropout, rngs=rngs)
+
+    def __call__(self, input_ids, token_type_ids, position_embeddings=None):
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        if position_embeddings is not None:
+            x = x + position_embeddings
+        return self.dropout(self.LayerNorm(x))
+
+
+class RoFormerSelfOutput(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.dense = _dense(config, config.hidden_size, config.hidden_size, rngs)
+        self.LayerNorm = _layer_norm(config, config.hidden_size, rngs)
+        self.dropout = nnx.Dropout(config.hidden_dropout, rngs=rngs)
+
+
+class RoFormerAttention(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.self = RoFormerSelfAttention(config, rngs=rngs)  # HF's name, kept for conversion
+        self.output = RoFormerSelfOutput(config, rngs=rngs)
+
+
+class RoFormerIntermediate(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.dense = _dense(config, config.hidden_size, config.intermediate_size, rngs)
+
+
+class RoFormerOutput(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.dense = _dense(config, config.intermediate_size, config.hidden_size, rngs)
+        self.LayerNorm = _layer_norm(config, config.hidden_size, rngs)
+        self.dropout = nnx.Dropout(config.hidden_dropout, rngs=rngs)
+
+
+class RoFormerLayer(nnx.Module):
+    """Attention + MLP block; post-LN like HF (LayerNorm after each residual add) or pre-LN."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.pre_layer_norm = config.pre_layer_norm
+        self.act = ACTIVATIONS[config.hidden_act]
+        self.attention = RoFormerAttention(config, rngs=rngs)
+        self.intermediate = RoFormerIntermediate(config, rngs=rngs)
+        self.output = RoFormerOutput(config, rngs=rngs)
+
+    def __call__(self, x, **attention_inputs):
+        attn_out, mlp_out = self.attention.output, self.output
+        if self.pre_layer_norm:
+            h = self.attention.self(attn_out.LayerNorm(x), **attention_inputs)
+            x = x + attn_out.dropout(attn_out.dense(h))
+            h = self.act(self.intermediate.dense(mlp_out.LayerNorm(x)))
+            return x + mlp_out.dropout(mlp_out.dense(h))
+        h = self.attention.self(x, **attention_inputs)
+        x = attn_out.LayerNorm(x + attn_out.dropout(attn_out.dense(h)))
+        h = self.act(self.intermediate.dense(x))
+        return mlp_out.LayerNorm(x + mlp_out.dropout(mlp_out.dense(h)))
+
+
+class RoFormerEncoder(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.layer = nnx.List([RoFormerLayer(config, rngs=rngs) for _ in range(config.num_layers)])
+        # Pre-LN leaves the residual stream unnormalised; one final LayerNorm closes it.
+        self.LayerNorm = _layer_norm(config, config.hidden_size, rngs) if config.pre_layer_norm else None
+
+    def __call__(self, x, **attention_inputs):
+        for index, layer in enumerate(self.layer):
+            x = layer(x, layer=index, **attention_inputs)
+        return x if self.LayerNorm is None else self.LayerNorm(x)
+
+
+class RoFormerModel(nnx.Module):
+    """The encoder: embeddings -> (embeddings_project) -> N layers.  Returns [B, L, hidden]."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embeddings = RoFormerEmbeddings(config, rngs=rngs)
+        needs_project = config.embedding_size is not None and config.embedding_size != config.hidden_size
+        self.embeddings_project = (_dense(config, config.embedding_size, config.hidden_size, rngs)
+                                   if needs_project else None)
+        self.position = make_position_scheme(config, rngs=rngs)
+        self.encoder = RoFormerEncoder(config, rngs=rngs)
+
+    def __call__(self, input_ids, *, token_type_ids=None, positions=None, attention_mask=None,
+                 segment_ids=None) -> jax.Array:
+        input_ids = jnp.asarray(input_ids)
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
+        batch, length = input_ids.shape
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+        key_mask = None if attention_mask is None else jnp.asarray(attention_mask).astype(bool)
+        if segment_ids is not None:
+            real = segment_ids != 0
+            key_mask = real if key_mask is None else key_mask & real
+
+        x = self.embeddings(input_ids, token_type_ids,
+                            self.position.embed(positions, self.config.jnp_dtype))
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)
+        # Position-only work (cis table, relative bias) is done once and shared by all layers.
+        context = self.position.prepare(positions)
+        return self.encoder(x, scheme=self.position, context=context, key_mask=key_mask,
+                            segment_ids=segment_ids)
+
+
+class RoFormerPredictionHeadTransform(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        size = config.embedding_size or config.hidden_size
+        self.act = ACTIVATIONS[config.hidden_act]
+        self.dense = _dense(config, config.hidden_size, size, rngs)
+        self.LayerNorm = _layer_norm(config, size, rngs)
+
+    def __call__(self, x):
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class RoFormerLMPredictionHead(nnx.Module):
+    """transform -> decoder tied to the word embeddings, plus its own bias."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.transform = RoFormerPredictionHeadTransform(config, rngs=rngs)
+        self.bias = nnx.Param(jnp.zeros((config.vocab_size,), jnp.float32))
+
+    def __call__(self, x, word_embeddings: nnx.Embed):
+        x = self.transform(x)
+        table = word_embeddings.embedding[...].astype(x.dtype)
+        logits = jnp.einsum("...e,ve->...v", x, table, preferred_element_type=jnp.float32)
+        return logits + self.bias[...]
+
+
+class RoFormerOnlyMLMHead(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.predictions = RoFormerLMPredictionHead(config, rngs=rngs)
+
+
+class RoFormerForMaskedLM(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.roformer = RoFormerModel(config, rngs=rngs)
+        self.cls = RoFormerOnlyMLMHead(config, rngs=rngs)
+
+    def __call__(self, input_ids, *, token_type_ids=None, positions=None, attention_mask=None,
+                 segment_ids=None, masked_positions=None) -> jax.Array:
+        """float32 logits [B, L, vocab], or [B, P, vocab] at `masked_positions` [B, P]."""
+        hidden = self.roformer(input_ids, token_type_ids=token_type_ids, positions=positions,
+                               attention_mask=attention_mask, segment_ids=segment_ids)
+        if masked_positions is not None:
+            # Gather first so the vocab projection only runs on the P predicted slots.
+            hidden = jnp.take_along_axis(hidden, jnp.asarray(masked_positions)[..., None], axis=1)
+        return self.cls.predictions(hidden, self.roformer.embeddings.word_embeddings)
+
+
+class RoFormerClassificationHead(nnx.Module):
+    """HF's head: token 0 -> dropout -> dense -> act -> dropout -> out_proj."""
+
+    def __init__(self, config: ModelConfig, num_labels: int, *, rngs: nnx.Rngs):
+        self.act = ACTIVATIONS[config.hidden_act]
+        self.dense = _dense(config, config.hidden_size, config.hidden_size, rngs)
+        self.dropout = nnx.Dropout(config.hidden_dropout, rngs=rngs)
+        self.out_proj = _dense(config, config.hidden_size, num_labels, rngs)
+
+    def __call__(self, hidden):
+        x = self.dropout(hidden[:, 0])
+        x = self.dropout(self.act(self.dense(x)))
+        return self.out_proj(x).astype(jnp.float32)
+
+
+class RoFormerForSequenceClassification(nnx.Module):
+    def __init__(self, config: ModelConfig, num_labels: int, *, rngs: nnx.Rngs):
+        if num_labels < 1:
+            raise ValueError(f"num_labels must be >= 1 (1 = regression), got {num_labels}")
+        self.config = config
+        self.num_labels = num_labels
+        self.roformer = RoFormerModel(config, rngs=rngs)
+        self.classifier = RoFormerClassificationHead(config, num_labels, rngs=rngs)
+
+    def __call__(self, input_ids, *, token_type_ids=None, positions=None, attention_mask=None,
+                 segment_ids=None) -> jax.Array:
+        """float32 logits [B, num_labels] (num_labels=1: a regression score)."""
+        hidden = self.roformer(input_ids, token_type_ids=token_type_ids, positions=positions,
+                               attention_mask=attention_mask, segment_ids=segment_ids)
+        return self.classifier(hidden)

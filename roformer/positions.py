@@ -1,0 +1,244 @@
+"""Position schemes behind one interface, chosen by name (`ModelConfig.position`).
+
+A scheme may (a) add to the input embeddings (`embed`), (b) transform q/k(/v)
+(`rotate`), (c) add an attention-logit bias (`logit_bias`), or (d) add relative
+terms to keys and values (`relative_tables`, Shaw).  Anything that depends only on
+the positions is computed once per forward pass in `prepare` and shared by every
+layer (the RoPE cis table, the T5 / ALiBi bias, Shaw's relative index).
+
+Adding a scheme = one class here + one entry in POSITION_SCHEMES (+ a config file
+and tests).  Schemes read their settings duck-typed from the ModelConfig.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from roformer import rope
+
+PositionContext = Any  # whatever a scheme's `prepare` returns; opaque to the model
+
+
+class PositionScheme(nnx.Module):
+    """Base class: no positional information at all (the `none` control)."""
+
+    # The scheme adds terms to keys and values (needs its own softmax attention path).
+    relative_kv: bool = False
+    # The scheme adds a logit bias.  Neither this nor relative_kv can be expressed by linear
+    # attention, which never forms the L x L scores; rotary schemes can (RoFormer eq. 19).
+    has_bias: bool = False
+
+    def __init__(self, config, *, rngs: nnx.Rngs):
+        del config, rngs
+
+    def embed(self, positions: jax.Array, dtype) -> jax.Array | None:
+        """Absolute embeddings [B, L, embedding_size] to add to the token embeddings."""
+        del positions, dtype
+        return None
+
+    def prepare(self, positions: jax.Array) -> PositionContext:
+        """Position-only data shared by every layer of one forward pass."""
+        del positions
+        return None
+
+    def rotate(self, q, k, v, context: PositionContext):
+        """Transform q, k, v [B, L, H, D]; identity unless the scheme is rotary."""
+        del context
+        return q, k, v
+
+    def logit_bias(self, context: PositionContext) -> jax.Array | None:
+        """Additive attention-logit bias broadcastable to [B, H, L, L] (float32)."""
+        del context
+        return None
+
+
+class NoPositions(PositionScheme):
+    """`none`: a control with no position information (permutation-equivariant)."""
+
+
+class LearnedAbsolute(PositionScheme):
+    """`learned`: BERT's trainable absolute position table added to the embeddings."""
+
+    def __init__(self, config, *, rngs: nnx.Rngs):
+        self.max_positions = config.max_position_embeddings
+        self.position_embeddings = nnx.Embed(
+            config.max_position_embeddings, config.embedding_size or config.hidden_size,
+            embedding_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+
+    def embed(self, positions, dtype):
+        if positions.shape[-1] > self.max_positions:
+            raise ValueError(
+                f"sequence length {positions.shape[-1]} is longer than the learned position table "
+                f"(max_position_embeddings={self.max_positions})")
+        return self.position_embeddings(positions).astype(dtype)
+
+
+class SinusoidalAbsolute(PositionScheme):
+    """`sinusoidal`: Vaswani et al.'s fixed sin/cos embeddings (sin at 2i, cos at 2i+1)."""
+
+    def __init__(self, config, *, rngs: nnx.Rngs):
+        size = config.embedding_size or config.hidden_size
+        if size % 2:
+            raise ValueError(f"sinusoidal positions need an even embedding size, got {size}")
+        # Host float64 constants kept as a tuple so NNX treats them as static, not state.
+        self.inv_freq = tuple(rope.rope_frequencies(size, 10000.0)[0].tolist())
+
+    def embed(self, positions, dtype):
+        angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(self.inv_freq, jnp.float32)
+        table = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+        return table.reshape(*positions.shape, -1).astype(dtype)
+
+
+class Rotary(PositionScheme):
+    """`rope`: RoFormer's rotary embedding of q and k (and v with rotary_value)."""
+
+    def __init__(self, config, *, rngs: nnx.Rngs):
+        head_dim = config.hidden_size // config.num_heads
+        rotary_dim = config.rotary_dim or head_dim
+        if rotary_dim % 2 or rotary_dim <= 0 or rotary_dim > head_dim:
+            raise ValueError(
+                f"rotary_dim must be even and in (0, head_dim={head_dim}], got {rotary_dim}")
+        self.layout = config.rope_layout
+        self.rotary_value = config.rotary_value
+        inv_freq, self.magnitude = rope.rope_frequencies(
+            rotary_dim, config.rope_base, scaling=config.rope_scaling,
+            factor=config.rope_scaling_factor, original_max_len=config.rope_original_max_len)
+        self.inv_freq = tuple(inv_freq.tolist())  # static host constants, not NNX state
+
+    def prepare(self, positions):
+        return rope.rope_cis(positions, self.inv_freq, self.magnitude)
+
+    def rotate(self, q, k, v, cis):
+        q = rope.apply_rope(q, cis, self.layout)
+        k = rope.apply_rope(k, cis, self.layout)
+        if self.rotary_value:
+            v = rope.apply_rope(v, cis, self.layout)
+        return q, k, v
+
+
+def relative_distances(positions: jax.Array) -> jax.Array:
+    """[B, L, L] key position minus query position (memory - context, as in T5)."""
+    return positions[:, None, :] - positions[:, :, None]
+
+
+def t5_relative_bucket(relative_position: jax.Array, num_buckets: int = 32,
+                       max_distance: int = 128) -> jax.Array:
+    """Bidirectional T5 bucket of `relative_position` (key - query), as HF T5's
+    `_relative_position_bucket(bidirectional=True)`: half the buckets per direction,
+    exact buckets for |d| < num_buckets / 4, log-spaced buckets up to max_distance."""
+    num_buckets //= 2
+    bucket = jnp.where(relative_position > 0, num_buckets, 0)
+    distance = jnp.abs(relative_position)
+    max_exact = num_buckets // 2
+    # Clamp to 1 so log(0) is never formed (those entries take the exact branch anyway).
+    log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact)
+    large = max_exact + (log_ratio / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).astype(jnp.int32)
+    large = jnp.minimum(large, num_buckets - 1)
+    return bucket + jnp.where(distance < max_exact, distance, large)
+
+
+class T5Bias(PositionScheme):
+    """`t5`: bucketed relative bias (Raffel et al.), one [buckets, heads] table shared by all layers."""
+
+    has_bias = True
+
+    def __init__(self, config, *, rngs: nnx.Rngs):
+        self.num_buckets = config.t5_num_buckets
+        self.max_distance = config.t5_max_distance
+        self.relative_attention_bias = nnx.Embed(
+            config.t5_num_buckets, config.num_heads,
+            embedding_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+
+    def prepare(self, positions):
+        buckets = t5_relative_bucket(relative_distances(positions), self.num_buckets, self.max_distance)
+        return jnp.moveaxis(self.relative_attention_bias(buckets), -1, 1)  # [B, H, L, L]
+
+    def logit_bias(self, bias):
+        return bias
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """ALiBi head slopes (Press et al. 2022, reference `get_slopes`): the geometric sequence
+    2^(-8/n), 2^(-16/n), ... for a power-of-two n; otherwise those of the closest lower
+    power of two followed by every other slope of twice that many heads."""
+    def power_of_two_slopes(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if num_heads & (num_heads - 1) == 0:
+        return np.asarray(power_of_two_slopes(num_heads), dtype=np.float64)
+    closest = 2 ** math.floor(math.log2(num_heads))
+    extra = power_of_two_slopes(2 * closest)[0::2][: num_heads - closest]
+    return np.asarray(power_of_two_slopes(closest) + extra, dtype=np.float64)
+
+
+class ALiBi(PositionScheme):
+    """`alibi`: symmetric encoder form, bias -slope_h * |i - j| (no parameters)."""
+
+    has_bias = True
+
+    def __init__(self, config, *, rngs: nnx.Rngs):
+        self.slopes = tuple(alibi_slopes(config.num_heads).tolist())  # static, not NNX state
+
+    def prepare(self, positions):
+        distance = jnp.abs(relative_distances(positions)).astype(jnp.float32)
+        return -jnp.asarray(self.slopes, jnp.float32)[None, :, None, None] * distance[:, None]
+
+    def logit_bias(self, bias):
+        return bias
+
+
+class ShawRelative(PositionScheme):
+    """`shaw`: Shaw et al. 2018 clipped relative key and value embeddings.
+
+    Each layer has its own [2k+1, head_dim] key and value tables, shared across heads.
+    `prepare` returns the clipped relative index [B, L, L] in [0, 2k]; attention uses
+    `relative_tables(layer)` (see attention.shaw_attention, which never builds an
+    [L, L, head_dim] tensor).
+    """
+
+    relative_kv = True
+
+    def __init__(self, config, *, rngs: nnx.Rngs):
+        self.max_distance = config.shaw_max_distance
+        if self.max_distance < 1:
+            raise ValueError(f"shaw_max_distance must be >= 1, got {self.max_distance}")
+        head_dim = config.hidden_size // config.num_heads
+        shape = (config.num_layers, 2 * self.max_distance + 1, head_dim)
+        init = nnx.initializers.normal(config.initializer_range)
+        self.relative_key = nnx.Param(init(rngs.params(), shape, jnp.float32))
+        self.relative_value = nnx.Param(init(rngs.params(), shape, jnp.float32))
+
+    def prepare(self, positions):
+        k = self.max_distance
+        return jnp.clip(relative_distances(positions), -k, k) + k
+
+    def relative_tables(self, layer: int) -> tuple[jax.Array, jax.Array]:
+        return self.relative_key[layer], self.relative_value[layer]
+
+
+POSITION_SCHEMES: dict[str, type[PositionScheme]] = {
+    "learned": LearnedAbsolute,
+    "sinusoidal": SinusoidalAbsolute,
+    "none": NoPositions,
+    "shaw": ShawRelative,
+    "t5": T5Bias,
+    "alibi": ALiBi,
+    "rope": Rotary,
+}
+
+
+def make_position_scheme(config, *, rngs: nnx.Rngs) -> PositionScheme:
+    """Instantiate the scheme named by `config.position`."""
+    try:
+        scheme_cls = POSITION_SCHEMES[config.position]
+    except KeyError:
+        raise ValueError(f"unknown position scheme {config.position!r}; "
+                         f"choose one of {sorted(POSITION_SCHEMES)}") from None
+    return scheme_cls(config, rngs=rngs)

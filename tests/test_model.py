@@ -1,0 +1,288 @@
+"""ModelConfig, the encoder, heads, masking, dropout modes, dtypes and linear attention."""
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from roformer import attention, positions
+from roformer.model import (PRESETS, ModelConfig, RoFormerForMaskedLM, RoFormerForSequenceClassification,
+                            RoFormerModel)
+
+TINY = dict(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64,
+            max_position_embeddings=64)
+
+
+def config(**overrides) -> ModelConfig:
+    return ModelConfig(**{**TINY, **overrides})
+
+
+def param_names(model) -> list[str]:
+    return [".".join(map(str, path)) for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))]
+
+
+@functools.cache
+def eval_mlm(**overrides) -> RoFormerForMaskedLM:
+    model = RoFormerForMaskedLM(config(**overrides), rngs=nnx.Rngs(0))
+    model.eval()
+    return model
+
+
+@nnx.jit
+def forward(model, input_ids, inputs=None):
+    """Jitted call (op-by-op eager execution is far slower on a busy CPU)."""
+    return model(input_ids, **(inputs or {}))
+
+
+def mlm_logits(model, input_ids, positions, segment_ids):
+    return forward(model, input_ids, dict(positions=positions, segment_ids=segment_ids))
+
+
+def trace(model, input_ids):
+    """Trace (without compiling or caching) a forward pass, so Python-level spies see it."""
+    graphdef, state = nnx.split(model)
+    return jax.make_jaxpr(lambda state: nnx.merge(graphdef, state)(input_ids))(state)
+
+
+def random_ids(shape, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).integers(1, 64, size=shape), jnp.int32)
+
+
+# ---------------------------------------------------------------- config
+
+def test_presets():
+    assert {k: (v["num_layers"], v["hidden_size"], v["num_heads"], v["intermediate_size"])
+            for k, v in PRESETS.items()} == {
+        "tiny": (2, 128, 2, 512), "mini": (4, 256, 4, 1024), "small": (4, 512, 8, 2048),
+        "medium": (8, 512, 8, 2048), "base": (12, 768, 12, 3072), "large": (24, 1024, 16, 4096)}
+    cfg = ModelConfig.from_preset("mini", position="alibi", vocab_size=100)
+    assert (cfg.num_layers, cfg.hidden_size, cfg.position, cfg.vocab_size) == (4, 256, "alibi", 100)
+    with pytest.raises(ValueError, match="unknown model size 'huge'.*'tiny'"):
+        ModelConfig.from_preset("huge")
+
+
+def test_dict_round_trip_and_size_key():
+    cfg = ModelConfig.from_preset("small", position="t5", rotary_dim=16)
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    assert ModelConfig.from_dict({**cfg.to_dict(), "size": "small"}) == cfg
+    assert ModelConfig.from_dict({"size": "tiny", "position": "learned"}) == \
+        ModelConfig.from_preset("tiny", position="learned")
+    with pytest.raises(ValueError, match="size 'tiny' does not match"):
+        ModelConfig.from_dict({**cfg.to_dict(), "size": "tiny"})
+    with pytest.raises(ValueError, match=r"unknown ModelConfig keys \['hiden_size'\]"):
+        ModelConfig.from_dict({"hiden_size": 3})
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(hidden_size=30), "hidden_size 30 is not divisible by num_heads 4"),
+    (dict(rotary_dim=7), "rotary dim must be even"),
+    (dict(hidden_size=36), "rotary dim must be even"),  # head_dim 9
+    (dict(rotary_dim=16), r"rotary_dim 16 must be in \(0, head_dim=8\]"),
+    (dict(position="rotary"), "unknown position 'rotary'; choose one of"),
+    (dict(attention="flash"), "unknown attention 'flash'"),
+    (dict(attention="linear", position="alibi"), "attention='linear' cannot use position 'alibi'"),
+    (dict(dtype="float16"), "unknown dtype"),
+    (dict(rope_layout="pairs"), "unknown rope_layout"),
+])
+def test_config_errors(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        config(**overrides)
+
+
+# ---------------------------------------------------------------- structure
+
+def test_parameter_layout_follows_hf():
+    model = RoFormerForMaskedLM(config(embedding_size=16, num_layers=2), rngs=nnx.Rngs(0))
+    names = param_names(model)
+    for expected in ["roformer.embeddings.word_embeddings.embedding",
+                     "roformer.embeddings.token_type_embeddings.embedding",
+                     "roformer.embeddings.LayerNorm.scale", "roformer.embeddings_project.kernel",
+                     "roformer.encoder.layer.0.attention.self.query.kernel",
+                     "roformer.encoder.layer.1.attention.self.value.bias",
+                     "roformer.encoder.layer.0.attention.output.dense.kernel",
+                     "roformer.encoder.layer.0.attention.output.LayerNorm.bias",
+                     "roformer.encoder.layer.0.intermediate.dense.kernel",
+                     "roformer.encoder.layer.0.output.dense.kernel",
+                     "roformer.encoder.layer.0.output.LayerNorm.scale",
+                     "cls.predictions.transform.dense.kernel", "cls.predictions.transform.LayerNorm.scale",
+                     "cls.predictions.bias"]:
+        assert expected in names, expected
+    assert not any("decoder" in n for n in names)  # decoder weight is tied to word_embeddings
+    assert not any("position" in n for n in names)  # rope has no parameters
+    assert model.roformer.embeddings.word_embeddings.embedding.shape == (64, 16)
+    assert model.cls.predictions.transform.dense.kernel.shape == (32, 16)
+    assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def test_classifier_layout_and_outputs():
+    cfg = config(hidden_dropout=0.0, attention_dropout=0.0)
+    classifier = RoFormerForSequenceClassification(cfg, 3, rngs=nnx.Rngs(0))
+    assert {"classifier.dense.kernel", "classifier.out_proj.kernel"} <= set(param_names(classifier))
+    logits = forward(classifier, random_ids((2, 8)))
+    assert logits.shape == (2, 3) and logits.dtype == jnp.float32
+    regression = RoFormerForSequenceClassification(cfg, 1, rngs=nnx.Rngs(0))
+    assert forward(regression, random_ids((2, 8))).shape == (2, 1)
+    with pytest.raises(ValueError, match="num_labels"):
+        RoFormerForSequenceClassification(cfg, 0, rngs=nnx.Rngs(0))
+
+
+def test_pre_layer_norm_adds_a_final_norm():
+    model = RoFormerModel(config(pre_layer_norm=True), rngs=nnx.Rngs(0))
+    model.eval()
+    assert "encoder.LayerNorm.scale" in param_names(model)
+    out = forward(model, random_ids((1, 8)))
+    assert out.shape == (1, 8, 32) and bool(jnp.isfinite(out).all())
+
+
+# ---------------------------------------------------------------- behaviour
+
+def test_masked_positions_gather_the_full_logits():
+    model = eval_mlm()
+    ids = random_ids((2, 12))
+    full = forward(model, ids)
+    assert full.shape == (2, 12, 64) and full.dtype == jnp.float32
+    masked_positions = jnp.asarray([[1, 5, 0], [11, 2, 0]], jnp.int32)
+    at_masks = forward(model, ids, dict(masked_positions=masked_positions))
+    assert at_masks.shape == (2, 3, 64)
+    np.testing.assert_allclose(at_masks, jnp.take_along_axis(full, masked_positions[..., None], 1), atol=1e-5)
+
+
+def test_dropout_follows_train_and_eval_modes():
+    model = RoFormerForMaskedLM(config(), rngs=nnx.Rngs(params=0, dropout=1))
+    ids = random_ids((2, 8))
+    model.eval()
+    first, second = forward(model, ids), forward(model, ids)
+    np.testing.assert_array_equal(first, second)
+    model.train()
+    train_a, train_b = forward(model, ids), forward(model, ids)
+    assert not np.allclose(train_a, first, atol=1e-4)
+    assert not np.allclose(train_a, train_b, atol=1e-4)  # fresh masks each call
+
+
+def test_padding_does_not_leak_into_real_tokens():
+    model = eval_mlm(position="rope")
+    ids = random_ids((1, 10))
+    mask = jnp.asarray([[1] * 7 + [0] * 3])
+    out = forward(model, ids, dict(attention_mask=mask))
+    other_padding = forward(model, ids.at[:, 7:].set(5), dict(attention_mask=mask))
+    np.testing.assert_allclose(out[:, :7], other_padding[:, :7], atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [dict(position="rope"), dict(position="learned"),
+                                       dict(position="rope", attention="linear")])
+def test_packed_documents_equal_separate_runs(overrides):
+    model = eval_mlm(**overrides)
+    doc_a, doc_b = random_ids((1, 9), seed=1), random_ids((1, 5), seed=2)
+    packed = jnp.concatenate([doc_a, doc_b, jnp.zeros((1, 2), jnp.int32)], axis=1)
+    segment_ids = jnp.asarray([[1] * 9 + [2] * 5 + [0] * 2], jnp.int32)
+    pos = jnp.asarray([list(range(9)) + list(range(5)) + [0, 0]], jnp.int32)
+    out = mlm_logits(model, packed, pos, segment_ids)
+    alone = lambda doc: mlm_logits(model, jnp.pad(doc, ((0, 0), (0, 16 - doc.shape[1]))),  # noqa: E731
+                                   pos, jnp.asarray([[1] * doc.shape[1] + [0] * (16 - doc.shape[1])]))
+    np.testing.assert_allclose(out[:, :9], alone(doc_a)[:, :9], atol=1e-4)
+    np.testing.assert_allclose(out[:, 9:14], alone(doc_b)[:, :5], atol=1e-4)
+
+
+def test_bfloat16_compute_is_close_to_float32():
+    ids = random_ids((2, 16))
+    f32 = eval_mlm()
+    bf16 = RoFormerForMaskedLM(config(dtype="bfloat16"), rngs=nnx.Rngs(0))
+    bf16.eval()
+    assert jax.eval_shape(lambda: bf16.roformer(ids)).dtype == jnp.bfloat16
+    logits = forward(bf16, ids)
+    assert logits.dtype == jnp.float32
+    assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(nnx.state(bf16, nnx.Param)))
+    np.testing.assert_allclose(logits, forward(f32, ids), atol=0.1)
+
+
+def test_softmax_attention_uses_dot_product_attention(monkeypatch):
+    calls = []
+    real = jax.nn.dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("bias") is not None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+    trace(eval_mlm(position="alibi"), random_ids((1, 8)))
+    assert calls == [True]  # with the ALiBi bias
+    model = RoFormerModel(config(attention_dropout=0.5), rngs=nnx.Rngs(0))
+    calls.clear()
+    model.train()  # attention dropout on probabilities needs the explicit path
+    trace(model, random_ids((1, 8)))
+    assert calls == []
+
+
+def test_gradients_are_finite():
+    model = RoFormerForMaskedLM(config(position="shaw"), rngs=nnx.Rngs(0))
+    model.train()
+
+    def loss(model):
+        return jnp.mean(model(random_ids((2, 8)), masked_positions=jnp.zeros((2, 2), jnp.int32)) ** 2)
+
+    grads = nnx.jit(nnx.grad(loss))(model)
+    leaves = jax.tree.leaves(grads)
+    assert leaves and all(bool(jnp.isfinite(g).all()) for g in leaves)
+    assert float(jnp.abs(grads["roformer"]["position"]["relative_value"][...]).sum()) > 0
+
+
+# ---------------------------------------------------------------- linear attention
+
+def rotation_matrix(position, dim, base=10000.0):
+    """Block-diagonal R_{Theta,m} (paper eq. 15)."""
+    matrix = np.zeros((dim, dim))
+    for j in range(dim // 2):
+        c, s = np.cos(position * base ** (-2 * j / dim)), np.sin(position * base ** (-2 * j / dim))
+        matrix[2 * j:2 * j + 2, 2 * j:2 * j + 2] = [[c, -s], [s, c]]
+    return matrix
+
+
+def naive_linear_rope(q, k, v, positions_, key_mask, eps=1e-6):
+    """RoFormer eq. 19 written out per (m, n) pair with explicit rotation matrices (float64)."""
+    q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
+    phi = lambda x: np.where(x > 0, x + 1.0, np.exp(x))  # noqa: E731  elu + 1
+    batch, length, heads, dim = q.shape
+    out = np.zeros_like(v)
+    for b in range(batch):
+        rot = [rotation_matrix(positions_[b, i], dim) for i in range(length)]
+        for h in range(heads):
+            for m in range(length):
+                num, den = np.zeros(dim), 0.0
+                for n in range(length):
+                    if not key_mask[b, n]:
+                        continue
+                    pq, pk = phi(q[b, m, h]), phi(k[b, n, h])
+                    num += (rot[m] @ pq) @ (rot[n] @ pk) * v[b, n, h]
+                    den += pq @ pk
+                out[b, m, h] = num / (den + eps)
+    return out
+
+
+def test_linear_attention_matches_paper_eq19():
+    rng = np.random.default_rng(5)
+    q, k, v = rng.normal(size=(3, 2, 6, 2, 8)).astype(np.float32)
+    pos = np.stack([np.arange(6), np.arange(6) + 40])
+    key_mask = np.ones((2, 6), bool)
+    key_mask[1, 4:] = False
+    scheme = positions.Rotary(config(hidden_size=16, num_heads=2), rngs=nnx.Rngs(0))
+    context = scheme.prepare(jnp.asarray(pos))
+    got = attention.linear_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), scheme=scheme,
+                                     context=context, key_mask=jnp.asarray(key_mask))
+    np.testing.assert_allclose(got, naive_linear_rope(q, k, v, pos, key_mask), atol=1e-4)
+    # The quadratic (segment-masked) form is the same formula.
+    segments = jnp.asarray(key_mask, jnp.int32)
+    quadratic = attention.linear_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), scheme=scheme,
+                                           context=context, key_mask=jnp.asarray(key_mask),
+                                           segment_ids=segments)
+    np.testing.assert_allclose(quadratic[0], got[0], atol=1e-5)
+    np.testing.assert_allclose(quadratic[1, :4], got[1, :4], atol=1e-5)
+
+
+def test_config_is_hashable_and_frozen():
+    cfg = config()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.hidden_size = 64  # type: ignore[misc]
+    assert hash(cfg) == hash(config())
