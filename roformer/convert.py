@@ -1,0 +1,502 @@
+"""Weights in and out of HF `transformers` RoFormer format.
+
+    python -m roformer.convert from-hf HF_DIR OUT_DIR [--rope-layout half] [--dtype bfloat16]
+    python -m roformer.convert to-hf OUR_DIR_OR_PRETRAIN_WORKDIR OUT_DIR [--step N]
+
+HF_DIR is a transformers RoFormer directory (config.json + model.safetensors, a
+sharded *.index.json, or pytorch_model.bin) holding a `RoFormerForMaskedLM`,
+`RoFormerForSequenceClassification` or bare `RoFormerModel`.  OUR_DIR is this
+package's converted format: `model_config.json` (our ModelConfig + head) and an
+orbax checkpoint of the parameters in `params/`; `to-hf` also takes a pretraining
+workdir (`checkpoints/<step>`, newest by default).  Tokenizer files travel along.
+
+Our modules carry HF's names (see roformer/model.py), so a parameter's HF key is
+its path joined by dots with the leaf renamed (Linear kernel <-> weight, transposed;
+Embed embedding <-> weight; LayerNorm scale <-> weight).  Two things are not a rename:
+  * HF's frozen sinusoid table (`encoder.embed_positions.weight`) is position-only
+    data; it is regenerated from the config, never loaded.
+  * HF rotates interleaved feature pairs (2j, 2j+1).  With rope_layout="half" our
+    pairs are (j, j + d/2): the same rotation after permuting each head's q/k output
+    features (and v's, plus the output projection's input rows, with rotary_value).
+
+The library functions `load_hf`, `save_hf`, `load_converted`, `save_converted` are
+what other code (GLUE fine-tuning, benchmarks) calls.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+import jax
+import ml_dtypes  # noqa: F401  registers bfloat16 with numpy, so bf16 safetensors load
+import numpy as np
+import orbax.checkpoint as ocp
+import safetensors.numpy
+from flax import nnx, traverse_util
+
+from roformer import rope
+from roformer.model import (
+    DTYPES,
+    ModelConfig,
+    RoFormerForMaskedLM,
+    RoFormerForSequenceClassification,
+    RoFormerModel,
+)
+
+log = logging.getLogger(__name__)
+
+HEADS = ("mlm", "classification", "none")  # "none": the bare encoder (HF RoFormerModel)
+HF_ARCHITECTURES = {"mlm": "RoFormerForMaskedLM", "classification": "RoFormerForSequenceClassification",
+                    "none": "RoFormerModel"}
+# Activation names both sides know; HF's "swish" is silu.
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu", "silu": "silu", "swish": "silu"}
+SINUSOID_KEY = "encoder.embed_positions.weight"
+OUR_CONFIG_FILE = "model_config.json"
+OUR_PARAMS_DIR = "params"
+FORMAT_NAME = "roformer-jax"
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+AnyModel = RoFormerModel | RoFormerForMaskedLM | RoFormerForSequenceClassification
+
+
+# ---------------------------------------------------------------------------- configs
+
+def hf_config_to_model_config(hf: Mapping, **overrides) -> ModelConfig:
+    """Our ModelConfig for an HF RoFormer config.json dict; `overrides` set other fields
+    (e.g. rope_layout="half", dtype="bfloat16", dropout rates)."""
+    if hf.get("model_type", "roformer") != "roformer":
+        raise ValueError(f"config.json has model_type {hf.get('model_type')!r}, expected 'roformer'")
+    if hf.get("is_decoder") or hf.get("add_cross_attention"):
+        raise ValueError("config.json describes a RoFormer decoder (is_decoder / add_cross_attention); "
+                         "only the bidirectional encoder converts")
+    act = hf.get("hidden_act", "gelu")
+    if act not in HF_ACTIVATIONS:
+        raise ValueError(f"hidden_act {act!r} in config.json has no counterpart here; "
+                         f"supported: {sorted(HF_ACTIVATIONS)}")
+    hidden = hf.get("hidden_size", 768)
+    embedding_size = hf.get("embedding_size") or hidden
+    max_positions = hf.get("max_position_embeddings", 1536)
+    fields = dict(
+        vocab_size=hf.get("vocab_size", 50000),
+        hidden_size=hidden,
+        num_layers=hf.get("num_hidden_layers", 12),
+        num_heads=hf.get("num_attention_heads", 12),
+        intermediate_size=hf.get("intermediate_size", 3072),
+        embedding_size=None if embedding_size == hidden else embedding_size,
+        max_position_embeddings=max_positions,
+        type_vocab_size=hf.get("type_vocab_size", 2),
+        hidden_dropout=hf.get("hidden_dropout_prob", 0.1),
+        attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+        hidden_act=HF_ACTIVATIONS[act],
+        initializer_range=hf.get("initializer_range", 0.02),
+        position="rope",
+        rope_base=10000.0,  # hard-coded in HF's sinusoid table
+        rotary_value=bool(hf.get("rotary_value", False)),
+        # The trained context, so a later rope_scaling override extends from the right length.
+        rope_original_max_len=max_positions,
+        pad_token_id=hf.get("pad_token_id") or 0,
+    )
+    return ModelConfig(**{**fields, **overrides})
+
+
+def check_hf_expressible(config: ModelConfig) -> None:
+    """ValueError naming the settings HF RoFormer has no equivalent for."""
+    wanted = {"position": "rope", "attention": "softmax", "rope_base": 10000.0, "rope_scaling": "none",
+              "pre_layer_norm": False, "rotary_dim": config.head_dim if config.rotary_dim else None}
+    bad = {name: getattr(config, name) for name, want in wanted.items() if getattr(config, name) != want}
+    if bad:
+        raise ValueError(f"HF RoFormer cannot express these settings: {bad} (it has rope only, "
+                         f"base 10000, full-head rotary, softmax attention, post-LN, no rope scaling)")
+
+
+def model_config_to_hf_config(config: ModelConfig, *, head: str, num_labels: int | None = None) -> dict:
+    """HF config.json dict for our config; ValueError for settings HF RoFormer cannot express."""
+    check_hf_expressible(config)
+    if head not in HEADS:
+        raise ValueError(f"unknown head {head!r}; choose one of {HEADS}")
+    hf = {
+        "architectures": [HF_ARCHITECTURES[head]],
+        "model_type": "roformer",
+        "vocab_size": config.vocab_size,
+        "embedding_size": config.embedding_size or config.hidden_size,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": config.intermediate_size,
+        "hidden_act": config.hidden_act,
+        "hidden_dropout_prob": config.hidden_dropout,
+        "attention_probs_dropout_prob": config.attention_dropout,
+        "max_position_embeddings": config.max_position_embeddings,
+        "type_vocab_size": config.type_vocab_size,
+        "initializer_range": config.initializer_range,
+        "layer_norm_eps": config.layer_norm_eps,
+        "pad_token_id": config.pad_token_id,
+        "rotary_value": config.rotary_value,
+        "is_decoder": False,
+        "tie_word_embeddings": True,
+        "dtype": "float32",
+    }
+    if head == "classification":
+        hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
+        hf["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+        if num_labels == 1:
+            hf["problem_type"] = "regression"
+    return hf
+
+
+def sinusoid_table(num_positions: int, dim: int) -> np.ndarray:
+    """HF's frozen `RoFormerSinusoidalPositionalEmbedding` table (sin half, cos half), float32.
+
+    Same float64 formula as transformers, so a written checkpoint holds the exact table
+    HF would build itself.
+    """
+    exponents = 2 * (np.arange(dim) // 2) / dim
+    angles = np.arange(num_positions, dtype=np.float64)[:, None] / np.power(10000.0, exponents)[None, :]
+    sentinel = (dim + 1) // 2
+    table = np.empty((num_positions, dim), np.float32)
+    table[:, :sentinel] = np.sin(angles[:, 0::2])
+    table[:, sentinel:] = np.cos(angles[:, 1::2])
+    return table
+
+
+# ---------------------------------------------------------------------------- HF files
+
+def _read_weight_file(path: Path) -> dict[str, np.ndarray]:
+    if path.suffix == ".safetensors":
+        return safetensors.numpy.load_file(str(path))
+    try:
+        import torch
+    except ImportError as err:
+        raise ValueError(f"{path} is a PyTorch pickle; reading it needs torch installed "
+                         f"(or convert it to safetensors first)") from err
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
+
+
+def read_hf_weights(hf_dir: str | Path) -> dict[str, np.ndarray]:
+    """All tensors of an HF checkpoint directory as float32 numpy arrays, keyed by HF name."""
+    hf_dir = Path(hf_dir)
+    for name in ("model.safetensors", "model.safetensors.index.json",
+                 "pytorch_model.bin", "pytorch_model.bin.index.json"):
+        path = hf_dir / name
+        if not path.exists():
+            continue
+        if name.endswith(".index.json"):
+            shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+            weights = {}
+            for shard in shards:
+                weights.update(_read_weight_file(hf_dir / shard))
+        else:
+            weights = _read_weight_file(path)
+        return {k: np.asarray(v, np.float32) for k, v in weights.items()}
+    raise ValueError(f"no model.safetensors or pytorch_model.bin (or sharded index) in {hf_dir}")
+
+
+def _hf_head(weights: Mapping[str, np.ndarray]) -> str:
+    if any(k.startswith("cls.predictions.") for k in weights):
+        return "mlm"
+    if any(k.startswith("classifier.") for k in weights):
+        return "classification"
+    return "none"
+
+
+# ------------------------------------------------------------------- name + layout map
+
+def _hf_name(path: tuple) -> tuple[str, bool]:
+    """HF key for one of our parameter paths, and whether the array is transposed."""
+    *module, leaf = (str(p) for p in path)
+    if leaf == "kernel":
+        return ".".join(module + ["weight"]), True
+    if leaf in ("embedding", "scale"):
+        return ".".join(module + ["weight"]), False
+    if leaf == "bias":
+        return ".".join(module + ["bias"]), False
+    raise ValueError(f"parameter {'.'.join(map(str, path))} has no HF counterpart")
+
+
+def _pair_permutation(config: ModelConfig) -> np.ndarray:
+    """Feature order (over all heads) that turns HF's interleaved q/k features into ours."""
+    rotary_dim = config.rotary_dim or config.head_dim
+    per_head = np.arange(config.hidden_size).reshape(config.num_heads, config.head_dim)
+    if config.rope_layout == "half":
+        per_head = rope.interleaved_to_half(per_head, rotary_dim)
+    return per_head.reshape(-1)
+
+
+def _permuted_axis(path: tuple, config: ModelConfig) -> int | None:
+    """Axis of our (kernel/bias) array indexed by rotated head features, else None."""
+    names = [str(p) for p in path]
+    if config.position != "rope" or config.rope_layout == "interleaved":
+        return None
+    rotated = ("query", "key", "value") if config.rotary_value else ("query", "key")
+    if len(names) >= 3 and names[-3] == "self" and names[-2] in rotated:
+        return -1  # output features of q/k(/v): kernel [in, out], bias [out]
+    if config.rotary_value and names[-4:-1] == ["attention", "output", "dense"] and names[-1] == "kernel":
+        return 0  # the output projection reads v's (permuted) features: kernel rows
+    return None
+
+
+def _model_head(model: AnyModel) -> str:
+    if isinstance(model, RoFormerForMaskedLM):
+        return "mlm"
+    if isinstance(model, RoFormerForSequenceClassification):
+        return "classification"
+    if isinstance(model, RoFormerModel):
+        return "none"
+    raise ValueError(f"expected a RoFormer model from roformer.model, got {type(model).__name__}")
+
+
+def params_to_hf_weights(model: AnyModel) -> dict[str, np.ndarray]:
+    """HF state dict (numpy, torch layout) for our model, sinusoid table included."""
+    config = model.config
+    check_hf_expressible(config)
+    inverse = np.argsort(_pair_permutation(config))
+    flat = traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    weights = {}
+    for path, value in flat.items():
+        value = np.asarray(value, np.float32)
+        axis = _permuted_axis(path, config)
+        if axis is not None:
+            value = np.take(value, inverse, axis=axis)
+        name, transpose = _hf_name(path)
+        weights[name] = np.ascontiguousarray(value.T if transpose else value)
+    prefix = "" if isinstance(model, RoFormerModel) else "roformer."
+    weights[prefix + SINUSOID_KEY] = sinusoid_table(config.max_position_embeddings, config.head_dim)
+    return weights
+
+
+def hf_weights_to_model(weights: Mapping[str, np.ndarray], model: AnyModel) -> list[str]:
+    """Copy HF tensors into `model` in place.  Returns our parameter names that the
+    checkpoint did not have (a freshly initialised head); ValueError on anything else
+    that does not line up."""
+    config = model.config
+    weights = dict(weights)
+    is_base = isinstance(model, RoFormerModel)
+    if is_base and any(k.startswith("roformer.") for k in weights):
+        weights = {k[len("roformer."):]: v for k, v in weights.items() if k.startswith("roformer.")}
+    elif not is_base and not any(k.startswith("roformer.") for k in weights):
+        weights = {"roformer." + k: v for k, v in weights.items()}  # a bare RoFormerModel checkpoint
+    prefix = "" if is_base else "roformer."
+    weights.pop(prefix + SINUSOID_KEY, None)  # regenerated from the config, not loaded
+    _check_tied_decoder(weights)
+
+    permutation = _pair_permutation(config)
+    state = nnx.state(model, nnx.Param)
+    flat = traverse_util.flatten_dict(nnx.to_pure_dict(state))
+    missing, loaded = [], {}
+    for path, current in flat.items():
+        name, transpose = _hf_name(path)
+        if name not in weights:
+            missing.append(name)
+            loaded[path] = current
+            continue
+        value = weights.pop(name)
+        value = value.T if transpose else value
+        if value.shape != current.shape:
+            raise ValueError(f"{name}: checkpoint shape {value.shape} (as ours) != model shape "
+                             f"{tuple(current.shape)}; config.json does not match the weights")
+        axis = _permuted_axis(path, config)
+        if axis is not None:
+            value = np.take(value, permutation, axis=axis)
+        loaded[path] = value
+    head_prefixes = ("cls.", "classifier.")
+    core_missing = [n for n in missing if not n.startswith(head_prefixes)]
+    if core_missing:
+        raise ValueError(f"checkpoint lacks encoder weights {core_missing}")
+    leftover = sorted(k for k in weights if not k.startswith(head_prefixes))
+    if leftover:
+        raise ValueError(f"checkpoint has weights the model does not use: {leftover}")
+    nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict(loaded))
+    nnx.update(model, state)
+    return missing
+
+
+def _check_tied_decoder(weights: dict[str, np.ndarray]) -> None:
+    """Our MLM decoder is tied to the word embeddings; refuse an untied HF decoder."""
+    decoder = weights.pop("cls.predictions.decoder.weight", None)
+    embeddings = weights.get("roformer.embeddings.word_embeddings.weight")
+    if decoder is not None and embeddings is not None and not np.array_equal(decoder, embeddings):
+        raise ValueError("cls.predictions.decoder.weight differs from the word embeddings (an untied "
+                         "MLM decoder); our MLM head ties them, so it cannot be converted exactly")
+    decoder_bias = weights.pop("cls.predictions.decoder.bias", None)
+    if "cls.predictions.bias" not in weights and decoder_bias is not None:
+        weights["cls.predictions.bias"] = decoder_bias
+
+
+# ------------------------------------------------------------------------ library API
+
+def build_model(config: ModelConfig, head: str, *, num_labels: int | None = None,
+                seed: int = 0) -> AnyModel:
+    """A freshly initialised model of ours with the given head."""
+    rngs = nnx.Rngs(seed)
+    if head == "mlm":
+        return RoFormerForMaskedLM(config, rngs=rngs)
+    if head == "classification":
+        if not num_labels:
+            raise ValueError("head='classification' needs num_labels")
+        return RoFormerForSequenceClassification(config, num_labels, rngs=rngs)
+    if head == "none":
+        return RoFormerModel(config, rngs=rngs)
+    raise ValueError(f"unknown head {head!r}; choose one of {HEADS}")
+
+
+def load_hf(hf_dir: str | Path, *, head: str | None = None, num_labels: int | None = None,
+            seed: int = 0, **overrides) -> tuple[ModelConfig, AnyModel]:
+    """Read an HF RoFormer directory into (ModelConfig, our model).
+
+    head=None keeps the checkpoint's own head ("mlm", "classification" or "none" for a bare
+    encoder).  Asking for another head (e.g. head="classification", num_labels=3 on an MLM
+    checkpoint, as GLUE fine-tuning does) loads the encoder and initialises the new head
+    from `seed`.  `overrides` change ModelConfig fields, e.g. rope_layout="half".
+    """
+    hf_dir = Path(hf_dir)
+    config_path = hf_dir / "config.json"
+    if not config_path.exists():
+        raise ValueError(f"no config.json in {hf_dir}")
+    hf = json.loads(config_path.read_text())
+    config = hf_config_to_model_config(hf, **overrides)
+    weights = read_hf_weights(hf_dir)
+    head = head or _hf_head(weights)
+    if head == "classification" and num_labels is None:
+        num_labels = len(hf["id2label"]) if "id2label" in hf else hf.get("num_labels")
+    stored = weights.get("classifier.out_proj.bias")
+    if head == "classification" and stored is not None and stored.shape[0] != num_labels:
+        # a head trained for another label set: keep the encoder, start the head fresh
+        weights = {k: v for k, v in weights.items() if not k.startswith("classifier.")}
+    model = build_model(config, head, num_labels=num_labels, seed=seed)
+    fresh = hf_weights_to_model(weights, model)
+    if fresh:
+        log.warning("%s holds no %s head for this model; initialised fresh: %s", hf_dir, head, fresh)
+    return config, model
+
+
+def save_hf(model: AnyModel, config: ModelConfig | None, out_dir: str | Path,
+            head: str | None = None) -> Path:
+    """Write `model` as an HF RoFormer directory (config.json + model.safetensors) that
+    transformers' RoFormerForMaskedLM / RoFormerForSequenceClassification / RoFormerModel
+    `from_pretrained` loads.  `head` defaults to the model's own."""
+    own_head = _model_head(model)
+    if head not in (None, own_head):
+        raise ValueError(f"head={head!r} but the model is a {type(model).__name__} (head {own_head!r})")
+    if config is not None and config != model.config:
+        raise ValueError("config differs from model.config; pass the model's own config (or None)")
+    config = model.config
+    num_labels = getattr(model, "num_labels", None)
+    hf = model_config_to_hf_config(config, head=own_head, num_labels=num_labels)
+    weights = params_to_hf_weights(model)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    safetensors.numpy.save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return out_dir
+
+
+def save_converted(model: AnyModel, out_dir: str | Path) -> Path:
+    """Our format: model_config.json (config + head) and an orbax checkpoint in params/."""
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FORMAT_NAME, "head": _model_head(model),
+            "num_labels": getattr(model, "num_labels", None), "model": model.config.to_dict()}
+    (out_dir / OUR_CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(out_dir / OUR_PARAMS_DIR, nnx.state(model, nnx.Param), force=True)
+    return out_dir
+
+
+def load_converted(our_dir: str | Path, **overrides) -> tuple[ModelConfig, AnyModel]:
+    """Inverse of `save_converted`; `overrides` change non-shape ModelConfig fields (dtype, dropout)."""
+    our_dir = Path(our_dir).resolve()
+    meta_path = our_dir / OUR_CONFIG_FILE
+    if not meta_path.exists():
+        raise ValueError(f"no {OUR_CONFIG_FILE} in {our_dir}; expected a directory written by "
+                         f"`python -m roformer.convert from-hf` or save_converted()")
+    meta = json.loads(meta_path.read_text())
+    config = ModelConfig.from_dict({**meta["model"], **overrides})
+    model = build_model(config, meta["head"], num_labels=meta.get("num_labels"))
+    abstract = nnx.state(model, nnx.Param)
+    with ocp.StandardCheckpointer() as checkpointer:
+        restored = checkpointer.restore(our_dir / OUR_PARAMS_DIR, abstract)
+    nnx.update(model, restored)
+    return config, model
+
+
+def load_pretrain_workdir(workdir: str | Path, *, step: int = -1) -> tuple[ModelConfig, RoFormerForMaskedLM]:
+    """The MLM model of a pretraining run (`python -m roformer.pretrain`): params of
+    `workdir/checkpoints/<step>` (newest when step < 0), restored onto this host."""
+    ckpt_dir = (Path(workdir) / "checkpoints").resolve()
+    manager = ocp.CheckpointManager(ckpt_dir, item_names=("state", "data", "model_config"))
+    steps = sorted(manager.all_steps())
+    if not steps:
+        raise ValueError(f"no checkpoint in {ckpt_dir}")
+    step = steps[-1] if step < 0 else step
+    if step not in steps:
+        raise ValueError(f"step {step} not in {ckpt_dir} (has {steps})")
+    saved = manager.restore(step, args=ocp.args.Composite(model_config=ocp.args.JsonRestore()))
+    config = ModelConfig.from_dict(dict(saved["model_config"]))
+    model = build_model(config, "mlm")
+    state = nnx.state(model, nnx.Param)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                                     nnx.to_pure_dict(state))}
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=target, partial_restore=True,  # params only, not the optimizer state
+        restore_args=jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), target))))
+    manager.close()
+    nnx.replace_by_pure_dict(state, restored["state"]["params"])
+    nnx.update(model, state)
+    return config, model
+
+
+def _copy_tokenizer_files(src: Path, dst: Path) -> None:
+    """Keep the vocabulary next to the weights (GLUE and HF tokenizers look for it there)."""
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
+
+
+# ------------------------------------------------------------------------------- CLI
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m roformer.convert", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    from_hf = commands.add_parser("from-hf", help="HF RoFormer directory -> our format")
+    from_hf.add_argument("hf_dir")
+    from_hf.add_argument("out_dir")
+    from_hf.add_argument("--rope-layout", default="interleaved", choices=rope.ROPE_LAYOUTS,
+                         help="our pair layout; 'half' permutes q/k features accordingly")
+    from_hf.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
+                         help="compute dtype stored in our config (params stay float32)")
+    to_hf = commands.add_parser("to-hf", help="our format or a pretraining workdir -> HF RoFormer directory")
+    to_hf.add_argument("src_dir", help="from-hf output (model_config.json) or a pretraining workdir "
+                                       "(checkpoints/)")
+    to_hf.add_argument("out_dir")
+    to_hf.add_argument("--step", type=int, default=-1, help="pretraining step (default: newest)")
+    args = parser.parse_args(argv)
+
+    if args.command == "from-hf":
+        config, model = load_hf(args.hf_dir, rope_layout=args.rope_layout, dtype=args.dtype)
+        out = save_converted(model, args.out_dir)
+        _copy_tokenizer_files(Path(args.hf_dir), out)
+        print(f"wrote {_model_head(model)} model ({config.num_layers} layers, hidden {config.hidden_size}) "
+              f"to {out}")
+        return
+    src = Path(args.src_dir)
+    if (src / OUR_CONFIG_FILE).is_file():
+        config, model = load_converted(src)
+    elif (src / "checkpoints").is_dir():
+        config, model = load_pretrain_workdir(src, step=args.step)
+    else:
+        raise SystemExit(f"to-hf: {src} has neither {OUR_CONFIG_FILE} (from-hf output) nor checkpoints/ "
+                         f"(a pretraining workdir)")
+    out = save_hf(model, config, args.out_dir)
+    _copy_tokenizer_files(src, out)
+    print(f"wrote HF {HF_ARCHITECTURES[_model_head(model)]} to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""HF transformers RoFormer <-> roformer-jax conversion: numerical parity both ways.
+
+Tiny random models (hidden 32, embedding 24 so `embeddings_project` is exercised,
+2 layers, vocab 99), a padded batch, every parameter randomised (HF and flax both
+init LayerNorm to 1/0 and biases to 0, which would hide mapping mistakes).
+"""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from roformer import convert
+from roformer.model import ModelConfig, RoFormerForMaskedLM, RoFormerModel
+from roformer.train.checkpoint import Checkpointer
+
+TOL = 1e-4  # max abs difference allowed, float32
+VOCAB = 99
+
+
+def hf_config(rotary_value: bool, **extra) -> transformers.RoFormerConfig:
+    return transformers.RoFormerConfig(
+        vocab_size=VOCAB, embedding_size=24, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, rotary_value=rotary_value, **extra)
+
+
+def random_hf(cls, config, seed=0):
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "embed_positions" not in name:  # the frozen sinusoid table stays as HF builds it
+                param.normal_(0.0, 0.3)
+    return model
+
+
+def randomize(model, seed=0):
+    """Every parameter of our model ~ N(0, 0.3), in place."""
+    state = nnx.state(model, nnx.Param)
+    rng = np.random.default_rng(seed)
+    pure = jax.tree.map(lambda x: rng.normal(0.0, 0.3, x.shape).astype(np.float32), nnx.to_pure_dict(state))
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(model, state)
+    return model
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """Padded batch: row 1 has 4 pad tokens, row 2 has 7; token types 0/1."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, VOCAB, (3, 12))
+    mask = np.ones((3, 12), np.int64)
+    mask[1, 8:] = 0
+    mask[2, 5:] = 0
+    ids[mask == 0] = 0
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": rng.integers(0, 2, (3, 12))}
+
+
+def hf_outputs(model, batch):
+    with torch.no_grad():
+        out = model(**{k: torch.as_tensor(v) for k, v in batch.items()}, output_hidden_states=True)
+    return out.hidden_states[-1].numpy(), out.logits.numpy()
+
+
+def our_outputs(model, batch):
+    model.eval()
+    kwargs = dict(token_type_ids=jnp.asarray(batch["token_type_ids"]),
+                  attention_mask=jnp.asarray(batch["attention_mask"]))
+    hidden = model.roformer(jnp.asarray(batch["input_ids"]), **kwargs)
+    return np.asarray(hidden), np.asarray(model(jnp.asarray(batch["input_ids"]), **kwargs))
+
+
+def max_diff(a, b, mask=None):
+    diff = np.abs(np.asarray(a) - np.asarray(b))
+    return float(diff[mask.astype(bool)].max() if mask is not None else diff.max())
+
+
+def assert_close(ours, theirs, batch):
+    """Hidden states and logits agree on real tokens (padded query rows carry no meaning)."""
+    mask = batch["attention_mask"]
+    assert max_diff(ours[0], theirs[0], mask) < TOL
+    assert max_diff(ours[1], theirs[1], mask) < TOL
+
+
+@pytest.mark.parametrize("rotary_value", [False, True])
+@pytest.mark.parametrize("rope_layout", ["interleaved", "half"])
+def test_hf_to_ours_masked_lm_parity(tmp_path, batch, rotary_value, rope_layout):
+    hf = random_hf(transformers.RoFormerForMaskedLM, hf_config(rotary_value))
+    hf.save_pretrained(tmp_path)
+    config, ours = convert.load_hf(tmp_path, rope_layout=rope_layout)
+    assert isinstance(ours, RoFormerForMaskedLM)
+    assert config.embedding_size == 24 and config.rotary_value == rotary_value
+    assert config.rope_layout == rope_layout
+    assert_close(our_outputs(ours, batch), hf_outputs(hf, batch), batch)
+
+
+@pytest.mark.parametrize("rotary_value", [False, True])
+def test_ours_to_hf_masked_lm_parity(tmp_path, batch, rotary_value):
+    config = ModelConfig(vocab_size=VOCAB, hidden_size=32, embedding_size=24, num_layers=2, num_heads=2,
+                         intermediate_size=64, max_position_embeddings=64, rotary_value=rotary_value)
+    ours = randomize(RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)))
+    convert.save_hf(ours, config, tmp_path)
+    hf, info = transformers.RoFormerForMaskedLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert_close(our_outputs(ours, batch), hf_outputs(hf.eval(), batch), batch)
+
+
+@pytest.mark.parametrize("rotary_value", [False, True])
+def test_half_layout_permutes_features_and_round_trips_exactly(tmp_path, batch, rotary_value):
+    hf = random_hf(transformers.RoFormerForMaskedLM, hf_config(rotary_value), seed=1)
+    hf.save_pretrained(tmp_path / "hf")
+    _, interleaved = convert.load_hf(tmp_path / "hf")
+    _, half = convert.load_hf(tmp_path / "hf", rope_layout="half")
+    query = lambda m: np.asarray(m.roformer.encoder.layer[0].attention.self.query.kernel[...])  # noqa: E731
+    assert not np.array_equal(query(half), query(interleaved))
+    # Without the permutation the half-layout model computes something else entirely.
+    unpermuted = RoFormerForMaskedLM(half.config, rngs=nnx.Rngs(0))
+    nnx.update(unpermuted, nnx.state(interleaved, nnx.Param))
+    assert max_diff(our_outputs(unpermuted, batch)[1], hf_outputs(hf, batch)[1], batch["attention_mask"]) > 1e-2
+
+    convert.save_hf(half, None, tmp_path / "back")
+    back = transformers.RoFormerForMaskedLM.from_pretrained(tmp_path / "back")
+    original = hf.state_dict()
+    for name, tensor in back.state_dict().items():
+        assert torch.equal(tensor, original[name]), name
+
+
+def test_sequence_classification_both_directions(tmp_path, batch):
+    hf = random_hf(transformers.RoFormerForSequenceClassification, hf_config(False, num_labels=3))
+    hf.save_pretrained(tmp_path / "hf")
+    _, ours = convert.load_hf(tmp_path / "hf")
+    assert ours.num_labels == 3
+    ours.eval()
+    kwargs = dict(token_type_ids=jnp.asarray(batch["token_type_ids"]),
+                  attention_mask=jnp.asarray(batch["attention_mask"]))
+    with torch.no_grad():
+        hf_logits = hf(**{k: torch.as_tensor(v) for k, v in batch.items()}).logits.numpy()
+    assert max_diff(ours(jnp.asarray(batch["input_ids"]), **kwargs), hf_logits) < TOL
+
+    # ours -> HF, as a regression head (num_labels=1, GLUE STS-B style)
+    _, regressor = convert.load_hf(tmp_path / "hf", head="classification", num_labels=1, seed=3)
+    randomize(regressor.classifier, seed=3)
+    convert.save_hf(regressor, None, tmp_path / "back")
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["problem_type"] == "regression"
+    back = transformers.RoFormerForSequenceClassification.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():
+        back_logits = back(**{k: torch.as_tensor(v) for k, v in batch.items()}).logits.numpy()
+    assert back_logits.shape == (3, 1)
+    regressor.eval()
+    assert max_diff(regressor(jnp.asarray(batch["input_ids"]), **kwargs), back_logits) < TOL
+
+
+def test_cli_round_trip_from_pytorch_bin(tmp_path, batch):
+    """Old-style checkpoint: pytorch_model.bin with the tied decoder and sinusoid table stored."""
+    hf = random_hf(transformers.RoFormerForMaskedLM, hf_config(True), seed=2)
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    hf.config.to_json_file(hf_dir / "config.json")
+    torch.save(hf.state_dict(), hf_dir / "pytorch_model.bin")
+    (hf_dir / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+
+    convert.main(["from-hf", str(hf_dir), str(tmp_path / "ours")])
+    meta = json.loads((tmp_path / "ours" / "model_config.json").read_text())
+    assert meta["head"] == "mlm" and meta["model"]["rotary_value"] is True
+    assert (tmp_path / "ours" / "vocab.txt").is_file()
+    _, ours = convert.load_converted(tmp_path / "ours")
+    assert_close(our_outputs(ours, batch), hf_outputs(hf, batch), batch)
+
+    convert.main(["to-hf", str(tmp_path / "ours"), str(tmp_path / "back")])
+    back = transformers.RoFormerForMaskedLM.from_pretrained(tmp_path / "back")
+    original = hf.state_dict()
+    for name, tensor in back.state_dict().items():
+        assert torch.equal(tensor, original[name]), name
+
+
+def test_to_hf_from_pretraining_workdir(tmp_path, batch):
+    config = ModelConfig(vocab_size=VOCAB, hidden_size=32, embedding_size=24, num_layers=2, num_heads=2,
+                         intermediate_size=64, max_position_embeddings=64)
+    ours = randomize(RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)), seed=4)
+    checkpointer = Checkpointer(tmp_path / "run" / "checkpoints", max_to_keep=1, async_save=False)
+    state = {"params": nnx.to_pure_dict(nnx.state(ours, nnx.Param)), "opt_state": {},
+             "step": jnp.zeros((), jnp.int32)}
+    checkpointer.save(7, state, {}, config.to_dict())
+    checkpointer.close()
+
+    convert.main(["to-hf", str(tmp_path / "run"), str(tmp_path / "hf")])
+    hf = transformers.RoFormerForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+    assert_close(our_outputs(ours, batch), hf_outputs(hf, batch), batch)
+
+
+def test_bare_encoder_and_new_head_from_mlm_checkpoint(tmp_path, batch):
+    hf = random_hf(transformers.RoFormerForMaskedLM, hf_config(False), seed=5)
+    hf.save_pretrained(tmp_path / "hf")
+    _, encoder = convert.load_hf(tmp_path / "hf", head="none")  # what GLUE fine-tuning loads
+    assert isinstance(encoder, RoFormerModel)
+    encoder.eval()
+    hidden = encoder(jnp.asarray(batch["input_ids"]), token_type_ids=jnp.asarray(batch["token_type_ids"]),
+                            attention_mask=jnp.asarray(batch["attention_mask"]))
+    assert max_diff(hidden, hf_outputs(hf, batch)[0], batch["attention_mask"]) < TOL
+
+    convert.save_hf(encoder, None, tmp_path / "base")  # HF RoFormerModel layout: no "roformer." prefix
+    base = transformers.RoFormerModel.from_pretrained(tmp_path / "base")
+    assert torch.equal(base.embeddings.word_embeddings.weight, hf.roformer.embeddings.word_embeddings.weight)
+    _, classifier = convert.load_hf(tmp_path / "base", head="classification", num_labels=2)
+    assert classifier.classifier.out_proj.kernel.shape == (32, 2)
+
+
+def test_sharded_bfloat16_safetensors(tmp_path):
+    hf = random_hf(transformers.RoFormerForMaskedLM, hf_config(False), seed=6).to(torch.bfloat16)
+    hf.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    _, ours = convert.load_hf(tmp_path)
+    want = hf.roformer.encoder.layer[1].output.dense.weight.detach().float().numpy().T
+    np.testing.assert_array_equal(ours.roformer.encoder.layer[1].output.dense.kernel[...], want)
+
+
+@pytest.mark.parametrize("num_positions,dim", [(64, 16), (9, 7)])
+def test_sinusoid_table_is_hf_table(num_positions, dim):
+    hf = transformers.models.roformer.modeling_roformer.RoFormerSinusoidalPositionalEmbedding(num_positions, dim)
+    np.testing.assert_array_equal(convert.sinusoid_table(num_positions, dim), hf.create_weight().numpy())
+
+
+def test_conversion_errors(tmp_path):
+    with pytest.raises(ValueError, match="position"):
+        convert.save_hf(RoFormerForMaskedLM(ModelConfig(
+            vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, position="t5"),
+            rngs=nnx.Rngs(0)), None, tmp_path / "t5")
+
+    for setting in (dict(rope_scaling="linear", rope_scaling_factor=2.0), dict(rotary_dim=8),
+                    dict(pre_layer_norm=True), dict(rope_base=500.0)):
+        config = ModelConfig(vocab_size=VOCAB, hidden_size=32, num_heads=2, **setting)
+        with pytest.raises(ValueError, match=next(iter(setting))):
+            convert.model_config_to_hf_config(config, head="mlm")
+
+    hf = random_hf(transformers.RoFormerForMaskedLM, hf_config(False, tie_word_embeddings=False))
+    hf_dir = tmp_path / "untied"
+    hf_dir.mkdir()
+    hf.config.to_json_file(hf_dir / "config.json")
+    torch.save(hf.state_dict(), hf_dir / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="untied"):
+        convert.load_hf(hf_dir)
+
+    tied = random_hf(transformers.RoFormerForMaskedLM, hf_config(False))
+    tied.save_pretrained(tmp_path / "tied")
+    config = json.loads((tmp_path / "tied" / "config.json").read_text())
+    (tmp_path / "tied" / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))
+    with pytest.raises(ValueError, match="intermediate.dense"):
+        convert.load_hf(tmp_path / "tied")
+    (tmp_path / "tied" / "config.json").write_text(json.dumps({**config, "is_decoder": True}))
+    with pytest.raises(ValueError, match="decoder"):
+        convert.load_hf(tmp_path / "tied")
+    with pytest.raises(ValueError, match="no model.safetensors"):
+        convert.read_hf_weights(tmp_path)
