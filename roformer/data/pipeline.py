@@ -1,0 +1,230 @@
+"""The pretraining input pipeline: source -> tokenizer -> shards -> packed rows -> masked batches.
+
+Determinism: the held-out split depends only on document content; epoch e of the
+training stream visits the training documents in the permutation drawn from
+(seed, e), process i of n taking every n-th document of it (disjoint across
+processes); batch k is masked with a generator seeded by (seed, process, k). An
+iterator's state is therefore just (epoch, row, step), and a restored iterator
+reproduces the uninterrupted stream exactly.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from roformer.data import shards as shards_lib
+from roformer.data.masking import MlmMasker
+from roformer.data.packing import PACKINGS, PackPlan, build_rows, plan_rows
+from roformer.data.sources import TextSource, cfg_get, make_source
+from roformer.data.tokenizer import WordPieceTokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+MIN_SEQ_LEN = 8
+# Held-out batches use their own fixed seed, so every run (any training seed) is
+# evaluated on exactly the same masked batches.
+EVAL_SEED = 20210420
+
+
+def heldout_documents(doc_hash: np.ndarray, fraction: float) -> np.ndarray:
+    """Boolean [num_docs]: documents whose content hash falls below `fraction`.
+
+    Identical texts share a hash, so a duplicated document never lands on both
+    sides. With fraction > 0 at least one document is held out.
+    """
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"data.heldout_fraction={fraction}: must be in [0, 1)")
+    unit = (doc_hash >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    held = unit < fraction
+    if fraction > 0 and not held.any() and len(held) > 1:
+        held[unit == unit.min()] = True
+    return held
+
+
+class PretrainData:
+    """Tokenizer, shards and split of one corpus, plus the batch streams over it."""
+
+    def __init__(self, corpus: shards_lib.TokenCorpus, tokenizer: WordPieceTokenizer, masker: MlmMasker, *,
+                 seq_len: int, batch_size: int, packing: str, heldout_fraction: float, seed: int,
+                 process_index: int = 0, process_count: int = 1) -> None:
+        if seq_len < MIN_SEQ_LEN:
+            raise ValueError(f"seq_len={seq_len}: must be >= {MIN_SEQ_LEN}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size}: must be >= 1")
+        if packing not in PACKINGS:
+            raise ValueError(f"data.packing={packing!r}: expected one of {PACKINGS}")
+        if not 0 <= process_index < process_count:
+            raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count})")
+        self.corpus, self.tokenizer, self.masker = corpus, tokenizer, masker
+        self.seq_len, self.batch_size, self.packing, self.seed = seq_len, batch_size, packing, int(seed)
+        self.process_index, self.process_count = process_index, process_count
+        self.vocab_size = tokenizer.vocab_size
+        self.pad_id, self.cls_id = tokenizer.pad_id, tokenizer.cls_id
+        self.sep_id, self.mask_id = tokenizer.sep_id, tokenizer.mask_id
+        held = heldout_documents(corpus.doc_hash, heldout_fraction)
+        self.train_docs = np.flatnonzero(~held)
+        self.heldout_docs = np.flatnonzero(held)
+        if len(self.train_docs) < process_count:
+            raise ValueError(f"corpus has {len(self.train_docs)} training documents, fewer than "
+                             f"process_count={process_count}: use a larger corpus")
+        self.manifest = {
+            "source": corpus.manifest["source"], "shards": str(corpus.directory),
+            "tokenizer_hash": tokenizer.hash, "vocab_size": self.vocab_size,
+            "num_docs": corpus.num_docs, "num_tokens": corpus.num_tokens,
+            "train_docs": len(self.train_docs), "heldout_docs": len(self.heldout_docs),
+            "train_tokens": int(corpus.doc_len[self.train_docs].sum()),
+            "heldout_tokens": int(corpus.doc_len[self.heldout_docs].sum()),
+            "seq_len": seq_len, "packing": packing, "max_predictions_per_seq": masker.max_predictions,
+        }
+        # Anything that changes the stream changes this id; a saved iterator state
+        # from a different setup is refused instead of silently continuing elsewhere.
+        self.stream_id = hashlib.sha256(json.dumps([
+            corpus.directory.name, seq_len, batch_size, packing, heldout_fraction, masker.mask_rate,
+            masker.max_predictions, masker.whole_word]).encode()).hexdigest()[:16]
+
+    def train_iterator(self) -> "BatchIterator":
+        return BatchIterator(self)
+
+    def epoch_plan(self, epoch: int) -> PackPlan:
+        """This process's rows for one pass over its share of the training documents."""
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.train_docs)
+        return plan_rows(order[self.process_index::self.process_count], self.corpus.doc_len,
+                         self.seq_len, self.packing)
+
+    def rows(self, plan: PackPlan, lo: int, hi: int) -> dict[str, np.ndarray]:
+        return build_rows(plan, self.corpus, lo, hi, cls_id=self.cls_id, sep_id=self.sep_id, pad_id=self.pad_id)
+
+    def make_batch(self, rows: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Masks packed rows into the batch format the training step consumes."""
+        masked = self.masker(rows["input_ids"], rng)
+        return {
+            "input_ids": masked["input_ids"],
+            "token_type_ids": np.zeros_like(rows["input_ids"]),
+            "positions": rows["positions"],
+            "segment_ids": rows["segment_ids"],
+            "masked_positions": masked["masked_positions"],
+            "masked_labels": masked["masked_labels"],
+            "masked_weights": masked["masked_weights"],
+        }
+
+    def eval_batches(self, num_batches: int) -> list[dict]:
+        """The first num_batches held-out batches (cycling if the held-out set is smaller), fixed masks."""
+        mine = self.heldout_docs[self.process_index::self.process_count]
+        if len(mine) == 0:
+            raise ValueError(f"no held-out documents for process {self.process_index}: raise "
+                             f"data.heldout_fraction or use a larger corpus")
+        plan = plan_rows(mine, self.corpus.doc_len, self.seq_len, self.packing)
+        needed = num_batches * self.batch_size
+        rows = self.rows(plan, 0, min(plan.num_rows, needed))
+        batches = []
+        for b in range(num_batches):
+            index = np.arange(b * self.batch_size, (b + 1) * self.batch_size) % plan.num_rows
+            picked = {k: v[index] for k, v in rows.items()}
+            batches.append(self.make_batch(picked, np.random.default_rng([EVAL_SEED, self.process_index, b])))
+        return batches
+
+
+class BatchIterator:
+    """Infinite stream of masked training batches; get_state/set_state resume it exactly."""
+
+    def __init__(self, data: PretrainData) -> None:
+        self._data = data
+        self.epoch, self.row, self.step = 0, 0, 0
+        self._plan: PackPlan | None = None
+        self._plan_epoch = -1
+
+    def __iter__(self) -> "BatchIterator":
+        return self
+
+    def _current_plan(self) -> PackPlan:
+        if self._plan_epoch != self.epoch:
+            self._plan, self._plan_epoch = self._data.epoch_plan(self.epoch), self.epoch
+        return self._plan
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        data = self._data
+        parts = []
+        needed = data.batch_size
+        while needed:
+            plan = self._current_plan()
+            take = min(needed, plan.num_rows - self.row)
+            parts.append(data.rows(plan, self.row, self.row + take))
+            self.row += take
+            needed -= take
+            if self.row == plan.num_rows:   # epoch boundary: continue with the next permutation
+                self.epoch, self.row = self.epoch + 1, 0
+        rows = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        batch = data.make_batch(rows, np.random.default_rng([data.seed, data.process_index, self.step]))
+        self.step += 1
+        return batch
+
+    def get_state(self) -> dict:
+        d = self._data
+        return {"epoch": self.epoch, "row": self.row, "step": self.step, "seed": d.seed,
+                "process_index": d.process_index, "process_count": d.process_count, "stream_id": d.stream_id}
+
+    def set_state(self, state: dict) -> None:
+        d = self._data
+        for key, mine in (("seed", d.seed), ("process_index", d.process_index),
+                          ("process_count", d.process_count), ("stream_id", d.stream_id)):
+            if state.get(key) != mine:
+                raise ValueError(f"data iterator state has {key}={state.get(key)!r} but this pipeline has "
+                                 f"{key}={mine!r}: it was saved with a different corpus, tokenizer or data setting")
+        self.epoch, self.row, self.step = int(state["epoch"]), int(state["row"]), int(state["step"])
+
+
+# ---------------------------------------------------------------- construction
+
+def resolve_tokenizer(data_cfg: Any, source: TextSource, cache_dir: Path, *,
+                      show_progress: bool = True) -> WordPieceTokenizer:
+    """data.vocab when given; else a WordPiece vocab trained on the source (cached)."""
+    lowercase = bool(cfg_get(data_cfg, "lowercase", True))
+    vocab = cfg_get(data_cfg, "vocab", "")
+    if vocab:
+        return load_tokenizer(vocab, lowercase=lowercase)
+    vocab_size = int(cfg_get(data_cfg, "vocab_size", 8000))
+    key = hashlib.sha256(json.dumps([source.fingerprint(), vocab_size, lowercase]).encode()).hexdigest()[:20]
+    directory = cache_dir / "tokenizers" / f"{source.name}-{key}"
+    if (directory / "tokenizer.json").is_file():
+        return WordPieceTokenizer.from_tokenizer_json(directory / "tokenizer.json")
+    log.info("training a %d-token WordPiece vocabulary on %s", vocab_size, source)
+    tokenizer = WordPieceTokenizer.train(source.documents(), vocab_size=vocab_size, lowercase=lowercase,
+                                         show_progress=show_progress)
+    staging = directory.parent / f".{directory.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tokenizer.save(staging)
+    try:
+        os.replace(staging, directory)
+    except OSError:  # another process finished first; theirs is identical
+        shutil.rmtree(staging, ignore_errors=True)
+    return WordPieceTokenizer.from_tokenizer_json(directory / "tokenizer.json")
+
+
+def make_pretrain_data(data_cfg: Any, *, seq_len: int, batch_size: int, seed: int,
+                       process_index: int = 0, process_count: int = 1,
+                       show_progress: bool = True) -> PretrainData:
+    """Builds (or reuses) everything for MLM pretraining on data_cfg's corpus."""
+    if seq_len < MIN_SEQ_LEN:
+        raise ValueError(f"seq_len={seq_len}: must be >= {MIN_SEQ_LEN}")
+    cache_dir = Path(cfg_get(data_cfg, "cache_dir", "") or shards_lib.default_cache_dir()).expanduser()
+    source = make_source(data_cfg)
+    tokenizer = resolve_tokenizer(data_cfg, source, cache_dir, show_progress=show_progress)
+    corpus = shards_lib.load_or_build(source, tokenizer, cache_dir,
+                                      num_workers=int(cfg_get(data_cfg, "num_workers", 0)),
+                                      show_progress=show_progress)
+    mask_rate = float(cfg_get(data_cfg, "mask_rate", 0.15))
+    max_predictions = int(cfg_get(data_cfg, "max_predictions_per_seq", 0)) or round(mask_rate * seq_len) + 1
+    masker = MlmMasker(is_special=tokenizer.is_special, is_continuation=tokenizer.is_continuation,
+                       mask_id=tokenizer.mask_id, mask_rate=mask_rate, max_predictions=max_predictions,
+                       whole_word=bool(cfg_get(data_cfg, "whole_word_masking", False)))
+    return PretrainData(corpus, tokenizer, masker, seq_len=seq_len, batch_size=batch_size,
+                        packing=cfg_get(data_cfg, "packing", "packed"),
+                        heldout_fraction=float(cfg_get(data_cfg, "heldout_fraction", 0.02)),
+                        seed=seed, process_index=process_index, process_count=process_count)

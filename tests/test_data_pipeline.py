@@ -1,0 +1,240 @@
+"""Packed batches from real Wikipedia shards: format, packing invariants, determinism, resume, splits."""
+import json
+
+import numpy as np
+import pytest
+
+from roformer.data import make_pretrain_data
+from roformer.data.packing import plan_rows
+
+SEQ_LEN, BATCH = 128, 16
+
+
+def wiki_cfg(shared_data, cache, **overrides):
+    cfg = {"source": "files", "files": str(shared_data / "wikipedia_en" / "wiki_0[67]"),
+           "vocab": str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), "cache_dir": str(cache)}
+    return {**cfg, **overrides}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.getbasetemp() / "data_cache"
+
+
+@pytest.fixture(scope="module")
+def data(shared_data, cache):
+    return make_pretrain_data(wiki_cfg(shared_data, cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=3,
+                              show_progress=False)
+
+
+def unmasked(batch):
+    ids = batch["input_ids"].copy()
+    rows, slots = np.nonzero(batch["masked_weights"])
+    ids[rows, batch["masked_positions"][rows, slots]] = batch["masked_labels"][rows, slots]
+    return ids
+
+
+def test_batch_format(data):
+    batch = next(data.train_iterator())
+    P = round(0.15 * SEQ_LEN) + 1
+    shapes = {"input_ids": (BATCH, SEQ_LEN), "token_type_ids": (BATCH, SEQ_LEN), "positions": (BATCH, SEQ_LEN),
+              "segment_ids": (BATCH, SEQ_LEN), "masked_positions": (BATCH, P), "masked_labels": (BATCH, P),
+              "masked_weights": (BATCH, P)}
+    assert {k: v.shape for k, v in batch.items()} == shapes
+    assert {k: v.dtype.name for k, v in batch.items()} == {
+        **{k: "int32" for k in shapes}, "masked_weights": "float32"}
+    assert not batch["token_type_ids"].any()
+    assert data.manifest["train_docs"] + data.manifest["heldout_docs"] == data.manifest["num_docs"]
+    assert (data.pad_id, data.cls_id, data.sep_id, data.mask_id, data.vocab_size) == (0, 101, 102, 103, 30522)
+    json.dumps(data.manifest)
+
+
+def check_rows(batch, cls_id, sep_id, max_segments=None):
+    """Every segment is [CLS] ... [SEP] with positions 0..n-1; padding only at the end."""
+    for ids, pos, seg in zip(unmasked(batch), batch["positions"], batch["segment_ids"]):
+        real = seg > 0
+        n_real = int(real.sum())
+        assert real[:n_real].all() and not ids[n_real:].any() and not pos[n_real:].any()
+        boundaries = np.flatnonzero(np.diff(seg[:n_real])) + 1
+        starts = np.concatenate([[0], boundaries])
+        ends = np.concatenate([boundaries, [n_real]])
+        assert seg[starts].tolist() == list(range(1, len(starts) + 1))
+        if max_segments:
+            assert len(starts) <= max_segments
+        for s, e in zip(starts, ends):
+            assert ids[s] == cls_id and ids[e - 1] == sep_id and e - s >= 3
+            assert pos[s:e].tolist() == list(range(e - s))
+            inner = ids[s + 1:e - 1]
+            assert not np.isin(inner, [cls_id, sep_id, 0]).any()
+
+
+def test_packed_rows_are_well_formed_and_dense(data):
+    it = data.train_iterator()
+    batches = [next(it) for _ in range(8)]
+    for batch in batches:
+        check_rows(batch, data.cls_id, data.sep_id)
+    fill = np.mean([(b["segment_ids"] > 0).mean() for b in batches])
+    assert fill > 0.97                                     # packing leaves little padding
+    assert max(b["segment_ids"].max() for b in batches) > 1
+
+
+def test_rows_hold_exactly_the_document_tokens(data):
+    plan = data.epoch_plan(0)
+    rows = data.rows(plan, 0, 40)
+    pieces = np.flatnonzero(plan.row < 40)
+    content = rows["input_ids"][(rows["segment_ids"] > 0) & ~np.isin(rows["input_ids"], [101, 102])]
+    expected = np.concatenate([data.corpus.gather(plan.doc[[p]], plan.offset[[p]], plan.length[[p]])
+                               for p in pieces])
+    assert content.tolist() == expected.tolist()
+    # each training document is laid out completely, in pieces that tile it
+    first_doc = plan.doc[0]
+    mine = plan.doc == first_doc
+    assert plan.offset[mine][0] == 0 and plan.length[mine].sum() == data.corpus.doc_len[first_doc]
+
+
+def test_document_mode_one_document_per_row(shared_data, cache):
+    data = make_pretrain_data(wiki_cfg(shared_data, cache, packing="document"), seq_len=64, batch_size=8,
+                              seed=0, show_progress=False)
+    it = data.train_iterator()
+    for _ in range(4):
+        batch = next(it)
+        check_rows(batch, data.cls_id, data.sep_id, max_segments=1)
+    plan = data.epoch_plan(0)
+    assert len(np.unique(plan.row)) == len(plan.row)       # one piece per row
+    assert plan.length.max() == 62
+
+
+def test_plan_splits_long_documents_and_packs_short_ones():
+    doc_len = np.array([3, 300, 5, 1])
+    packed = plan_rows(np.arange(4), doc_len, 32, "packed")
+    assert packed.length.sum() == doc_len.sum()
+    assert packed.num_rows == 11 and (packed.col + packed.length + 2 <= 32).all()
+    document = plan_rows(np.arange(4), doc_len, 32, "document")
+    assert document.num_rows == 1 + 10 + 1 + 1 and (document.col == 0).all()
+    with pytest.raises(ValueError, match="data.packing='greedy'"):
+        plan_rows(np.arange(4), doc_len, 32, "greedy")
+
+
+def test_same_seed_same_batches_other_seed_differs(data, shared_data, cache):
+    twin = make_pretrain_data(wiki_cfg(shared_data, cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=3,
+                              show_progress=False)
+    other = make_pretrain_data(wiki_cfg(shared_data, cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=4,
+                               show_progress=False)
+    a, b, c = data.train_iterator(), twin.train_iterator(), other.train_iterator()
+    for _ in range(3):
+        x, y, z = next(a), next(b), next(c)
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key])
+        assert not np.array_equal(x["input_ids"], z["input_ids"])
+
+
+def test_state_restores_the_exact_stream_across_epochs(shared_data, cache):
+    # the small embedded corpus: an epoch is about 15 batches of 16 x 512
+    cfg = {"source": "embedded", "vocab": str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"),
+           "cache_dir": str(cache), "heldout_fraction": 0.1}
+    data = make_pretrain_data(cfg, seq_len=512, batch_size=16, seed=7, show_progress=False)
+    rows_per_epoch = data.epoch_plan(0).num_rows
+    steps = 2 * rows_per_epoch // 16 + 3                   # crosses two epoch boundaries
+    it = data.train_iterator()
+    reference, states = [], []
+    for _ in range(steps):
+        states.append(json.loads(json.dumps(it.get_state())))
+        reference.append(next(it))
+    assert it.get_state()["epoch"] == 2
+    for k in (1, rows_per_epoch // 16, steps - 2):
+        resumed = make_pretrain_data(cfg, seq_len=512, batch_size=16, seed=7, show_progress=False).train_iterator()
+        resumed.set_state(states[k])
+        for want in reference[k:k + 3]:
+            got = next(resumed)
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key])
+    with pytest.raises(ValueError, match="seed"):
+        make_pretrain_data(cfg, seq_len=512, batch_size=16, seed=8, show_progress=False
+                           ).train_iterator().set_state(states[1])
+    with pytest.raises(ValueError, match="stream_id"):
+        make_pretrain_data(cfg, seq_len=256, batch_size=16, seed=7, show_progress=False
+                           ).train_iterator().set_state(states[1])
+
+
+def test_processes_read_disjoint_documents(shared_data, cache, data):
+    parts = [make_pretrain_data(wiki_cfg(shared_data, cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=3,
+                                process_index=i, process_count=3, show_progress=False) for i in range(3)]
+    for epoch in (0, 1):
+        docs = [set(p.epoch_plan(epoch).doc.tolist()) for p in parts]
+        assert not (docs[0] & docs[1]) and not (docs[0] & docs[2]) and not (docs[1] & docs[2])
+        assert set().union(*docs) == set(data.train_docs.tolist())
+    first = [next(p.train_iterator())["input_ids"] for p in parts]
+    assert not np.array_equal(first[0], first[1])
+    with pytest.raises(ValueError, match="process_index=3"):
+        make_pretrain_data(wiki_cfg(shared_data, cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=3,
+                           process_index=3, process_count=3, show_progress=False)
+
+
+def test_heldout_split_by_document_no_leak(data, shared_data, cache):
+    train, held = set(data.train_docs.tolist()), set(data.heldout_docs.tolist())
+    assert not train & held and len(train | held) == data.corpus.num_docs
+    assert 0.005 < len(held) / data.corpus.num_docs < 0.05    # heldout_fraction 0.02
+    # no text shared either (content hashes), and train batches never touch held-out docs
+    assert not set(data.corpus.doc_hash[data.train_docs].tolist()) & set(data.corpus.doc_hash[data.heldout_docs].tolist())
+    for epoch in range(3):
+        assert not set(data.epoch_plan(epoch).doc.tolist()) & held
+    # eval batches: held-out tokens only, identical for any training seed, fixed masks
+    evals = data.eval_batches(3)
+    again = make_pretrain_data(wiki_cfg(shared_data, cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=99,
+                               show_progress=False).eval_batches(3)
+    for x, y in zip(evals, again):
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key])
+        check_rows(x, data.cls_id, data.sep_id)
+    held_tokens = set(data.corpus.gather(data.heldout_docs, np.zeros(len(held), dtype=np.int64),
+                                         data.corpus.doc_len[data.heldout_docs]).tolist())
+    eval_ids = unmasked(evals[0])
+    assert set(eval_ids[(evals[0]["segment_ids"] > 0) & (eval_ids > 103)].tolist()) <= held_tokens
+
+
+def test_bad_settings_raise_clear_errors(shared_data, cache, tmp_path):
+    with pytest.raises(ValueError, match="seq_len=7: must be >= 8"):
+        make_pretrain_data(wiki_cfg(shared_data, cache), seq_len=7, batch_size=2, seed=0)
+    with pytest.raises(ValueError, match=r"data.vocab: vocabulary file not found: .*nope\.txt"):
+        make_pretrain_data(wiki_cfg(shared_data, cache, vocab=str(tmp_path / "nope.txt")), seq_len=16,
+                           batch_size=2, seed=0)
+    with pytest.raises(ValueError, match="matched no files"):
+        make_pretrain_data(wiki_cfg(shared_data, cache, files=str(tmp_path / "*.none")), seq_len=16,
+                           batch_size=2, seed=0)
+    with pytest.raises(ValueError, match="data.heldout_fraction=1.5"):
+        make_pretrain_data(wiki_cfg(shared_data, cache, heldout_fraction=1.5), seq_len=16, batch_size=2, seed=0,
+                           show_progress=False)
+    with pytest.raises(ValueError, match="data.packing='rows'"):
+        make_pretrain_data(wiki_cfg(shared_data, cache, packing="rows"), seq_len=16, batch_size=2, seed=0,
+                           show_progress=False)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    with pytest.raises(ValueError, match=r"corpus is empty.*empty\.txt"):
+        make_pretrain_data(wiki_cfg(shared_data, cache, files=str(empty)), seq_len=16, batch_size=2, seed=0,
+                           show_progress=False)
+
+
+def test_embedded_default_trains_its_own_vocabulary(tmp_path):
+    cfg = {"source": "embedded", "vocab": "", "vocab_size": 2000, "cache_dir": str(tmp_path)}
+    data = make_pretrain_data(cfg, seq_len=64, batch_size=4, seed=0, show_progress=False)
+    assert data.vocab_size <= 2000 and data.pad_id == 0 and data.mask_id == 4
+    assert len(list((tmp_path / "tokenizers").iterdir())) == 1
+    again = make_pretrain_data(cfg, seq_len=64, batch_size=4, seed=0, show_progress=False)
+    assert again.tokenizer.hash == data.tokenizer.hash                 # cached, not retrained
+    check_rows(next(data.train_iterator()), data.cls_id, data.sep_id)
+
+
+def test_accepts_the_config_dict_of_configs_base(shared_data, cache):
+    import ml_collections
+
+    cfg = ml_collections.ConfigDict({
+        "source": "embedded", "files": "", "file_format": "auto", "hf_path": "", "hf_name": "",
+        "hf_split": "train", "hf_text_column": "text", "hf_streaming": False, "hf_data_files": "",
+        "tfds_name": "", "tfds_split": "train", "tfds_data_dir": "", "tfds_text_key": "text",
+        "vocab": str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), "vocab_size": 8000,
+        "lowercase": True, "cache_dir": str(cache), "packing": "packed", "mask_rate": 0.15,
+        "max_predictions_per_seq": 0, "whole_word_masking": False, "heldout_fraction": 0.02, "num_workers": 0})
+    data = make_pretrain_data(cfg, seq_len=32, batch_size=4, seed=0, show_progress=False)
+    batch = next(data.train_iterator())
+    assert batch["masked_positions"].shape == (4, round(0.15 * 32) + 1)
+    assert len(data.eval_batches(2)) == 2
