@@ -1,0 +1,104 @@
+"""Orbax checkpoints of the training state, data-iterator state and model config.
+
+Layout: `workdir/checkpoints/<step>/{state,data,model_config}`. Saves are async and
+keep the last K; restore walks back from the newest step, so a corrupt or partial
+newest checkpoint is moved aside with a warning and the previous one is used.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+
+log = logging.getLogger("roformer.train")
+
+ITEMS = ("state", "data", "model_config")
+
+
+def _allgather_json(obj: Any) -> list[Any]:
+    """Every process's JSON-serialisable `obj`, in process order (data iterators are
+    per process, while orbax writes JSON items from process 0 only)."""
+    if jax.process_count() == 1:
+        return [obj]
+    encoded = np.frombuffer(json.dumps(obj).encode(), dtype=np.uint8)
+    lengths = multihost_utils.process_allgather(np.array([encoded.size], np.int32))
+    padded = np.zeros(int(lengths.max()), np.uint8)
+    padded[:encoded.size] = encoded
+    gathered = multihost_utils.process_allgather(padded)
+    return [json.loads(bytes(row[:n]).decode()) for row, n in zip(gathered, lengths.reshape(-1))]
+
+
+class Checkpointer:
+    """Thin wrapper over `ocp.CheckpointManager` for this training loop."""
+
+    def __init__(self, directory: str | Path, *, max_to_keep: int, async_save: bool = True):
+        self.directory = Path(directory).resolve()
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                               enable_async_checkpointing=async_save)
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, step: int, state, data_state: dict, model_config: dict) -> None:
+        """Start an async save (collective: every process calls it)."""
+        data_states = {f"process_{i}": s for i, s in enumerate(_allgather_json(data_state))}
+        self.manager.save(step, force=True, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.JsonSave(data_states),
+            model_config=ocp.args.JsonSave(model_config)))
+
+    def saved_model_config(self) -> dict | None:
+        """Model config of the newest readable checkpoint, or None when there is none."""
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                restored = self.manager.restore(step, args=ocp.args.Composite(
+                    model_config=ocp.args.JsonRestore()))
+                return dict(restored["model_config"])
+            except Exception:  # a corrupt step is reported by restore_latest
+                continue
+        return None
+
+    def restore_latest(self, abstract_state) -> tuple[int, Any, dict | None] | None:
+        """(step, state, this process's data-iterator state) from the newest readable
+        checkpoint; None if the directory holds none. `abstract_state` carries the
+        shapes, dtypes and shardings to restore into."""
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                restored = self.manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract_state),
+                    data=ocp.args.JsonRestore()))
+            except Exception as error:  # noqa: BLE001 - any unreadable step is skipped
+                self._move_aside(step, error)
+                continue
+            data = restored["data"] or {}
+            return step, restored["state"], data.get(f"process_{jax.process_index()}")
+        return None
+
+    def _move_aside(self, step: int, error: Exception) -> None:
+        aside = self.directory.parent / "corrupt_checkpoints" / str(step)
+        log.warning("checkpoint at step %d in %s is unreadable (%s: %s); moving it to %s and "
+                    "falling back to the previous checkpoint", step, self.directory,
+                    type(error).__name__, str(error).splitlines()[0][:200], aside)
+        if jax.process_index() == 0:
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            if aside.exists():
+                shutil.rmtree(aside)
+            shutil.move(str(self.directory / str(step)), str(aside))
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"roformer_move_aside_{step}")
+        self.manager.reload()
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

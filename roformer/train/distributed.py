@@ -1,0 +1,27 @@
+"""Multi-host start-up: `jax.distributed.initialize` from the `distributed` config."""
+from __future__ import annotations
+
+import jax
+
+
+def initialize_distributed(dist_cfg) -> None:
+    """Join the multi-process job described by `dist_cfg`, once per process.
+
+    Nothing happens for a single-process run. `enabled=True` with no address lets
+    JAX auto-detect the cluster (TPU pods, SLURM); an explicit `coordinator_address`
+    also needs `num_processes` and `process_id` (manual clusters, local tests).
+    """
+    explicit = bool(dist_cfg.coordinator_address)
+    if not (dist_cfg.enabled or explicit) or jax.distributed.is_initialized():
+        return
+    kwargs = {}
+    if explicit:
+        if dist_cfg.num_processes < 1 or dist_cfg.process_id < 0:
+            raise ValueError("distributed.coordinator_address is set, so distributed.num_processes "
+                             "and distributed.process_id must be set too "
+                             f"(got {dist_cfg.num_processes}, {dist_cfg.process_id})")
+        kwargs = dict(coordinator_address=dist_cfg.coordinator_address,
+                      num_processes=dist_cfg.num_processes, process_id=dist_cfg.process_id)
+    if dist_cfg.local_device_ids:
+        kwargs["local_device_ids"] = [int(i) for i in str(dist_cfg.local_device_ids).split(",")]
+    jax.distributed.initialize(**kwargs)

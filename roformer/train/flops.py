@@ -1,0 +1,88 @@
+"""Analytic training FLOPs of the MLM model, device peak FLOP/s and MFU.
+
+Counts matmul FLOPs only (2 per multiply-add), forward x 3 for forward+backward,
+as in PaLM/MaxText. The MLM head is counted at the masked positions only, since
+the model computes logits only there.
+"""
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import numpy as np
+
+# Dense peak FLOP/s per device: (bf16, f32). Matched by substring of
+# `device.device_kind`, first match wins (more specific names first).
+PEAK_FLOPS: tuple[tuple[str, tuple[float, float]], ...] = (
+    ("TPU v6", (918e12, 918e12 / 4)),
+    ("TPU v5p", (459e12, 459e12 / 4)),
+    ("TPU v5", (197e12, 197e12 / 4)),      # v5e reports "TPU v5 lite"
+    ("TPU v4", (275e12, 275e12 / 4)),
+    ("TPU v3", (123e12, 123e12 / 4)),
+    ("TPU v2", (45e12, 45e12 / 4)),
+    ("H200", (989e12, 67e12)),
+    ("H100", (989e12, 67e12)),            # SXM; f32 = non-tensor-core
+    ("A100", (312e12, 19.5e12)),
+    ("L40S", (362e12, 91.6e12)),
+    ("L4", (121e12, 30.3e12)),
+    ("A10G", (125e12, 31.2e12)),
+    ("V100", (125e12, 15.7e12)),
+    ("RTX 4090", (165e12, 82.6e12)),
+    ("RTX 3090", (71e12, 35.6e12)),
+)
+
+
+def train_flops_per_step(model_cfg, *, batch_size: int, seq_len: int, num_predictions: int) -> float:
+    """Matmul FLOPs of one optimizer step (forward + backward) for a global batch.
+
+    `num_predictions` is the number of masked-position slots per sequence (P)."""
+    h, layers, inter = model_cfg.hidden_size, model_cfg.num_layers, model_cfg.intermediate_size
+    emb = model_cfg.embedding_size or h
+    head_dim = h // model_cfg.num_heads
+    per_token_params = layers * (4 * h * h + 2 * h * inter)    # q, k, v, out + MLP
+    if emb != h:
+        per_token_params += emb * h                              # embeddings_project
+    if model_cfg.attention == "linear":
+        attention = layers * 4 * h * head_dim                     # K^T V and Q (K^T V)
+    else:
+        attention = layers * 4 * seq_len * h                      # Q K^T and P V
+    forward_per_token = 2 * per_token_params + attention
+    head_per_prediction = 2 * (h * emb + emb * model_cfg.vocab_size)  # transform + decoder
+    forward = batch_size * (seq_len * forward_per_token + num_predictions * head_per_prediction)
+    return 3.0 * forward
+
+
+@functools.lru_cache(maxsize=None)
+def measure_matmul_peak(size: int = 1024, repeats: int = 5) -> float:
+    """Measured float32 FLOP/s of a square matmul on this process's first device
+    (used for CPUs, whose peak depends on the host and on what else runs on it)."""
+    device = jax.local_devices()[0]
+    a = jax.device_put(np.ones((size, size), np.float32), device)
+    matmul = jax.jit(lambda x: x @ x)
+    matmul(a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size ** 3 / best
+
+
+def device_peak_flops(device: jax.Device, compute_dtype: str = "bfloat16",
+                      configured: float = 0.0) -> float:
+    """Peak FLOP/s of one device: `configured` if > 0, else the table, else
+    (CPU or unknown accelerator) a measured matmul peak shared by the local devices."""
+    if configured > 0:
+        return configured
+    column = 0 if compute_dtype == "bfloat16" else 1
+    for name, peaks in PEAK_FLOPS:
+        if name.lower() in device.device_kind.lower():
+            return peaks[column]
+    # virtual CPU devices share the same cores, so split the host's measured peak
+    return measure_matmul_peak() / max(jax.local_device_count(), 1)
+
+
+def mfu(flops_per_step: float, steps_per_sec: float, peak_per_device: float, num_devices: int) -> float:
+    """Model FLOPs utilisation: achieved / (peak x devices)."""
+    return flops_per_step * steps_per_sec / (peak_per_device * num_devices)

@@ -1,0 +1,56 @@
+"""Run logging: metrics.jsonl + TensorBoard events, written by process 0 only."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Mapping
+
+import jax
+
+
+def _jsonable(value):
+    value = float(value) if hasattr(value, "__float__") and not isinstance(value, (int, bool)) else value
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)   # JSON has no NaN/inf; keep them readable
+    return value
+
+
+class MetricsWriter:
+    """Appends one JSON object per call to `workdir/metrics.jsonl` and mirrors the
+    scalars to TensorBoard (`workdir/tensorboard`). No-op on processes other than 0,
+    so multi-host runs write one log."""
+
+    def __init__(self, workdir: str | Path, *, enabled: bool | None = None):
+        self.enabled = jax.process_index() == 0 if enabled is None else enabled
+        self.path = Path(workdir) / "metrics.jsonl"
+        self._file = None
+        self._tb = None
+        if self.enabled:
+            from tensorboardX import SummaryWriter  # imported lazily: only process 0 needs it
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a")
+            self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
+
+    def write(self, step: int, scalars: Mapping[str, float]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": int(step), **{k: _jsonable(v) for k, v in scalars.items()}}
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        for name, value in row.items():
+            if name != "step" and isinstance(value, (int, float)):
+                self._tb.add_scalar(name, value, int(step))
+        self._tb.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._file.close()
+            self._tb.close()
+            self.enabled = False
+
+
+def read_metrics(workdir: str | Path) -> list[dict]:
+    """All rows of `workdir/metrics.jsonl` (for tests, notebooks and the ablation tool)."""
+    path = Path(workdir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,47 @@
+"""AdamW with warmup + decay, global-norm clipping and a no-decay mask (optax)."""
+from __future__ import annotations
+
+import jax
+import optax
+
+
+def make_schedule(*, learning_rate: float, warmup_steps: int, total_steps: int,
+                  decay: str = "linear", end_factor: float = 0.0) -> optax.Schedule:
+    """Linear warmup from 0 to `learning_rate`, then linear or cosine decay to
+    `end_factor * learning_rate` at `total_steps`."""
+    if decay not in ("linear", "cosine"):
+        raise ValueError(f"train.decay must be 'linear' or 'cosine', got {decay!r}")
+    if total_steps <= 0:
+        raise ValueError(f"train.steps must be positive, got {total_steps}")
+    warmup_steps = min(warmup_steps, total_steps)
+    decay_steps = max(total_steps - warmup_steps, 1)
+    end_value = learning_rate * end_factor
+    warmup = optax.linear_schedule(0.0, learning_rate, max(warmup_steps, 1))
+    if decay == "linear":
+        main = optax.linear_schedule(learning_rate, end_value, decay_steps)
+    else:
+        main = optax.cosine_decay_schedule(learning_rate, decay_steps, alpha=end_factor)
+    if warmup_steps == 0:
+        return main
+    return optax.join_schedules([warmup, main], boundaries=[warmup_steps])
+
+
+def decay_mask(params):
+    """True for parameters that get weight decay: matrices (kernels, embeddings);
+    False for biases and LayerNorm scales, which are all 1-D (BERT convention)."""
+    return jax.tree.map(lambda p: p.ndim > 1, params)
+
+
+def make_optimizer(train_cfg) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW from the `train` config section; returns (transform, schedule)."""
+    schedule = make_schedule(learning_rate=train_cfg.learning_rate,
+                             warmup_steps=train_cfg.warmup_steps,
+                             total_steps=train_cfg.get("decay_steps", 0) or train_cfg.steps,
+                             decay=train_cfg.decay)
+    transforms = []
+    if train_cfg.clip_norm and train_cfg.clip_norm > 0:
+        transforms.append(optax.clip_by_global_norm(train_cfg.clip_norm))
+    transforms.append(optax.adamw(schedule, b1=train_cfg.b1, b2=train_cfg.b2,
+                                  eps=train_cfg.eps, weight_decay=train_cfg.weight_decay,
+                                  mask=decay_mask))
+    return optax.chain(*transforms), schedule

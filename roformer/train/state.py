@@ -1,0 +1,78 @@
+"""Sharded training state and compiled steps for one model config on one mesh.
+
+Used by the training loop, the sharding tests and the step benchmark, so all of
+them build, shard and jit the state the same way.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from roformer.model import ModelConfig, RoFormerForMaskedLM
+from roformer.train import sharding, steps
+
+
+def _init_state(model_cfg: ModelConfig, tx: optax.GradientTransformation, seed: int) -> dict:
+    """Fresh training state: params from the model's initialisers, optimizer state, step 0."""
+    model = RoFormerForMaskedLM(model_cfg, rngs=nnx.Rngs(seed))
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+
+
+def _init_rest(model_cfg: ModelConfig, seed: int):
+    """The model's non-parameter state (RNG streams); under jit the unused parameter
+    initialisation is dead code and is dropped."""
+    return nnx.split(RoFormerForMaskedLM(model_cfg, rngs=nnx.Rngs(seed)), nnx.Param, ...)[2]
+
+
+@dataclasses.dataclass
+class TrainSetup:
+    """Graph, shardings and jitted functions of an MLM training run on `mesh`."""
+    model_cfg: ModelConfig
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    mesh: Mesh
+    seed: int = 0
+
+    def __post_init__(self):
+        replicated = NamedSharding(self.mesh, P())
+        abstract_model = nnx.eval_shape(lambda: RoFormerForMaskedLM(self.model_cfg, rngs=nnx.Rngs(self.seed)))
+        self.graphdef, abstract_params, abstract_rest = nnx.split(abstract_model, nnx.Param, ...)
+        self.abstract_state = jax.eval_shape(lambda: _init_state(self.model_cfg, self.tx, self.seed))
+        logical = sharding.param_logical_axes(abstract_params, self.model_cfg)
+        param_shardings = sharding.state_shardings(self.abstract_state["params"], logical, self.mesh)
+        opt_shardings = optax.tree_map_params(
+            self.tx, lambda _, s: s, self.abstract_state["opt_state"], param_shardings,
+            transform_non_params=lambda _: replicated)
+        self.state_shardings = {"params": param_shardings, "opt_state": opt_shardings, "step": replicated}
+        self.rest_shardings = jax.tree.map(lambda _: replicated, abstract_rest)
+        self.replicated = replicated
+
+    def sharded_abstract_state(self):
+        """Shapes, dtypes and shardings to restore a checkpoint into."""
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            self.abstract_state, self.state_shardings)
+
+    def init_state(self) -> dict:
+        return jax.jit(lambda: _init_state(self.model_cfg, self.tx, self.seed),
+                       out_shardings=self.state_shardings)()
+
+    def init_rest(self):
+        return jax.jit(lambda: _init_rest(self.model_cfg, self.seed), out_shardings=self.rest_shardings)()
+
+    def jit_train_step(self, *, grad_accum: int = 1, debug_nan_step: int = -1):
+        """`(state, rest, batch) -> (state, metrics)`, donating the old state."""
+        return jax.jit(
+            steps.make_train_step(self.graphdef, self.tx, self.schedule, seed=self.seed,
+                                  grad_accum=grad_accum, debug_nan_step=debug_nan_step),
+            in_shardings=(self.state_shardings, self.rest_shardings, sharding.batch_sharding(self.mesh)),
+            out_shardings=(self.state_shardings, self.replicated), donate_argnums=0)
+
+    def jit_eval_step(self):
+        """`(params, rest, batch) -> sums of loss, correct and weight`."""
+        return jax.jit(steps.make_eval_step(self.graphdef), out_shardings=self.replicated)

@@ -1,0 +1,126 @@
+"""MLM train and eval step functions (jitted by the caller) over an explicit, pure-pytree training state.
+
+The state is `{"params", "opt_state", "step"}` (plain nested dicts of arrays), so it
+can be donated, sharded with NamedSharding and checkpointed by orbax as is. The
+NNX model is rebuilt inside the step with `nnx.merge`; dropout keys are derived
+from (seed, step), which makes a resumed run bit-identical to an uninterrupted one
+without checkpointing RNG streams.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+TrainState = dict[str, Any]
+Batch = dict[str, jax.Array]
+
+def mlm_sums(model, batch: Batch) -> dict[str, jax.Array]:
+    """Sparse MLM loss: logits only at the masked positions, summed over real slots.
+
+    Returns sums (not means) so micro-batches and eval batches combine exactly."""
+    logits = model(batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                   positions=batch["positions"], segment_ids=batch["segment_ids"],
+                   masked_positions=batch["masked_positions"])
+    labels = batch["masked_labels"]
+    weights = batch["masked_weights"].astype(jnp.float32)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    return {"loss_sum": jnp.sum(losses * weights), "correct_sum": jnp.sum(correct * weights),
+            "weight_sum": jnp.sum(weights)}
+
+
+def reseeded(rest_state, key: jax.Array):
+    """Fresh copy of the model's RNG state with every stream reset to `key`.
+
+    Building new Variables (rather than `nnx.reseed` on shared ones) keeps them in
+    the current trace, so dropout can advance its counters inside `jax.grad`."""
+    def reset(var):
+        if isinstance(var, nnx.RngKey):
+            return var.replace(key)
+        if isinstance(var, nnx.RngCount):
+            return var.replace(jnp.zeros_like(var.get_value()))
+        return var.replace(var.get_value())
+    return jax.tree.map(reset, rest_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def _split_microbatches(batch: Batch, num: int) -> Batch:
+    """[B, ...] -> [num, B/num, ...] taking rows i::num, so every micro-batch keeps
+    rows from every data shard (no resharding of the batch dimension)."""
+    def split(x):
+        if x.shape[0] % num:
+            raise ValueError(f"train.grad_accum={num} must divide the global batch {x.shape[0]}")
+        return jnp.swapaxes(x.reshape(x.shape[0] // num, num, *x.shape[1:]), 0, 1)
+    return jax.tree.map(split, batch)
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule, *, seed: int, grad_accum: int = 1,
+                    debug_nan_step: int = -1) -> Callable[..., tuple[TrainState, dict]]:
+    """Build `train_step(state, rest_state, batch) -> (state, metrics)` (not jitted).
+
+    `rest_state` is the model's non-parameter state (RNG streams), passed in
+    unchanged: dropout keys are re-derived from (seed, step) every step.
+
+    `debug_nan_step` (>0) poisons the loss and gradients of that step, to test the
+    non-finite-loss guard."""
+    base_key = jax.random.key(seed)
+
+    def loss_fn(params, rest_state, micro_batch, dropout_key):
+        model = nnx.merge(graphdef, nnx.State(params), reseeded(rest_state, dropout_key))
+        model.train()
+        sums = mlm_sums(model, micro_batch)
+        return sums["loss_sum"], sums
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def train_step(state: TrainState, rest_state, batch: Batch):
+        params, step = state["params"], state["step"]
+        step_key = jax.random.fold_in(base_key, step)
+        if grad_accum == 1:
+            (_, sums), grads = grad_fn(params, rest_state, batch, step_key)
+        else:
+            def accumulate(carry, xs):
+                index, micro_batch = xs
+                (_, sums), grads = grad_fn(params, rest_state, micro_batch,
+                                           jax.random.fold_in(step_key, index))
+                return jax.tree.map(jnp.add, carry, (sums, grads)), None
+            zero_sums = {k: jnp.zeros((), jnp.float32) for k in ("loss_sum", "correct_sum", "weight_sum")}
+            zeros = (zero_sums, jax.tree.map(jnp.zeros_like, params))
+            (sums, grads), _ = jax.lax.scan(
+                accumulate, zeros, (jnp.arange(grad_accum), _split_microbatches(batch, grad_accum)))
+        weight = jnp.maximum(sums["weight_sum"], 1.0)
+        grads = jax.tree.map(lambda g: g / weight, grads)
+        loss = sums["loss_sum"] / weight
+        if debug_nan_step > 0:
+            poison = jnp.where(step + 1 == debug_nan_step, jnp.nan, 1.0)
+            loss = loss * poison
+            grads = jax.tree.map(lambda g: g * poison, grads)
+        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        new_state = {"params": optax.apply_updates(params, updates), "opt_state": opt_state,
+                     "step": step + 1}
+        metrics = {"loss": loss, "mlm_accuracy": sums["correct_sum"] / weight,
+                   "grad_norm": optax.tree.norm(grads), "learning_rate": schedule(step),
+                   "num_predictions": sums["weight_sum"]}
+        return new_state, metrics
+
+    return train_step
+
+
+def make_eval_step(graphdef) -> Callable[..., dict]:
+    """`eval_step(params, rest_state, batch) -> sums` with dropout off."""
+    def eval_step(params, rest_state, batch: Batch):
+        model = nnx.merge(graphdef, nnx.State(params), reseeded(rest_state, jax.random.key(0)))
+        model.eval()
+        return mlm_sums(model, batch)
+    return eval_step
+
+
+def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
+    weight = max(float(sums["weight_sum"]), 1.0)
+    loss = float(sums["loss_sum"]) / weight
+    return {"eval_loss": loss, "eval_mlm_accuracy": float(sums["correct_sum"]) / weight,
+            "eval_perplexity": float(jnp.exp(jnp.minimum(loss, 80.0)))}

@@ -1,0 +1,144 @@
+"""Checkpoint/resume and fault handling of the pretraining loop.
+
+Exact resume after SIGTERM (save + exit 0) and SIGKILL, the non-finite-loss guard,
+fallback from a corrupt newest checkpoint, and refusal of a changed model config.
+"""
+import json
+import logging
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from roformer.train import read_metrics, train_and_evaluate
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 24
+
+# A 2-layer, 32-wide model on seq 32: every run here shares these settings.
+OVERRIDES = {
+    "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_heads": 2,
+    "model.hidden_dropout": 0.1,                     # dropout on: resume must replay its keys
+    "data.vocab_size": 500,
+    "train.steps": STEPS, "train.batch_size": 8, "train.seq_len": 32, "train.warmup_steps": 2,
+    "train.log_every": 1, "train.eval_every": 1000, "train.eval_batches": 1,
+    "train.checkpoint_every": 4, "train.keep_checkpoints": 2, "train.progress_bar": False,
+    "mesh.num_devices": 1,                           # one device compiles fastest
+}
+
+
+def make_config(cache: Path, **extra):
+    config = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
+    config.data.cache_dir = str(cache)
+    for key, value in {**OVERRIDES, **extra}.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    return config
+
+
+def cli(workdir: Path, cache: Path, **extra) -> list[str]:
+    flags = [f"--config.{k}={v}" for k, v in {**OVERRIDES, "data.cache_dir": cache, **extra}.items()]
+    return [sys.executable, "-m", "roformer.pretrain", "--config=configs/tiny.py",
+            f"--workdir={workdir}", *flags]
+
+
+def latest_params(workdir: Path) -> dict:
+    directory = workdir / "checkpoints"
+    with ocp.CheckpointManager(directory, item_names=("state",)) as manager:
+        step = manager.latest_step()
+        state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+    return step, state["params"]
+
+
+def logged_step(workdir: Path) -> int:
+    try:
+        rows = read_metrics(workdir)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return 0
+    return max((r["step"] for r in rows if "loss" in r), default=0)
+
+
+def run_until(command, workdir: Path, step: int, sig: int, timeout: float = 240) -> subprocess.Popen:
+    """Start the CLI, send `sig` once metrics.jsonl shows `step`, wait for exit."""
+    # the second run compiles the same programs as the first: share a persistent cache
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(workdir.parent / "jax_cache"),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.time() + timeout
+    while logged_step(workdir) < step:
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"run ended or timed out before step {step}:\n{proc.communicate()[0][-3000:]}")
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    proc.output = proc.communicate(timeout=timeout)[0]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("data_cache")
+
+
+@pytest.mark.slow
+def test_resume_after_sigterm_and_sigkill_matches_uninterrupted_run(tmp_path, cache):
+    reference = tmp_path / "reference"
+    summary = train_and_evaluate(make_config(cache), reference)   # also builds the data cache
+    assert summary["final_step"] == STEPS and summary["final_loss"] < summary["first_loss"]
+
+    # Evaluating every step changes nothing in the parameters but slows the run,
+    # so the signals land mid-run.
+    slow = {"train.eval_every": 1, "train.eval_batches": 4}
+    interrupted = tmp_path / "interrupted"
+    term = run_until(cli(interrupted, cache, **slow), interrupted, 5, signal.SIGTERM)
+    assert term.returncode == 0, term.output[-3000:]
+    summary = json.loads((interrupted / "summary.json").read_text())
+    assert summary["preempted"] and summary["final_step"] < STEPS
+    assert latest_params(interrupted)[0] == summary["final_step"]   # saved at the stop step
+
+    kill = run_until(cli(interrupted, cache, **slow), interrupted, summary["final_step"] + 6, signal.SIGKILL)
+    assert kill.returncode == -signal.SIGKILL
+    assert logged_step(interrupted) < STEPS
+
+    resumed = train_and_evaluate(make_config(cache), interrupted)
+    assert 0 < resumed["start_step"] < STEPS and resumed["final_step"] == STEPS
+    (ref_step, ref), (step, got) = latest_params(reference), latest_params(interrupted)
+    assert ref_step == step == STEPS
+    diffs = [np.max(np.abs(np.asarray(a) - np.asarray(b)))
+             for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got))]
+    assert max(diffs) <= 1e-6
+
+    config = json.loads((interrupted / "config.json").read_text())
+    assert config["train"]["steps"] == STEPS and config["resolved_model"]["hidden_size"] == 32
+    assert any(p.name.startswith("events") for p in (interrupted / "tensorboard").iterdir())
+
+
+@pytest.mark.slow
+def test_nan_guard_corrupt_fallback_and_config_mismatch(tmp_path, cache, caplog):
+    workdir = tmp_path / "run"
+    with pytest.raises(FloatingPointError, match="at step 10"):
+        train_and_evaluate(make_config(cache, **{"train.debug_nan_step": 10, "train.steps": 12}), workdir)
+    assert latest_params(workdir)[0] == 8          # the last good checkpoint stays the newest
+
+    state_dir = workdir / "checkpoints" / "8" / "state"
+    for path in state_dir.rglob("*"):             # simulate a save killed half-way
+        if path.is_file() and path.name != "_METADATA":
+            path.write_bytes(b"")
+    with caplog.at_level(logging.WARNING, logger="roformer.train"):
+        summary = train_and_evaluate(make_config(cache, **{"train.steps": 6}), workdir)
+    assert "step 8" in caplog.text and "unreadable" in caplog.text
+    assert summary["start_step"] == 4 and summary["final_step"] == 6
+    assert (workdir / "corrupt_checkpoints" / "8").is_dir()
+
+    with pytest.raises(ValueError, match="hidden_size: checkpoint=32 config=64") as error:
+        train_and_evaluate(make_config(cache, **{"model.hidden_size": 64}), workdir)
+    assert "intermediate_size" not in str(error.value)

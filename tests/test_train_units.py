@@ -1,0 +1,133 @@
+"""Optimizer, schedules, gradient accumulation, configs, FLOPs/MFU and the metrics writer."""
+import runpy
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from roformer.model import ModelConfig, RoFormerForMaskedLM
+from roformer.train import build_model_config, flops, read_metrics
+from roformer.train.loop import check_same_model_config
+from roformer.train.metrics import MetricsWriter
+from roformer.train.optim import decay_mask, make_optimizer, make_schedule
+from roformer.train.steps import make_train_step
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMES = {"absolute": "learned", "sinusoidal": "sinusoidal", "relative": "shaw", "t5": "t5",
+           "alibi": "alibi", "rotary": "rope", "rotary_linear": "rope", "none": "none"}
+
+
+def load_config(name: str, arg: str | None = None):
+    return runpy.run_path(str(REPO / "configs" / f"{name}.py"))["get_config"](arg)
+
+
+def train_cfg(**overrides):
+    cfg = load_config("base").train
+    cfg.update({"steps": 10, "warmup_steps": 2, "learning_rate": 1e-2, **overrides})
+    return cfg
+
+
+def test_schedule_warms_up_then_decays_linear_and_cosine():
+    linear = make_schedule(learning_rate=1.0, warmup_steps=4, total_steps=12, decay="linear")
+    np.testing.assert_allclose([linear(s) for s in (0, 2, 4, 8, 12)], [0, 0.5, 1, 0.5, 0], atol=1e-6)
+    cosine = make_schedule(learning_rate=1.0, warmup_steps=4, total_steps=12, decay="cosine")
+    np.testing.assert_allclose([cosine(s) for s in (4, 8, 12)], [1, 0.5, 0], atol=1e-6)
+    with pytest.raises(ValueError, match="train.decay"):
+        make_schedule(learning_rate=1.0, warmup_steps=1, total_steps=2, decay="step")
+
+
+def test_no_weight_decay_on_layernorm_and_biases():
+    tx, _ = make_optimizer(train_cfg(weight_decay=0.5, clip_norm=1.0))
+    params = {"dense": {"kernel": jnp.ones((3, 4)), "bias": jnp.ones((4,))},
+              "LayerNorm": {"scale": jnp.ones((4,)), "bias": jnp.ones((4,))}}
+    assert decay_mask(params) == {"dense": {"kernel": True, "bias": False},
+                                  "LayerNorm": {"scale": False, "bias": False}}
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    _, state = tx.update(zeros, tx.init(params), params)   # step 0: warmup lr is 0
+    updates, _ = tx.update(zeros, state, params)            # step 1: zero gradient -> decay only
+    assert float(jnp.abs(updates["dense"]["kernel"]).max()) > 0
+    for leaf in (updates["dense"]["bias"], updates["LayerNorm"]["scale"], updates["LayerNorm"]["bias"]):
+        assert float(jnp.abs(leaf).max()) == 0.0
+
+
+def test_global_norm_clipping_bounds_the_update():
+    tx, _ = make_optimizer(train_cfg(clip_norm=1.0, weight_decay=0.0, warmup_steps=0))
+    params = {"w": jnp.zeros((2, 2))}
+    huge = {"w": jnp.full((2, 2), 1e6)}
+    state = tx.init(params)
+    clipped, _ = tx.update(huge, state, params)
+    small, _ = tx.update(jax.tree.map(lambda g: g / 2e6, huge), state, params)  # norm 1 exactly
+    np.testing.assert_allclose(clipped["w"], small["w"], rtol=1e-5)
+
+
+def test_gradient_accumulation_equals_full_batch():
+    from test_train_sharding import TINY, synthetic_batch
+    tx, schedule = make_optimizer(train_cfg(warmup_steps=0))
+    model = RoFormerForMaskedLM(TINY, rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    params = nnx.to_pure_dict(params)
+    state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(0).items()}
+    full = jax.jit(make_train_step(graphdef, tx, schedule, seed=0))(state, rest, batch)
+    accum = jax.jit(make_train_step(graphdef, tx, schedule, seed=0, grad_accum=4))(state, rest, batch)
+    np.testing.assert_allclose(accum[1]["loss"], full[1]["loss"], rtol=1e-5)
+    np.testing.assert_allclose(accum[1]["grad_norm"], full[1]["grad_norm"], rtol=1e-4)
+    for a, b in zip(jax.tree.leaves(accum[0]["params"]), jax.tree.leaves(full[0]["params"])):
+        np.testing.assert_allclose(a, b, atol=1e-5)   # Adam step of size lr=1e-2
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_scheme_configs_build_their_model(name):
+    config = load_config(name, "size=mini")
+    model_cfg = build_model_config(config.model, vocab_size=1000, dtype=config.train.dtype)
+    assert model_cfg.position == SCHEMES[name] and model_cfg.hidden_size == 256
+    assert model_cfg.attention == ("linear" if name == "rotary_linear" else "softmax")
+
+
+def test_config_arguments_and_overrides():
+    assert load_config("rotary").model.size == "base"
+    tiny = load_config("tiny")
+    assert tiny.model.size == "tiny" and tiny.data.source == "embedded"
+    assert load_config("tiny", "source=files").model.size == "tiny"
+    config = load_config("rotary", "size=base,source=files")
+    assert (config.model.size, config.data.source) == ("base", "files")
+    config.model.hidden_size = 384                   # an explicit field beats the preset
+    assert build_model_config(config.model, vocab_size=10, dtype="bfloat16").hidden_size == 384
+    with pytest.raises(ValueError, match="unknown config argument"):
+        load_config("rotary", "sise=base")
+
+
+def test_model_config_mismatch_lists_differing_keys(tmp_path):
+    saved = ModelConfig(hidden_size=64, num_heads=4).to_dict()
+    check_same_model_config(saved, dict(saved), tmp_path)
+    with pytest.raises(ValueError, match=r"hidden_size: checkpoint=64 config=128(.|\n)*position"):
+        check_same_model_config(saved, {**saved, "hidden_size": 128, "position": "t5"}, tmp_path)
+
+
+def test_train_flops_and_mfu():
+    cfg = ModelConfig(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256)
+    per_token = 2 * 2 * (4 * 64 * 64 + 2 * 64 * 256) + 2 * 4 * 128 * 64
+    head = 2 * (64 * 64 + 64 * 1000)
+    expected = 3 * 8 * (128 * per_token + 20 * head)
+    assert flops.train_flops_per_step(cfg, batch_size=8, seq_len=128, num_predictions=20) == expected
+    assert flops.mfu(1e12, 2.0, 1e12, 4) == 0.5
+
+    class Device:
+        device_kind = "TPU v5 lite"
+    assert flops.device_peak_flops(Device(), "bfloat16") == 197e12
+    assert flops.device_peak_flops(Device(), "bfloat16", configured=1e9) == 1e9
+
+
+def test_metrics_writer_jsonl_and_tensorboard(tmp_path):
+    writer = MetricsWriter(tmp_path, enabled=True)
+    writer.write(1, {"loss": np.float32(2.5), "mfu": 0.1})
+    writer.write(1, {"eval_loss": float("nan")})
+    writer.close()
+    assert read_metrics(tmp_path) == [{"step": 1, "loss": 2.5, "mfu": 0.1}, {"step": 1, "eval_loss": "nan"}]
+    assert list((tmp_path / "tensorboard").glob("events*"))
+    silent = MetricsWriter(tmp_path / "other", enabled=False)   # processes > 0
+    silent.write(1, {"loss": 1.0})
+    assert not (tmp_path / "other").exists()
