@@ -239,7 +239,10 @@ class RoFormerModel(nnx.Module):
         needs_project = config.embedding_size is not None and config.embedding_size != config.hidden_size
         self.embeddings_project = (_dense(config, config.embedding_size, config.hidden_size, rngs)
                                    if needs_project else None)
-        self.position = make_position_scheme(config, rngs=rngs)
+        # The scheme draws from its own forked stream so that, for one seed, every
+        # parameter the schemes share starts identical whichever scheme is chosen
+        # (the ablation compares schemes from the same initialisation).
+        self.position = make_position_scheme(config, rngs=nnx.Rngs(params=rngs.params()))
         self.encoder = RoFormerEncoder(config, rngs=rngs)
 
     def __call__(self, input_ids, *, token_type_ids=None, positions=None, attention_mask=None,

@@ -286,3 +286,21 @@ def test_config_is_hashable_and_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.hidden_size = 64  # type: ignore[misc]
     assert hash(cfg) == hash(config())
+
+
+def test_shared_parameters_initialise_identically_across_schemes():
+    """Same seed -> same initial values for every parameter all schemes share."""
+    def flat_params(position):
+        config = ModelConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
+                             intermediate_size=32, max_position_embeddings=16, position=position)
+        model = RoFormerForMaskedLM(config, rngs=nnx.Rngs(params=0, dropout=1))
+        state = nnx.state(model, nnx.Param)
+        return {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(state)}
+
+    reference = flat_params("none")
+    for position in ("learned", "sinusoidal", "shaw", "t5", "alibi", "rope"):
+        params = flat_params(position)
+        shared = [k for k in params if k in reference and "position" not in k]
+        assert len(shared) == len(reference)
+        for key in shared:
+            np.testing.assert_array_equal(np.asarray(params[key]), np.asarray(reference[key]), err_msg=f"{position}: {key}")
