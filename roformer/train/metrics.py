@@ -50,7 +50,21 @@ class MetricsWriter:
             self.enabled = False
 
 
-def read_metrics(workdir: str | Path) -> list[dict]:
-    """All rows of `workdir/metrics.jsonl` (for tests, notebooks and the ablation tool)."""
-    path = Path(workdir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def read_metrics(path: str | Path) -> list[dict]:
+    """All rows of a run's `metrics.jsonl` (`path` is the workdir or the file itself),
+    for tests, notebooks and the ablation report.  A torn last line (run killed
+    mid-write) is skipped; a missing file gives no rows."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
