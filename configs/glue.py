@@ -1,0 +1,73 @@
+"""GLUE fine-tuning: `python -m roformer.glue --config=configs/glue.py --workdir=DIR`.
+
+Defaults follow Cramming's "GLUE-sane" protocol: one hyper-parameter set for every task
+(AdamW lr 4e-5, batch 32, up to 5 epochs, 10% warmup, linear decay, max length 128),
+5 seeds, median reported. `per_task.<task>.<key>` overrides one task (None = global).
+
+Variants: `configs/glue.py:smoke` shrinks everything for a minutes-long CPU check.
+"""
+import ml_collections
+
+TASK_NAMES = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+# Keys a task may override; the rest is shared.
+PER_TASK_KEYS = {"learning_rate": float, "batch_size": int, "num_epochs": float,
+                 "max_steps": int, "warmup_fraction": float, "weight_decay": float,
+                 "max_seq_len": int, "max_train_examples": int}
+
+
+def get_config(arg=None):
+    c = ml_collections.ConfigDict()
+    c.task = "all"                  # a task, a comma list ("sst2,mrpc") or "all" (+AX via MNLI)
+    c.init = "none"                 # pretraining workdir | HF RoFormer dir | "none" (random init)
+    c.init_step = -1                # pretraining checkpoint step; -1 = latest
+
+    # Data: local GLUE dir (download_glue_data.py layout), HF datasets, or TFDS.
+    c.source = "local"              # local | hf | tfds
+    c.data_dir = "../shared/data/glue"
+    c.hf_path = "nyu-mll/glue"
+    c.hf_cache_dir = ""
+    c.tfds_data_dir = ""
+    # Tokenizer: "" = the one that came with `init`; else a vocab.txt or tokenizer.json.
+    c.vocab = ""
+    c.lowercase = True              # for config.vocab=vocab.txt (uncased BERT vocab: True)
+
+    # Model. From a checkpoint the architecture is the checkpoint's; size / vocab_size set
+    # here must then match it (a mismatch is refused). With init=none: size "" -> "mini".
+    c.model = ml_collections.ConfigDict(dict(
+        size="", vocab_size=0, position="", hidden_dropout=0.1, attention_dropout=0.1,
+        dtype="float32"))
+
+    # Protocol.
+    c.learning_rate = 4e-5
+    c.batch_size = 32
+    c.num_epochs = 5.0
+    c.max_steps = 0                 # > 0 caps the optimizer steps (smoke runs)
+    c.warmup_fraction = 0.1
+    c.decay = "linear"              # linear | cosine
+    c.weight_decay = 0.01
+    c.b1 = 0.9
+    c.b2 = 0.98
+    c.eps = 1e-6
+    c.clip_norm = 1.0
+    c.max_seq_len = 128
+    c.seeds = 5                     # seeds 0..seeds-1; the median over them is reported
+    c.max_train_examples = 0        # > 0: first N training rows (smoke runs, tests)
+    c.max_eval_examples = 0         # > 0: first N dev rows
+    c.eval_batch_size = 128
+    c.predict_test = False          # write leaderboard TSVs + zip (with the median-seed model)
+    c.log_every = 50
+    placeholder = ml_collections.config_dict.placeholder  # typed None: CLI-overridable
+    c.per_task = ml_collections.ConfigDict({
+        t: ml_collections.ConfigDict({k: placeholder(typ) for k, typ in PER_TASK_KEYS.items()})
+        for t in TASK_NAMES})
+
+    if arg == "smoke":
+        c.task = "sst2,mrpc,cola,stsb"
+        c.seeds = 1
+        c.max_train_examples = 512
+        c.max_eval_examples = 256
+        c.num_epochs = 1.0
+        c.max_seq_len = 64
+    elif arg:
+        raise ValueError(f"unknown configs/glue.py variant {arg!r}; choose 'smoke' or nothing")
+    return c

@@ -1,0 +1,152 @@
+"""Examples -> model inputs: `[CLS] a [SEP] (b [SEP])`, token types, longest-first
+truncation, and length-bucketed padded batches (few distinct shapes -> few recompiles)."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from roformer.glue.readers import Example
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+    cls_id: int
+    sep_id: int
+    pad_id: int
+
+
+def tokenizer_special_ids(tokenizer) -> SpecialIds:
+    """Ids of [CLS]/[SEP]/[PAD] from an HF `tokenizers.Tokenizer` or an object that
+    exposes `cls_id`/`sep_id`/`pad_id` (roformer.data's WordPieceTokenizer)."""
+    if all(hasattr(tokenizer, a) for a in ("cls_id", "sep_id", "pad_id")):
+        return SpecialIds(int(tokenizer.cls_id), int(tokenizer.sep_id), int(tokenizer.pad_id))
+    ids = {t: tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")}
+    missing = [t for t, i in ids.items() if i is None]
+    if missing:
+        raise ValueError(f"tokenizer vocabulary lacks special token(s) {missing}")
+    return SpecialIds(ids["[CLS]"], ids["[SEP]"], ids["[PAD]"])
+
+
+def encode_texts(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids without special tokens, batched through the Rust tokenizer."""
+    if hasattr(tokenizer, "encode_ids"):  # roformer.data's WordPieceTokenizer
+        return tokenizer.encode_ids(texts, add_special_tokens=False)
+    return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def truncate_longest_first(a: list[int], b: list[int] | None, budget: int):
+    """Trim the ends so len(a) + len(b) <= budget, always cutting the longer sequence.
+
+    Same lengths as HF `tokenizers`' longest_first (what transformers' run_glue uses):
+    a sequence shorter than half the budget is kept whole; otherwise both get half and
+    an odd token goes to the one that was longer (to `b` when they were equal).
+    """
+    if b is None:
+        return a[:budget], None
+    if len(a) + len(b) <= budget:
+        return a, b
+    if len(a) > len(b):
+        keep_b = min(len(b), budget // 2)
+        return a[:budget - keep_b], b[:keep_b]
+    keep_a = min(len(a), budget // 2)
+    return a[:keep_a], b[:budget - keep_a]
+
+
+@dataclasses.dataclass
+class Features:
+    """Unpadded token ids per example plus labels; batches are padded per bucket."""
+    input_ids: list[np.ndarray]
+    token_type_ids: list[np.ndarray]
+    labels: np.ndarray            # int32 class ids or float32 scores; 0 where unlabelled
+    idx: np.ndarray               # example index (submission index on test splits)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(x) for x in self.input_ids], np.int32)
+
+
+def featurize(examples: Sequence[Example], tokenizer, max_seq_len: int,
+              regression: bool = False) -> Features:
+    if max_seq_len < 8:
+        raise ValueError(f"max_seq_len must be at least 8, got {max_seq_len}")
+    special = tokenizer_special_ids(tokenizer)
+    ids_a = encode_texts(tokenizer, [e.text_a for e in examples])
+    has_b = [e.text_b is not None for e in examples]
+    ids_b_list = encode_texts(tokenizer, [e.text_b for e in examples if e.text_b is not None])
+    ids_b_iter = iter(ids_b_list)
+    input_ids, token_types = [], []
+    for a, pair in zip(ids_a, has_b):
+        b = next(ids_b_iter) if pair else None
+        a, b = truncate_longest_first(a, b, max_seq_len - (3 if pair else 2))
+        seq = [special.cls_id, *a, special.sep_id]
+        types = [0] * len(seq)
+        if b is not None:
+            seq += [*b, special.sep_id]
+            types += [1] * (len(b) + 1)
+        input_ids.append(np.asarray(seq, np.int32))
+        token_types.append(np.asarray(types, np.int32))
+    dtype = np.float32 if regression else np.int32
+    labels = np.array([0 if e.label is None else e.label for e in examples], dtype)
+    idx = np.array([e.idx for e in examples], np.int64)
+    return Features(input_ids, token_types, labels, idx)
+
+
+def bucket_lengths(max_seq_len: int, smallest: int = 16) -> tuple[int, ...]:
+    """Padded lengths allowed: powers of two from `smallest`, capped by max_seq_len."""
+    buckets, n = [], smallest
+    while n < max_seq_len:
+        buckets.append(n)
+        n *= 2
+    return (*buckets, max_seq_len)
+
+
+def _bucket_for(length: int, buckets: tuple[int, ...]) -> int:
+    for b in buckets:
+        if length <= b:
+            return b
+    return buckets[-1]
+
+
+def make_batch(features: Features, rows: np.ndarray, batch_size: int,
+               buckets: tuple[int, ...], pad_id: int) -> dict[str, np.ndarray]:
+    """Pad `rows` to [batch_size, bucket]; missing rows get weight 0 so the batch
+    shape (and the compiled step) stays the same for a short last batch."""
+    length = _bucket_for(max(len(features.input_ids[r]) for r in rows), buckets)
+    input_ids = np.full((batch_size, length), pad_id, np.int32)
+    token_type_ids = np.zeros((batch_size, length), np.int32)
+    attention_mask = np.zeros((batch_size, length), np.int32)
+    for i, r in enumerate(rows):
+        n = len(features.input_ids[r])
+        input_ids[i, :n] = features.input_ids[r]
+        token_type_ids[i, :n] = features.token_type_ids[r]
+        attention_mask[i, :n] = 1
+    labels = np.zeros((batch_size,), features.labels.dtype)
+    labels[:len(rows)] = features.labels[rows]
+    weights = np.zeros((batch_size,), np.float32)
+    weights[:len(rows)] = 1.0
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids,
+            "attention_mask": attention_mask, "labels": labels, "weights": weights}
+
+
+def train_batches(features: Features, batch_size: int, max_seq_len: int, pad_id: int,
+                  rng: np.random.Generator) -> Iterator[dict[str, np.ndarray]]:
+    """One epoch in a random order (every example once)."""
+    buckets = bucket_lengths(max_seq_len)
+    order = rng.permutation(len(features))
+    for start in range(0, len(order), batch_size):
+        yield make_batch(features, order[start:start + batch_size], batch_size, buckets, pad_id)
+
+
+def eval_batches(features: Features, batch_size: int, max_seq_len: int, pad_id: int):
+    """Batches sorted by length (less padding); yields (rows, batch) so predictions can
+    be put back in the original order."""
+    buckets = bucket_lengths(max_seq_len)
+    order = np.argsort(features.lengths, kind="stable")
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        yield rows, make_batch(features, rows, batch_size, buckets, pad_id)

@@ -1,0 +1,221 @@
+"""`run_glue(config, workdir)`: every task x seed, medians, GLUE scores, submission.
+
+Writes into the workdir: `config.json` (resolved), `metrics.jsonl` (training and eval
+rows, tagged with task and seed), TensorBoard events (`tensorboard/<task>_seed<k>`),
+`glue_results.json` / `glue_results.md` (rewritten after each task, so a partial run
+still leaves results), and with `predict_test` the leaderboard TSVs in `submission/`
+plus `submission.zip`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+
+import ml_collections
+import numpy as np
+
+from roformer.data.tokenizer import load_tokenizer
+from roformer.glue import features as features_lib
+from roformer.glue.finetune import Protocol, create_model, finetune, predict
+from roformer.glue.init import encoder_state, load_init, resolve_model_config
+from roformer.glue.metrics import glue_scores, task_metrics
+from roformer.glue.readers import read_split
+from roformer.glue.submission import missing_submission_files, write_predictions, zip_submission
+from roformer.glue.tasks import TASKS, TaskSpec, parse_task_list
+
+log = logging.getLogger("roformer.glue")
+
+
+class RunLog:
+    """metrics.jsonl rows tagged with task/seed, mirrored to one TensorBoard run per
+    task and seed so they can be compared side by side."""
+
+    def __init__(self, workdir: Path):
+        from tensorboardX import SummaryWriter
+
+        self._summary_writer = SummaryWriter
+        self._workdir = workdir
+        self._file = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
+        self._writers = {}
+
+    def write(self, task: str, seed: int, step: int, scalars: dict) -> None:
+        row = {"task": task, "seed": seed, "step": step, **scalars}
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        run = f"{task}_seed{seed}"
+        if run not in self._writers:
+            self._writers[run] = self._summary_writer(str(self._workdir / "tensorboard" / run))
+        for name, value in scalars.items():
+            if isinstance(value, (int, float)):
+                self._writers[run].add_scalar(name, value, step)
+
+    def close(self) -> None:
+        self._file.close()
+        for w in self._writers.values():
+            w.close()
+
+
+def _data_kwargs(config) -> dict:
+    return dict(source=config.source, data_dir=config.data_dir, hf_path=config.hf_path,
+                hf_cache_dir=config.hf_cache_dir or None,
+                tfds_data_dir=config.tfds_data_dir or None)
+
+
+def _limit(examples: list, n: int) -> list:
+    return examples[:n] if n and n > 0 else examples
+
+
+def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_state,
+             run_log: RunLog, submission_dir: Path | None) -> dict:
+    protocol = Protocol.from_config(config, task.name)
+    read = _data_kwargs(config)
+    train = _limit(read_split(task, task.train_split, **read), protocol.max_train_examples)
+    evals = {s: _limit(read_split(task, s, **read), config.max_eval_examples)
+             for s in task.eval_splits}
+    # Test splits this task's model predicts: its own, plus AX for MNLI.
+    tests = {}
+    if submission_dir is not None:
+        tests = {(task.name, s): read_split(task, s, **read) for s in task.test_splits}
+        for other in TASKS.values():
+            if other.predicted_by == task.name:
+                tests |= {(other.name, s): read_split(other, s, **read) for s in other.test_splits}
+
+    def feats(examples):
+        return features_lib.featurize(examples, tokenizer, protocol.max_seq_len,
+                                      regression=task.is_regression)
+
+    train_f = feats(train)
+    eval_f = {s: feats(ex) for s, ex in evals.items()}
+    test_f = {key: feats(ex) for key, ex in tests.items()}
+    predict_kw = dict(batch_size=config.eval_batch_size, max_seq_len=protocol.max_seq_len,
+                      pad_id=special.pad_id, regression=task.is_regression)
+
+    seeds, test_predictions = {}, {}
+    for seed in range(config.seeds):
+        start = time.time()
+        model = create_model(model_config, task.num_labels, seed, init_state)
+        info = finetune(model, train_f, protocol, regression=task.is_regression, seed=seed,
+                        pad_id=special.pad_id, desc=f"{task.display} seed {seed}",
+                        log_every=config.log_every,
+                        log_fn=lambda row, s=seed: run_log.write(task.name, s, row["step"], row))
+        result = {"steps": info["steps"], "final_train_loss": info["final_loss"],
+                  "train_seconds": round(time.time() - start, 2)}
+        for split, f in eval_f.items():
+            preds = predict(model, f, **predict_kw)
+            result[split] = task_metrics(task, f.labels, preds)
+            run_log.write(task.name, seed, info["steps"],
+                          {f"{split}_{k}": v for k, v in result[split].items()})
+        seeds[seed] = result
+        log.info("%s seed %d: %s", task.display, seed,
+                 {s: result[s] for s in task.eval_splits})
+        if test_f:
+            test_predictions[seed] = {key: predict(model, f, **predict_kw)
+                                      for key, f in test_f.items()}
+
+    medians = {split: {m: float(np.median([seeds[s][split][m] for s in seeds]))
+                       for m in task.metrics} for split in task.eval_splits}
+    out = {"protocol": dataclasses.asdict(protocol),
+           "num_train_examples": len(train_f),
+           "num_eval_examples": {s: len(f) for s, f in eval_f.items()},
+           "seeds": {str(s): r for s, r in seeds.items()}, "median": medians}
+    if test_predictions:
+        chosen = median_seed(task, seeds, medians)
+        for (t, split), f in test_f.items():
+            write_predictions(submission_dir, TASKS[t], split, f.idx,
+                              test_predictions[chosen][(t, split)])
+        out["submitted_seed"] = chosen
+    return out
+
+
+def median_seed(task: TaskSpec, seeds: dict, medians: dict) -> int:
+    """The seed whose headline dev metric is closest to the median (lowest seed on ties):
+    its model's test predictions are the ones submitted."""
+    split, metric = task.eval_splits[0], task.metrics[0]
+    target = medians[split][metric]
+    return min(seeds, key=lambda s: (abs(seeds[s][split][metric] - target), s))
+
+
+def results_markdown(results: dict) -> str:
+    lines = ["| Task | Split | Metric | Median | Per seed |", "|---|---|---|---|---|"]
+    for name, r in results["tasks"].items():
+        task = TASKS[name]
+        for split, metrics in r["median"].items():
+            for metric, value in metrics.items():
+                per_seed = " ".join(f"{100 * s[split][metric]:.1f}" for s in r["seeds"].values())
+                lines.append(f"| {task.display} | {split} | {metric} | {100 * value:.2f} | "
+                             f"{per_seed} |")
+    lines.append("")
+    for key, score in results["glue"].items():
+        value = "n/a" if score["score"] is None else f"{score['score']:.2f}"
+        note = "" if score["complete"] else f" (partial: missing {', '.join(score['missing'])})"
+        lines.append(f"- **{key}** = {value}{note}: {score['description']}")
+    return "\n".join(lines) + "\n"
+
+
+def _write_results(workdir: Path, results: dict) -> None:
+    (workdir / "glue_results.json").write_text(json.dumps(results, indent=2, default=_json))
+    (workdir / "glue_results.md").write_text(results_markdown(results))
+
+
+def _json(value):
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value)}")
+
+
+def run_glue(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+    """Fine-tune and evaluate every requested task; returns the results dict that is
+    also written to `glue_results.json`."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    tasks = parse_task_list(config.task)
+    if "ax" in tasks:  # AX has no training data: it is predicted with the MNLI model
+        tasks = [t for t in tasks if t != "ax"]
+        if "mnli" not in tasks:
+            tasks.append("mnli")
+    if config.seeds < 1:
+        raise ValueError(f"config.seeds must be >= 1, got {config.seeds}")
+
+    init = load_init(config.init, step=config.init_step)
+    if config.vocab:
+        tokenizer, vocab = load_tokenizer(config.vocab, lowercase=config.lowercase), config.vocab
+    else:
+        tokenizer, vocab = init.tokenizer(), init.vocab or "trained with the checkpoint"
+    if tokenizer is None:
+        raise ValueError("no tokenizer: set config.vocab to a vocab.txt / tokenizer.json "
+                         + (f"(the init checkpoint {init.path} names none)" if init.path
+                            else "(required with config.init=none)"))
+    special = features_lib.tokenizer_special_ids(tokenizer)
+    model_config = resolve_model_config(config.model, init, tokenizer.vocab_size)
+    init_state = (None if init.encoder_params is None
+                  else encoder_state(model_config, init.encoder_params))
+
+    header = {"init": {"kind": init.kind, "path": init.path, "step": init.step},
+              "vocab": str(vocab), "model": model_config.to_dict()}
+    (workdir / "config.json").write_text(json.dumps(
+        {"config": config.to_dict(), **header}, indent=2, default=str))
+    submission_dir = workdir / "submission" if config.predict_test else None
+    results = {**header, "seeds": config.seeds, "tasks": {}, "glue": glue_scores({})}
+    run_log = RunLog(workdir)
+    try:
+        for name in tasks:
+            results["tasks"][name] = run_task(
+                TASKS[name], config, tokenizer=tokenizer, special=special,
+                model_config=model_config, init_state=init_state, run_log=run_log,
+                submission_dir=submission_dir)
+            results["glue"] = glue_scores({t: r["median"] for t, r in results["tasks"].items()})
+            _write_results(workdir, results)
+    finally:
+        run_log.close()
+    if submission_dir is not None:
+        results["submission"] = {"zip": str(zip_submission(submission_dir,
+                                                           workdir / "submission.zip")),
+                                 "missing_files": missing_submission_files(submission_dir)}
+        if results["submission"]["missing_files"]:
+            log.warning("submission.zip lacks %s (tasks not run); the leaderboard needs all "
+                        "of them", ", ".join(results["submission"]["missing_files"]))
+        _write_results(workdir, results)
+    return results

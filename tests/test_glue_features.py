@@ -1,0 +1,92 @@
+"""GLUE featurisation (against transformers' BERT tokenizer on real rows), length
+buckets and batches, and the leaderboard submission files."""
+import zipfile
+
+import numpy as np
+import pytest
+
+from roformer.data.tokenizer import load_tokenizer
+from roformer.glue.features import (bucket_lengths, eval_batches, featurize, train_batches,
+                                    truncate_longest_first)
+from roformer.glue.readers import Example, read_split
+from roformer.glue.submission import SUBMISSION_FILES, write_predictions, zip_submission
+from roformer.glue.tasks import TASKS
+
+
+@pytest.fixture(scope="module")
+def vocab(shared_data):
+    return str(shared_data / "vocab" / "bert-base-uncased-vocab.txt")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(vocab):
+    return load_tokenizer(vocab)
+
+
+@pytest.mark.parametrize("task", ["mrpc", "stsb", "sst2", "wnli"])
+def test_features_equal_transformers_bert_tokenizer(shared_data, vocab, tokenizer, task):
+    """[CLS] a [SEP] b [SEP], token types and longest-first truncation, id for id."""
+    from transformers import BertTokenizer
+
+    hf = BertTokenizer(vocab, do_lower_case=True)
+    examples = read_split(TASKS[task], "validation", data_dir=shared_data / "glue")[:120]
+    for max_len in (9, 24, 33, 128):
+        feats = featurize(examples, tokenizer, max_len)
+        for e, ids, types in zip(examples, feats.input_ids, feats.token_type_ids):
+            want = hf(e.text_a, e.text_b, truncation="longest_first", max_length=max_len)
+            assert ids.tolist() == want["input_ids"], (task, max_len, e)
+            assert types.tolist() == want["token_type_ids"], (task, max_len, e)
+
+
+def test_truncate_longest_first():
+    a, b = list(range(10)), list(range(100, 104))
+    assert truncate_longest_first(a, b, 20) == (a, b)
+    assert truncate_longest_first(a, b, 9) == (a[:5], b)        # only the longer one is cut
+    assert truncate_longest_first(a, list(range(100, 110)), 9) == (a[:4], list(range(100, 105)))
+    assert truncate_longest_first(a, None, 3) == (a[:3], None)
+
+
+def test_buckets_and_batches(tokenizer):
+    examples = [Example(i, "word " * n, "other " * (n // 2) if i % 2 else None, i % 3)
+                for i, n in enumerate([1, 3, 9, 20, 40, 70, 2, 5, 11, 90])]
+    feats = featurize(examples, tokenizer, 64)
+    assert bucket_lengths(64) == (16, 32, 64) and bucket_lengths(128) == (16, 32, 64, 128)
+    assert feats.lengths.max() == 64  # truncated to max_seq_len
+    seen = []
+    for batch in train_batches(feats, 4, 64, tokenizer.pad_id, np.random.default_rng(0)):
+        assert batch["input_ids"].shape[0] == 4 and batch["input_ids"].shape[1] in (16, 32, 64)
+        real = batch["weights"] > 0
+        assert np.all(batch["attention_mask"][~real] == 0)
+        assert np.array_equal(batch["attention_mask"] == 1, batch["input_ids"] != 0)
+        seen += batch["labels"][real].tolist()
+    assert sorted(seen) == sorted(feats.labels.tolist())  # one epoch = every example once
+    rows_seen = []
+    for rows, batch in eval_batches(feats, 4, 64, tokenizer.pad_id):
+        for i, r in enumerate(rows):
+            n = len(feats.input_ids[r])
+            assert batch["input_ids"][i, :n].tolist() == feats.input_ids[r].tolist()
+        rows_seen += rows.tolist()
+    assert sorted(rows_seen) == list(range(len(feats)))
+
+
+def test_submission_files(tmp_path):
+    out = tmp_path / "submission"
+    idx = np.array([2, 0, 1])
+    write_predictions(out, TASKS["mnli"], "test_matched", idx, np.array([2, 0, 1]))
+    write_predictions(out, TASKS["ax"], "test", idx, np.array([1, 1, 0]))
+    write_predictions(out, TASKS["rte"], "test", idx, np.array([1, 0, 0]))
+    write_predictions(out, TASKS["stsb"], "test", idx, np.array([5.7, -0.2, 2.34567]))
+    write_predictions(out, TASKS["cola"], "test", idx, np.array([1, 0, 1]))
+    read = lambda name: (out / name).read_text().splitlines()  # noqa: E731
+    assert read("MNLI-m.tsv") == ["index\tprediction", "0\tentailment", "1\tneutral",
+                                  "2\tcontradiction"]
+    assert read("AX.tsv")[1:] == ["0\tneutral", "1\tentailment", "2\tneutral"]
+    assert read("RTE.tsv")[1:] == ["0\tentailment", "1\tentailment", "2\tnot_entailment"]
+    assert read("STS-B.tsv")[1:] == ["0\t0.000", "1\t2.346", "2\t5.000"]
+    assert read("CoLA.tsv")[1:] == ["0\t0", "1\t1", "2\t1"]
+    zip_path = zip_submission(out, tmp_path / "submission.zip")
+    with zipfile.ZipFile(zip_path) as zf:
+        assert sorted(zf.namelist()) == sorted(["MNLI-m.tsv", "AX.tsv", "RTE.tsv", "STS-B.tsv",
+                                                "CoLA.tsv"])
+        assert zf.read("RTE.tsv").decode().startswith("index\tprediction\n")
+    assert set(SUBMISSION_FILES) >= {"MNLI-mm.tsv", "QQP.tsv", "WNLI.tsv", "SST-2.tsv"}

@@ -1,0 +1,167 @@
+"""End to end: fine-tune a tiny model for a few steps on a few dozen real rows, from a
+pretraining checkpoint written the way roformer.train writes it, and init checks."""
+import json
+import subprocess
+import sys
+import zipfile
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from configs import glue as glue_config
+from roformer.glue.init import load_init, resolve_model_config
+from roformer.model import ModelConfig, RoFormerForMaskedLM
+from roformer.train.checkpoint import Checkpointer
+
+TINY = ModelConfig(vocab_size=30522, hidden_size=32, num_layers=1, num_heads=2,
+                   intermediate_size=64, max_position_embeddings=64)
+
+
+@pytest.fixture(scope="module")
+def vocab(shared_data):
+    return str(shared_data / "vocab" / "bert-base-uncased-vocab.txt")
+
+
+@pytest.fixture(scope="module")
+def pretrain_workdir(tmp_path_factory, vocab):
+    """A pretraining workdir as roformer.train leaves it: config.json + orbax checkpoints
+    of {"params", "opt_state", "step"} with the MLM model's params."""
+    workdir = tmp_path_factory.mktemp("pretrain")
+    model = RoFormerForMaskedLM(TINY, rngs=nnx.Rngs(7))
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    state = {"params": params, "opt_state": optax.adamw(1e-3).init(params),
+             "step": np.int32(3)}
+    checkpointer = Checkpointer(workdir / "checkpoints", max_to_keep=2, async_save=False)
+    checkpointer.save(3, state, {"epoch": 0}, TINY.to_dict())
+    checkpointer.close()
+    (workdir / "config.json").write_text(json.dumps(
+        {"data": {"vocab": vocab, "lowercase": True}, "resolved_model": TINY.to_dict()}))
+    return workdir, params
+
+
+def test_load_pretrain_encoder_only(pretrain_workdir, vocab):
+    workdir, params = pretrain_workdir
+    init = load_init(str(workdir))
+    assert (init.kind, init.step, init.vocab, init.model_config) == ("pretrain", 3, vocab, TINY)
+    assert set(init.encoder_params) == set(params["roformer"])  # no MLM head
+    jax.tree.map(np.testing.assert_array_equal, init.encoder_params, params["roformer"])
+
+
+def test_init_mismatch_is_refused(pretrain_workdir, tmp_path):
+    workdir, _ = pretrain_workdir
+    init = load_init(str(workdir))
+    model_cfg = glue_config.get_config().model
+    model_cfg.size = "mini"
+    with pytest.raises(ValueError, match=r"does not match the config: hidden_size: "
+                                         r"config.model.size='mini' has 256, checkpoint has 32"):
+        resolve_model_config(model_cfg, init, 30522)
+    model_cfg = glue_config.get_config().model
+    with pytest.raises(ValueError, match=r"vocab mismatch: the tokenizer has 8000 tokens but "
+                                         r"init checkpoint .* has vocab_size 30522"):
+        resolve_model_config(model_cfg, init, 8000)
+    model_cfg.vocab_size = 100
+    with pytest.raises(ValueError, match="vocab_size: config.model.vocab_size=100, checkpoint "
+                                         "has 30522"):
+        resolve_model_config(model_cfg, init, 30522)
+    with pytest.raises(ValueError, match="neither a pretraining workdir"):
+        load_init(str(tmp_path))
+
+
+def test_run_glue_from_pretrain_checkpoint(pretrain_workdir, shared_data, tmp_path):
+    from roformer.glue import run_glue
+
+    workdir, _ = pretrain_workdir
+    config = glue_config.get_config()
+    config.task = "mrpc,stsb"
+    config.init = str(workdir)
+    config.data_dir = str(shared_data / "glue")
+    config.model.hidden_dropout = 0.0
+    config.seeds = 2
+    config.max_train_examples = 32
+    config.max_eval_examples = 24
+    config.batch_size = 8
+    config.eval_batch_size = 32
+    config.max_seq_len = 16               # one length bucket: one compile per shape
+    config.num_epochs = 1.0
+    config.learning_rate = 1e-3
+    config.per_task.stsb.max_steps = 3     # per-task override
+    config.log_every = 1
+    config.predict_test = True
+    out = tmp_path / "glue"
+    results = run_glue(config, out)
+
+    mrpc, stsb = results["tasks"]["mrpc"], results["tasks"]["stsb"]
+    assert mrpc["seeds"]["0"]["steps"] == 4 and stsb["seeds"]["1"]["steps"] == 3
+    assert stsb["protocol"]["max_steps"] == 3 and mrpc["protocol"]["max_steps"] == 0
+    assert mrpc["num_eval_examples"] == {"validation": 24}
+    for task, metric_names in (("mrpc", {"f1", "accuracy"}), ("stsb", {"pearson", "spearman"})):
+        r = results["tasks"][task]
+        assert set(r["median"]["validation"]) == metric_names
+        for name in metric_names:
+            per_seed = [r["seeds"][s]["validation"][name] for s in ("0", "1")]
+            assert r["median"]["validation"][name] == pytest.approx(np.median(per_seed))
+    assert results["init"]["kind"] == "pretrain"
+    assert not results["glue"]["glue_bert_9"]["complete"]
+    assert set(results["glue"]["glue_bert_9"]["parts"]) == {"MRPC", "STS-B"}
+
+    on_disk = json.loads((out / "glue_results.json").read_text())
+    assert on_disk["tasks"]["mrpc"]["median"] == mrpc["median"]
+    table = (out / "glue_results.md").read_text()
+    assert "| MRPC | validation | f1 |" in table and "glue_bert_9" in table
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {(r["task"], r["seed"]) for r in rows} == {("mrpc", 0), ("mrpc", 1), ("stsb", 0),
+                                                      ("stsb", 1)}
+    assert all(np.isfinite(r["loss"]) for r in rows if "loss" in r)
+    assert any("validation_f1" in r for r in rows)
+    assert (out / "config.json").is_file() and any((out / "tensorboard").iterdir())
+
+    with zipfile.ZipFile(out / "submission.zip") as zf:
+        assert sorted(zf.namelist()) == ["MRPC.tsv", "STS-B.tsv"]
+        mrpc_tsv = zf.read("MRPC.tsv").decode().splitlines()
+    assert mrpc_tsv[0] == "index\tprediction" and len(mrpc_tsv) == 1 + 1725
+    assert {line.split("\t")[1] for line in mrpc_tsv[1:]} <= {"0", "1"}
+    assert "MNLI-m.tsv" in results["submission"]["missing_files"]
+
+
+def test_cli_rejects_unknown_task(tmp_path):
+    """The entry point parses per-task overrides and fails with a clear message."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "roformer.glue", "--config=configs/glue.py",
+         "--config.task=sst3", "--config.per_task.rte.learning_rate=2e-5",
+         f"--workdir={tmp_path}"],
+        capture_output=True, text=True, cwd=glue_config.__file__.rsplit("/configs/", 1)[0])
+    assert proc.returncode != 0
+    assert "unknown GLUE task 'sst3'" in proc.stderr
+
+
+def test_init_from_hf_roformer_dir(tmp_path, vocab):
+    """An HF RoFormer directory (what transformers' save_pretrained writes) and its
+    `roformer.convert from-hf` output both give the same encoder weights."""
+    import shutil
+
+    import torch
+    import transformers
+
+    from roformer import convert
+
+    hf_config = transformers.RoFormerConfig(
+        vocab_size=30522, embedding_size=32, hidden_size=32, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    hf_dir = tmp_path / "hf"
+    transformers.RoFormerForMaskedLM(hf_config).save_pretrained(hf_dir)
+    shutil.copy(vocab, hf_dir / "vocab.txt")
+    init = load_init(str(hf_dir))
+    assert init.kind == "hf" and init.vocab == str(hf_dir / "vocab.txt")
+    assert init.model_config.hidden_size == 32 and init.model_config.vocab_size == 30522
+    model_cfg = glue_config.get_config().model
+    assert resolve_model_config(model_cfg, init, 30522).num_layers == 1
+
+    _, mlm = convert.load_hf(hf_dir)
+    convert.save_converted(mlm, tmp_path / "ours")
+    converted = load_init(str(tmp_path / "ours"))
+    assert converted.kind == "converted"
+    jax.tree.map(np.testing.assert_allclose, converted.encoder_params, init.encoder_params)
