@@ -1,7 +1,7 @@
 """GLUE metrics against scikit-learn / scipy on the same predictions, and GLUE scores."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 from scipy import stats
 from sklearn import metrics as skm
 
@@ -26,6 +26,7 @@ def test_classification_metrics_match_sklearn(pairs):
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 10), st.floats(-5, 5, allow_nan=False)), min_size=3,
                 max_size=100))
+@example([(0, 0.0), (0, 2.2250738585e-313), (1, 0.0)])  # subnormal: sums of squares underflow
 def test_correlations_match_scipy_with_ties(pairs):
     x = np.array([p[0] for p in pairs], np.float64) / 2   # many ties, like STS-B's 0.2 steps
     y = np.array([p[1] for p in pairs], np.float64)

@@ -33,8 +33,13 @@ def matthews_corr(labels, preds) -> float:
 def pearson(x, y) -> float:
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     x, y = x - x.mean(), y - y.mean()
-    denom = np.sqrt(np.sum(x * x) * np.sum(y * y))
-    return float("nan") if denom == 0 else float(np.sum(x * y) / denom)
+    # Correlation is scale-free: normalising by the largest deviation first keeps
+    # the sums of squares from underflowing (or overflowing) for extreme inputs.
+    x_scale, y_scale = np.abs(x).max(initial=0.0), np.abs(y).max(initial=0.0)
+    if x_scale == 0 or y_scale == 0:
+        return float("nan")
+    x, y = x / x_scale, y / y_scale
+    return float(np.sum(x * y) / np.sqrt(np.sum(x * x) * np.sum(y * y)))
 
 
 def _average_ranks(x) -> np.ndarray:
