@@ -17,6 +17,7 @@ jits, vmaps and is easy to test.  The usual flow is::
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -88,11 +89,22 @@ def rope_cis(positions: jax.Array, inv_freq: np.ndarray, magnitude: float = 1.0)
     `positions` is an integer (or float, e.g. interpolated) array such as [batch, length].
     Computed once per forward pass and shared by every layer.
     """
-    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, dtype=jnp.float32)
-    cos, sin = jnp.cos(angles), jnp.sin(angles)
-    if magnitude != 1.0:
-        cos, sin = cos * magnitude, sin * magnitude
-    return jax.lax.complex(cos, sin)
+    def table(positions):
+        angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, dtype=jnp.float32)
+        cos, sin = jnp.cos(angles), jnp.sin(angles)
+        if magnitude != 1.0:
+            cos, sin = cos * magnitude, sin * magnitude
+        return jax.lax.complex(cos, sin)
+
+    if jax.default_backend() != "cpu":
+        return table(positions)
+    # XLA:CPU fuses this small producer into every consumer, recomputing cos/sin for
+    # every head in every layer's q and k rotation, forward and backward (about 2/3 of
+    # RoPE's cost in a train step). A conditional is never fused across, so the table
+    # stays one array computed once. Both branches are the same table: the predicate's
+    # value is irrelevant, it only has to be traced. (Not used on GPU, where a
+    # conditional syncs with the host, nor needed there.)
+    return jax.lax.cond(jnp.sum(positions) >= 0, table, table, positions)
 
 
 def apply_rope(x: jax.Array, cis: jax.Array, layout: str = "interleaved") -> jax.Array:
@@ -107,21 +119,51 @@ def apply_rope(x: jax.Array, cis: jax.Array, layout: str = "interleaved") -> jax
     rotary_dim = 2 * half
     if rotary_dim > x.shape[-1]:
         raise ValueError(f"rotary dim {rotary_dim} exceeds head dim {x.shape[-1]}")
-    rot = x[..., :rotary_dim].astype(jnp.float32)
-    if layout == "interleaved":
-        pairs = rot.reshape(*rot.shape[:-1], half, 2)
-        z = jax.lax.complex(pairs[..., 0], pairs[..., 1])
-    else:
-        z = jax.lax.complex(rot[..., :half], rot[..., half:])
-    z = z * cis[..., None, :]  # broadcast over heads
-    if layout == "interleaved":
-        out = jnp.stack([z.real, z.imag], axis=-1).reshape(rot.shape)
-    else:
-        out = jnp.concatenate([z.real, z.imag], axis=-1)
-    out = out.astype(x.dtype)
+    # Interleaving (Re, Im) back by a select lowers to vectorised code on XLA:CPU for f32
+    # input (a stack on the size-2 pair axis becomes a per-element branch, ~1.6x slower);
+    # with bf16 input fused in, the select loop is the slow one, so those keep the stack.
+    interleave = "select" if x.dtype == jnp.float32 else "stack"
+    out = _rotate(x[..., :rotary_dim].astype(jnp.float32), cis, layout, interleave).astype(x.dtype)
     if rotary_dim == x.shape[-1]:
         return out
     return jnp.concatenate([out, x[..., rotary_dim:]], axis=-1)
+
+
+def _complex_product(x: jax.Array, cis: jax.Array, layout: str, interleave: str) -> jax.Array:
+    """x [..., H, R] float32 viewed as R/2 complex numbers, times cis [..., R/2] (over heads)."""
+    half = cis.shape[-1]
+    if layout == "half":
+        z = jax.lax.complex(x[..., :half], x[..., half:]) * cis[..., None, :]
+        return jnp.concatenate([z.real, z.imag], axis=-1)
+    pairs = x.reshape(*x.shape[:-1], half, 2)
+    z = jax.lax.complex(pairs[..., 0], pairs[..., 1]) * cis[..., None, :]
+    if interleave == "stack":
+        return jnp.stack([z.real, z.imag], axis=-1).reshape(x.shape)
+    is_real_slot = jax.lax.broadcasted_iota(jnp.int32, (*z.shape, 2), z.ndim) == 0
+    return jnp.where(is_real_slot, z.real[..., None], z.imag[..., None]).reshape(x.shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _rotate(x: jax.Array, cis: jax.Array, layout: str, interleave: str) -> jax.Array:
+    return _complex_product(x, cis, layout, interleave)
+
+
+def _rotate_fwd(x, cis, layout, interleave):
+    return _complex_product(x, cis, layout, interleave), (x, cis)
+
+
+def _rotate_bwd(layout, interleave, residuals, grad):
+    """A rotation is orthogonal, so its transpose is the rotation by conj(cis): the backward
+    pass is the same complex product (autodiff would transpose the pair gather/interleave
+    instead, 2-4x slower on CPU). The cis gradient is autodiff's; it is dead code, removed
+    by XLA, whenever cis comes from integer positions."""
+    x, cis = residuals
+    grad_x = _complex_product(grad, jnp.conj(cis), layout, interleave)
+    grad_cis = jax.vjp(lambda c: _complex_product(x, c, layout, interleave), cis)[1](grad)[0]
+    return grad_x, grad_cis
+
+
+_rotate.defvjp(_rotate_fwd, _rotate_bwd)
 
 
 def interleaved_to_half(x: jax.Array | np.ndarray, rotary_dim: int | None = None):
