@@ -1,0 +1,1 @@
+"""Benchmarks: python -m roformer.bench <rope|step|hf|scaling|input> --json OUT."""

@@ -1,0 +1,70 @@
+"""python -m roformer.bench <rope|step|hf|scaling|input> [options] [--json OUT]
+
+Each benchmark is a module roformer/bench/<name>.py exposing add_args(parser) and
+run(args) -> dict with a "rows" list, plus anything else worth keeping: the
+alternating-run ratio summaries under "comparisons", and optionally "columns", the
+row keys to print when rows carry more than fits a table. This entry point prints
+the rows as a markdown table and the comparisons as lines, and writes the whole
+dict, with the machine it ran on and its load average, as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from roformer.bench.common import format_table, machine_info
+
+BENCHMARKS = ("rope", "step", "hf", "scaling", "input")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Pick the benchmark first, then import only that module (hf pulls in torch)."""
+    top = argparse.ArgumentParser(prog="python -m roformer.bench", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    top.add_argument("benchmark", choices=BENCHMARKS)
+    top.add_argument("options", nargs=argparse.REMAINDER, help="options of that benchmark (--help lists them)")
+    chosen = top.parse_args(argv)
+    module = importlib.import_module(f"roformer.bench.{chosen.benchmark}")
+    parser = argparse.ArgumentParser(prog=f"python -m roformer.bench {chosen.benchmark}",
+                                     description=module.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, default=None, help="write the result as JSON to this file")
+    module.add_args(parser)
+    args = parser.parse_args(chosen.options)
+    args.benchmark = chosen.benchmark
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    module = importlib.import_module(f"roformer.bench.{args.benchmark}")
+    load_before = os.getloadavg()[0]
+    result = module.run(args)
+    # The load average says how contended the (shared) cores were during the run.
+    machine = {**machine_info(), "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+    result = {"benchmark": args.benchmark, "machine": machine, **result}
+    print(format_table(result.get("rows", []), result.get("columns")))
+    for comparison in result.get("comparisons", []):
+        print(_comparison_line(comparison))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def _comparison_line(comparison: dict) -> str:
+    """One line per A/B comparison: 'A / B: median x (min .. max), target <= t: met'."""
+    line = (f"{comparison['name']}: median {comparison['median']:.3f}x "
+            f"(min {comparison['min']:.3f}, max {comparison['max']:.3f}, {comparison['rounds']} rounds)")
+    if comparison.get("target") is not None:
+        line += f", target {comparison['target']}: {'met' if comparison['met'] else 'NOT met'}"
+    return line
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""input: tokenization and masked-batch production speed of the pretraining input pipeline.
+
+Measures, on the shared Wikipedia files by default:
+  raw encode     the Rust batch encoder alone on the documents held in memory, in the
+                 same chunks the shard builder hands it
+  shards build   the cached tokenization (read + parse + encode + write + checksum), fresh cache
+  batches        packed, masked batches from the shards (packing + gather + MLM masking),
+                 for each --seq-len, median over --rounds
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from roformer.data import make_pretrain_data
+from roformer.data.shards import chunk_documents, load_or_build
+from roformer.data.sources import FilesSource
+from roformer.data.tokenizer import load_tokenizer
+
+SHARED_DATA = Path(os.environ.get("ROFORMER_SHARED_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
+TOKENIZE_TARGET, BATCH_TARGET = 0.8e6, 5e6   # tokens/s on a 2-core machine (issue targets)
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--files", default=str(SHARED_DATA / "wikipedia_en" / "wiki_*"),
+                        help="glob of text / WikiExtractor files to tokenize")
+    parser.add_argument("--vocab", default=str(SHARED_DATA / "vocab" / "bert-base-uncased-vocab.txt"))
+    parser.add_argument("--seq-len", type=int, nargs="+", default=[128, 512])
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batches", type=int, default=100, help="batches per timing round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--packing", choices=["packed", "document"], default="packed")
+    parser.add_argument("--whole-word", action="store_true", help="whole-word masking")
+    parser.add_argument("--num-workers", type=int, default=0, help="tokenizer threads (0 = all cores)")
+
+
+def run(args: argparse.Namespace) -> dict:
+    tokenizer = load_tokenizer(args.vocab)
+    source = FilesSource(args.files)
+    rows = []
+    load_before = os.getloadavg()[0]
+
+    start = time.perf_counter()
+    docs = list(source.documents())
+    read_seconds = time.perf_counter() - start
+    chunks = list(chunk_documents(iter(docs)))
+    start, cpu = time.perf_counter(), time.process_time()
+    num_tokens = sum(len(ids) for chunk in chunks for ids in tokenizer.encode_ids(chunk))
+    encode_seconds, encode_cpu = time.perf_counter() - start, time.process_time() - cpu
+    chars = sum(map(len, docs))
+    del docs, chunks
+    rows.append(_row("raw encode (Rust batch, in memory)", "", num_tokens, encode_seconds, encode_cpu, None))
+
+    with tempfile.TemporaryDirectory(prefix="roformer-bench-input-") as cache:
+        start, cpu = time.perf_counter(), time.process_time()
+        corpus = load_or_build(source, tokenizer, cache, num_workers=args.num_workers, show_progress=False)
+        build_seconds, build_cpu = time.perf_counter() - start, time.process_time() - cpu
+        rows.append(_row("shards build (read+encode+write)", f"{len(source.paths)} files",
+                         corpus.num_tokens, build_seconds, build_cpu, TOKENIZE_TARGET))
+        start = time.perf_counter()
+        load_or_build(source, tokenizer, cache, show_progress=False)
+        reuse_seconds = time.perf_counter() - start
+
+        cfg = {"source": "files", "files": args.files, "vocab": args.vocab, "cache_dir": cache,
+               "packing": args.packing, "whole_word_masking": args.whole_word}
+        for seq_len in args.seq_len:
+            data = make_pretrain_data(cfg, seq_len=seq_len, batch_size=args.batch_size, seed=0,
+                                      show_progress=False)
+            iterator = data.train_iterator()
+            next(iterator)                      # builds the epoch plan outside the timing
+            times, cpus, real = [], [], []
+            for _ in range(args.rounds):
+                start, cpu = time.perf_counter(), time.process_time()
+                batches = [next(iterator) for _ in range(args.batches)]
+                times.append(time.perf_counter() - start)
+                cpus.append(time.process_time() - cpu)
+                real.append(sum(float((b["segment_ids"] > 0).mean()) for b in batches) / len(batches))
+            tokens = args.batches * args.batch_size * seq_len
+            label = f"L={seq_len} B={args.batch_size} {args.packing}" + (" wwm" if args.whole_word else "")
+            row = _row("masked batches from shards", label, tokens, statistics.median(times),
+                       statistics.median(cpus), BATCH_TARGET)
+            row["non_pad_fraction"] = round(statistics.mean(real), 4)
+            start = time.perf_counter()
+            data.epoch_plan(1)
+            row["epoch_plan_s"] = round(time.perf_counter() - start, 3)
+            rows.append(row)
+
+    # The development machine is shared: the load average says how contended the cores were,
+    # and tokens per CPU-second is the load-independent cost of each stage.
+    return {"rows": rows, "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "corpus": {"files": len(source.paths), "documents": corpus.num_docs,
+                                     "tokens": corpus.num_tokens, "chars": chars,
+                                     "read_parse_s": round(read_seconds, 3), "cache_reuse_s": round(reuse_seconds, 3)}}
+
+
+def _row(stage: str, setting: str, tokens: int, seconds: float, cpu_seconds: float,
+         target: float | None) -> dict:
+    rate = tokens / seconds
+    return {"stage": stage, "setting": setting, "tokens": tokens, "seconds": round(seconds, 3),
+            "M_tokens_per_s": round(rate / 1e6, 3),
+            "M_tokens_per_cpu_s": round(tokens / max(cpu_seconds, 1e-9) / 1e6, 3),
+            "target_M": None if target is None else target / 1e6,
+            "met": None if target is None else rate >= target,
+            "non_pad_fraction": None, "epoch_plan_s": None}
