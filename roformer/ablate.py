@@ -60,7 +60,8 @@ def _split_list(value: str) -> list[str]:
 
 
 def load_config_file(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
-    """`get_config(arg)` of configs/<name>.py (the files import `configs.base`)."""
+    """`get_config(arg)` of configs/<name>.py (the repo root goes on sys.path for files
+    such as configs/ablation.py that import `configs.base`)."""
     path = CONFIG_DIR / f"{name}.py"
     if not path.exists():
         known = sorted(SCHEME_CONFIG_FILES) + sorted(p.stem for p in CONFIG_DIR.glob("*.py"))

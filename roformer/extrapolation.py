@@ -2,7 +2,7 @@
 
 Every evaluation length reads the same text: the first `max_len` tokens of the same
 held-out documents (those at least that long), cut into full windows of the length
-(one document per row, DATA's `document` packing, so positions really run up to the
+(one document per row, the pipeline's `document` packing, so positions really run up to the
 length). Loss differences between lengths are then about context length, not about
 which documents happened to be long enough.
 

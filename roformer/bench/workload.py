@@ -1,6 +1,6 @@
 """The measured workload: one jitted MLM train step of our model on a synthetic batch.
 
-Shared by the `step`, `scaling` and `hf` benchmarks. It reuses TRAIN's pieces
+Shared by the `step`, `scaling` and `hf` benchmarks. It reuses the training code's pieces
 (roformer.train.state.TrainSetup, optim.make_optimizer, flops, sharding), so what is
 timed is exactly the step `python -m roformer.pretrain` runs: AdamW with clipping,
 dropout on, sparse MLM head at the masked positions, state donated.
@@ -102,7 +102,7 @@ class TrainWorkload:
 
 def build_train_workload(config: ModelConfig, *, batch_size: int, seq_len: int,
                          attention_impl: str = "auto", seed: int = 0) -> TrainWorkload:
-    """Initialise the model and AdamW state on one device (TRAIN's TrainSetup on a 1x1x1
+    """Initialise the model and AdamW state on one device (roformer.train's TrainSetup on a 1x1x1
     mesh), put a synthetic batch there and compile the train step, all outside any timing."""
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
     tx, schedule = optim.make_optimizer(train_config())
