@@ -25,3 +25,16 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.fail(f"shared data not found at {SHARED_DATA}; set ROFORMER_SHARED_DATA")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def wiki_cache(tmp_path_factory) -> Path:
+    """One token-shard cache for every test that reads the shared Wikipedia files."""
+    return tmp_path_factory.getbasetemp() / "wiki_cache"
+
+
+def wiki_cfg(shared_data: Path, cache: Path, **overrides) -> dict:
+    """A `data` config reading two shared Wikipedia files with the BERT uncased vocab."""
+    cfg = {"source": "files", "files": str(shared_data / "wikipedia_en" / "wiki_0[67]"),
+           "vocab": str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), "cache_dir": str(cache)}
+    return {**cfg, **overrides}

@@ -4,21 +4,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import wiki_cfg
 from roformer.data import make_pretrain_data
 from roformer.data.masking import MlmMasker
 
 SEQ_LEN, BATCH = 128, 32
-
-
-def wiki_cfg(shared_data, cache, **overrides):
-    cfg = {"source": "files", "files": str(shared_data / "wikipedia_en" / "wiki_0[67]"),
-           "vocab": str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), "cache_dir": str(cache)}
-    return {**cfg, **overrides}
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "data_cache"     # shared with test_data_pipeline
 
 
 def collect(data, num_batches):
@@ -34,8 +24,8 @@ def originals(batch):
     return ids
 
 
-def test_masking_statistics_on_wikipedia(shared_data, cache):
-    data = make_pretrain_data(wiki_cfg(shared_data, cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=11,
+def test_masking_statistics_on_wikipedia(shared_data, wiki_cache):
+    data = make_pretrain_data(wiki_cfg(shared_data, wiki_cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=11,
                               show_progress=False)
     batch = collect(data, 120)                                   # ~490k tokens, ~70k predictions
     special = data.tokenizer.is_special
@@ -66,8 +56,8 @@ def test_masking_statistics_on_wikipedia(shared_data, cache):
         assert (np.diff(pos[w]) > 0).all()
 
 
-def test_whole_word_masking_masks_complete_words(shared_data, cache):
-    data = make_pretrain_data(wiki_cfg(shared_data, cache, whole_word_masking=True), seq_len=SEQ_LEN,
+def test_whole_word_masking_masks_complete_words(shared_data, wiki_cache):
+    data = make_pretrain_data(wiki_cfg(shared_data, wiki_cache, whole_word_masking=True), seq_len=SEQ_LEN,
                               batch_size=BATCH, seed=5, show_progress=False)
     batch = collect(data, 30)
     original = originals(batch)

@@ -4,26 +4,16 @@ import json
 import numpy as np
 import pytest
 
+from conftest import wiki_cfg
 from roformer.data import make_pretrain_data
 from roformer.data.packing import plan_rows
 
 SEQ_LEN, BATCH = 128, 16
 
 
-def wiki_cfg(shared_data, cache, **overrides):
-    cfg = {"source": "files", "files": str(shared_data / "wikipedia_en" / "wiki_0[67]"),
-           "vocab": str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), "cache_dir": str(cache)}
-    return {**cfg, **overrides}
-
-
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "data_cache"
-
-
-@pytest.fixture(scope="module")
-def data(shared_data, cache):
-    return make_pretrain_data(wiki_cfg(shared_data, cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=3,
+def data(shared_data, wiki_cache):
+    return make_pretrain_data(wiki_cfg(shared_data, wiki_cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=3,
                               show_progress=False)
 
 
@@ -92,8 +82,8 @@ def test_rows_hold_exactly_the_document_tokens(data):
     assert plan.offset[mine][0] == 0 and plan.length[mine].sum() == data.corpus.doc_len[first_doc]
 
 
-def test_document_mode_one_document_per_row(shared_data, cache):
-    data = make_pretrain_data(wiki_cfg(shared_data, cache, packing="document"), seq_len=64, batch_size=8,
+def test_document_mode_one_document_per_row(shared_data, wiki_cache):
+    data = make_pretrain_data(wiki_cfg(shared_data, wiki_cache, packing="document"), seq_len=64, batch_size=8,
                               seed=0, show_progress=False)
     it = data.train_iterator()
     for _ in range(4):
@@ -115,10 +105,10 @@ def test_plan_splits_long_documents_and_packs_short_ones():
         plan_rows(np.arange(4), doc_len, 32, "greedy")
 
 
-def test_same_seed_same_batches_other_seed_differs(data, shared_data, cache):
-    twin = make_pretrain_data(wiki_cfg(shared_data, cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=3,
+def test_same_seed_same_batches_other_seed_differs(data, shared_data, wiki_cache):
+    twin = make_pretrain_data(wiki_cfg(shared_data, wiki_cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=3,
                               show_progress=False)
-    other = make_pretrain_data(wiki_cfg(shared_data, cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=4,
+    other = make_pretrain_data(wiki_cfg(shared_data, wiki_cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=4,
                                show_progress=False)
     a, b, c = data.train_iterator(), twin.train_iterator(), other.train_iterator()
     for _ in range(3):
@@ -128,10 +118,10 @@ def test_same_seed_same_batches_other_seed_differs(data, shared_data, cache):
         assert not np.array_equal(x["input_ids"], z["input_ids"])
 
 
-def test_state_restores_the_exact_stream_across_epochs(shared_data, cache):
+def test_state_restores_the_exact_stream_across_epochs(shared_data, wiki_cache):
     # the small embedded corpus: an epoch is about 15 batches of 16 x 512
     cfg = {"source": "embedded", "vocab": str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"),
-           "cache_dir": str(cache), "heldout_fraction": 0.1}
+           "cache_dir": str(wiki_cache), "heldout_fraction": 0.1}
     data = make_pretrain_data(cfg, seq_len=512, batch_size=16, seed=7, show_progress=False)
     rows_per_epoch = data.epoch_plan(0).num_rows
     steps = 2 * rows_per_epoch // 16 + 3                   # crosses two epoch boundaries
@@ -156,8 +146,8 @@ def test_state_restores_the_exact_stream_across_epochs(shared_data, cache):
                            ).train_iterator().set_state(states[1])
 
 
-def test_processes_read_disjoint_documents(shared_data, cache, data):
-    parts = [make_pretrain_data(wiki_cfg(shared_data, cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=3,
+def test_processes_read_disjoint_documents(shared_data, wiki_cache, data):
+    parts = [make_pretrain_data(wiki_cfg(shared_data, wiki_cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=3,
                                 process_index=i, process_count=3, show_progress=False) for i in range(3)]
     for epoch in (0, 1):
         docs = [set(p.epoch_plan(epoch).doc.tolist()) for p in parts]
@@ -166,11 +156,11 @@ def test_processes_read_disjoint_documents(shared_data, cache, data):
     first = [next(p.train_iterator())["input_ids"] for p in parts]
     assert not np.array_equal(first[0], first[1])
     with pytest.raises(ValueError, match="process_index=3"):
-        make_pretrain_data(wiki_cfg(shared_data, cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=3,
+        make_pretrain_data(wiki_cfg(shared_data, wiki_cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=3,
                            process_index=3, process_count=3, show_progress=False)
 
 
-def test_heldout_split_by_document_no_leak(data, shared_data, cache):
+def test_heldout_split_by_document_no_leak(data, shared_data, wiki_cache):
     train, held = set(data.train_docs.tolist()), set(data.heldout_docs.tolist())
     assert not train & held and len(train | held) == data.corpus.num_docs
     assert 0.005 < len(held) / data.corpus.num_docs < 0.05    # heldout_fraction 0.02
@@ -180,7 +170,7 @@ def test_heldout_split_by_document_no_leak(data, shared_data, cache):
         assert not set(data.epoch_plan(epoch).doc.tolist()) & held
     # eval batches: held-out tokens only, identical for any training seed, fixed masks
     evals = data.eval_batches(3)
-    again = make_pretrain_data(wiki_cfg(shared_data, cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=99,
+    again = make_pretrain_data(wiki_cfg(shared_data, wiki_cache), seq_len=SEQ_LEN, batch_size=BATCH, seed=99,
                                show_progress=False).eval_batches(3)
     for x, y in zip(evals, again):
         for key in x:
@@ -192,25 +182,25 @@ def test_heldout_split_by_document_no_leak(data, shared_data, cache):
     assert set(eval_ids[(evals[0]["segment_ids"] > 0) & (eval_ids > 103)].tolist()) <= held_tokens
 
 
-def test_bad_settings_raise_clear_errors(shared_data, cache, tmp_path):
+def test_bad_settings_raise_clear_errors(shared_data, wiki_cache, tmp_path):
     with pytest.raises(ValueError, match="seq_len=7: must be >= 8"):
-        make_pretrain_data(wiki_cfg(shared_data, cache), seq_len=7, batch_size=2, seed=0)
+        make_pretrain_data(wiki_cfg(shared_data, wiki_cache), seq_len=7, batch_size=2, seed=0)
     with pytest.raises(ValueError, match=r"data.vocab: vocabulary file not found: .*nope\.txt"):
-        make_pretrain_data(wiki_cfg(shared_data, cache, vocab=str(tmp_path / "nope.txt")), seq_len=16,
+        make_pretrain_data(wiki_cfg(shared_data, wiki_cache, vocab=str(tmp_path / "nope.txt")), seq_len=16,
                            batch_size=2, seed=0)
     with pytest.raises(ValueError, match="matched no files"):
-        make_pretrain_data(wiki_cfg(shared_data, cache, files=str(tmp_path / "*.none")), seq_len=16,
+        make_pretrain_data(wiki_cfg(shared_data, wiki_cache, files=str(tmp_path / "*.none")), seq_len=16,
                            batch_size=2, seed=0)
     with pytest.raises(ValueError, match="data.heldout_fraction=1.5"):
-        make_pretrain_data(wiki_cfg(shared_data, cache, heldout_fraction=1.5), seq_len=16, batch_size=2, seed=0,
+        make_pretrain_data(wiki_cfg(shared_data, wiki_cache, heldout_fraction=1.5), seq_len=16, batch_size=2, seed=0,
                            show_progress=False)
     with pytest.raises(ValueError, match="data.packing='rows'"):
-        make_pretrain_data(wiki_cfg(shared_data, cache, packing="rows"), seq_len=16, batch_size=2, seed=0,
+        make_pretrain_data(wiki_cfg(shared_data, wiki_cache, packing="rows"), seq_len=16, batch_size=2, seed=0,
                            show_progress=False)
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     with pytest.raises(ValueError, match=r"corpus is empty.*empty\.txt"):
-        make_pretrain_data(wiki_cfg(shared_data, cache, files=str(empty)), seq_len=16, batch_size=2, seed=0,
+        make_pretrain_data(wiki_cfg(shared_data, wiki_cache, files=str(empty)), seq_len=16, batch_size=2, seed=0,
                            show_progress=False)
 
 
@@ -224,7 +214,7 @@ def test_embedded_default_trains_its_own_vocabulary(tmp_path):
     check_rows(next(data.train_iterator()), data.cls_id, data.sep_id)
 
 
-def test_accepts_the_config_dict_of_configs_base(shared_data, cache):
+def test_accepts_the_config_dict_of_configs_base(shared_data, wiki_cache):
     import ml_collections
 
     cfg = ml_collections.ConfigDict({
@@ -232,7 +222,7 @@ def test_accepts_the_config_dict_of_configs_base(shared_data, cache):
         "hf_split": "train", "hf_text_column": "text", "hf_streaming": False, "hf_data_files": "",
         "tfds_name": "", "tfds_split": "train", "tfds_data_dir": "", "tfds_text_key": "text",
         "vocab": str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), "vocab_size": 8000,
-        "lowercase": True, "cache_dir": str(cache), "packing": "packed", "mask_rate": 0.15,
+        "lowercase": True, "cache_dir": str(wiki_cache), "packing": "packed", "mask_rate": 0.15,
         "max_predictions_per_seq": 0, "whole_word_masking": False, "heldout_fraction": 0.02, "num_workers": 0})
     data = make_pretrain_data(cfg, seq_len=32, batch_size=4, seed=0, show_progress=False)
     batch = next(data.train_iterator())
