@@ -45,6 +45,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     model.initializer_range = 0.02
     model.position = "rope"
     model.attention = "softmax"
+    model.attention_impl = "auto"  # cudnn: fused GPU kernel (bf16, attention_dropout=0)
     model.rope_base = 10000.0
     model.rope_layout = "interleaved"
     model.rotary_value = False

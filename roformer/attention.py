@@ -14,6 +14,9 @@ from flax import nnx
 from roformer.positions import PositionScheme
 
 ATTENTION_KINDS = ("softmax", "linear")
+# jax.nn.dot_product_attention kernels: "auto" lets jax choose, "xla" is the portable
+# one, "cudnn" the fused GPU kernel (bf16/fp16 only).
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 
 
 def attention_mask(key_mask: jax.Array | None, segment_ids: jax.Array | None) -> jax.Array | None:
@@ -26,7 +29,8 @@ def attention_mask(key_mask: jax.Array | None, segment_ids: jax.Array | None) ->
     return mask
 
 
-def softmax_attention(q, k, v, *, bias=None, mask=None, dropout: nnx.Dropout | None = None):
+def softmax_attention(q, k, v, *, bias=None, mask=None, dropout: nnx.Dropout | None = None,
+                      implementation: str = "auto"):
     """Scaled dot-product attention; q, k, v [B, L, H, D] -> [B, L, H, D].
 
     Goes through jax.nn.dot_product_attention (fused / cuDNN kernels) unless attention
@@ -36,7 +40,8 @@ def softmax_attention(q, k, v, *, bias=None, mask=None, dropout: nnx.Dropout | N
     # The bias stays float32: the XLA kernel adds it to float32 logits, and ALiBi's large
     # distances would lose their resolution in bf16.
     if dropout is None or dropout.deterministic or dropout.rate == 0.0:
-        return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
+        return jax.nn.dot_product_attention(
+            q, k, v, bias=bias, mask=mask, implementation=None if implementation == "auto" else implementation)
     return explicit_softmax_attention(q, k, v, bias=bias, mask=mask, dropout=dropout)
 
 
@@ -140,6 +145,7 @@ class RoFormerSelfAttention(nnx.Module):
         self.num_heads = config.num_heads
         self.head_dim = hidden // config.num_heads
         self.kind = config.attention
+        self.implementation = config.attention_impl
         dense = lambda: nnx.Linear(  # noqa: E731
             hidden, hidden, dtype=config.jnp_dtype, param_dtype=jnp.float32,
             kernel_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
@@ -164,5 +170,5 @@ class RoFormerSelfAttention(nnx.Module):
                 out = explicit_softmax_attention(q, k, v, mask=mask, dropout=dropout, relative=relative)
             else:
                 out = softmax_attention(q, k, v, bias=scheme.logit_bias(context), mask=mask,
-                                        dropout=self.dropout)
+                                        dropout=self.dropout, implementation=self.implementation)
         return out.reshape(batch, length, self.num_heads * self.head_dim)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from roformer.attention import ATTENTION_KINDS, RoFormerSelfAttention
+from roformer.attention import ATTENTION_IMPLEMENTATIONS, ATTENTION_KINDS, RoFormerSelfAttention
 from roformer.positions import POSITION_SCHEMES, make_position_scheme
 from roformer.rope import ROPE_LAYOUTS, ROPE_SCALINGS
 
@@ -62,6 +62,7 @@ class ModelConfig:
     initializer_range: float = 0.02
     position: str = "rope"                # learned|sinusoidal|none|shaw|t5|alibi|rope
     attention: str = "softmax"            # softmax|linear
+    attention_impl: str = "auto"          # dot_product_attention kernel: auto|xla|cudnn
     rope_base: float = 10000.0
     rope_layout: str = "interleaved"      # interleaved|half
     rotary_dim: int | None = None         # None -> head_dim
@@ -83,6 +84,7 @@ class ModelConfig:
 
         choose("position", POSITION_SCHEMES)
         choose("attention", ATTENTION_KINDS)
+        choose("attention_impl", ATTENTION_IMPLEMENTATIONS)
         choose("rope_layout", ROPE_LAYOUTS)
         choose("rope_scaling", ROPE_SCALINGS)
         choose("dtype", DTYPES)

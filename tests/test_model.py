@@ -304,3 +304,16 @@ def test_shared_parameters_initialise_identically_across_schemes():
         assert len(shared) == len(reference)
         for key in shared:
             np.testing.assert_array_equal(np.asarray(params[key]), np.asarray(reference[key]), err_msg=f"{position}: {key}")
+
+
+def test_attention_implementation_is_a_config_choice():
+    config = ModelConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    ids = jnp.arange(12, dtype=jnp.int32).reshape(2, 6) % 50
+    outputs = []
+    for impl in ("auto", "xla"):
+        model = RoFormerModel(dataclasses.replace(config, attention_impl=impl), rngs=nnx.Rngs(0))
+        model.eval()
+        outputs.append(np.asarray(model(ids, attention_mask=jnp.ones((2, 6)))))
+    np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-6)
+    with pytest.raises(ValueError, match="attention_impl"):
+        dataclasses.replace(config, attention_impl="flash")

@@ -16,8 +16,9 @@ import statistics
 
 import numpy as np
 
+from roformer.attention import ATTENTION_IMPLEMENTATIONS
 from roformer.bench.common import alternate, ratio_stats
-from roformer.bench.workload import ATTENTION_IMPLEMENTATIONS, build_train_workload, synthetic_batch, train_config
+from roformer.bench.workload import build_train_workload, synthetic_batch, train_config
 from roformer.model import PRESETS, ModelConfig
 
 SPEEDUP_TARGET = 3.0  # at mini, seq 128, batch 32

@@ -17,8 +17,9 @@ import statistics
 
 import jax
 
+from roformer.attention import ATTENTION_IMPLEMENTATIONS
 from roformer.bench.common import alternate, matmul_probe, ratio_stats
-from roformer.bench.workload import ATTENTION_IMPLEMENTATIONS, build_train_workload
+from roformer.bench.workload import build_train_workload
 from roformer.model import PRESETS, ModelConfig
 from roformer.positions import POSITION_SCHEMES
 from roformer.train import flops as train_flops

@@ -7,10 +7,8 @@ dropout on, sparse MLM head at the masked positions, state donated.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import jax
 import ml_collections
@@ -22,9 +20,6 @@ from roformer.train import optim, sharding
 from roformer.train.state import TrainSetup
 
 MASK_RATE = 0.15
-# jax.nn.dot_product_attention implementations ("auto" lets jax choose; "cudnn" is the
-# fused GPU kernel, "xla" the portable one).
-ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 
 
 def num_predictions(seq_len: int) -> int:
@@ -55,24 +50,6 @@ def train_config(learning_rate: float = 1e-4) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(dict(
         learning_rate=learning_rate, warmup_steps=100, steps=10_000, decay="linear",
         weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0))
-
-
-@contextlib.contextmanager
-def attention_implementation(name: str) -> Iterator[None]:
-    """Make jax.nn.dot_product_attention use `name` ("auto" = jax's own choice) while
-    tracing. The model calls jax.nn.dot_product_attention without an implementation
-    argument, so the benchmark selects one by wrapping it for the duration of a trace."""
-    if name not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(f"unknown attention implementation {name!r}; choose one of {ATTENTION_IMPLEMENTATIONS}")
-    if name == "auto":
-        yield
-        return
-    original = jax.nn.dot_product_attention
-    jax.nn.dot_product_attention = functools.partial(original, implementation=name)
-    try:
-        yield
-    finally:
-        jax.nn.dot_product_attention = original
 
 
 @dataclasses.dataclass
@@ -107,7 +84,8 @@ def build_train_workload(config: ModelConfig, *, batch_size: int, seq_len: int,
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
     tx, schedule = optim.make_optimizer(train_config())
     setup = TrainSetup(config, tx, schedule, mesh, seed=seed)
-    with jax.set_mesh(mesh), attention_implementation(attention_impl):
+    config = dataclasses.replace(config, attention_impl=attention_impl)
+    with jax.set_mesh(mesh):
         state, rest_state = setup.init_state(), setup.init_rest()
         batch = sharding.global_batch(synthetic_batch(config, batch_size, seq_len, seed), mesh)
         step_fn = setup.jit_train_step().lower(state, rest_state, batch).compile()
