@@ -5,6 +5,7 @@ logging, checkpoints, resume, preemption (SIGTERM) and the non-finite-loss guard
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -38,11 +39,20 @@ def build_model_config(model_section, *, vocab_size: int, dtype: str, pad_token_
                                    pad_token_id=pad_token_id, **fields)
 
 
+# Model settings a resumed run may change: they select kernels, not parameters.
+RESUMABLE_ACROSS = ("attention_impl",)
+
+
 def check_same_model_config(saved: dict | None, current: dict, workdir: Path) -> None:
-    """Refuse to resume a workdir whose checkpoints hold a different architecture."""
+    """Refuse to resume a workdir whose checkpoints hold a different architecture.
+
+    Fields added to ModelConfig after the checkpoint was written count as their
+    defaults, and the attention kernel choice (same parameters, same math) may change."""
     if saved is None:
         return
-    keys = sorted(set(saved) | set(current))
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    saved, current = {**defaults, **saved}, {**defaults, **current}
+    keys = sorted((set(saved) | set(current)) - set(RESUMABLE_ACROSS))
     diffs = [f"{k}: checkpoint={saved.get(k)!r} config={current.get(k)!r}"
              for k in keys if saved.get(k) != current.get(k)]
     if diffs:
