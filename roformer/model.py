@@ -172,9 +172,12 @@ class RoFormerEmbeddings(nnx.Module):
         return self.dropout(self.LayerNorm(x))
 
 
-class RoFormerSelfOutput(nnx.Module):
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        self.dense = _dense(config, config.hidden_size, config.hidden_size, rngs)
+class RoFormerOutput(nnx.Module):
+    """Projection back to hidden size + dropout + LayerNorm: HF's `attention.output`
+    (from hidden_size) and `output` (from intermediate_size) blocks."""
+
+    def __init__(self, config: ModelConfig, in_features: int, *, rngs: nnx.Rngs):
+        self.dense = _dense(config, in_features, config.hidden_size, rngs)
         self.LayerNorm = _layer_norm(config, config.hidden_size, rngs)
         self.dropout = nnx.Dropout(config.hidden_dropout, rngs=rngs)
 
@@ -182,19 +185,12 @@ class RoFormerSelfOutput(nnx.Module):
 class RoFormerAttention(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.self = RoFormerSelfAttention(config, rngs=rngs)  # HF's name, kept for conversion
-        self.output = RoFormerSelfOutput(config, rngs=rngs)
+        self.output = RoFormerOutput(config, config.hidden_size, rngs=rngs)
 
 
 class RoFormerIntermediate(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.dense = _dense(config, config.hidden_size, config.intermediate_size, rngs)
-
-
-class RoFormerOutput(nnx.Module):
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        self.dense = _dense(config, config.intermediate_size, config.hidden_size, rngs)
-        self.LayerNorm = _layer_norm(config, config.hidden_size, rngs)
-        self.dropout = nnx.Dropout(config.hidden_dropout, rngs=rngs)
 
 
 class RoFormerLayer(nnx.Module):
@@ -205,7 +201,7 @@ class RoFormerLayer(nnx.Module):
         self.act = ACTIVATIONS[config.hidden_act]
         self.attention = RoFormerAttention(config, rngs=rngs)
         self.intermediate = RoFormerIntermediate(config, rngs=rngs)
-        self.output = RoFormerOutput(config, rngs=rngs)
+        self.output = RoFormerOutput(config, config.intermediate_size, rngs=rngs)
 
     def __call__(self, x, **attention_inputs):
         attn_out, mlp_out = self.attention.output, self.output
