@@ -59,6 +59,14 @@ def _pair(file, a, b, label, index=None, header=True):
     return LocalLayout(file, (a, b), label, index, header)
 
 
+def _pair_splits(a, b, label, test_index="index"):
+    """The usual sentence-pair layout: train.tsv and dev.tsv carry the label column,
+    test.tsv an index column instead."""
+    return {"train": _pair("train.tsv", a, b, label),
+            "validation": _pair("dev.tsv", a, b, label),
+            "test": _pair("test.tsv", a, b, None, test_index)}
+
+
 def _single(file, a, label, index=None, header=True):
     return LocalLayout(file, (a,), label, index, header)
 
@@ -82,27 +90,15 @@ TASKS: dict[str, TaskSpec] = {
         "sst2", ("sentence",), ("accuracy",)),
     "mrpc": TaskSpec(
         "mrpc", "MRPC", "MRPC", _BINARY, ("validation",), {"test": "MRPC.tsv"},
-        {
-            "train": _pair("train.tsv", "#1 String", "#2 String", "Quality"),
-            "validation": _pair("dev.tsv", "#1 String", "#2 String", "Quality"),
-            "test": _pair("test.tsv", "#1 String", "#2 String", None, "index"),
-        },
+        _pair_splits("#1 String", "#2 String", "Quality"),
         "mrpc", ("sentence1", "sentence2"), ("f1", "accuracy")),
     "stsb": TaskSpec(
         "stsb", "STS-B", "STS-B", None, ("validation",), {"test": "STS-B.tsv"},
-        {
-            "train": _pair("train.tsv", "sentence1", "sentence2", "score"),
-            "validation": _pair("dev.tsv", "sentence1", "sentence2", "score"),
-            "test": _pair("test.tsv", "sentence1", "sentence2", None, "index"),
-        },
+        _pair_splits("sentence1", "sentence2", "score"),
         "stsb", ("sentence1", "sentence2"), ("spearman", "pearson")),
     "qqp": TaskSpec(
         "qqp", "QQP", "QQP", _BINARY, ("validation",), {"test": "QQP.tsv"},
-        {
-            "train": _pair("train.tsv", "question1", "question2", "is_duplicate"),
-            "validation": _pair("dev.tsv", "question1", "question2", "is_duplicate"),
-            "test": _pair("test.tsv", "question1", "question2", None, "id"),
-        },
+        _pair_splits("question1", "question2", "is_duplicate", test_index="id"),
         "qqp", ("question1", "question2"), ("f1", "accuracy")),
     "mnli": TaskSpec(
         "mnli", "MNLI", "MNLI", _NLI3, ("validation_matched", "validation_mismatched"),
@@ -119,27 +115,15 @@ TASKS: dict[str, TaskSpec] = {
         "mnli", ("premise", "hypothesis"), ("accuracy",)),
     "qnli": TaskSpec(
         "qnli", "QNLI", "QNLI", _NLI2, ("validation",), {"test": "QNLI.tsv"},
-        {
-            "train": _pair("train.tsv", "question", "sentence", "label"),
-            "validation": _pair("dev.tsv", "question", "sentence", "label"),
-            "test": _pair("test.tsv", "question", "sentence", None, "index"),
-        },
+        _pair_splits("question", "sentence", "label"),
         "qnli", ("question", "sentence"), ("accuracy",)),
     "rte": TaskSpec(
         "rte", "RTE", "RTE", _NLI2, ("validation",), {"test": "RTE.tsv"},
-        {
-            "train": _pair("train.tsv", "sentence1", "sentence2", "label"),
-            "validation": _pair("dev.tsv", "sentence1", "sentence2", "label"),
-            "test": _pair("test.tsv", "sentence1", "sentence2", None, "index"),
-        },
+        _pair_splits("sentence1", "sentence2", "label"),
         "rte", ("sentence1", "sentence2"), ("accuracy",)),
     "wnli": TaskSpec(
         "wnli", "WNLI", "WNLI", _BINARY, ("validation",), {"test": "WNLI.tsv"},
-        {
-            "train": _pair("train.tsv", "sentence1", "sentence2", "label"),
-            "validation": _pair("dev.tsv", "sentence1", "sentence2", "label"),
-            "test": _pair("test.tsv", "sentence1", "sentence2", None, "index"),
-        },
+        _pair_splits("sentence1", "sentence2", "label"),
         "wnli", ("sentence1", "sentence2"), ("accuracy",)),
     "ax": TaskSpec(
         "ax", "AX", "diagnostic", _NLI3, (), {"test": "AX.tsv"},
