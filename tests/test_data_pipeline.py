@@ -228,3 +228,34 @@ def test_accepts_the_config_dict_of_configs_base(shared_data, wiki_cache):
     batch = next(data.train_iterator())
     assert batch["masked_positions"].shape == (4, round(0.15 * 32) + 1)
     assert len(data.eval_batches(2)) == 2
+
+
+def test_state_survives_a_copied_corpus_but_not_changed_text(shared_data, tmp_path):
+    """A saved stream resumes on a copy of the same text (new paths and mtimes, so a new
+    token cache) and is refused once the text differs."""
+    src = shared_data / "wikipedia_en" / "wiki_07"
+    original, copy = tmp_path / "a", tmp_path / "b"
+    for d in (original, copy):
+        d.mkdir()
+        (d / "wiki_07").write_bytes(src.read_bytes())
+
+    def load(folder):
+        cfg = wiki_cfg(shared_data, tmp_path / "cache", files=str(folder / "wiki_*"))
+        return make_pretrain_data(cfg, seq_len=SEQ_LEN, batch_size=BATCH, seed=3, show_progress=False)
+
+    first = load(original)
+    it = first.train_iterator()
+    next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    want = next(it)
+    moved = load(copy)
+    assert moved.corpus.directory != first.corpus.directory   # a separate cache entry ...
+    resumed = moved.train_iterator()
+    resumed.set_state(state)                                  # ... but the same stream
+    for key, value in next(resumed).items():
+        np.testing.assert_array_equal(value, want[key])
+
+    text = (copy / "wiki_07").read_text(encoding="utf-8")
+    (copy / "wiki_07").write_text(text.replace(" the ", " a ", 1), encoding="utf-8")
+    with pytest.raises(ValueError, match="stream_id"):
+        load(copy).train_iterator().set_state(state)

@@ -86,8 +86,9 @@ class PretrainData:
         }
         # Anything that changes the stream changes this id; a saved iterator state
         # from a different setup is refused instead of silently continuing elsewhere.
+        # The corpus enters by content, so moving or re-touching the text files is fine.
         self.stream_id = hashlib.sha256(json.dumps([
-            corpus.directory.name, seq_len, batch_size, packing, heldout_fraction, masker.mask_rate,
+            corpus.content_id, seq_len, batch_size, packing, heldout_fraction, masker.mask_rate,
             masker.max_predictions, masker.whole_word]).encode()).hexdigest()[:16]
 
     def train_iterator(self) -> "BatchIterator":

@@ -69,6 +69,15 @@ class TokenCorpus:
     def num_tokens(self) -> int:
         return int(self.manifest["num_tokens"])
 
+    @property
+    def content_id(self) -> str:
+        """Hash of the token stream itself (tokenizer + every shard file's size and CRC32).
+        Unlike the cache key it ignores file paths and mtimes, so a copied or re-touched
+        corpus with the same text keeps the same id."""
+        files = [[f["bytes"], f["crc32"]] for shard in self.manifest["shards"]
+                 for f in (shard["files"][kind] for kind in FILES)]
+        return hashlib.sha256(json.dumps([self.manifest["tokenizer_hash"], files]).encode()).hexdigest()[:20]
+
     def gather(self, docs: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """Concatenated tokens of pieces: piece i is doc docs[i] from offsets[i], lengths[i] long."""
         lengths = lengths.astype(np.int64)
