@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from roformer.train import read_metrics, train_and_evaluate
+from roformer.train.checkpoint import Checkpointer
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 24
@@ -123,7 +124,7 @@ def test_resume_after_sigterm_and_sigkill_matches_uninterrupted_run(tmp_path, ca
 
 
 @pytest.mark.slow
-def test_nan_guard_corrupt_fallback_and_config_mismatch(tmp_path, cache, caplog):
+def test_nan_guard_corrupt_fallback_and_config_mismatch(tmp_path, cache, caplog, monkeypatch):
     workdir = tmp_path / "run"
     with pytest.raises(FloatingPointError, match="at step 10"):
         train_and_evaluate(make_config(cache, **{"train.debug_nan_step": 10, "train.steps": 12}), workdir)
@@ -139,6 +140,11 @@ def test_nan_guard_corrupt_fallback_and_config_mismatch(tmp_path, cache, caplog)
     assert summary["start_step"] == 4 and summary["final_step"] == 6
     assert (workdir / "corrupt_checkpoints" / "8").is_dir()
 
+    closed = []
+    real_close = Checkpointer.close
+    monkeypatch.setattr(Checkpointer, "close", lambda self: (closed.append(self), real_close(self)))
     with pytest.raises(ValueError, match="hidden_size: checkpoint=32 config=64") as error:
         train_and_evaluate(make_config(cache, **{"model.hidden_size": 64}), workdir)
     assert "intermediate_size" not in str(error.value)
+    assert len(closed) == 1 and closed[0].manager is not None   # the refused run released orbax
+    closed[0].close()                                           # and closing again is harmless

@@ -43,6 +43,7 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                                enable_async_checkpointing=async_save)
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        self._closed = False
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -100,5 +101,9 @@ class Checkpointer:
         self.manager.wait_until_finished()
 
     def close(self) -> None:
+        """Waits for pending saves and stops orbax's background workers; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
         self.manager.wait_until_finished()
         self.manager.close()

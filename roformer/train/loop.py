@@ -113,37 +113,43 @@ def train_and_evaluate(config, workdir: str | Path) -> dict:
                                    pad_token_id=data.pad_id)
     checkpointer = Checkpointer(workdir / "checkpoints", max_to_keep=tc.keep_checkpoints,
                                 async_save=tc.async_checkpoints)
-    check_same_model_config(checkpointer.saved_model_config(), model_cfg.to_dict(), workdir)
-    if is_main:
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "config.json").write_text(json.dumps(
-            {**config.to_dict(), "resolved_model": model_cfg.to_dict()}, indent=2, default=str))
-        data.tokenizer.save(workdir)   # tokenizer.json + vocab.txt: fine-tuning reads them from here
+    # A refused resume or a failed restore must not leave orbax's workers running
+    # (_run closes it on its own exit; close() is idempotent).
+    try:
+        check_same_model_config(checkpointer.saved_model_config(), model_cfg.to_dict(), workdir)
+        if is_main:
+            workdir.mkdir(parents=True, exist_ok=True)
+            (workdir / "config.json").write_text(json.dumps(
+                {**config.to_dict(), "resolved_model": model_cfg.to_dict()}, indent=2, default=str))
+            data.tokenizer.save(workdir)   # tokenizer.json + vocab.txt: fine-tuning reads them from here
 
-    # measured outside the mesh context: a CPU peak is timed on one local device
-    peak_flops = flops.device_peak_flops(jax.devices()[0], tc.dtype, tc.peak_flops_per_device)
+        # measured outside the mesh context: a CPU peak is timed on one local device
+        peak_flops = flops.device_peak_flops(jax.devices()[0], tc.dtype, tc.peak_flops_per_device)
 
-    # --- state: restore the newest readable checkpoint, else initialise ----------
-    tx, schedule = make_optimizer(tc)
-    setup = TrainSetup(model_cfg, tx, schedule, mesh, seed=tc.seed)
-    with jax.set_mesh(mesh):
-        rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step
-        restored = checkpointer.restore_latest(setup.sharded_abstract_state())
-        if restored is None:
-            state, start_step, data_state = setup.init_state(), 0, None
-        else:
-            start_step, state, data_state = restored
-            log.info("resumed from %s at step %d", checkpointer.directory, start_step)
+        # --- state: restore the newest readable checkpoint, else initialise ----------
+        tx, schedule = make_optimizer(tc)
+        setup = TrainSetup(model_cfg, tx, schedule, mesh, seed=tc.seed)
+        with jax.set_mesh(mesh):
+            rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step
+            restored = checkpointer.restore_latest(setup.sharded_abstract_state())
+            if restored is None:
+                state, start_step, data_state = setup.init_state(), 0, None
+            else:
+                start_step, state, data_state = restored
+                log.info("resumed from %s at step %d", checkpointer.directory, start_step)
 
-        train_iter = data.train_iterator()
-        if data_state is not None:
-            train_iter.set_state(data_state)
-        eval_batches = [sharding.global_batch(b, mesh) for b in data.eval_batches(tc.eval_batches)]
+            train_iter = data.train_iterator()
+            if data_state is not None:
+                train_iter.set_state(data_state)
+            eval_batches = [sharding.global_batch(b, mesh) for b in data.eval_batches(tc.eval_batches)]
 
-        train_step = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
-        eval_step = setup.jit_eval_step()
-        return _run(config, workdir, mesh, model_cfg, data, checkpointer, state, rest, start_step,
-                    train_iter, eval_batches, train_step, eval_step, peak_flops)
+            train_step = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
+            eval_step = setup.jit_eval_step()
+            return _run(config, workdir, mesh, model_cfg, data, checkpointer, state, rest, start_step,
+                        train_iter, eval_batches, train_step, eval_step, peak_flops)
+    except BaseException:
+        checkpointer.close()
+        raise
 
 
 def _run(config, workdir, mesh, model_cfg, data, checkpointer, state, rest, start_step,
