@@ -9,8 +9,6 @@ reproduces the uninterrupted stream exactly.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import shutil
@@ -23,7 +21,7 @@ import numpy as np
 from roformer.data import shards as shards_lib
 from roformer.data.masking import MlmMasker
 from roformer.data.packing import PACKINGS, PackPlan, build_rows, plan_rows
-from roformer.data.sources import TextSource, cfg_get, make_source
+from roformer.data.sources import TextSource, cfg_get, make_source, sha256_json
 from roformer.data.tokenizer import WordPieceTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -87,9 +85,9 @@ class PretrainData:
         # Anything that changes the stream changes this id; a saved iterator state
         # from a different setup is refused instead of silently continuing elsewhere.
         # The corpus enters by content, so moving or re-touching the text files is fine.
-        self.stream_id = hashlib.sha256(json.dumps([
+        self.stream_id = sha256_json([
             corpus.content_id, seq_len, batch_size, packing, heldout_fraction, masker.mask_rate,
-            masker.max_predictions, masker.whole_word]).encode()).hexdigest()[:16]
+            masker.max_predictions, masker.whole_word])[:16]
 
     def train_iterator(self) -> "BatchIterator":
         return BatchIterator(self)
@@ -192,7 +190,7 @@ def resolve_tokenizer(data_cfg: Any, source: TextSource, cache_dir: Path, *,
     if vocab:
         return load_tokenizer(vocab, lowercase=lowercase)
     vocab_size = int(cfg_get(data_cfg, "vocab_size", 8000))
-    key = hashlib.sha256(json.dumps([source.fingerprint(), vocab_size, lowercase]).encode()).hexdigest()[:20]
+    key = sha256_json([source.fingerprint(), vocab_size, lowercase])[:20]
     directory = cache_dir / "tokenizers" / f"{source.name}-{key}"
     if (directory / "tokenizer.json").is_file():
         return WordPieceTokenizer.from_tokenizer_json(directory / "tokenizer.json")

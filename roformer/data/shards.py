@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from roformer.data.sources import TextSource
+from roformer.data.sources import TextSource, sha256_json
 from roformer.data.tokenizer import WordPieceTokenizer
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class TokenCorpus:
         corpus with the same text keeps the same id."""
         files = [[f["bytes"], f["crc32"]] for shard in self.manifest["shards"]
                  for f in (shard["files"][kind] for kind in FILES)]
-        return hashlib.sha256(json.dumps([self.manifest["tokenizer_hash"], files]).encode()).hexdigest()[:20]
+        return sha256_json([self.manifest["tokenizer_hash"], files])[:20]
 
     def gather(self, docs: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """Concatenated tokens of pieces: piece i is doc docs[i] from offsets[i], lengths[i] long."""

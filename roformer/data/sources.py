@@ -61,13 +61,14 @@ class TextSource(abc.ABC):
 
     def fingerprint(self) -> str:
         """Changes whenever the documents may have changed."""
-        return _sha256_json(self.describe())
+        return sha256_json(self.describe())
 
     def __str__(self) -> str:
         return f"{self.name} source {json.dumps(self.describe(), sort_keys=True)[:300]}"
 
 
-def _sha256_json(value: Any) -> str:
+def sha256_json(value: Any) -> str:
+    """Hex SHA-256 of a JSON-serialisable value (the cache keys and stream ids use it)."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
