@@ -91,12 +91,7 @@ class ModelConfig:
         choose("hidden_act", ACTIVATIONS)
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-        if self.position == "rope":
-            if self.rotary_dim is not None and not 0 < self.rotary_dim <= self.head_dim:
-                raise ValueError(f"rotary_dim {self.rotary_dim} must be in (0, head_dim={self.head_dim}]")
-            if (self.rotary_dim or self.head_dim) % 2:
-                raise ValueError(f"rotary dim must be even (features rotate in pairs), "
-                                 f"got {self.rotary_dim or self.head_dim}")
+        POSITION_SCHEMES[self.position].validate(self)
         if self.attention == "linear":
             needs_scores = {name for name, scheme in POSITION_SCHEMES.items()
                             if scheme.has_bias or scheme.relative_kv}

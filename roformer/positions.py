@@ -7,7 +7,10 @@ the positions is computed once per forward pass in `prepare` and shared by every
 layer (the RoPE cis table, the T5 / ALiBi bias, Shaw's relative index).
 
 Adding a scheme = one class here + one entry in POSITION_SCHEMES (+ a config file
-and tests).  Schemes read their settings duck-typed from the ModelConfig.
+and tests).  A scheme validates its own settings (`validate`) and states what it can
+do (`config_file`, `rope_scaling`, `max_length`), so the model, length extrapolation,
+benchmarks and the ablation ask the scheme instead of comparing names.  Schemes read
+their settings duck-typed from the ModelConfig.
 """
 from __future__ import annotations
 
@@ -27,14 +30,29 @@ PositionContext = Any  # whatever a scheme's `prepare` returns; opaque to the mo
 class PositionScheme(nnx.Module):
     """Base class: no positional information at all (the `none` control)."""
 
+    # configs/<config_file>.py selects this scheme (the name users look for).
+    config_file: str = "none"
     # The scheme adds terms to keys and values (needs its own softmax attention path).
     relative_kv: bool = False
     # The scheme adds a logit bias.  Neither this nor relative_kv can be expressed by linear
     # attention, which never forms the L x L scores; rotary schemes can (RoFormer eq. 19).
     has_bias: bool = False
+    # The scheme honours ModelConfig.rope_scaling / rope_base (length extension by scaling).
+    rope_scaling: bool = False
 
     def __init__(self, config, *, rngs: nnx.Rngs):
         del config, rngs
+
+    @classmethod
+    def validate(cls, config) -> None:
+        """Raise ValueError naming the setting when `config` is not valid for this scheme."""
+        del config
+
+    @classmethod
+    def max_length(cls, config) -> int | None:
+        """The longest sequence the scheme can encode under `config` (None: no limit)."""
+        del config
+        return None
 
     def embed(self, positions: jax.Array, dtype) -> jax.Array | None:
         """Absolute embeddings [B, L, embedding_size] to add to the token embeddings."""
@@ -56,6 +74,11 @@ class PositionScheme(nnx.Module):
         del context
         return None
 
+    def relative_tables(self, layer: int) -> tuple[jax.Array, jax.Array] | None:
+        """Relative key and value tables [num_relative, head_dim] of `layer` (relative_kv schemes)."""
+        del layer
+        return None
+
 
 class NoPositions(PositionScheme):
     """`none`: a control with no position information (permutation-equivariant)."""
@@ -63,6 +86,12 @@ class NoPositions(PositionScheme):
 
 class LearnedAbsolute(PositionScheme):
     """`learned`: BERT's trainable absolute position table added to the embeddings."""
+
+    config_file = "absolute"
+
+    @classmethod
+    def max_length(cls, config) -> int:
+        return config.max_position_embeddings
 
     def __init__(self, config, *, rngs: nnx.Rngs):
         self.max_positions = config.max_position_embeddings
@@ -81,10 +110,16 @@ class LearnedAbsolute(PositionScheme):
 class SinusoidalAbsolute(PositionScheme):
     """`sinusoidal`: Vaswani et al.'s fixed sin/cos embeddings (sin at 2i, cos at 2i+1)."""
 
-    def __init__(self, config, *, rngs: nnx.Rngs):
+    config_file = "sinusoidal"
+
+    @classmethod
+    def validate(cls, config) -> None:
         size = config.embedding_size or config.hidden_size
         if size % 2:
             raise ValueError(f"sinusoidal positions need an even embedding size, got {size}")
+
+    def __init__(self, config, *, rngs: nnx.Rngs):
+        size = config.embedding_size or config.hidden_size
         # Host float64 constants kept as a tuple so NNX treats them as static, not state.
         self.inv_freq = tuple(rope.rope_frequencies(size, 10000.0)[0].tolist())
 
@@ -97,12 +132,22 @@ class SinusoidalAbsolute(PositionScheme):
 class Rotary(PositionScheme):
     """`rope`: RoFormer's rotary embedding of q and k (and v with rotary_value)."""
 
-    def __init__(self, config, *, rngs: nnx.Rngs):
+    config_file = "rotary"
+    rope_scaling = True
+
+    @classmethod
+    def validate(cls, config) -> None:
         head_dim = config.hidden_size // config.num_heads
-        rotary_dim = config.rotary_dim or head_dim
-        if rotary_dim % 2 or rotary_dim <= 0 or rotary_dim > head_dim:
-            raise ValueError(
-                f"rotary_dim must be even and in (0, head_dim={head_dim}], got {rotary_dim}")
+        if config.rotary_dim is not None and not 0 < config.rotary_dim <= head_dim:
+            raise ValueError(f"rotary_dim {config.rotary_dim} must be in (0, head_dim={head_dim}]")
+        if (config.rotary_dim or head_dim) % 2:
+            raise ValueError(f"rotary dim must be even (features rotate in pairs), "
+                             f"got {config.rotary_dim or head_dim}")
+        if config.rope_base <= 1:
+            raise ValueError(f"rope_base must be > 1, got {config.rope_base}")
+
+    def __init__(self, config, *, rngs: nnx.Rngs):
+        rotary_dim = config.rotary_dim or config.hidden_size // config.num_heads
         self.layout = config.rope_layout
         self.rotary_value = config.rotary_value
         inv_freq, self.magnitude = rope.rope_frequencies(
@@ -146,6 +191,7 @@ def t5_relative_bucket(relative_position: jax.Array, num_buckets: int = 32,
 class T5Bias(PositionScheme):
     """`t5`: bucketed relative bias (Raffel et al.), one [buckets, heads] table shared by all layers."""
 
+    config_file = "t5"
     has_bias = True
 
     def __init__(self, config, *, rngs: nnx.Rngs):
@@ -181,6 +227,7 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 class ALiBi(PositionScheme):
     """`alibi`: symmetric encoder form, bias -slope_h * |i - j| (no parameters)."""
 
+    config_file = "alibi"
     has_bias = True
 
     def __init__(self, config, *, rngs: nnx.Rngs):
@@ -203,12 +250,16 @@ class ShawRelative(PositionScheme):
     [L, L, head_dim] tensor).
     """
 
+    config_file = "relative"
     relative_kv = True
+
+    @classmethod
+    def validate(cls, config) -> None:
+        if config.shaw_max_distance < 1:
+            raise ValueError(f"shaw_max_distance must be >= 1, got {config.shaw_max_distance}")
 
     def __init__(self, config, *, rngs: nnx.Rngs):
         self.max_distance = config.shaw_max_distance
-        if self.max_distance < 1:
-            raise ValueError(f"shaw_max_distance must be >= 1, got {self.max_distance}")
         head_dim = config.hidden_size // config.num_heads
         shape = (config.num_layers, 2 * self.max_distance + 1, head_dim)
         init = nnx.initializers.normal(config.initializer_range)
