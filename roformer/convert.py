@@ -428,26 +428,12 @@ def load_converted(our_dir: str | Path, **overrides) -> tuple[ModelConfig, AnyMo
 def load_pretrain_workdir(workdir: str | Path, *, step: int = -1) -> tuple[ModelConfig, RoFormerForMaskedLM]:
     """The MLM model of a pretraining run (`python -m roformer.pretrain`): params of
     `workdir/checkpoints/<step>` (newest when step < 0), restored onto this host."""
-    ckpt_dir = (Path(workdir) / "checkpoints").resolve()
-    manager = ocp.CheckpointManager(ckpt_dir, item_names=("state", "data", "model_config"))
-    steps = sorted(manager.all_steps())
-    if not steps:
-        raise ValueError(f"no checkpoint in {ckpt_dir}")
-    step = steps[-1] if step < 0 else step
-    if step not in steps:
-        raise ValueError(f"step {step} not in {ckpt_dir} (has {steps})")
-    saved = manager.restore(step, args=ocp.args.Composite(model_config=ocp.args.JsonRestore()))
-    config = ModelConfig.from_dict(dict(saved["model_config"]))
+    from roformer.train.checkpoint import PretrainWorkdir
+
+    config, params = PretrainWorkdir(workdir).params(step)
     model = build_model(config, "mlm")
     state = nnx.state(model, nnx.Param)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                                     nnx.to_pure_dict(state))}
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item=target, partial_restore=True,  # params only, not the optimizer state
-        restore_args=jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), target))))
-    manager.close()
-    nnx.replace_by_pure_dict(state, restored["state"]["params"])
+    nnx.replace_by_pure_dict(state, params)
     nnx.update(model, state)
     return config, model
 

@@ -31,21 +31,12 @@ class InitSource:
     vocab: str | None                          # tokenizer file that came with the checkpoint
     step: int | None = None                    # pretraining step loaded
     lowercase: bool = True                     # how that tokenizer normalises text
-    data_config: dict | None = None            # pretraining `data` section (trained vocab)
 
     def tokenizer(self):
         """The tokenizer the checkpoint was trained with, or None if it names none."""
         from roformer.data.tokenizer import load_tokenizer
 
-        if self.vocab:
-            return load_tokenizer(self.vocab, lowercase=self.lowercase)
-        if self.data_config is not None:  # a vocab trained on the corpus, cached by roformer.data
-            from roformer.data import pipeline, sources, shards
-
-            cache_dir = Path(self.data_config.get("cache_dir") or shards.default_cache_dir())
-            source = sources.make_source(ml_collections.ConfigDict(self.data_config))
-            return pipeline.resolve_tokenizer(self.data_config, source, cache_dir.expanduser())
-        return None
+        return load_tokenizer(self.vocab, lowercase=self.lowercase) if self.vocab else None
 
 
 def load_init(init: str, *, step: int = -1) -> InitSource:
@@ -71,41 +62,15 @@ def load_init(init: str, *, step: int = -1) -> InitSource:
 # ---------------------------------------------------------------- pretraining workdir
 
 def _load_pretrain(workdir: Path, step: int) -> InitSource:
-    import orbax.checkpoint as ocp
+    from roformer.train.checkpoint import PretrainWorkdir
 
-    ckpt_dir = (workdir / "checkpoints").resolve()
-    manager = ocp.CheckpointManager(ckpt_dir, item_names=("state", "data", "model_config"))
-    steps = sorted(manager.all_steps())
-    if not steps:
-        raise ValueError(f"config.init={workdir}: no checkpoint in {ckpt_dir}")
-    if step < 0:
-        step = steps[-1]
-    elif step not in steps:
-        raise ValueError(f"config.init_step={step}: {ckpt_dir} has steps {steps}")
-    model_config = ModelConfig.from_dict(dict(manager.restore(step, args=ocp.args.Composite(
-        model_config=ocp.args.JsonRestore()))["model_config"]))
-    # Restore only params/roformer (the encoder), onto this host, whatever mesh saved it.
-    item = {"params": {"roformer": _abstract_encoder_params(model_config)}}
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
-        partial_restore=True)))
-    manager.close()
-    encoder_params = restored["state"]["params"]["roformer"]
-    saved = json.loads((workdir / "config.json").read_text()) if (
-        workdir / "config.json").is_file() else {}
-    data_config = saved.get("data") or None
-    vocab = next((str(workdir / n) for n in ("tokenizer.json", "vocab.txt")
-                  if (workdir / n).is_file()), (data_config or {}).get("vocab") or None)
-    return InitSource("pretrain", str(workdir), model_config, encoder_params, vocab, step,
-                      lowercase=bool((data_config or {}).get("lowercase", True)),
-                      data_config=data_config)
-
-
-def _abstract_encoder_params(model_config: ModelConfig) -> dict:
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = nnx.eval_shape(lambda: RoFormerModel(model_config, rngs=nnx.Rngs(0)))
-    pure = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), pure)
+    run = PretrainWorkdir(workdir)
+    step = run.resolve_step(step)
+    model_config, encoder_params = run.params(step, encoder_only=True)
+    if not run.tokenizer_file.is_file():
+        raise ValueError(f"config.init={workdir}: no tokenizer.json in the workdir; give the run's "
+                         "vocabulary with --config.vocab")
+    return InitSource("pretrain", str(workdir), model_config, encoder_params, str(run.tokenizer_file), step)
 
 
 # ---------------------------------------------------------------- HF RoFormer dir

@@ -107,3 +107,88 @@ class Checkpointer:
         self._closed = True
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+# --------------------------------------------------------------------------- reading a run
+
+
+class PretrainWorkdir:
+    """Read-only view of a pretraining workdir written by `train_and_evaluate`: the model
+    config and parameters of a checkpoint step and the tokenizer the run used.
+
+    The one reader of that layout (GLUE init, convert, extrapolation, the ablation and
+    warm starts use it), kept beside the writer above so the two change together."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path).expanduser().resolve()
+        self.checkpoints = self.path / "checkpoints"
+        if not self.path.is_dir():
+            raise ValueError(f"{path}: no such directory (expected a pretraining workdir)")
+        if not self.checkpoints.is_dir():
+            raise ValueError(f"{path} is not a pretraining workdir: it has no checkpoints/ directory")
+
+    def steps(self) -> list[int]:
+        return sorted(int(p.name) for p in self.checkpoints.iterdir() if p.name.isdigit())
+
+    def resolve_step(self, step: int = -1) -> int:
+        """`step`, or the newest one when step < 0; a step without a checkpoint is refused."""
+        steps = self.steps()
+        if not steps:
+            raise ValueError(f"{self.path} has no checkpoint yet (checkpoints/ is empty)")
+        if step < 0:
+            return steps[-1]
+        if step not in steps:
+            raise ValueError(f"{self.path} has no checkpoint at step {step} (it has steps {steps})")
+        return step
+
+    def _manager(self) -> ocp.CheckpointManager:
+        return ocp.CheckpointManager(self.checkpoints, item_names=ITEMS)
+
+    def model_config(self, step: int = -1):
+        from roformer.model import ModelConfig
+
+        step = self.resolve_step(step)
+        with self._manager() as manager:
+            saved = manager.restore(step, args=ocp.args.Composite(model_config=ocp.args.JsonRestore()))
+        return ModelConfig.from_dict(dict(saved["model_config"]))
+
+    def params(self, step: int = -1, *, encoder_only: bool = False) -> tuple[Any, dict]:
+        """(ModelConfig, parameters as a pure nested dict on one local device) of `step`.
+
+        The MLM model's parameters, or with `encoder_only` just `RoFormerModel`'s (the
+        `roformer` subtree); the optimizer state is not read. Any mesh may have saved them."""
+        from flax import nnx
+
+        from roformer.model import RoFormerForMaskedLM
+
+        step = self.resolve_step(step)
+        config = self.model_config(step)
+        abstract = nnx.to_pure_dict(nnx.state(
+            nnx.eval_shape(lambda: RoFormerForMaskedLM(config, rngs=nnx.Rngs(0))), nnx.Param))
+        if encoder_only:
+            abstract = {"roformer": abstract["roformer"]}
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                                         abstract)}
+        with self._manager() as manager:
+            restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+                item=target, partial_restore=True,
+                restore_args=jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), target))))
+        params = restored["state"]["params"]
+        return config, params["roformer"] if encoder_only else params
+
+    def run_config(self) -> dict:
+        """The resolved config the run wrote (config.json), or {} for a workdir without one."""
+        path = self.path / "config.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.path / "tokenizer.json"
+
+    def tokenizer(self):
+        from roformer.data.tokenizer import WordPieceTokenizer
+
+        if not self.tokenizer_file.is_file():
+            raise ValueError(f"{self.path} has no tokenizer.json (pretraining writes it at start-up)")
+        return WordPieceTokenizer.from_tokenizer_json(self.tokenizer_file)
