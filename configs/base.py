@@ -97,9 +97,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     train.clip_norm = 1.0
     train.grad_accum = 1            # micro-batches per optimizer step
     train.seed = 0
+    train.init_from = ""            # a pretraining workdir to start from (parameters only)
+    train.init_step = -1            # its checkpoint step; -1 = newest
     train.log_every = 100
     train.eval_every = 2_000
     train.eval_batches = 20
+    train.eval_shuffled = True      # also evaluate with each document's tokens shuffled: the loss
+                                    # increase (eval_order_gap) says how much the model uses word order
     train.checkpoint_every = 2_000
     train.keep_checkpoints = 3
     train.async_checkpoints = True

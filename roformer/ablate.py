@@ -2,21 +2,27 @@
 
     python -m roformer.ablate --config=configs/ablation.py --workdir=DIR
 
-For every scheme in `config.schemes`: MLM pretraining (an ordinary pretrain workdir),
-length-extrapolation evaluation of the pretrained model, then GLUE fine-tuning (an
-ordinary GLUE workdir). Layout of DIR:
+For every pretraining seed and every scheme in `config.schemes`: MLM pretraining (an
+ordinary pretrain workdir), length-extrapolation evaluation of the pretrained model, and
+GLUE fine-tuning (an ordinary GLUE workdir). With `extension.enabled`, the pretrained
+models of `extension.scheme` then continue pretraining at `extension.factor` times the
+length under each of `extension.methods` (plain extrapolation, position interpolation,
+NTK, YaRN, a larger RoPE base), evaluated at that length after every few steps. Layout:
 
-    pretrain/<scheme>/         `tensorboard --logdir DIR/pretrain` shows them side by side
-    glue/<scheme>/
-    ablation_state.json        per scheme and stage: done/failed, config fingerprint, results
-    errors/<scheme>.<stage>.txt  traceback of a failed stage
-    ablation.json, ablation.md, loss_curves.png, extrapolation.png
+    pretrain/<scheme>/seed<k>/        `tensorboard --logdir DIR/pretrain` shows them side by side
+    glue/<scheme>/seed<k>/
+    extension/<method>/seed<k>/
+    ablation_state.json               per run and stage: done/failed, config fingerprint, results
+    errors/<run>.<stage>.txt          traceback of a failed stage
+    ablation.json, ablation.md, loss_curves.png, extrapolation.png, extension.png
 
-Every scheme gets the same `config.pretrain` (data, data order, seed, optimiser,
-budget); only the model keys of the scheme's config file are applied on top.
-Re-running skips stages that finished with the same config, resumes interrupted
-pretraining from its checkpoints, and retries failed stages. A failing scheme is
-recorded (with its traceback in DIR/errors/) and the others still run.
+Every scheme of one seed gets the same `config.pretrain` (data, data order, masking,
+initialisation of the shared parameters, optimiser, budget); only the model keys of
+the scheme's config file are applied on top. The seeds run in turn (every scheme of
+seed 0 first), so an interrupted ablation already compares all schemes. Re-running
+skips stages that finished with the same config, resumes interrupted training from its
+checkpoints, and retries failed stages. A failing stage is recorded (traceback in
+DIR/errors/) and the other runs still go ahead.
 """
 from __future__ import annotations
 
@@ -39,23 +45,21 @@ from roformer import report
 log = logging.getLogger("roformer.ablate")
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-# Short scheme names -> pretraining config files in configs/.
-SCHEME_CONFIG_FILES = {
-    "learned": "absolute", "sinusoidal": "sinusoidal", "shaw": "relative", "t5": "t5",
-    "alibi": "alibi", "rope": "rotary", "rope_linear": "rotary_linear", "none": "none",
-}
-STAGES = ("pretrain", "extrapolation", "glue")
+# Ablation arms that are not a position scheme of their own: a config file's variant.
+VARIANT_CONFIG_FILES = {"rope_linear": "rotary_linear"}
+RUN_STAGES = ("pretrain", "extrapolation", "glue")
+EXTENSION_STAGES = ("extension", "extension_eval")
 STATE_FILE = "ablation_state.json"
 
 
 class Preempted(Exception):
-    """Pretraining saved a checkpoint on SIGTERM: stop the ablation, resume it next run."""
+    """Training saved a checkpoint on SIGTERM: stop the ablation, resume it next run."""
 
 
 # --------------------------------------------------------------------------- configs
 
 
-def _split_list(value: str) -> list[str]:
+def split_list(value: str) -> list[str]:
     return [item.strip() for item in str(value).split(",") if item.strip()]
 
 
@@ -64,8 +68,7 @@ def load_config_file(name: str, arg: str | None = None) -> ml_collections.Config
     such as configs/ablation.py that import `configs.base`)."""
     path = CONFIG_DIR / f"{name}.py"
     if not path.exists():
-        known = sorted(SCHEME_CONFIG_FILES) + sorted(p.stem for p in CONFIG_DIR.glob("*.py"))
-        raise ValueError(f"unknown scheme {name!r}: no {path}; choose one of {known}")
+        raise ValueError(f"no config file {path}")
     if str(CONFIG_DIR.parent) not in sys.path:
         sys.path.insert(0, str(CONFIG_DIR.parent))
     spec = importlib.util.spec_from_file_location(f"configs.{name}", path)
@@ -74,10 +77,27 @@ def load_config_file(name: str, arg: str | None = None) -> ml_collections.Config
     return module.get_config(arg)
 
 
+def scheme_config_file(scheme: str) -> str:
+    """The pretraining config file of an ablation arm: a position scheme's registry name
+    (learned, rope, ...), a variant (rope_linear) or a config file name (absolute, ...)."""
+    from roformer.positions import POSITION_SCHEMES
+
+    if scheme in POSITION_SCHEMES:
+        return POSITION_SCHEMES[scheme].config_file
+    if scheme in VARIANT_CONFIG_FILES:
+        return VARIANT_CONFIG_FILES[scheme]
+    path = CONFIG_DIR / f"{scheme}.py"
+    if path.exists() and scheme not in ("base", "ablation", "glue"):
+        return scheme
+    known = sorted(POSITION_SCHEMES) + sorted(VARIANT_CONFIG_FILES)
+    raise ValueError(f"unknown scheme {scheme!r}; choose from {', '.join(known)} "
+                     f"or a pretraining config file in {CONFIG_DIR}")
+
+
 def scheme_model_keys(scheme: str) -> dict[str, Any]:
     """The model keys a scheme's config file sets differently from configs/base.py."""
     base_model = load_config_file("base").model.to_dict()
-    scheme_model = load_config_file(SCHEME_CONFIG_FILES.get(scheme, scheme)).model.to_dict()
+    scheme_model = load_config_file(scheme_config_file(scheme)).model.to_dict()
     return {k: v for k, v in scheme_model.items() if k != "size" and base_model.get(k) != v}
 
 
@@ -89,12 +109,14 @@ def pretrain_steps(config: ml_collections.ConfigDict) -> int:
     return int(train.steps)
 
 
-def scheme_pretrain_config(config: ml_collections.ConfigDict, scheme: str) -> ml_collections.ConfigDict:
-    """config.pretrain with the scheme's model keys and the shared step budget."""
+def scheme_pretrain_config(config: ml_collections.ConfigDict, scheme: str, seed: int = 0
+                           ) -> ml_collections.ConfigDict:
+    """config.pretrain with the scheme's model keys, the shared step budget and the seed."""
     cfg = ml_collections.ConfigDict(config.pretrain.to_dict())
     for key, value in scheme_model_keys(scheme).items():
         cfg.model[key] = value
     cfg.train.steps = pretrain_steps(config)
+    cfg.train.seed = int(seed)
     if cfg.model.get("max_position_embeddings") is None:
         # Size the learned table to the pretraining length, so "beyond the table"
         # is exactly "beyond what was trained" in the extrapolation evaluation.
@@ -102,10 +124,109 @@ def scheme_pretrain_config(config: ml_collections.ConfigDict, scheme: str) -> ml
     return cfg
 
 
+# Context-extension methods: the model keys each sets for a run at `factor` x the length.
+EXTENSION_METHODS = ("none", "linear", "ntk", "yarn", "base")
+
+
+def extension_model_keys(method: str, ext: ml_collections.ConfigDict, seq_len: int) -> dict[str, Any]:
+    if method == "none":        # plain extrapolation: positions simply go further
+        return {}
+    if method == "base":        # a larger rotary base (Llama 3 style), no scaling
+        return {"rope_base": float(ext.base)}
+    return {"rope_scaling": method, "rope_scaling_factor": float(ext.factor),
+            "rope_original_max_len": int(seq_len)}
+
+
+def extension_pretrain_config(config: ml_collections.ConfigDict, method: str, seed: int,
+                              init_from: Path) -> ml_collections.ConfigDict:
+    """The extension run: the scheme's pretraining config at factor x the length (same tokens
+    per step), warm-started from its pretrained model, with the method's RoPE settings."""
+    ext = config.extension
+    cfg = scheme_pretrain_config(config, ext.scheme, seed)
+    seq_len = cfg.train.seq_len
+    cfg.train.seq_len = seq_len * int(ext.factor)
+    cfg.train.batch_size = cfg.train.batch_size // int(ext.factor)
+    cfg.train.steps = int(ext.steps)
+    cfg.train.learning_rate = float(ext.learning_rate)
+    cfg.train.warmup_steps = int(ext.warmup_steps)
+    cfg.train.decay_steps = 0
+    cfg.train.eval_every = int(ext.eval_every)
+    # The measurement is extension_eval on the extrapolation windows; the loop's own packed
+    # held-out evaluation is kept small.
+    cfg.train.eval_batches = max(1, cfg.train.eval_batches // int(ext.factor))
+    cfg.train.eval_shuffled = False
+    cfg.train.checkpoint_every = int(ext.eval_every)
+    cfg.train.keep_checkpoints = int(ext.steps) // int(ext.eval_every) + 2   # every one is evaluated
+    cfg.train.init_from = str(init_from)
+    cfg.train.init_step = -1
+    for key, value in extension_model_keys(method, ext, seq_len).items():
+        cfg.model[key] = value
+    return cfg
+
+
 def scheme_glue_config(config: ml_collections.ConfigDict, pretrain_workdir: Path) -> ml_collections.ConfigDict:
     cfg = ml_collections.ConfigDict(config.glue.to_dict())
     cfg.init = str(pretrain_workdir)
     return cfg
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Every setting the runs depend on, checked before anything trains (one error naming
+    all problems)."""
+    from roformer.extrapolation import SCALINGS
+    from roformer.glue.tasks import parse_task_list
+    from roformer.positions import POSITION_SCHEMES
+
+    problems = []
+    schemes = split_list(config.schemes)
+    if not schemes:
+        problems.append("config.schemes is empty; list at least one scheme")
+    if len(set(schemes)) != len(schemes):
+        problems.append(f"config.schemes lists a scheme twice: {config.schemes!r}")
+    for scheme in schemes:
+        try:
+            scheme_pretrain_config(config, scheme)
+        except ValueError as error:
+            problems.append(str(error))
+    if not isinstance(config.seeds, int) or isinstance(config.seeds, bool) or config.seeds < 1:
+        problems.append(f"config.seeds={config.seeds!r}: give the number of pretraining seeds (>= 1)")
+    if config.reference not in schemes:
+        problems.append(f"config.reference={config.reference!r} is not one of config.schemes {schemes}")
+    factors = split_list(config.extrapolation.factors)
+    if not factors or not all(f.isdigit() and int(f) >= 1 for f in factors) or "1" not in factors:
+        problems.append(f"extrapolation.factors={config.extrapolation.factors!r}: comma list of whole "
+                        "multiples of the pretraining length, including 1")
+    unknown = sorted(set(split_list(config.extrapolation.scalings)) - set(SCALINGS))
+    if unknown:
+        problems.append(f"extrapolation.scalings: unknown {unknown}; choose from {', '.join(SCALINGS)}")
+    try:
+        parse_task_list(config.glue.task) if split_list(config.glue.task) else None
+    except ValueError as error:
+        problems.append(f"glue.task: {error}")
+    ext = config.extension
+    if ext.enabled:
+        methods = split_list(ext.methods)
+        unknown = sorted(set(methods) - set(EXTENSION_METHODS))
+        if not methods or unknown:
+            problems.append(f"extension.methods={ext.methods!r}: choose from {', '.join(EXTENSION_METHODS)}")
+        if ext.scheme not in schemes:
+            problems.append(f"extension.scheme={ext.scheme!r} is not one of config.schemes {schemes}")
+        else:
+            position = scheme_pretrain_config(config, ext.scheme).model.position
+            if not POSITION_SCHEMES[position].rope_scaling:
+                problems.append(f"extension.scheme={ext.scheme!r} (position {position!r}) has no rotary "
+                                "scaling to extend with; use a rotary scheme")
+        if ext.factor < 2 or config.pretrain.train.batch_size % ext.factor:
+            problems.append(f"extension.factor={ext.factor}: must be >= 2 and divide pretrain.train.batch_size="
+                            f"{config.pretrain.train.batch_size} (the extension keeps the tokens per step)")
+        if str(ext.factor) not in factors:
+            problems.append(f"extension.factor={ext.factor} must be one of extrapolation.factors "
+                            f"{config.extrapolation.factors!r} (its step-0 loss is that column)")
+        if ext.steps < 1 or ext.eval_every < 1 or ext.steps % ext.eval_every:
+            problems.append(f"extension.steps={ext.steps} must be a positive multiple of "
+                            f"extension.eval_every={ext.eval_every}")
+    if problems:
+        raise ValueError("ablation config: " + "; ".join(problems))
 
 
 def fingerprint(*parts: Any) -> str:
@@ -119,22 +240,22 @@ def fingerprint(*parts: Any) -> str:
 
 
 class AblationState:
-    """`DIR/ablation_state.json`: per scheme and stage, status, fingerprint, result."""
+    """`DIR/ablation_state.json`: per run and stage, status, fingerprint, result."""
 
     def __init__(self, workdir: Path):
         self.path = workdir / STATE_FILE
         self.data: dict[str, dict[str, dict]] = (
             json.loads(self.path.read_text()) if self.path.exists() else {})
 
-    def get(self, scheme: str, stage: str) -> dict:
-        return self.data.get(scheme, {}).get(stage, {})
+    def get(self, run: str, stage: str) -> dict:
+        return self.data.get(run, {}).get(stage, {})
 
-    def is_done(self, scheme: str, stage: str, fp: str) -> bool:
-        record = self.get(scheme, stage)
+    def is_done(self, run: str, stage: str, fp: str) -> bool:
+        record = self.get(run, stage)
         return record.get("status") == "done" and record.get("fingerprint") == fp
 
-    def set(self, scheme: str, stage: str, record: dict) -> None:
-        self.data.setdefault(scheme, {})[stage] = record
+    def set(self, run: str, stage: str, record: dict) -> None:
+        self.data.setdefault(run, {})[stage] = record
         if not _is_main_process():  # every process keeps the same state; one writes it
             return
         tmp = self.path.with_suffix(".tmp")
@@ -145,14 +266,14 @@ class AblationState:
 # --------------------------------------------------------------------------- stages
 
 
-def _run_pretrain(cfg: ml_collections.ConfigDict, workdir: Path) -> dict:
+def _train(cfg: ml_collections.ConfigDict, workdir: Path) -> dict:
     from roformer.train import train_and_evaluate
 
     summary = train_and_evaluate(cfg, workdir)
     if summary["preempted"]:
         raise Preempted(f"{workdir} preempted at step {summary['final_step']}")
     if summary["final_step"] < cfg.train.steps:
-        raise RuntimeError(f"pretraining stopped at step {summary['final_step']} of {cfg.train.steps}")
+        raise RuntimeError(f"training stopped at step {summary['final_step']} of {cfg.train.steps}")
     return {"steps": summary["final_step"]}
 
 
@@ -170,13 +291,27 @@ def _run_extrapolation(config: ml_collections.ConfigDict, pretrain_cfg: ml_colle
     ext = config.extrapolation
     return extrapolation.evaluate_workdir(
         pretrain_workdir, pretrain_cfg.data, seq_len=pretrain_cfg.train.seq_len,
-        factors=[int(f) for f in _split_list(ext.factors)], scalings=_split_list(ext.scalings),
+        factors=[int(f) for f in split_list(ext.factors)], scalings=split_list(ext.scalings),
+        num_docs=ext.num_docs, batch_size=ext.batch_size, seed=pretrain_cfg.train.seed)
+
+
+def _run_extension_eval(config: ml_collections.ConfigDict, pretrain_cfg: ml_collections.ConfigDict,
+                        extension_workdir: Path) -> dict:
+    """Held-out loss at factor x the length after every saved extension step, on the same
+    windows as the extrapolation table (so step 0 is that table's column)."""
+    from roformer import extrapolation
+
+    ext = config.extrapolation
+    return extrapolation.evaluate_checkpoints(
+        extension_workdir, pretrain_cfg.data, seq_len=pretrain_cfg.train.seq_len,
+        factors=[int(f) for f in split_list(ext.factors)], factor=int(config.extension.factor),
         num_docs=ext.num_docs, batch_size=ext.batch_size, seed=pretrain_cfg.train.seed)
 
 
 # Stage runners are looked up here at call time, so tests can swap in fast fakes.
 STAGE_RUNNERS: dict[str, Callable] = {
-    "pretrain": _run_pretrain, "extrapolation": _run_extrapolation, "glue": _run_glue,
+    "pretrain": _train, "extrapolation": _run_extrapolation, "glue": _run_glue,
+    "extension": _train, "extension_eval": _run_extension_eval,
 }
 
 
@@ -188,79 +323,98 @@ def _is_main_process() -> bool:
 
 def run_ablation(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """Run (or resume) the whole ablation in `workdir` and write the report; returns it."""
+    validate(config)
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    schemes = _split_list(config.schemes)
-    if not schemes:
-        raise ValueError("config.schemes is empty; list at least one scheme")
-    if len(set(schemes)) != len(schemes):
-        raise ValueError(f"config.schemes lists a scheme twice: {config.schemes!r}")
     state = AblationState(workdir)
     if _is_main_process():
         (workdir / "ablation_config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
 
-    for scheme in schemes:
-        try:
-            _run_scheme(config, workdir, state, scheme)
-        except Preempted as error:
-            log.warning("%s; stopping the ablation (re-run the command to resume)", error)
-            break
-        finally:  # the report so far: readable while the next scheme trains
-            result = build_report(config, workdir, state)
-            if _is_main_process():
-                report.write_report(result, workdir)
-    return result
-
-
-def _run_scheme(config: ml_collections.ConfigDict, workdir: Path, state: AblationState, scheme: str) -> None:
-    """Run the stages of one scheme that are not done yet; failures are recorded, not raised."""
+    started = time.time()
+    result = None
     try:
-        pretrain_cfg = scheme_pretrain_config(config, scheme)
-    except Exception as error:  # noqa: BLE001 - a bad scheme is reported, the rest run
-        _record_failure(state, workdir, scheme, "pretrain", "", error)
-        return
-    pretrain_dir = workdir / "pretrain" / scheme
-    fps = {"pretrain": fingerprint(pretrain_cfg)}
-    fps["extrapolation"] = fingerprint(fps["pretrain"], config.extrapolation)
-    fps["glue"] = fingerprint(fps["pretrain"], config.glue)
-    stage_calls = {
-        "pretrain": lambda: STAGE_RUNNERS["pretrain"](pretrain_cfg, pretrain_dir),
-        "extrapolation": lambda: STAGE_RUNNERS["extrapolation"](config, pretrain_cfg, pretrain_dir),
-        "glue": lambda: STAGE_RUNNERS["glue"](scheme_glue_config(config, pretrain_dir), workdir / "glue" / scheme),
-    }
-    for stage in STAGES:
-        if stage == "glue" and not _split_list(config.glue.task):
+        for seed in range(config.seeds):
+            for scheme in split_list(config.schemes):
+                _run_stages(state, workdir, f"{scheme}/seed{seed}", _scheme_stages(config, workdir, scheme, seed))
+                result = _write_report(config, workdir, state)   # readable while the next run trains
+            if config.extension.enabled:
+                for method in split_list(config.extension.methods):
+                    _run_stages(state, workdir, f"extension/{method}/seed{seed}",
+                                _extension_stages(config, workdir, method, seed))
+                    result = _write_report(config, workdir, state)
+    except Preempted as error:
+        log.warning("%s; stopping the ablation (re-run the command to resume)", error)
+    log.info("ablation session took %.0f s", time.time() - started)
+    return result if result is not None else _write_report(config, workdir, state)
+
+
+def _scheme_stages(config, workdir: Path, scheme: str, seed: int) -> list[tuple[str, str, Callable]]:
+    """(stage, fingerprint, call) for one scheme and seed."""
+    pretrain_cfg = scheme_pretrain_config(config, scheme, seed)
+    pretrain_dir = workdir / "pretrain" / scheme / f"seed{seed}"
+    fp = fingerprint(pretrain_cfg)
+    stages = [
+        ("pretrain", fp, lambda: STAGE_RUNNERS["pretrain"](pretrain_cfg, pretrain_dir)),
+        ("extrapolation", fingerprint(fp, config.extrapolation),
+         lambda: STAGE_RUNNERS["extrapolation"](config, pretrain_cfg, pretrain_dir)),
+    ]
+    if split_list(config.glue.task):
+        stages.append(("glue", fingerprint(fp, config.glue), lambda: STAGE_RUNNERS["glue"](
+            scheme_glue_config(config, pretrain_dir), workdir / "glue" / scheme / f"seed{seed}")))
+    return stages
+
+
+def _extension_stages(config, workdir: Path, method: str, seed: int) -> list[tuple[str, str, Callable]]:
+    source = workdir / "pretrain" / config.extension.scheme / f"seed{seed}"
+    ext_cfg = extension_pretrain_config(config, method, seed, source)
+    pretrain_cfg = scheme_pretrain_config(config, config.extension.scheme, seed)
+    ext_dir = workdir / "extension" / method / f"seed{seed}"
+    fp = fingerprint(fingerprint(pretrain_cfg), ext_cfg)
+    return [
+        ("extension", fp, lambda: STAGE_RUNNERS["extension"](ext_cfg, ext_dir)),
+        ("extension_eval", fingerprint(fp, config.extrapolation),
+         lambda: STAGE_RUNNERS["extension_eval"](config, pretrain_cfg, ext_dir)),
+    ]
+
+
+def _run_stages(state: AblationState, workdir: Path, run: str, stages: list[tuple[str, str, Callable]]) -> None:
+    """Run the stages of one run that are not done yet; failures are recorded, not raised.
+    A failed first stage (training) skips the rest, which need its model."""
+    for index, (stage, fp, call) in enumerate(stages):
+        if state.is_done(run, stage, fp):
+            log.info("%s: %s already done, skipping", run, stage)
             continue
-        if state.is_done(scheme, stage, fps[stage]):
-            log.info("%s: %s already done, skipping", scheme, stage)
-            continue
-        log.info("%s: %s starting", scheme, stage)
+        log.info("%s: %s starting", run, stage)
         start = time.time()
         try:
-            result = stage_calls[stage]()
+            result = call()
         except Preempted:
             raise
-        except Exception as error:  # noqa: BLE001 - recorded; the other stages and schemes still run
-            _record_failure(state, workdir, scheme, stage, fps[stage], error)
-            if stage == "pretrain":
-                return  # evaluation and fine-tuning need the pretrained model
+        except Exception as error:  # noqa: BLE001 - recorded; the other stages and runs still go ahead
+            _record_failure(state, workdir, run, stage, fp, error)
+            if index == 0:
+                return
             continue
-        state.set(scheme, stage, {"status": "done", "fingerprint": fps[stage],
-                                  "wall_s": round(time.time() - start, 1), "result": result})
+        state.set(run, stage, {"status": "done", "fingerprint": fp,
+                               "wall_s": round(time.time() - start, 1), "result": result})
         if _is_main_process():
-            (workdir / "errors" / f"{scheme}.{stage}.txt").unlink(missing_ok=True)  # an earlier failure
+            (workdir / "errors" / f"{_error_name(run)}.{stage}.txt").unlink(missing_ok=True)  # an earlier failure
 
 
-def _record_failure(state: AblationState, workdir: Path, scheme: str, stage: str, fp: str,
+def _error_name(run: str) -> str:
+    return run.replace("/", ".")
+
+
+def _record_failure(state: AblationState, workdir: Path, run: str, stage: str, fp: str,
                     error: Exception) -> None:
-    log.error("%s: %s failed: %s: %s", scheme, stage, type(error).__name__, error)
+    log.error("%s: %s failed: %s: %s", run, stage, type(error).__name__, error)
     if _is_main_process():
         errors = workdir / "errors"
         errors.mkdir(exist_ok=True)
-        (errors / f"{scheme}.{stage}.txt").write_text(
+        (errors / f"{_error_name(run)}.{stage}.txt").write_text(
             "".join(traceback.format_exception(type(error), error, error.__traceback__)))
     first_line = str(error).splitlines()[0] if str(error) else ""
-    state.set(scheme, stage, {"status": "failed", "fingerprint": fp, "error": f"{type(error).__name__}: {first_line}"})
+    state.set(run, stage, {"status": "failed", "fingerprint": fp, "error": f"{type(error).__name__}: {first_line}"})
 
 
 # --------------------------------------------------------------------------- report
@@ -277,47 +431,100 @@ def _machine() -> str:
     return desc
 
 
+def _run_status(records: dict[str, dict], stages: list[str]) -> dict:
+    failed = [s for s in stages if records[s].get("status") == "failed"]
+    if failed:
+        return {"status": "failed", "failed_stage": failed[0], "error": records[failed[0]].get("error")}
+    if all(records[s].get("status") == "done" for s in stages):
+        return {"status": "done"}
+    return {"status": "pending"}
+
+
 def build_report(config: ml_collections.ConfigDict, workdir: Path, state: AblationState) -> dict:
     """The report dict (ablation.json) from the state file and the run directories."""
-    schemes = _split_list(config.schemes)
     pre = config.pretrain
     steps = pretrain_steps(config)
-    seeds = config.glue.seeds
+    tokens_per_step = pre.train.batch_size * pre.train.seq_len
+    glue_tasks = split_list(config.glue.task)
     setup = {
         "size": pre.model.size,
         "data": pre.data.files if pre.data.source == "files" else pre.data.source,
+        "vocab": pre.data.vocab or f"WordPiece {pre.data.vocab_size} trained on the corpus",
         "seq_len": pre.train.seq_len,
         "batch_size": pre.train.batch_size,
         "steps": steps,
-        "tokens": steps * pre.train.batch_size * pre.train.seq_len,
-        "glue": (f"{config.glue.task} (median of {seeds} seed{'s' if seeds > 1 else ''})"
-                 if _split_list(config.glue.task) else "skipped"),
+        "tokens": steps * tokens_per_step,
+        "seeds": config.seeds,
+        "glue": (f"{config.glue.task} (median of {config.glue.seeds} fine-tuning seed"
+                 f"{'s' if config.glue.seeds > 1 else ''} per pretrained model)" if glue_tasks else "skipped"),
         "machine": _machine(),
     }
-    rows = []
-    for scheme in schemes:
-        row: dict[str, Any] = {"scheme": scheme, "status": "pending",
-                               "pretrain_workdir": f"pretrain/{scheme}", "glue_workdir": None}
-        stages = [s for s in STAGES if s != "glue" or _split_list(config.glue.task)]
-        records = {s: state.get(scheme, s) for s in stages}
-        failed = [s for s in stages if records[s].get("status") == "failed"]
-        if failed:
-            row.update(status="failed", failed_stage=failed[0], error=records[failed[0]].get("error"))
-        elif all(records[s].get("status") == "done" for s in stages):
-            row["status"] = "done"
-        row["wall_s"] = round(sum(r.get("wall_s", 0.0) for r in records.values()), 1)
-        metrics = report.read_metrics(workdir / row["pretrain_workdir"] / "metrics.jsonl")
-        row.update(report.pretrain_summary(metrics))
-        ext = records["extrapolation"].get("result") or {}
-        row["params"] = ext.get("params")
-        row["extrapolation"] = ext.get("extrapolation")
-        if records.get("glue", {}).get("status") == "done":
-            row["glue_workdir"] = f"glue/{scheme}"
-            results = workdir / row["glue_workdir"] / "glue_results.json"
-            row["glue"] = report.glue_summary(json.loads(results.read_text())) if results.exists() else None
-        rows.append(row)
-    report.add_relative_step_time(rows)
-    return {"setup": setup, "schemes": rows}
+    unigram = _unigram_loss(workdir, config)
+    if unigram is not None:
+        setup["unigram_loss"] = unigram
+    stages = [s for s in RUN_STAGES if s != "glue" or glue_tasks]
+    runs = []
+    for seed in range(config.seeds):
+        for scheme in split_list(config.schemes):
+            name = f"{scheme}/seed{seed}"
+            records = {s: state.get(name, s) for s in stages}
+            row: dict[str, Any] = {"scheme": scheme, "seed": seed, **_run_status(records, stages),
+                                   "pretrain_workdir": f"pretrain/{name}", "glue_workdir": None}
+            row["wall_s"] = round(sum(r.get("wall_s", 0.0) for r in records.values()), 1)
+            metrics = report.read_metrics(workdir / row["pretrain_workdir"] / "metrics.jsonl")
+            row.update(report.pretrain_summary(metrics))
+            row["curve"] = report.eval_curve(metrics, tokens_per_step)
+            ext = records["extrapolation"].get("result") or {}
+            row["params"] = ext.get("params")
+            row["extrapolation"] = ext.get("extrapolation")
+            if records.get("glue", {}).get("status") == "done":
+                row["glue_workdir"] = f"glue/{name}"
+                results = workdir / row["glue_workdir"] / "glue_results.json"
+                row["glue"] = report.glue_summary(json.loads(results.read_text())) if results.exists() else None
+            runs.append(row)
+    extension = []
+    if config.extension.enabled:
+        for seed in range(config.seeds):
+            for method in split_list(config.extension.methods):
+                name = f"extension/{method}/seed{seed}"
+                records = {s: state.get(name, s) for s in EXTENSION_STAGES}
+                row = {"method": method, "seed": seed, **_run_status(records, list(EXTENSION_STAGES)),
+                       "workdir": name,
+                       "wall_s": round(sum(r.get("wall_s", 0.0) for r in records.values()), 1)}
+                row.update(records["extension_eval"].get("result") or {})
+                extension.append(row)
+        setup["extension"] = (f"{config.extension.scheme} at {config.extension.factor}x the length, "
+                              f"{config.extension.steps} steps, lr {config.extension.learning_rate}")
+    return report.summarize(setup, runs, extension, reference=config.reference,
+                            order_threshold=config.order_threshold)
+
+
+def _unigram_loss(workdir: Path, config: ml_collections.ConfigDict) -> float | None:
+    """The corpus's context-free MLM loss under the run's vocabulary (cached in the state
+    directory; needs the data, so it is computed once a pretraining run exists)."""
+    cache = workdir / "unigram_loss.json"
+    fp = fingerprint(config.pretrain.data)
+    if cache.exists():
+        saved = json.loads(cache.read_text())
+        if saved.get("fingerprint") == fp:
+            return saved["unigram_loss"]
+    if not any((workdir / "pretrain").glob("*/seed*/tokenizer.json")):
+        return None
+    from roformer.data import make_pretrain_data
+
+    data = make_pretrain_data(config.pretrain.data, seq_len=config.pretrain.train.seq_len, batch_size=1,
+                              seed=0, show_progress=False)
+    value = data.unigram_loss()
+    if _is_main_process():
+        cache.write_text(json.dumps({"fingerprint": fp, "unigram_loss": value}) + "\n")
+    return value
+
+
+def _write_report(config, workdir: Path, state: AblationState) -> dict:
+    result = build_report(config, workdir, state)
+    if _is_main_process():
+        report.write_report(result, workdir)
+    return result
 
 
 # --------------------------------------------------------------------------- CLI
@@ -334,7 +541,7 @@ def main(argv):
     result = run_ablation(flags.FLAGS.config, flags.FLAGS.workdir)
     if _is_main_process():
         print((Path(flags.FLAGS.workdir) / report.REPORT_MD).read_text())
-    if any(s["status"] == "failed" for s in result["schemes"]):
+    if any(s["status"] == "failed" for s in result["runs"] + result["extension"]["runs"]):
         sys.exit(1)
 
 
@@ -344,7 +551,7 @@ if __name__ == "__main__":
     from absl import app, flags
     from ml_collections import config_flags
 
-    config_flags.DEFINE_config_file("config", None, "ablation config file (configs/ablation.py[:smoke])")
+    config_flags.DEFINE_config_file("config", None, "ablation config file (configs/ablation.py[:smoke|reference])")
     flags.DEFINE_string("workdir", None, "directory for all runs and the report")
     flags.mark_flags_as_required(["config", "workdir"])
     app.run(main)

@@ -6,15 +6,17 @@ held-out documents (those at least that long), cut into full windows of the leng
 length). Loss differences between lengths are then about context length, not about
 which documents happened to be long enough.
 
-Rotary models are also evaluated with the two usual length extensions applied only at
-evaluation time, by overriding `ModelConfig.rope_scaling`: position interpolation
-("linear", positions / factor) and NTK-aware base scaling ("ntk"), with factor =
-evaluation length / pretraining length. A learned absolute table has no rows beyond
-`max_position_embeddings`: those lengths are None ("n/a").
+Schemes that honour RoPE scaling (`PositionScheme.rope_scaling`) are also evaluated with
+the usual length extensions applied only at evaluation time, by overriding
+`ModelConfig.rope_scaling`: position interpolation ("linear", positions / factor),
+NTK-aware base scaling ("ntk") and YaRN ("yarn"), with factor = evaluation length /
+pretraining length. Past a scheme's `max_length` (a learned absolute table's rows) the
+loss is None ("n/a").
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Iterable
 
@@ -24,28 +26,27 @@ import numpy as np
 from flax import nnx
 
 from roformer.model import ModelConfig, RoFormerForMaskedLM
+from roformer.positions import POSITION_SCHEMES
+from roformer.train.checkpoint import PretrainWorkdir
 from roformer.train.steps import make_eval_step, summarize_eval
 
-ROTARY_POSITIONS = ("rope",)
-SCALINGS = ("linear", "ntk")
-
-
-def load_mlm_checkpoint(workdir: str | Path) -> tuple[ModelConfig, dict]:
-    """(ModelConfig, MLM params as a pure dict) from the newest checkpoint of a pretrain workdir."""
-    from roformer.convert import load_pretrain_workdir
-
-    model_config, model = load_pretrain_workdir(workdir)
-    return model_config, nnx.to_pure_dict(nnx.state(model, nnx.Param))
+SCALINGS = ("linear", "ntk", "yarn")
 
 
 def count_params(params: dict) -> int:
     return int(sum(np.size(x) for x in jax.tree.leaves(params)))
 
 
+@functools.lru_cache(maxsize=16)
+def _eval_step(model_config: ModelConfig):
+    """Jitted eval step and RNG state of one architecture, reused across checkpoints."""
+    graphdef, _, rest = nnx.split(RoFormerForMaskedLM(model_config, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    return jax.jit(make_eval_step(graphdef)), rest
+
+
 def mlm_loss(model_config: ModelConfig, params: dict, batches: list[dict]) -> dict[str, float]:
     """Held-out MLM loss / accuracy of `params` under `model_config` over `batches`."""
-    graphdef, _, rest = nnx.split(RoFormerForMaskedLM(model_config, rngs=nnx.Rngs(0)), nnx.Param, ...)
-    eval_step = jax.jit(make_eval_step(graphdef))
+    eval_step, rest = _eval_step(model_config)
     totals = {"loss_sum": 0.0, "correct_sum": 0.0, "weight_sum": 0.0}
     for batch in batches:
         sums = eval_step(params, rest, batch)
@@ -68,16 +69,18 @@ def evaluate(model_config: ModelConfig, params: dict, batches_by_length: dict[in
     "linear": [...], ...}, "accuracy": {...}} with None where not applicable (learned table
     too short, no held-out document long enough).
     """
-    scalings = list(scalings) if model_config.position in ROTARY_POSITIONS else []
     unknown = sorted(set(scalings) - set(SCALINGS))
     if unknown:
         raise ValueError(f"extrapolation scalings {unknown}: choose from {SCALINGS}")
+    scheme = POSITION_SCHEMES[model_config.position]
+    scalings = list(scalings) if scheme.rope_scaling else []
+    max_length = scheme.max_length(model_config)
     lengths = sorted(batches_by_length)
     results: dict[str, list[dict | None]] = {v: [] for v in ["plain", *scalings]}
     for length in lengths:
         batches = batches_by_length[length]
-        beyond_table = model_config.position == "learned" and length > model_config.max_position_embeddings
-        plain = None if not batches or beyond_table else mlm_loss(model_config, params, batches)
+        beyond = max_length is not None and length > max_length
+        plain = None if not batches or beyond else mlm_loss(model_config, params, batches)
         results["plain"].append(plain)
         factor = length / seq_len
         for scaling in scalings:
@@ -100,14 +103,15 @@ def window_rows(doc: np.ndarray, offset: np.ndarray, length: np.ndarray, window:
 
 
 def heldout_windows(data_cfg: ml_collections.ConfigDict, lengths: Iterable[int], *, num_docs: int,
-                    batch_size: int, seed: int) -> dict[int, list[dict]]:
-    """Masked batches per length over the same text: the first max(lengths) tokens of the
-    first `num_docs` held-out documents that long, cut into full windows of each length."""
+                    batch_size: int, seed: int, max_len: int | None = None) -> dict[int, list[dict]]:
+    """Masked batches per length over the same text: the first `max_len` (default
+    max(lengths)) tokens of the first `num_docs` held-out documents that long, cut into
+    full windows of each length."""
     from roformer.data import make_pretrain_data
     from roformer.data.packing import plan_rows
 
     lengths = sorted(lengths)
-    max_len = lengths[-1]
+    max_len = max_len or lengths[-1]
     cfg = ml_collections.ConfigDict(data_cfg.to_dict())
     cfg.packing = "document"
     out = {}
@@ -134,8 +138,30 @@ def evaluate_workdir(workdir: str | Path, data_cfg: ml_collections.ConfigDict, *
                      factors: Iterable[int], scalings: Iterable[str] = SCALINGS, num_docs: int = 64,
                      batch_size: int = 8, seed: int = 0) -> dict:
     """Length extrapolation of a pretrain workdir's latest checkpoint, plus its parameter count."""
-    model_config, params = load_mlm_checkpoint(workdir)
+    model_config, params = PretrainWorkdir(workdir).params()
     batches = heldout_windows(data_cfg, [seq_len * f for f in factors], num_docs=num_docs,
                               batch_size=batch_size, seed=seed)
     return {"params": count_params(params),
             "extrapolation": evaluate(model_config, params, batches, seq_len, scalings)}
+
+
+def evaluate_checkpoints(workdir: str | Path, data_cfg: ml_collections.ConfigDict, *, seq_len: int,
+                         factors: Iterable[int], factor: int, num_docs: int = 64, batch_size: int = 8,
+                         seed: int = 0) -> dict:
+    """Held-out loss at `factor` x `seq_len` of every checkpoint of a warm-started run (a
+    context-extension stage), and of its starting point (step 0: the `train.init_from`
+    parameters under this run's model config). The windows are those of the extrapolation
+    table for `factors` (same documents, same masks), so step 0 equals its column."""
+    run = PretrainWorkdir(workdir)
+    init_from = run.run_config().get("train", {}).get("init_from")
+    if not init_from:
+        raise ValueError(f"{workdir} was not warm-started (no train.init_from in its config.json)")
+    length = seq_len * factor
+    batches = heldout_windows(data_cfg, [length], num_docs=num_docs, batch_size=batch_size, seed=seed,
+                              max_len=seq_len * max(factors))[length]
+    model_config = run.model_config()
+    points = [(0, PretrainWorkdir(init_from).params()[1])]
+    points += [(step, run.params(step)[1]) for step in run.steps()]
+    results = [mlm_loss(model_config, params, batches) for _, params in points]
+    return {"length": length, "steps": [step for step, _ in points],
+            "loss": [r["eval_loss"] for r in results], "accuracy": [r["eval_mlm_accuracy"] for r in results]}

@@ -1,10 +1,13 @@
-"""Turn per-scheme run directories into the ablation report.
+"""Turn the runs of a position-scheme ablation into its report.
 
-Pure reading and drawing: nothing here trains or evaluates. The inputs are
-ordinary pretrain workdirs (their `metrics.jsonl`), the GLUE summaries and the
-length-extrapolation results that `roformer.ablate` collects into one report
-dict; the outputs are `ablation.json`, `ablation.md`, `loss_curves.png` and
-`extrapolation.png`. The report notebook calls the same functions.
+Pure reading, statistics and drawing: nothing here trains or evaluates. The inputs are
+one row per (scheme, seed) run (final metrics, the held-out curve, length extrapolation,
+GLUE) and one per context-extension run, which `roformer.ablate` collects; `summarize`
+aggregates them over seeds (mean +/- sample std) and compares every scheme with the
+reference scheme by paired differences over seeds (same seed = same data, masks and
+shared initialisation), with a 95% t-interval. The outputs are `ablation.json`,
+`ablation.md`, `loss_curves.png`, `extrapolation.png` and `extension.png`. The report
+notebook calls the same functions.
 """
 from __future__ import annotations
 
@@ -23,18 +26,28 @@ REPORT_JSON = "ablation.json"
 REPORT_MD = "ablation.md"
 LOSS_CURVES_PNG = "loss_curves.png"
 EXTRAPOLATION_PNG = "extrapolation.png"
+EXTENSION_PNG = "extension.png"
 
-# Length-extrapolation variants: the plain model, and rotary with the two
-# length-extension scalings applied only at evaluation time.
+# Length-extrapolation variants: the plain model, and rotary with the length-extension
+# scalings applied only at evaluation time.
 EXTRAPOLATION_VARIANTS = {
     "plain": "",
     "linear": "+ position interpolation",
     "ntk": "+ NTK scaling",
+    "yarn": "+ YaRN",
 }
+EXTENSION_LABELS = {"none": "plain extrapolation", "linear": "position interpolation", "ntk": "NTK scaling",
+                    "yarn": "YaRN", "base": "larger base"}
+# Final metrics aggregated over seeds; the first three are compared with the reference.
+RUN_METRICS = ("eval_loss", "eval_mlm_accuracy", "eval_order_gap", "train_loss", "tokens_per_sec")
+COMPARED = ("eval_loss", "eval_mlm_accuracy", "eval_order_gap")
 
 
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+# --------------------------------------------------------------------------- one run
 
 
 def loss_curves(rows: Iterable[Mapping]) -> dict[str, list[tuple[int, float]]]:
@@ -53,6 +66,18 @@ def loss_curves(rows: Iterable[Mapping]) -> dict[str, list[tuple[int, float]]]:
         if _finite(row.get("eval_loss")):
             heldout[step] = float(row["eval_loss"])
     return {"train": sorted(train.items()), "eval": sorted(heldout.items())}
+
+
+def eval_curve(rows: Iterable[Mapping], tokens_per_step: int) -> list[dict]:
+    """The held-out evaluations of a run, one per step (the last row of a step wins):
+    step, tokens seen, loss, accuracy and the word-order gap (shuffled - plain loss)."""
+    by_step: dict[int, dict] = {}
+    for row in rows:
+        if isinstance(row.get("step"), int) and _finite(row.get("eval_loss")):
+            by_step[row["step"]] = {
+                "step": row["step"], "tokens": row["step"] * tokens_per_step, "eval_loss": row["eval_loss"],
+                "eval_mlm_accuracy": row.get("eval_mlm_accuracy"), "eval_order_gap": row.get("eval_order_gap")}
+    return [by_step[s] for s in sorted(by_step)]
 
 
 def _last(rows: list[Mapping], key: str) -> float | None:
@@ -78,21 +103,10 @@ def pretrain_summary(rows: list[Mapping]) -> dict[str, float | int | None]:
         "train_mlm_accuracy": _last(rows, "mlm_accuracy"),
         "eval_loss": _last(rows, "eval_loss"),
         "eval_mlm_accuracy": _last(rows, "eval_mlm_accuracy"),
+        "eval_shuffled_loss": _last(rows, "eval_shuffled_loss"),
+        "eval_order_gap": _last(rows, "eval_order_gap"),
         "tokens_per_sec": statistics.median(throughput) if throughput else None,
     }
-
-
-def add_relative_step_time(schemes: list[dict]) -> None:
-    """Set `step_time_rel` = step time / the fastest scheme's step time.
-
-    Every scheme trains on the same number of tokens per step, so the ratio of
-    throughputs is the ratio of step times.
-    """
-    speeds = [s["tokens_per_sec"] for s in schemes if _finite(s.get("tokens_per_sec"))]
-    fastest = max(speeds) if speeds else None
-    for s in schemes:
-        tps = s.get("tokens_per_sec")
-        s["step_time_rel"] = fastest / tps if fastest and _finite(tps) and tps > 0 else None
 
 
 def glue_summary(results: Mapping) -> dict:
@@ -115,6 +129,312 @@ def glue_summary(results: Mapping) -> dict:
     scores = {key: s.get("score") for key, s in results.get("glue", {}).items()}
     complete = {key: bool(s.get("complete")) for key, s in results.get("glue", {}).items()}
     return {"tasks": tasks, "scores": scores, "complete": complete}
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def t_critical(df: int) -> float:
+    """Two-sided 95% critical value of Student's t with `df` degrees of freedom."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, df))
+
+
+def mean_std(values: Iterable[float | None]) -> dict | None:
+    """Mean and sample standard deviation of the finite values (std None for one value)."""
+    vals = [float(v) for v in values if _finite(v)]
+    if not vals:
+        return None
+    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else None,
+            "n": len(vals)}
+
+
+def paired_difference(values: Mapping[int, float | None], reference: Mapping[int, float | None]) -> dict | None:
+    """Mean of value - reference over the seeds both have, with its 95% t-interval (paired:
+    each seed shares data order, masks and initialisation). `exceeds` is True when the
+    interval excludes 0, i.e. the difference is larger than the seed-to-seed spread."""
+    diffs = [float(values[s]) - float(reference[s]) for s in sorted(values)
+             if s in reference and _finite(values[s]) and _finite(reference[s])]
+    if not diffs:
+        return None
+    mean = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return {"diff": mean, "lo": None, "hi": None, "n": 1, "exceeds": None}
+    half = t_critical(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return {"diff": mean, "lo": mean - half, "hi": mean + half, "n": len(diffs),
+            "exceeds": bool(mean - half > 0 or mean + half < 0)}
+
+
+def _curve_stats(curves: list[list[dict]], key: str) -> list[dict]:
+    """Per evaluation step present in every curve: tokens and mean/std of `key` over curves."""
+    if not curves:
+        return []
+    common = set.intersection(*({p["step"] for p in c if _finite(p.get(key))} for c in curves))
+    out = []
+    for step in sorted(common):
+        points = [next(p for p in c if p["step"] == step) for c in curves]
+        out.append({"step": step, "tokens": points[0]["tokens"], **mean_std(p[key] for p in points)})
+    return out
+
+
+def _interpolate_tokens(curve: list[dict], target: float) -> float | None:
+    """Tokens at which a falling loss curve first reaches `target` (linear between evaluations)."""
+    previous = None
+    for point in curve:
+        if point["eval_loss"] <= target:
+            if previous is None:
+                return float(point["tokens"])
+            t0, l0 = previous["tokens"], previous["eval_loss"]
+            return t0 + (point["tokens"] - t0) * (l0 - target) / (l0 - point["eval_loss"])
+        previous = point
+    return None
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+def summarize(setup: Mapping, runs: list[dict], extension: list[dict], *, reference: str,
+              order_threshold: float = 0.1) -> dict:
+    """The report dict: setup, the per-run rows, one aggregated row per scheme, the
+    context-extension summary, the convergence comparison and the findings in words."""
+    schemes: list[str] = []
+    for r in runs:
+        if r["scheme"] not in schemes:
+            schemes.append(r["scheme"])
+    ref_runs = {r["seed"]: r for r in runs if r["scheme"] == reference and r["status"] == "done"}
+    rows = [_scheme_row(s, [r for r in runs if r["scheme"] == s], ref_runs, reference, order_threshold)
+            for s in schemes]
+    _add_relative_step_time(rows)
+    result = {"setup": dict(setup), "reference": reference, "order_threshold": order_threshold,
+              "schemes": rows, "runs": runs,
+              "extension": summarize_extension(extension),
+              "convergence": convergence(runs, reference, "learned")}
+    result["findings"] = findings(result)
+    return result
+
+
+def _scheme_row(scheme: str, runs: list[dict], ref_runs: Mapping[int, dict], reference: str,
+                order_threshold: float) -> dict:
+    done = [r for r in runs if r["status"] == "done"]
+    failed = [r for r in runs if r["status"] == "failed"]
+    if failed:
+        status = "failed"
+    elif len(done) == len(runs):
+        status = "done"
+    else:
+        status = f"{len(done)}/{len(runs)} seeds"
+    row: dict[str, Any] = {
+        "scheme": scheme, "status": status, "seeds": [r["seed"] for r in done],
+        "params": next((r["params"] for r in done if r.get("params")), None),
+        "errors": [f"seed {r['seed']} {r.get('failed_stage', '?')}: {r.get('error', '')}" for r in failed],
+    }
+    for key in RUN_METRICS:
+        row[key] = mean_std(r.get(key) for r in done)
+    row["vs_reference"] = {} if scheme == reference else {
+        key: paired_difference({r["seed"]: r.get(key) for r in done},
+                               {s: r.get(key) for s, r in ref_runs.items()}) for key in COMPARED}
+    curves = [r.get("curve") or [] for r in done]
+    row["curve"] = {"eval_loss": _curve_stats(curves, "eval_loss"),
+                    "eval_order_gap": _curve_stats(curves, "eval_order_gap")}
+    onset = next((p for p in row["curve"]["eval_order_gap"] if p["mean"] >= order_threshold), None)
+    row["order_onset_tokens"] = None if onset is None else onset["tokens"]
+    row["extrapolation"] = _extrapolation_stats([r.get("extrapolation") for r in done])
+    row["glue"] = _glue_stats([r.get("glue") for r in done])
+    return row
+
+
+def _extrapolation_stats(results: list[Mapping | None]) -> dict | None:
+    results = [r for r in results if r and r.get("lengths")]
+    if not results:
+        return None
+    lengths = results[0]["lengths"]
+    loss = {}
+    for variant in results[0]["loss"]:
+        columns = [[r["loss"].get(variant, [None] * len(lengths))[i] for r in results] for i in range(len(lengths))]
+        loss[variant] = [mean_std(c) for c in columns]
+    return {"lengths": lengths, "loss": loss}
+
+
+def _glue_stats(results: list[Mapping | None]) -> dict | None:
+    results = [r for r in results if r]
+    if not results:
+        return None
+    keys = list(dict.fromkeys(k for r in results for k in r.get("tasks", {})))
+    scores = list(dict.fromkeys(k for r in results for k in r.get("scores", {})))
+    return {"tasks": {k: mean_std(r["tasks"].get(k) for r in results) for k in keys},
+            "scores": {k: mean_std(r["scores"].get(k) for r in results) for k in scores},
+            "complete": {k: all(r.get("complete", {}).get(k, True) for r in results) for k in scores}}
+
+
+def _add_relative_step_time(rows: list[dict]) -> None:
+    """`step_time_rel`: mean step time / the fastest scheme's (same tokens per step)."""
+    speeds = [r["tokens_per_sec"]["mean"] for r in rows if r.get("tokens_per_sec")]
+    fastest = max(speeds) if speeds else None
+    for r in rows:
+        tps = r["tokens_per_sec"]["mean"] if r.get("tokens_per_sec") else None
+        r["step_time_rel"] = fastest / tps if fastest and tps else None
+
+
+def summarize_extension(runs: list[dict]) -> dict:
+    """Per method: held-out loss at the extended length at every evaluated extension step
+    (mean/std over seeds), and the final loss compared with plain extrapolation."""
+    methods: list[str] = []
+    for r in runs:
+        if r["method"] not in methods:
+            methods.append(r["method"])
+    done = [r for r in runs if r["status"] == "done" and r.get("loss")]
+    rows = []
+    plain = {r["seed"]: r["loss"][-1] for r in done if r["method"] == "none"}
+    for method in methods:
+        mine = [r for r in done if r["method"] == method]
+        steps = mine[0]["steps"] if mine else []
+        row = {"method": method, "label": EXTENSION_LABELS.get(method, method), "seeds": [r["seed"] for r in mine],
+               "status": "done" if mine and len(mine) == len([r for r in runs if r["method"] == method])
+               else ("failed" if any(r["status"] == "failed" for r in runs if r["method"] == method)
+                     else f"{len(mine)}/{len([r for r in runs if r['method'] == method])} seeds"),
+               "steps": steps,
+               "loss": [mean_std(r["loss"][i] for r in mine if len(r["loss"]) > i) for i in range(len(steps))],
+               "vs_plain": None if method == "none" else paired_difference(
+                   {r["seed"]: r["loss"][-1] for r in mine}, plain)}
+        rows.append(row)
+    length = next((r.get("length") for r in done), None)
+    return {"length": length, "methods": rows, "runs": runs}
+
+
+def convergence(runs: list[dict], reference: str, baseline: str) -> dict | None:
+    """RoFormer's Fig. 3 claim (rope's MLM loss falls faster than BERT's learned absolute
+    positions) on these curves: the paired difference baseline - reference at every
+    evaluation, and the share of the budget the reference needs to reach the baseline's
+    final held-out loss (per seed)."""
+    ref = {r["seed"]: r for r in runs if r["scheme"] == reference and r["status"] == "done"}
+    base = {r["seed"]: r for r in runs if r["scheme"] == baseline and r["status"] == "done"}
+    seeds = sorted(set(ref) & set(base))
+    if not seeds:
+        return None
+    steps = sorted(set.intersection(*({p["step"] for p in ref[s]["curve"]} & {p["step"] for p in base[s]["curve"]}
+                                      for s in seeds)))
+    at_step = []
+    for step in steps:
+        def loss(run):
+            return next(p for p in run["curve"] if p["step"] == step)["eval_loss"]
+        diff = paired_difference({s: loss(base[s]) for s in seeds}, {s: loss(ref[s]) for s in seeds})
+        tokens = next(p for p in ref[seeds[0]]["curve"] if p["step"] == step)["tokens"]
+        at_step.append({"step": step, "tokens": tokens, **diff})
+    shares = []
+    for s in seeds:
+        final = base[s]["curve"][-1]
+        reached = _interpolate_tokens(ref[s]["curve"], final["eval_loss"])
+        shares.append(None if reached is None else reached / final["tokens"])
+    return {"reference": reference, "baseline": baseline, "seeds": seeds, "at_step": at_step,
+            "budget_share_to_baseline_final": mean_std(shares),
+            "budget_share_values": shares}
+
+
+# --------------------------------------------------------------------------- words
+
+
+def _pm(stats: Mapping | None, digits: int = 3, scale: float = 1.0) -> str:
+    if not stats:
+        return "n/a"
+    text = f"{scale * stats['mean']:.{digits}f}"
+    return text + (f" ± {scale * stats['std']:.{digits}f}" if stats.get("std") is not None else "")
+
+
+def _diff(d: Mapping | None, digits: int = 3, scale: float = 1.0) -> str:
+    if not d:
+        return "n/a"
+    text = f"{scale * d['diff']:+.{digits}f}"
+    if d.get("lo") is None:
+        return text + " (one seed)"
+    return text + f" [{scale * d['lo']:+.{digits}f}, {scale * d['hi']:+.{digits}f}]" + ("" if d["exceeds"] else " ~")
+
+
+def _tokens(n: float | None) -> str:
+    return "never" if n is None else f"{n / 1e6:.2f}M"
+
+
+def findings(result: Mapping) -> list[str]:
+    """The comparison in sentences: which differences exceed the seed spread, word-order
+    use, convergence, extrapolation and context extension."""
+    reference = result["reference"]
+    rows = {r["scheme"]: r for r in result["schemes"]}
+    ref = rows.get(reference)
+    out = []
+    if ref and ref.get("eval_loss"):
+        better, worse, same = [], [], []
+        for name, row in rows.items():
+            d = (row.get("vs_reference") or {}).get("eval_loss")
+            if name == reference or not d:
+                continue
+            if d.get("exceeds"):
+                (worse if d["diff"] > 0 else better).append(f"{name} ({_diff(d)} nats)")
+            else:
+                same.append(f"{name} ({_diff(d)})")
+        n = ref["eval_loss"]["n"]
+        if n < 2:
+            out.append(f"Only one seed finished for {reference}: differences have no interval yet.")
+        if worse:
+            out.append(f"Held-out MLM loss higher than {reference} by more than the seed spread "
+                       f"(95% interval of the paired difference excludes 0): {', '.join(worse)}.")
+        if better:
+            out.append(f"Held-out MLM loss lower than {reference} beyond the seed spread: {', '.join(better)}.")
+        if same:
+            out.append(f"Not distinguishable from {reference} at {n} seeds (interval includes 0): {', '.join(same)}.")
+    threshold = result.get("order_threshold", 0.1)
+    uses, never = [], []
+    for name, row in rows.items():
+        gap = row.get("eval_order_gap")
+        if not gap:
+            continue
+        if row.get("order_onset_tokens") is None:
+            never.append(f"{name} (final gap {_pm(gap)} nats)")
+        else:
+            uses.append(f"{name} from {_tokens(row['order_onset_tokens'])} tokens (final gap {_pm(gap, 2)})")
+    if uses:
+        out.append(f"Word order (shuffling each document's tokens raises the held-out loss by >= {threshold} "
+                   f"nats, mean over seeds): {'; '.join(uses)}.")
+    if never:
+        out.append(f"Ignore word order through the whole budget (gap < {threshold} nats at every evaluation): "
+                   f"{'; '.join(never)}.")
+    conv = result.get("convergence")
+    if conv and conv["at_step"]:
+        separated = [p for p in conv["at_step"] if p.get("exceeds") and p["diff"] > 0]
+        first = separated[0]["tokens"] if separated else None
+        stays = bool(separated) and all(p.get("exceeds") and p["diff"] > 0
+                                        for p in conv["at_step"] if p["tokens"] >= first)
+        share = conv.get("budget_share_to_baseline_final")
+        text = (f"Convergence (RoFormer Fig. 3): {conv['reference']}'s held-out loss is below "
+                f"{conv['baseline']}'s beyond the seed spread ")
+        if first is None:
+            text = (f"Convergence (RoFormer Fig. 3): at no evaluation is {conv['baseline']}'s held-out loss above "
+                    f"{conv['reference']}'s beyond the seed spread, so the claim does not reproduce here")
+        elif stays:
+            text += f"at every evaluation from {_tokens(first)} tokens on, so the claim reproduces at this scale"
+        else:
+            text += f"at some evaluations only (first at {_tokens(first)} tokens), so the claim holds only in part"
+        if share:
+            text += (f"; {conv['reference']} reaches {conv['baseline']}'s final loss after "
+                     f"{_pm(share, 2, 100)}% of the budget")
+        out.append(text + ".")
+    ext_rows = [(name, row["extrapolation"]) for name, row in rows.items() if row.get("extrapolation")]
+    if ext_rows:
+        lengths = ext_rows[0][1]["lengths"]
+        last = len(lengths) - 1
+        at_longest = {name: e["loss"]["plain"][last] for name, e in ext_rows if e["loss"]["plain"][last]}
+        if at_longest and len(lengths) > 1:
+            ranked = sorted(at_longest, key=lambda n: at_longest[n]["mean"])
+            out.append(f"At {lengths[-1]} tokens ({lengths[-1] // lengths[0]}x the training length, no scaling) the "
+                       "held-out loss ranks " + " < ".join(f"{n} {_pm(at_longest[n], 2)}" for n in ranked) + ".")
+    ext = result.get("extension") or {}
+    methods = [m for m in ext.get("methods", []) if m["loss"]]
+    if methods:
+        final = sorted(methods, key=lambda m: m["loss"][-1]["mean"])
+        words = "; ".join(f"{m['label']} {_pm(m['loss'][0], 2)} -> {_pm(m['loss'][-1], 2)}"
+                          + (f" (vs plain {_diff(m['vs_plain'], 2)})" if m.get("vs_plain") else "") for m in final)
+        out.append(f"Context extension to {ext['length']} tokens, held-out loss there before -> after "
+                   f"{final[0]['steps'][-1]} steps: {words}.")
+    return out
 
 
 # --------------------------------------------------------------------------- markdown
@@ -148,153 +468,188 @@ def glue_columns(schemes: list[Mapping]) -> tuple[list[str], list[str]]:
     scores: list[str] = []
     for s in schemes:
         glue = s.get("glue") or {}
-        for key in glue.get("tasks", {}):
-            if key not in metrics:
-                metrics.append(key)
-        for key in glue.get("scores", {}):
-            if key not in scores:
-                scores.append(key)
+        metrics += [k for k in glue.get("tasks", {}) if k not in metrics]
+        scores += [k for k in glue.get("scores", {}) if k not in scores]
     return metrics, scores
 
 
-def extrapolation_rows(schemes: list[Mapping]) -> tuple[list[int], list[tuple[str, list[float | None]]]]:
-    """Eval lengths and one (label, losses) row per scheme and scaling variant."""
+def extrapolation_rows(schemes: list[Mapping]) -> tuple[list[int], list[tuple[str, list[dict | None]]]]:
+    """Eval lengths and one (label, per-length stats) row per scheme and scaling variant."""
     lengths: list[int] = []
-    rows: list[tuple[str, list[float | None]]] = []
+    rows: list[tuple[str, list[dict | None]]] = []
     for s in schemes:
         ext = s.get("extrapolation") or {}
         if not ext.get("lengths"):
             continue
         lengths = lengths or list(ext["lengths"])
         for variant, suffix in EXTRAPOLATION_VARIANTS.items():
-            losses = ext.get("loss", {}).get(variant)
-            if losses is not None:
-                rows.append((f"{s['scheme']} {suffix}".strip(), list(losses)))
+            if variant in ext["loss"]:
+                rows.append((f"{s['scheme']} {suffix}".strip(), ext["loss"][variant]))
     return lengths, rows
 
 
-def winners(schemes: list[Mapping]) -> dict[str, str]:
-    """Which scheme is best on each headline number (lower loss, higher GLUE score)."""
-    done = [s for s in schemes if s.get("status") == "done"]
-    best: dict[str, str] = {}
-
-    def pick(label, value_of, lower_is_better):
-        digits = 3 if lower_is_better else 1   # as the tables print them
-        scored = {s["scheme"]: round(value_of(s), digits) for s in done if _finite(value_of(s))}
-        if len(scored) < 2:
-            return
-        value = (min if lower_is_better else max)(scored.values())
-        leaders = [scheme for scheme, v in scored.items() if v == value]
-        if len(leaders) == len(scored):
-            best[label] = f"all tied ({value:.{digits}f})"
-        else:
-            best[label] = f"{' = '.join(leaders)} ({value:.{digits}f})"
-
-    pick("held-out MLM loss", lambda s: s.get("eval_loss"), True)
-    for key in glue_columns(schemes)[1]:
-        pick(key, lambda s: (s.get("glue") or {}).get("scores", {}).get(key), False)
-    lengths, _ = extrapolation_rows(schemes)
-    if len(lengths) > 1:
-        longest = len(lengths) - 1
-
-        def loss_at_longest(s):
-            losses = (s.get("extrapolation") or {}).get("loss", {}).get("plain") or []
-            return losses[longest] if len(losses) > longest else None
-
-        pick(f"MLM loss at {lengths[-1]} tokens (no scaling)", loss_at_longest, True)
-    return best
-
-
-def to_markdown(report: Mapping) -> str:
-    """The ablation report as markdown: setup line, main table, extrapolation table."""
-    schemes = report["schemes"]
-    setup = report.get("setup", {})
+def to_markdown(result: Mapping) -> str:
+    """The ablation report as markdown: setup, findings, and one table per question."""
+    schemes = result["schemes"]
+    reference = result.get("reference", "rope")
+    setup = result.get("setup", {})
+    n_seeds = setup.get("seeds", 1)
     lines = ["# Position-scheme ablation", ""]
     if setup:
-        lines.append(", ".join(f"{k}: {v}" for k, v in setup.items()))
-        lines.append("")
+        lines += [", ".join(f"{k}: {_fmt(v) if not isinstance(v, float) else f'{v:.3f}'}" for k, v in setup.items()),
+                  ""]
+    if result.get("findings"):
+        lines += ["## Findings", ""] + [f"- {f}" for f in result["findings"]] + [""]
 
-    glue_metrics, glue_scores = glue_columns(schemes)
-    header = ["scheme", "status", "params", "tokens/s", "step time (rel)",
-              "train loss", "held-out loss", "held-out acc"]
-    header += glue_metrics + glue_scores
+    lines += [f"## Pretraining (mean ± std over seeds; Δ = paired difference to {reference} "
+              "with its 95% interval, ~ = interval includes 0)", ""]
+    header = ["scheme", "status", "params", "tokens/s", "step time (rel)", "held-out loss", "held-out acc %",
+              "order gap (nats)", "uses order from", f"Δ loss vs {reference}", "Δ acc (points)",
+              "Δ order gap"]
     body = []
     for s in schemes:
-        glue = s.get("glue") or {}
-        row = [
-            s["scheme"],
-            s.get("status", "pending"),
-            _fmt_params(s.get("params")),
-            _fmt(None if s.get("tokens_per_sec") is None else round(s["tokens_per_sec"])),
-            _fmt(s.get("step_time_rel"), 2),
-            _fmt(s.get("train_loss")),
-            _fmt(s.get("eval_loss")),
-            _fmt(s.get("eval_mlm_accuracy")),
-        ]
-        row += [_fmt(glue.get("tasks", {}).get(k), 1) for k in glue_metrics]
-        row += [_fmt(glue.get("scores", {}).get(k), 1)
-                + ("" if glue.get("complete", {}).get(k, True) else "*") for k in glue_scores]
-        body.append(row)
+        vs = s.get("vs_reference") or {}
+        body.append([
+            s["scheme"], s.get("status", "pending"), _fmt_params(s.get("params")),
+            "n/a" if not s.get("tokens_per_sec") else f"{s['tokens_per_sec']['mean']:,.0f}",
+            _fmt(s.get("step_time_rel"), 2), _pm(s.get("eval_loss")), _pm(s.get("eval_mlm_accuracy"), 1, 100),
+            _pm(s.get("eval_order_gap")), _tokens(s.get("order_onset_tokens")) if s.get("eval_order_gap") else "n/a",
+            "—" if s["scheme"] == reference else _diff(vs.get("eval_loss")),
+            "—" if s["scheme"] == reference else _diff(vs.get("eval_mlm_accuracy"), 1, 100),
+            "—" if s["scheme"] == reference else _diff(vs.get("eval_order_gap")),
+        ])
     lines.append(_table(header, body))
-    if any(not all(s.get("glue", {}).get("complete", {}).values()) for s in schemes if s.get("glue")):
-        lines += ["", "\\* GLUE score over the tasks run only (not a full GLUE score)."]
+    unigram = setup.get("unigram_loss")
+    if unigram:
+        lines += ["", f"Unigram loss of the vocabulary (a model that ignores context): {unigram:.3f} nats."]
 
     lengths, ext_rows = extrapolation_rows(schemes)
     if ext_rows:
-        lines += ["", "Held-out MLM loss by evaluation length (pretrained at "
-                  f"{lengths[0]} tokens; n/a: beyond a learned position table):", ""]
+        lines += ["", f"## Length extrapolation: held-out MLM loss by evaluation length (pretrained at "
+                  f"{lengths[0]} tokens; n/a: beyond a learned position table)", ""]
         ext_header = ["scheme"] + [f"{n} ({n // lengths[0]}x)" for n in lengths]
-        lines.append(_table(ext_header, [[label] + [_fmt(v) for v in losses] for label, losses in ext_rows]))
+        lines.append(_table(ext_header, [[label] + [_pm(v) for v in stats] for label, stats in ext_rows]))
 
-    best = winners(schemes)
-    if best:
-        lines += ["", "Best: " + "; ".join(f"{label}: {who}" for label, who in best.items()) + "."]
+    ext = result.get("extension") or {}
+    methods = ext.get("methods") or []
+    if methods and any(m["steps"] for m in methods):
+        steps = max((m["steps"] for m in methods), key=len)
+        lines += ["", f"## Context extension: held-out loss at {ext.get('length')} tokens vs extension steps "
+                  f"({setup.get('extension', '')})", ""]
+        header = ["method", "status"] + [f"step {s}" for s in steps] + ["Δ final vs plain"]
+        body = [[m["label"], m["status"]] + [_pm(v) for v in m["loss"]] + [""] * (len(steps) - len(m["loss"]))
+                + [_diff(m.get("vs_plain")) if m["method"] != "none" else "—"] for m in methods]
+        lines.append(_table(header, body))
 
-    failed = [s for s in schemes if s.get("status") == "failed"]
+    conv = result.get("convergence")
+    if conv and conv["at_step"]:
+        lines += ["", f"## Convergence: {conv['baseline']} - {conv['reference']} held-out loss (paired over seeds "
+                  f"{conv['seeds']})", ""]
+        lines.append(_table(["tokens"] + [_tokens(p["tokens"]) for p in conv["at_step"]],
+                            [["Δ loss"] + [_diff(p, 3) for p in conv["at_step"]]]))
+
+    glue_metrics, glue_scores = glue_columns(schemes)
+    if glue_metrics:
+        lines += ["", "## GLUE dev (x100; median over fine-tuning seeds, then mean ± std over pretraining seeds)", ""]
+        body = []
+        for s in schemes:
+            glue = s.get("glue") or {}
+            body.append([s["scheme"]] + [_pm(glue.get("tasks", {}).get(k), 1) for k in glue_metrics]
+                        + [_pm(glue.get("scores", {}).get(k), 1)
+                           + ("" if glue.get("complete", {}).get(k, True) else "*") for k in glue_scores])
+        lines.append(_table(["scheme"] + glue_metrics + glue_scores, body))
+        if any(not all((s.get("glue") or {}).get("complete", {}).values()) for s in schemes if s.get("glue")):
+            lines += ["", "\\* GLUE score over the tasks run only (not a full GLUE score)."]
+
+    failed = [s for s in schemes if s.get("errors")] + [m for m in methods if m["status"] == "failed"]
     if failed:
         lines += ["", "Failed:"]
-        lines += [f"- {s['scheme']} ({s.get('failed_stage', '?')}): {s.get('error', '')}" for s in failed]
+        for s in schemes:
+            lines += [f"- {s['scheme']} {e}" for e in s.get("errors", [])]
+        for r in ext.get("runs", []):
+            if r["status"] == "failed":
+                lines.append(f"- extension {r['method']} seed {r['seed']} {r.get('failed_stage', '?')}: "
+                             f"{r.get('error', '')}")
     return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- plots
 
 
-def plot_loss_curves(curves: Mapping[str, Mapping[str, list]], out_path: str | Path | None = None):
-    """Train and held-out MLM loss vs step, one line per scheme. Returns the figure."""
+def _band(ax, points: list[dict], x_key: str, label: str, scale: float = 1e-6, **style):
+    xs = [p[x_key] * scale for p in points]
+    means = [p["mean"] for p in points]
+    line = ax.plot(xs, means, label=label, **style)[0]
+    if any(p.get("std") is not None for p in points):
+        stds = [p.get("std") or 0.0 for p in points]
+        ax.fill_between(xs, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
+                        color=line.get_color(), alpha=0.2, lw=0)
+
+
+def plot_loss_curves(result: Mapping, out_path: str | Path | None = None):
+    """Held-out MLM loss and word-order gap vs tokens, mean ± std over seeds per scheme."""
     fig = Figure(figsize=(11, 4))
-    ax_train, ax_eval = fig.subplots(1, 2)  # own y-axes: held-out differences are small
-    for scheme, c in curves.items():
-        if c.get("train"):
-            ax_train.plot(*zip(*c["train"]), label=scheme, lw=1.2)
-        if c.get("eval"):
-            ax_eval.plot(*zip(*c["eval"]), marker="o", ms=3, label=scheme)
-    ax_train.set(title="MLM train loss", xlabel="step", ylabel="loss")
-    ax_eval.set(title="MLM held-out loss", xlabel="step", ylabel="loss")
-    for ax in (ax_train, ax_eval):
+    ax_loss, ax_gap = fig.subplots(1, 2)
+    for s in result["schemes"]:
+        curve = s.get("curve") or {}
+        if curve.get("eval_loss"):
+            _band(ax_loss, curve["eval_loss"], "tokens", s["scheme"], marker="o", ms=2)
+        if curve.get("eval_order_gap"):
+            _band(ax_gap, curve["eval_order_gap"], "tokens", s["scheme"], marker="o", ms=2)
+    unigram = result.get("setup", {}).get("unigram_loss")
+    if unigram and ax_loss.lines:
+        ax_loss.axhline(unigram, color="grey", lw=0.8, ls=":", label="unigram")
+    ax_loss.set(title="held-out MLM loss", xlabel="tokens (M)", ylabel="loss (nats)")
+    ax_gap.set(title="word-order probe: shuffled - plain held-out loss", xlabel="tokens (M)", ylabel="nats")
+    for ax in (ax_loss, ax_gap):
         ax.grid(alpha=0.3)
-    if ax_eval.lines or ax_train.lines:
-        (ax_eval if ax_eval.lines else ax_train).legend()
+        if ax.lines:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     if out_path is not None:
         fig.savefig(out_path, dpi=120)
     return fig
 
 
-def plot_extrapolation(schemes: list[Mapping], out_path: str | Path | None = None):
-    """Held-out MLM loss vs evaluation length, one line per scheme/variant. Returns the figure."""
-    fig = Figure(figsize=(6, 4))
-    ax = fig.subplots()
-    lengths, rows = extrapolation_rows(schemes)
-    for label, losses in rows:
-        pts = [(n, v) for n, v in zip(lengths, losses) if v is not None]
+def plot_extrapolation(result: Mapping, out_path: str | Path | None = None):
+    """Held-out MLM loss vs evaluation length (mean ± std), and the final word-order gap."""
+    fig = Figure(figsize=(11, 4))
+    ax, ax_gap = fig.subplots(1, 2)
+    lengths, rows = extrapolation_rows(result["schemes"])
+    for label, stats in rows:
+        pts = [{"length": n, **v} for n, v in zip(lengths, stats) if v]
         if pts:
-            ax.plot(*zip(*pts), marker="o", label=label, ls="--" if "+" in label else "-")
+            _band(ax, pts, "length", label, scale=1.0, marker="o", ls="--" if "+" in label else "-")
     if lengths:
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(n) for n in lengths])
         ax.axvline(lengths[0], color="grey", lw=0.8, ls=":")
-    ax.set(title="Length extrapolation", xlabel="evaluation sequence length",
+    ax.set(title="length extrapolation", xlabel="evaluation sequence length", ylabel="held-out MLM loss")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    names = [s["scheme"] for s in result["schemes"] if s.get("eval_order_gap")]
+    gaps = [s["eval_order_gap"] for s in result["schemes"] if s.get("eval_order_gap")]
+    ax_gap.bar(range(len(names)), [g["mean"] for g in gaps], yerr=[g.get("std") or 0.0 for g in gaps], capsize=3)
+    ax_gap.set_xticks(range(len(names)), names, rotation=20)
+    ax_gap.set(title="word-order probe at the end (mean ± std)", ylabel="shuffled - plain loss (nats)")
+    ax_gap.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    if out_path is not None:
+        fig.savefig(out_path, dpi=120)
+    return fig
+
+
+def plot_extension(result: Mapping, out_path: str | Path | None = None):
+    """Held-out loss at the extended length vs extension steps, per method (mean ± std)."""
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
+    ext = result.get("extension") or {}
+    for m in ext.get("methods", []):
+        pts = [{"step": s, **v} for s, v in zip(m["steps"], m["loss"]) if v]
+        if pts:
+            _band(ax, pts, "step", m["label"], scale=1.0, marker="o", ms=3)
+    ax.set(title=f"context extension: held-out loss at {ext.get('length')} tokens", xlabel="extension step",
            ylabel="held-out MLM loss")
     ax.grid(alpha=0.3)
     if ax.lines:
@@ -305,27 +660,18 @@ def plot_extrapolation(schemes: list[Mapping], out_path: str | Path | None = Non
     return fig
 
 
-def collect_curves(report: Mapping, report_dir: str | Path) -> dict[str, dict]:
-    """Loss curves of every scheme, read from its pretrain workdir's metrics.jsonl."""
-    report_dir = Path(report_dir)
-    curves = {}
-    for s in report["schemes"]:
-        workdir = s.get("pretrain_workdir")
-        if workdir:
-            curves[s["scheme"]] = loss_curves(read_metrics(report_dir / workdir / "metrics.jsonl"))
-    return curves
-
-
-def write_report(report: Mapping, report_dir: str | Path) -> None:
-    """Write ablation.json, ablation.md, loss_curves.png and extrapolation.png into report_dir."""
+def write_report(result: Mapping, report_dir: str | Path) -> None:
+    """Write ablation.json, ablation.md and the figures into report_dir."""
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
     tmp = report_dir / (REPORT_JSON + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
     tmp.replace(report_dir / REPORT_JSON)  # never a half-written report
-    (report_dir / REPORT_MD).write_text(to_markdown(report))
-    plot_loss_curves(collect_curves(report, report_dir), report_dir / LOSS_CURVES_PNG)
-    plot_extrapolation(report["schemes"], report_dir / EXTRAPOLATION_PNG)
+    (report_dir / REPORT_MD).write_text(to_markdown(result))
+    plot_loss_curves(result, report_dir / LOSS_CURVES_PNG)
+    plot_extrapolation(result, report_dir / EXTRAPOLATION_PNG)
+    if (result.get("extension") or {}).get("methods"):
+        plot_extension(result, report_dir / EXTENSION_PNG)
 
 
 def load_report(report_dir: str | Path) -> dict:

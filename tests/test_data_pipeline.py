@@ -259,3 +259,40 @@ def test_state_survives_a_copied_corpus_but_not_changed_text(shared_data, tmp_pa
     (copy / "wiki_07").write_text(text.replace(" the ", " a ", 1), encoding="utf-8")
     with pytest.raises(ValueError, match="stream_id"):
         load(copy).train_iterator().set_state(state)
+
+
+def test_shuffled_eval_batches_permute_tokens_within_pieces_only(data):
+    plain, shuffled = data.eval_batches(3), data.eval_batches(3, shuffled=True)
+    moved = 0
+    for a, b in zip(plain, shuffled):
+        for key in ("positions", "segment_ids", "token_type_ids", "masked_labels", "masked_weights"):
+            np.testing.assert_array_equal(a[key], b[key])
+        special = np.isin(a["input_ids"], [data.cls_id, data.sep_id]) | (a["segment_ids"] == 0)
+        np.testing.assert_array_equal(a["input_ids"][special], b["input_ids"][special])
+        # Each piece holds the same multiset of tokens, masked ones included ...
+        for row in range(len(a["input_ids"])):
+            for seg in np.unique(a["segment_ids"][row]):
+                in_piece = a["segment_ids"][row] == seg
+                assert sorted(a["input_ids"][row, in_piece]) == sorted(b["input_ids"][row, in_piece])
+        # ... and the same tokens are predicted: every slot follows its token.
+        assert np.all(unmasked(a)[special] == unmasked(b)[special])
+        rows, slots = np.nonzero(a["masked_weights"])
+        np.testing.assert_array_equal(a["input_ids"][rows, a["masked_positions"][rows, slots]],
+                                      b["input_ids"][rows, b["masked_positions"][rows, slots]])
+        moved += int((a["input_ids"] != b["input_ids"]).sum())
+    assert moved > 0.8 * sum((~np.isin(a["input_ids"], [data.cls_id, data.sep_id]) & (a["segment_ids"] != 0)).sum()
+                             for a in plain)
+    # Fixed like the plain batches: every run is probed on the same permutation.
+    for a, b in zip(shuffled, data.eval_batches(3, shuffled=True)):
+        np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
+
+
+def test_unigram_loss_is_the_entropy_of_training_token_frequencies(data):
+    counts = np.zeros(data.vocab_size)
+    for doc in data.train_docs:
+        tokens = data.corpus.gather(np.array([doc]), np.array([0]), data.corpus.doc_len[[doc]])
+        counts += np.bincount(tokens, minlength=data.vocab_size)
+    counts[data.tokenizer.is_special] = 0
+    p = counts[counts > 0] / counts.sum()
+    assert data.unigram_loss() == pytest.approx(float(-(p * np.log(p)).sum()), rel=1e-9)
+    assert 0 < data.unigram_loss() < np.log(data.vocab_size)

@@ -89,6 +89,21 @@ class PretrainData:
             corpus.content_id, seq_len, batch_size, packing, heldout_fraction, masker.mask_rate,
             masker.max_predictions, masker.whole_word])[:16]
 
+    def unigram_loss(self) -> float:
+        """Entropy (nats) of the training documents' non-special token distribution: the
+        held-out MLM loss of a model that ignores context and predicts token frequencies.
+        Masked targets are drawn uniformly among non-special tokens, so this is the
+        context-free baseline every MLM loss on this corpus and vocabulary is measured against."""
+        counts = np.zeros(self.vocab_size, np.int64)
+        for shard in self.corpus.tokens:
+            counts += np.bincount(shard, minlength=self.vocab_size)[:self.vocab_size]
+        held = self.heldout_docs
+        counts -= np.bincount(self.corpus.gather(held, np.zeros_like(held), self.corpus.doc_len[held]),
+                              minlength=self.vocab_size)[:self.vocab_size]
+        counts[self.tokenizer.is_special] = 0
+        p = counts[counts > 0] / counts.sum()
+        return float(-(p * np.log(p)).sum())
+
     def train_iterator(self) -> "BatchIterator":
         return BatchIterator(self)
 
@@ -114,8 +129,30 @@ class PretrainData:
             "masked_weights": masked["masked_weights"],
         }
 
-    def eval_batches(self, num_batches: int) -> list[dict]:
-        """The first num_batches held-out batches (cycling if the held-out set is smaller), fixed masks."""
+    def shuffle_within_pieces(self, batch: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """The same masked batch with the tokens of every piece (one document's run inside a
+        row) permuted, carrying the prediction slots along.
+
+        [CLS], [SEP] and padding stay where they are, positions and segments are unchanged,
+        and the same tokens are predicted: only their order differs. The held-out loss on
+        such batches minus the plain one measures how much a model uses word order (a
+        permutation-equivariant model, e.g. no position information, scores both alike)."""
+        ids, segments = batch["input_ids"], batch["segment_ids"]
+        B, L = ids.shape
+        movable = (segments != 0) & (ids != self.cls_id) & (ids != self.sep_id)
+        targets = np.flatnonzero(movable)                   # sorted by (row, piece, column)
+        piece = (np.arange(B)[:, None] * (L + 1) + segments).ravel()[targets]
+        sources = targets[np.lexsort((rng.random(len(targets)), piece))]   # random order per piece
+        new_ids = ids.ravel().copy()
+        new_ids[targets] = ids.ravel()[sources]
+        moved_to = np.tile(np.arange(L), B)                 # new column of every old slot
+        moved_to[sources] = targets % L
+        slots = np.take_along_axis(moved_to.reshape(B, L), batch["masked_positions"].astype(np.int64), axis=1)
+        return {**batch, "input_ids": new_ids.reshape(B, L), "masked_positions": slots.astype(np.int32)}
+
+    def eval_batches(self, num_batches: int, *, shuffled: bool = False) -> list[dict]:
+        """The first num_batches held-out batches (cycling if the held-out set is smaller), fixed masks;
+        `shuffled`: the same batches with each piece's tokens permuted (`shuffle_within_pieces`)."""
         mine = self.heldout_docs[self.process_index::self.process_count]
         if len(mine) == 0:
             raise ValueError(f"no held-out documents for process {self.process_index}: raise "
@@ -127,7 +164,10 @@ class PretrainData:
         for b in range(num_batches):
             index = np.arange(b * self.batch_size, (b + 1) * self.batch_size) % plan.num_rows
             picked = {k: v[index] for k, v in rows.items()}
-            batches.append(self.make_batch(picked, np.random.default_rng([EVAL_SEED, self.process_index, b])))
+            batch = self.make_batch(picked, np.random.default_rng([EVAL_SEED, self.process_index, b]))
+            if shuffled:
+                batch = self.shuffle_within_pieces(batch, np.random.default_rng([EVAL_SEED, self.process_index, b, 1]))
+            batches.append(batch)
         return batches
 
 

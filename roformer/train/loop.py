@@ -20,7 +20,7 @@ from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from roformer.model import ModelConfig
-from roformer.train import flops, sharding, steps
+from roformer.train import flops, sharding, steps, warm_start
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.distributed import initialize_distributed
 from roformer.train.metrics import MetricsWriter
@@ -134,6 +134,10 @@ def train_and_evaluate(config, workdir: str | Path) -> dict:
             restored = checkpointer.restore_latest(setup.sharded_abstract_state())
             if restored is None:
                 state, start_step, data_state = setup.init_state(), 0, None
+                if tc.init_from:
+                    params = warm_start.load_init_params(tc.init_from, tc.init_step, model_cfg,
+                                                         setup.abstract_state["params"], data.tokenizer.hash)
+                    state["params"] = jax.device_put(params, setup.state_shardings["params"])
             else:
                 start_step, state, data_state = restored
                 log.info("resumed from %s at step %d", checkpointer.directory, start_step)
@@ -141,7 +145,11 @@ def train_and_evaluate(config, workdir: str | Path) -> dict:
             train_iter = data.train_iterator()
             if data_state is not None:
                 train_iter.set_state(data_state)
-            eval_batches = [sharding.global_batch(b, mesh) for b in data.eval_batches(tc.eval_batches)]
+            eval_sets = {"": data.eval_batches(tc.eval_batches)}
+            if tc.eval_shuffled:
+                eval_sets["shuffled"] = data.eval_batches(tc.eval_batches, shuffled=True)
+            eval_batches = {name: [sharding.global_batch(b, mesh) for b in batches]
+                            for name, batches in eval_sets.items()}
 
             train_step = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
             eval_step = setup.jit_eval_step()
@@ -165,11 +173,15 @@ def _run(config, workdir, mesh, model_cfg, data, checkpointer, state, rest, star
                desc="pretrain", unit="step", dynamic_ncols=True)
 
     def evaluate(step: int) -> dict:
-        totals = {"loss_sum": 0.0, "correct_sum": 0.0, "weight_sum": 0.0}
-        for batch in eval_batches:
-            sums = jax.device_get(eval_step(state["params"], rest, batch))
-            totals = {k: totals[k] + float(sums[k]) for k in totals}
-        row = steps.summarize_eval(totals)
+        row = {}
+        for name, batches in eval_batches.items():
+            totals = {"loss_sum": 0.0, "correct_sum": 0.0, "weight_sum": 0.0}
+            for batch in batches:
+                sums = jax.device_get(eval_step(state["params"], rest, batch))
+                totals = {k: totals[k] + float(sums[k]) for k in totals}
+            row.update(steps.summarize_eval(totals, prefix=f"eval_{name}_" if name else "eval_"))
+        if "eval_shuffled_loss" in row:   # how much the model uses word order (0: not at all)
+            row["eval_order_gap"] = row["eval_shuffled_loss"] - row["eval_loss"]
         writer.write(step, row)
         return row
 

@@ -119,8 +119,8 @@ def make_eval_step(graphdef) -> Callable[..., dict]:
     return eval_step
 
 
-def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
+def summarize_eval(sums: dict[str, float], prefix: str = "eval_") -> dict[str, float]:
     weight = max(float(sums["weight_sum"]), 1.0)
     loss = float(sums["loss_sum"]) / weight
-    return {"eval_loss": loss, "eval_mlm_accuracy": float(sums["correct_sum"]) / weight,
-            "eval_perplexity": float(jnp.exp(jnp.minimum(loss, 80.0)))}
+    return {f"{prefix}loss": loss, f"{prefix}mlm_accuracy": float(sums["correct_sum"]) / weight,
+            f"{prefix}perplexity": float(jnp.exp(jnp.minimum(loss, 80.0)))}
