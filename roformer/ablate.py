@@ -19,7 +19,8 @@ NTK, YaRN, a larger RoPE base), evaluated at that length after every few steps. 
 Every scheme of one seed gets the same `config.pretrain` (data, data order, masking,
 initialisation of the shared parameters, optimiser, budget); only the model keys of
 the scheme's config file are applied on top. The seeds run in turn (every scheme of
-seed 0 first), so an interrupted ablation already compares all schemes. Re-running
+seed 0 first), so an interrupted ablation already compares all schemes; the context
+extension runs once every seed's pretraining is done. Re-running
 skips stages that finished with the same config, resumes interrupted training from its
 checkpoints, and retries failed stages. A failing stage is recorded (traceback in
 DIR/errors/) and the other runs still go ahead.
@@ -337,7 +338,8 @@ def run_ablation(config: ml_collections.ConfigDict, workdir: str | Path) -> dict
             for scheme in split_list(config.schemes):
                 _run_stages(state, workdir, f"{scheme}/seed{seed}", _scheme_stages(config, workdir, scheme, seed))
                 result = _write_report(config, workdir, state)   # readable while the next run trains
-            if config.extension.enabled:
+        if config.extension.enabled:   # after the comparison itself, which it builds on
+            for seed in range(config.seeds):
                 for method in split_list(config.extension.methods):
                     _run_stages(state, workdir, f"extension/{method}/seed{seed}",
                                 _extension_stages(config, workdir, method, seed))
