@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from roformer.axes import EMBED, HEADS, declare
 from roformer.positions import PositionScheme
 
 ATTENTION_KINDS = ("softmax", "linear")
@@ -138,7 +139,9 @@ def linear_attention(q, k, v, *, scheme: PositionScheme, context, key_mask, segm
 
 
 class RoFormerSelfAttention(nnx.Module):
-    """q/k/v projections + attention (HF `RoFormerSelfAttention` parameter layout)."""
+    """q/k/v projections + attention (HF `RoFormerSelfAttention` parameter layout).
+
+    q/k/v kernels [hidden, num_heads x head_dim] are column-parallel: split over heads."""
 
     def __init__(self, config, *, rngs: nnx.Rngs):
         hidden = config.hidden_size
@@ -148,7 +151,8 @@ class RoFormerSelfAttention(nnx.Module):
         self.implementation = config.attention_impl
         dense = lambda: nnx.Linear(  # noqa: E731
             hidden, hidden, dtype=config.jnp_dtype, param_dtype=jnp.float32,
-            kernel_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+            kernel_init=nnx.initializers.normal(config.initializer_range),
+            kernel_metadata=declare(EMBED, HEADS), bias_metadata=declare(None), rngs=rngs)
         self.query = dense()
         self.key = dense()
         self.value = dense()

@@ -11,7 +11,8 @@ Module and parameter names follow HF so conversion is a rename + transpose:
   roformer.position.*                               (parameters of the position scheme, if any)
   cls.predictions.{transform.dense, transform.LayerNorm, bias}   (decoder tied to word_embeddings)
   classifier.{dense, out_proj}
-Params are float32; computation runs in `config.dtype`.
+Params are float32; computation runs in `config.dtype`.  Every parameter declares its logical
+axes where it is created (roformer.axes), which is all that sharding reads.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from roformer.attention import ATTENTION_IMPLEMENTATIONS, ATTENTION_KINDS, RoFormerSelfAttention
+from roformer.axes import EMBED, EMBEDDING, HEADS, MLP, NORM, VOCAB, declare
 from roformer.positions import POSITION_SCHEMES, make_position_scheme
 from roformer.rope import ROPE_LAYOUTS, ROPE_SCALINGS
 
@@ -137,14 +139,18 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
 
-def _dense(config: ModelConfig, in_features: int, out_features: int, rngs: nnx.Rngs) -> nnx.Linear:
+def _dense(config: ModelConfig, in_features: int, out_features: int,
+           axes: tuple[str | None, str | None], rngs: nnx.Rngs) -> nnx.Linear:
+    """HF-initialised Linear whose kernel [in, out] has logical `axes`; the bias stays replicated."""
     return nnx.Linear(in_features, out_features, dtype=config.jnp_dtype, param_dtype=jnp.float32,
-                      kernel_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+                      kernel_init=nnx.initializers.normal(config.initializer_range),
+                      kernel_metadata=declare(*axes), bias_metadata=declare(None), rngs=rngs)
 
 
 def _layer_norm(config: ModelConfig, features: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
     return nnx.LayerNorm(features, epsilon=config.layer_norm_eps, dtype=config.jnp_dtype,
-                         param_dtype=jnp.float32, rngs=rngs)
+                         param_dtype=jnp.float32, scale_metadata=declare(NORM),
+                         bias_metadata=declare(NORM), rngs=rngs)
 
 
 class RoFormerEmbeddings(nnx.Module):
@@ -154,9 +160,11 @@ class RoFormerEmbeddings(nnx.Module):
         size = config.embedding_size or config.hidden_size
         init = nnx.initializers.normal(config.initializer_range)
         self.word_embeddings = nnx.Embed(config.vocab_size, size, dtype=config.jnp_dtype,
-                                         embedding_init=init, rngs=rngs)
+                                         embedding_init=init, rngs=rngs,
+                                         embedding_metadata=declare(VOCAB, EMBEDDING))
         self.token_type_embeddings = nnx.Embed(config.type_vocab_size, size, dtype=config.jnp_dtype,
-                                               embedding_init=init, rngs=rngs)
+                                               embedding_init=init, rngs=rngs,
+                                               embedding_metadata=declare(None, EMBEDDING))
         self.LayerNorm = _layer_norm(config, size, rngs)
         self.dropout = nnx.Dropout(config.hidden_dropout, rngs=rngs)
 
@@ -169,10 +177,10 @@ class RoFormerEmbeddings(nnx.Module):
 
 class RoFormerOutput(nnx.Module):
     """Projection back to hidden size + dropout + LayerNorm: HF's `attention.output`
-    (from hidden_size) and `output` (from intermediate_size) blocks."""
+    (from hidden_size, row-parallel over heads) and `output` (from intermediate_size) blocks."""
 
-    def __init__(self, config: ModelConfig, in_features: int, *, rngs: nnx.Rngs):
-        self.dense = _dense(config, in_features, config.hidden_size, rngs)
+    def __init__(self, config: ModelConfig, in_features: int, in_axis: str, *, rngs: nnx.Rngs):
+        self.dense = _dense(config, in_features, config.hidden_size, (in_axis, EMBED), rngs)
         self.LayerNorm = _layer_norm(config, config.hidden_size, rngs)
         self.dropout = nnx.Dropout(config.hidden_dropout, rngs=rngs)
 
@@ -180,12 +188,12 @@ class RoFormerOutput(nnx.Module):
 class RoFormerAttention(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.self = RoFormerSelfAttention(config, rngs=rngs)  # HF's name, kept for conversion
-        self.output = RoFormerOutput(config, config.hidden_size, rngs=rngs)
+        self.output = RoFormerOutput(config, config.hidden_size, HEADS, rngs=rngs)
 
 
 class RoFormerIntermediate(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        self.dense = _dense(config, config.hidden_size, config.intermediate_size, rngs)
+        self.dense = _dense(config, config.hidden_size, config.intermediate_size, (EMBED, MLP), rngs)
 
 
 class RoFormerLayer(nnx.Module):
@@ -196,7 +204,7 @@ class RoFormerLayer(nnx.Module):
         self.act = ACTIVATIONS[config.hidden_act]
         self.attention = RoFormerAttention(config, rngs=rngs)
         self.intermediate = RoFormerIntermediate(config, rngs=rngs)
-        self.output = RoFormerOutput(config, config.intermediate_size, rngs=rngs)
+        self.output = RoFormerOutput(config, config.intermediate_size, MLP, rngs=rngs)
 
     def __call__(self, x, **attention_inputs):
         attn_out, mlp_out = self.attention.output, self.output
@@ -230,8 +238,8 @@ class RoFormerModel(nnx.Module):
         self.config = config
         self.embeddings = RoFormerEmbeddings(config, rngs=rngs)
         needs_project = config.embedding_size is not None and config.embedding_size != config.hidden_size
-        self.embeddings_project = (_dense(config, config.embedding_size, config.hidden_size, rngs)
-                                   if needs_project else None)
+        self.embeddings_project = (_dense(config, config.embedding_size, config.hidden_size,
+                                          (EMBEDDING, EMBED), rngs) if needs_project else None)
         # The scheme draws from its own forked stream so that, for one seed, every
         # parameter the schemes share starts identical whichever scheme is chosen
         # (the ablation compares schemes from the same initialisation).
@@ -267,7 +275,7 @@ class RoFormerPredictionHeadTransform(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         size = config.embedding_size or config.hidden_size
         self.act = ACTIVATIONS[config.hidden_act]
-        self.dense = _dense(config, config.hidden_size, size, rngs)
+        self.dense = _dense(config, config.hidden_size, size, (EMBED, EMBEDDING), rngs)
         self.LayerNorm = _layer_norm(config, size, rngs)
 
     def __call__(self, x):
@@ -279,7 +287,7 @@ class RoFormerLMPredictionHead(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.transform = RoFormerPredictionHeadTransform(config, rngs=rngs)
-        self.bias = nnx.Param(jnp.zeros((config.vocab_size,), jnp.float32))
+        self.bias = nnx.Param(jnp.zeros((config.vocab_size,), jnp.float32), **declare(None))
 
     def __call__(self, x, word_embeddings: nnx.Embed):
         x = self.transform(x)
@@ -315,9 +323,9 @@ class RoFormerClassificationHead(nnx.Module):
 
     def __init__(self, config: ModelConfig, num_labels: int, *, rngs: nnx.Rngs):
         self.act = ACTIVATIONS[config.hidden_act]
-        self.dense = _dense(config, config.hidden_size, config.hidden_size, rngs)
+        self.dense = _dense(config, config.hidden_size, config.hidden_size, (EMBED, EMBED), rngs)
         self.dropout = nnx.Dropout(config.hidden_dropout, rngs=rngs)
-        self.out_proj = _dense(config, config.hidden_size, num_labels, rngs)
+        self.out_proj = _dense(config, config.hidden_size, num_labels, (EMBED, None), rngs)
 
     def __call__(self, hidden):
         x = self.dropout(hidden[:, 0])

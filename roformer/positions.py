@@ -10,7 +10,8 @@ Adding a scheme = one class here + one entry in POSITION_SCHEMES (+ a config fil
 and tests).  A scheme validates its own settings (`validate`) and states what it can
 do (`config_file`, `rope_scaling`, `max_length`), so the model, length extrapolation,
 benchmarks and the ablation ask the scheme instead of comparing names.  Schemes read
-their settings duck-typed from the ModelConfig.
+their settings duck-typed from the ModelConfig.  Each parameter a scheme creates
+declares its logical axes (roformer.axes); training refuses to shard one that does not.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from roformer import rope
+from roformer.axes import EMBEDDING, KV, LAYERS, NUM_HEADS, declare
 
 PositionContext = Any  # whatever a scheme's `prepare` returns; opaque to the model
 
@@ -97,7 +99,8 @@ class LearnedAbsolute(PositionScheme):
         self.max_positions = config.max_position_embeddings
         self.position_embeddings = nnx.Embed(
             config.max_position_embeddings, config.embedding_size or config.hidden_size,
-            embedding_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+            embedding_init=nnx.initializers.normal(config.initializer_range),
+            embedding_metadata=declare(None, EMBEDDING), rngs=rngs)
 
     def embed(self, positions, dtype):
         if positions.shape[-1] > self.max_positions:
@@ -199,7 +202,8 @@ class T5Bias(PositionScheme):
         self.max_distance = config.t5_max_distance
         self.relative_attention_bias = nnx.Embed(
             config.t5_num_buckets, config.num_heads,
-            embedding_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+            embedding_init=nnx.initializers.normal(config.initializer_range),
+            embedding_metadata=declare(None, NUM_HEADS), rngs=rngs)
 
     def prepare(self, positions):
         buckets = t5_relative_bucket(relative_distances(positions), self.num_buckets, self.max_distance)
@@ -263,8 +267,9 @@ class ShawRelative(PositionScheme):
         head_dim = config.hidden_size // config.num_heads
         shape = (config.num_layers, 2 * self.max_distance + 1, head_dim)
         init = nnx.initializers.normal(config.initializer_range)
-        self.relative_key = nnx.Param(init(rngs.params(), shape, jnp.float32))
-        self.relative_value = nnx.Param(init(rngs.params(), shape, jnp.float32))
+        axes = declare(LAYERS, None, KV)  # per layer, per clipped distance (replicated), per feature
+        self.relative_key = nnx.Param(init(rngs.params(), shape, jnp.float32), **axes)
+        self.relative_value = nnx.Param(init(rngs.params(), shape, jnp.float32), **axes)
 
     def prepare(self, positions):
         k = self.max_distance
