@@ -6,13 +6,19 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from roformer.model import ModelConfig, RoFormerForMaskedLM
+from roformer.axes import declare
+from roformer.model import ModelConfig, RoFormerForMaskedLM, RoFormerForSequenceClassification
+from roformer.positions import POSITION_SCHEMES
 from roformer.train import sharding
 from roformer.train.optim import make_optimizer
 from roformer.train.state import TrainSetup
 
 TINY = ModelConfig(vocab_size=128, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64,
                    max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
+# num_layers == num_heads: a per-layer axis has the size of the head count, which is what
+# a size-based guess mistook for heads (Shaw's per-layer tables).
+LAYERS_EQ_HEADS = dict(vocab_size=128, hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128,
+                       max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
 
 
 def synthetic_batch(seed: int, batch: int = 8, length: int = 32, preds: int = 6, vocab: int = 128):
@@ -46,15 +52,15 @@ def test_mesh_shape_fills_minus_one_and_validates():
 
 
 def test_logical_axes_of_model_params_and_rules():
-    params = nnx.state(nnx.eval_shape(lambda: RoFormerForMaskedLM(TINY, rngs=nnx.Rngs(0))), nnx.Param)
-    axes = sharding.param_logical_axes(params, TINY)
+    axes = sharding.param_logical_axes(abstract_params(RoFormerForMaskedLM, TINY))
     layer = axes["roformer"]["encoder"]["layer"][0]
     assert layer["attention"]["self"]["query"]["kernel"] == ("embed", "heads")
     assert layer["attention"]["output"]["dense"]["kernel"] == ("heads", "embed")
     assert layer["intermediate"]["dense"]["kernel"] == ("embed", "mlp")
     assert layer["output"]["dense"]["kernel"] == ("mlp", "embed")
-    assert axes["roformer"]["embeddings"]["word_embeddings"]["embedding"] == ("vocab", "embed")
-    assert layer["output"]["LayerNorm"]["scale"] == (None,)
+    assert axes["roformer"]["embeddings"]["word_embeddings"]["embedding"] == ("vocab", "embedding")
+    assert layer["output"]["LayerNorm"]["scale"] == ("norm",)
+    assert layer["output"]["dense"]["bias"] == (None,)
 
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     assert sharding.logical_to_spec(("embed", "mlp"), (32, 64), mesh) == P("fsdp", "tensor")
@@ -62,13 +68,80 @@ def test_logical_axes_of_model_params_and_rules():
     assert sharding.logical_to_spec(("embed", "embed"), (32, 32), mesh) == P("fsdp", None)  # axis used once
 
 
-def _loss_trajectory(mesh_cfg, num_devices=8, num_steps=3):
+def abstract_params(model_cls, config, *args):
+    return nnx.state(nnx.eval_shape(lambda: model_cls(config, *args, rngs=nnx.Rngs(0))), nnx.Param)
+
+
+def _axis_sizes(cfg: ModelConfig) -> dict:
+    """The size each logical name implies under `cfg` ("norm": the width it normalises)."""
+    embedding = cfg.embedding_size or cfg.hidden_size
+    return {"embed": {cfg.hidden_size}, "embedding": {embedding}, "mlp": {cfg.intermediate_size},
+            "heads": {cfg.num_heads * cfg.head_dim}, "num_heads": {cfg.num_heads}, "kv": {cfg.head_dim},
+            "vocab": {cfg.vocab_size}, "layers": {cfg.num_layers}, "norm": {cfg.hidden_size, embedding}}
+
+
+@pytest.mark.parametrize("scheme", sorted(POSITION_SCHEMES))
+@pytest.mark.parametrize("overrides", [{}, {"embedding_size": 32, "pre_layer_norm": True}],
+                         ids=["plain", "factorised-preln"])
+def test_every_parameter_declares_axes_that_name_its_dimensions(scheme, overrides):
+    cfg = ModelConfig(**{**LAYERS_EQ_HEADS, **overrides, "position": scheme})
+    assert cfg.num_layers == cfg.num_heads
+    sizes = _axis_sizes(cfg)
+    axes = {}
+    for model_cls, args in ((RoFormerForMaskedLM, ()), (RoFormerForSequenceClassification, (3,))):
+        params = abstract_params(model_cls, cfg, *args)
+        axes[model_cls] = sharding.param_logical_axes(params)   # raises if one declares none
+        for path, var in nnx.to_flat_state(params):
+            names, where = var.get_metadata()["out_sharding"], "/".join(map(str, path))
+            assert len(names) == len(var.shape), where
+            for name, dim in zip(names, var.shape):
+                assert name is None or dim in sizes[name], f"{where} {var.shape}: {name!r} is not {dim}"
+    mlm = axes[RoFormerForMaskedLM]
+    if scheme == "shaw":
+        assert mlm["roformer"]["position"]["relative_key"] == ("layers", None, "kv")
+        assert mlm["roformer"]["position"]["relative_value"] == ("layers", None, "kv")
+    assert mlm["cls"]["predictions"]["transform"]["dense"]["kernel"] == ("embed", "embedding")
+
+
+def test_mislabelled_parameters_of_the_size_guess_are_placed_by_their_names():
+    cfg = ModelConfig(**{**LAYERS_EQ_HEADS, "position": "shaw"})
+    params = abstract_params(RoFormerForMaskedLM, cfg)
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    specs = sharding.state_shardings(nnx.to_pure_dict(params), sharding.param_logical_axes(params), mesh)
+    assert specs["roformer"]["position"]["relative_key"].spec == P(None, None, None)   # layers stay whole
+    assert specs["cls"]["predictions"]["transform"]["dense"]["kernel"].spec == P("fsdp", None)
+    layer = specs["roformer"]["encoder"]["layer"][0]
+    assert layer["attention"]["self"]["query"]["kernel"].spec == P("fsdp", "tensor")
+    assert layer["attention"]["output"]["dense"]["kernel"].spec == P("tensor", "fsdp")
+
+
+def test_a_parameter_without_declared_axes_is_refused_by_path():
+    class Scheme(nnx.Module):
+        def __init__(self):
+            self.declared = nnx.Param(jax.numpy.zeros((4, 8)), **declare("layers", "embed"))
+            self.table = nnx.Param(jax.numpy.zeros((4, 8)))
+
+    with pytest.raises(ValueError, match="parameter table declares no logical axes"):
+        sharding.param_logical_axes(nnx.state(Scheme(), nnx.Param))
+
+    class Typo(nnx.Module):
+        def __init__(self):
+            self.table = nnx.Param(jax.numpy.zeros((4, 8)), out_sharding=("layer", "embed"),
+                                   eager_sharding=False)
+
+    with pytest.raises(ValueError, match=r"parameter table declares logical axes \['layer'\]"):
+        sharding.param_logical_axes(nnx.state(Typo(), nnx.Param))
+    with pytest.raises(ValueError, match="unknown logical axis names"):
+        declare("layer", "embed")
+
+
+def _loss_trajectory(mesh_cfg, config=TINY, num_devices=8, num_steps=3):
     mesh = sharding.make_mesh(mesh_cfg, jax.devices()[:num_devices])
     train_cfg = ml_collections.ConfigDict(dict(
         learning_rate=1e-3, warmup_steps=1, steps=10, decay="linear", weight_decay=0.01,
         b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0))
     tx, schedule = make_optimizer(train_cfg)
-    setup = TrainSetup(TINY, tx, schedule, mesh)
+    setup = TrainSetup(config, tx, schedule, mesh)
     with jax.set_mesh(mesh):
         state, rest = setup.init_state(), setup.init_rest()
         step = setup.jit_train_step()
@@ -76,16 +149,26 @@ def _loss_trajectory(mesh_cfg, num_devices=8, num_steps=3):
         for i in range(num_steps):
             state, metrics = step(state, rest, sharding.global_batch(synthetic_batch(i % 2), mesh))
             losses.append(float(metrics["loss"]))
-        kernel = state["params"]["roformer"]["encoder"]["layer"][0]["intermediate"]["dense"]["kernel"]
-        return np.array(losses), kernel.sharding.spec
+        return np.array(losses), jax.tree.map(lambda x: x.sharding.spec, state["params"])
 
 
 def test_data_parallel_and_fsdp_tensor_match_single_device():
     assert jax.device_count() == 8, "tests/conftest.py should give 8 virtual CPU devices"
     single, _ = _loss_trajectory({"data": 1, "fsdp": 1, "tensor": 1}, num_devices=1)
     data_parallel, _ = _loss_trajectory({"data": -1, "fsdp": 1, "tensor": 1})
-    fsdp_tensor, spec = _loss_trajectory({"data": 2, "fsdp": 2, "tensor": 2})
+    fsdp_tensor, specs = _loss_trajectory({"data": 2, "fsdp": 2, "tensor": 2})
+    spec = specs["roformer"]["encoder"]["layer"][0]["intermediate"]["dense"]["kernel"]
     assert spec == P("fsdp", "tensor")        # really sharded, not replicated
     assert single[-1] < single[0]
     np.testing.assert_allclose(data_parallel, single, atol=1e-4)
     np.testing.assert_allclose(fsdp_tensor, single, atol=1e-4)
+
+
+def test_shaw_with_as_many_layers_as_heads_on_data_fsdp_tensor_matches_single_device():
+    cfg = ModelConfig(**{**LAYERS_EQ_HEADS, "position": "shaw", "shaw_max_distance": 4})
+    single, _ = _loss_trajectory({"data": 1, "fsdp": 1, "tensor": 1}, cfg, num_devices=1)
+    sharded, specs = _loss_trajectory({"data": 2, "fsdp": 2, "tensor": 2}, cfg)
+    assert specs["roformer"]["position"]["relative_key"] == P(None, None, None)
+    assert specs["roformer"]["encoder"]["layer"][3]["attention"]["self"]["value"]["kernel"] == P("fsdp", "tensor")
+    assert single[-1] < single[0]
+    np.testing.assert_allclose(sharded, single, atol=1e-4)

@@ -1,8 +1,9 @@
 """Device mesh, logical-axis sharding rules for parameters, and batch placement.
 
-Parameters get logical axis names ("embed", "mlp", "heads", "vocab", ...) and a
-rules table maps those names to mesh axes (MaxText style), so the same model runs
-data-parallel, FSDP or tensor-parallel by changing only the `mesh` config.
+Every parameter declares logical axis names ("embed", "mlp", "heads", "vocab", ...)
+where the model creates it (roformer.axes); a rules table maps those names to mesh
+axes (MaxText style), so the same model runs data-parallel, FSDP or tensor-parallel
+by changing only the `mesh` config.
 """
 from __future__ import annotations
 
@@ -19,13 +20,16 @@ BATCH_AXES = ("data", "fsdp")   # the batch dimension is split over both
 
 # logical axis -> mesh axis (None = replicated). FSDP shards the model width of
 # every matrix; tensor parallelism splits heads, the MLP width and the vocabulary.
-LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
+LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", BATCH_AXES),
     ("embed", "fsdp"),
+    ("embedding", "fsdp"),
     ("mlp", "tensor"),
     ("heads", "tensor"),
+    ("num_heads", "tensor"),
     ("vocab", "tensor"),
     ("kv", None),
+    ("layers", None),
     ("norm", None),
 )
 
@@ -66,45 +70,32 @@ def make_mesh(mesh_cfg: Mapping[str, int], devices: Sequence[jax.Device] | None 
                          devices=devices)
 
 
-def _logical_axes_for(path: tuple, shape: tuple[int, ...], sizes: Mapping[int, str]) -> tuple:
-    """Logical names for one parameter, from its shape and (for square matrices) name.
-
-    Dimensions are recognised by size (hidden -> embed, intermediate -> mlp, vocab
-    -> vocab, heads/head_dim). A [hidden, hidden] attention matrix is split on its
-    output (q/k/v, column-parallel) or, for the output projection, on its input
-    (row-parallel), as in Megatron.
-    """
-    if len(shape) < 2:
-        return (None,) * len(shape)
-    names = [sizes.get(d) for d in shape]
-    if len(shape) == 2 and names == ["embed", "embed"]:
-        name = "/".join(str(p) for p in path).lower()
-        is_output = any(k in name for k in ("out", "o_proj", "dense_o"))
-        names = ["heads", "embed"] if is_output else ["embed", "heads"]
-    return tuple(names)
-
-
-def param_logical_axes(params: nnx.State, model_cfg) -> dict:
+def param_logical_axes(params: nnx.State) -> dict:
     """Logical-axis tuples for `params` (an nnx.State of Params, concrete or abstract),
-    as a pure nested dict shaped like `nnx.to_pure_dict(params)`.
+    as a pure nested dict shaped like `nnx.to_pure_dict(params)`: the names each
+    parameter declared where it was created (flax `out_sharding` metadata).
 
-    A Variable that carries `out_sharding` metadata (set by the model) keeps those
-    names; the others get names inferred from their shape."""
-    head_dim = model_cfg.hidden_size // model_cfg.num_heads
-    sizes = {model_cfg.hidden_size: "embed"}
-    for size, name in ((model_cfg.embedding_size, "embed"), (model_cfg.intermediate_size, "mlp"),
-                       (model_cfg.vocab_size, "vocab"), (model_cfg.num_heads, "heads"),
-                       (head_dim, "kv")):
-        if size:
-            sizes.setdefault(size, name)
-    declared = {tuple(path): var.get_metadata().get("out_sharding")
-                for path, var in nnx.to_flat_state(params)}
+    A parameter without declared axes, without one name per dimension, or with a
+    name the rules do not know is an error naming its path: nothing is sharded by guess."""
+    known = {name for name, _ in LOGICAL_AXIS_RULES}
+    declared = {}
+    for path, var in nnx.to_flat_state(params):
+        names = var.get_metadata().get("out_sharding")
+        where = "/".join(str(p) for p in path)
+        if names is None:
+            raise ValueError(f"parameter {where} declares no logical axes; create it with "
+                             "roformer.axes.declare(...) metadata")
+        names, shape = tuple(names), tuple(var.shape)
+        if len(names) != len(shape):
+            raise ValueError(f"parameter {where} of shape {shape} declares {len(names)} logical axes {names}")
+        unknown = [n for n in names if n is not None and n not in known]
+        if unknown:
+            raise ValueError(f"parameter {where} declares logical axes {unknown} that "
+                             f"LOGICAL_AXIS_RULES does not map")
+        declared[tuple(path)] = names
 
-    def axes(path, leaf):
-        keys = tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path)
-        if declared.get(keys):
-            return tuple(declared[keys])
-        return _logical_axes_for(keys, tuple(leaf.shape), sizes)
+    def axes(path, _):
+        return declared[tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path)]
 
     return jax.tree_util.tree_map_with_path(axes, nnx.to_pure_dict(params))
 

@@ -44,7 +44,7 @@ class TrainSetup:
         abstract_model = nnx.eval_shape(lambda: RoFormerForMaskedLM(self.model_cfg, rngs=nnx.Rngs(self.seed)))
         self.graphdef, abstract_params, abstract_rest = nnx.split(abstract_model, nnx.Param, ...)
         self.abstract_state = jax.eval_shape(lambda: _init_state(self.model_cfg, self.tx, self.seed))
-        logical = sharding.param_logical_axes(abstract_params, self.model_cfg)
+        logical = sharding.param_logical_axes(abstract_params)
         param_shardings = sharding.state_shardings(self.abstract_state["params"], logical, self.mesh)
         opt_shardings = optax.tree_map_params(
             self.tx, lambda _, s: s, self.abstract_state["opt_state"], param_shardings,
