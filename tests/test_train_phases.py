@@ -71,6 +71,8 @@ def test_parse_phases():
     assert parse_phases(config.train) == [(8, 32, 8)]
     config.train.phases = "900:128:256, 100:512:256"
     assert parse_phases(config.train) == [(900, 128, 256), (1000, 512, 256)]
+    staged = runpy.run_path(str(REPO / "configs" / "bert_staged.py"))["get_config"]()
+    assert parse_phases(staged.train) == [(900_000, 128, 256), (1_000_000, 512, 256)]
     for bad in ("900:128", "0:128:8", "a:b:c", "900:128:8,"):
         config.train.phases = bad
         with pytest.raises(ValueError, match="steps:seq_len:batch_size"):
