@@ -97,8 +97,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     train.clip_norm = 1.0
     train.grad_accum = 1            # micro-batches per optimizer step
     train.seed = 0
-    train.init_from = ""            # a pretraining workdir to start from (parameters only)
-    train.init_step = -1            # its checkpoint step; -1 = newest
+    train.phases = ""               # 'steps:seq_len:batch_size,...' phases run in order (overrides
+                                    # steps/seq_len/batch_size), e.g. '900:128:32,100:512:8'
+    train.init_from = ""            # warm start (parameters only, step 0): a pretraining workdir, an
+                                    # HF RoFormer directory or a roformer.convert output
+    train.init_step = -1            # its checkpoint step (pretraining workdir); -1 = newest
+    train.init_grow_positions = ""  # "copy": repeat a shorter learned position table's rows
     train.log_every = 100
     train.eval_every = 2_000
     train.eval_batches = 20

@@ -345,6 +345,25 @@ def build_model(config: ModelConfig, head: str, *, num_labels: int | None = None
     raise ValueError(f"unknown head {head!r}; choose one of {HEADS}")
 
 
+def checkpoint_kind(path: str | Path, *, what: str = "path") -> str:
+    """What a model directory holds: "hf" (an HF RoFormer directory), "converted" (our
+    format) or "pretrain" (a pretraining workdir); ValueError naming `what` otherwise."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise ValueError(f"{what}={str(path)!r}: no such directory (give a pretraining workdir, an HF "
+                         "RoFormer directory or a roformer.convert output)")
+    config_json = path / "config.json"
+    if config_json.is_file() and json.loads(config_json.read_text()).get("model_type") == "roformer":
+        return "hf"
+    if (path / OUR_CONFIG_FILE).is_file():
+        return "converted"
+    if (path / "checkpoints").is_dir():
+        return "pretrain"
+    raise ValueError(f"{what}={str(path)!r} is neither a pretraining workdir (no {path / 'checkpoints'}), "
+                     "an HF RoFormer directory (no config.json with model_type 'roformer') nor a "
+                     f"roformer.convert output (no {OUR_CONFIG_FILE})")
+
+
 def load_hf(hf_dir: str | Path, *, head: str | None = None, num_labels: int | None = None,
             seed: int = 0, **overrides) -> tuple[ModelConfig, AnyModel]:
     """Read an HF RoFormer directory into (ModelConfig, our model).

@@ -30,8 +30,15 @@ def encode(model, input_ids, positions):
     return model(input_ids, positions=positions)
 
 
-def test_registry_has_every_scheme_and_lists_choices():
-    assert set(positions.POSITION_SCHEMES) == {"learned", "sinusoidal", "none", "shaw", "t5", "alibi", "rope"}
+def test_every_scheme_has_a_config_file_that_selects_it_and_unknown_lists_choices():
+    import runpy
+    from pathlib import Path
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    for name, scheme in positions.POSITION_SCHEMES.items():
+        path = configs / f"{scheme.config_file}.py"
+        assert path.is_file(), f"{name}: no {path}"
+        assert runpy.run_path(str(path))["get_config"]().model.position == name
     with pytest.raises(ValueError, match=r"unknown position 'xpos'.*'alibi'.*'t5'"):
         ModelConfig(**TINY, position="xpos")
 

@@ -85,6 +85,10 @@ class PretrainData:
         # Anything that changes the stream changes this id; a saved iterator state
         # from a different setup is refused instead of silently continuing elsewhere.
         # The corpus enters by content, so moving or re-touching the text files is fine.
+        # corpus_id: what a run may not change between phases (text, tokenizer, split,
+        # masking); stream_id adds the batch shape, which a new phase may change.
+        self.corpus_id = sha256_json([
+            corpus.content_id, packing, heldout_fraction, masker.mask_rate, masker.whole_word])[:16]
         self.stream_id = sha256_json([
             corpus.content_id, seq_len, batch_size, packing, heldout_fraction, masker.mask_rate,
             masker.max_predictions, masker.whole_word])[:16]
@@ -177,6 +181,7 @@ class BatchIterator:
     def __init__(self, data: PretrainData) -> None:
         self._data = data
         self.epoch, self.row, self.step = 0, 0, 0
+        self.phase = 0   # how many batch-shape changes the stream has gone through
         self._plan: PackPlan | None = None
         self._plan_epoch = -1
 
@@ -207,17 +212,44 @@ class BatchIterator:
 
     def get_state(self) -> dict:
         d = self._data
-        return {"epoch": self.epoch, "row": self.row, "step": self.step, "seed": d.seed,
-                "process_index": d.process_index, "process_count": d.process_count, "stream_id": d.stream_id}
+        return {"epoch": self.epoch, "row": self.row, "step": self.step, "phase": self.phase, "seed": d.seed,
+                "process_index": d.process_index, "process_count": d.process_count,
+                "corpus_id": d.corpus_id, "stream_id": d.stream_id}
 
     def set_state(self, state: dict) -> None:
+        """Continue exactly where `state` left off (same corpus, settings and batch shape)."""
+        self._check(state, ("stream_id",))
+        self.epoch, self.row, self.step = int(state["epoch"]), int(state["row"]), int(state["step"])
+        self.phase = int(state.get("phase", 0))
+
+    def start_phase(self, state: dict) -> None:
+        """Begin this stream's batch shape as a new phase after `state` (a stream of another
+        seq_len / batch_size over the same corpus and masking).
+
+        The new phase starts at the beginning of the next epoch's document permutation, so
+        it does not replay, in the same order, the documents the previous phase was just
+        given; mask seeds continue from the previous phase's batch count."""
+        self._check(state, ("corpus_id",))
+        self.epoch, self.row, self.step = int(state["epoch"]) + 1, 0, int(state["step"])
+        self.phase = int(state.get("phase", 0)) + 1
+
+    def resume(self, state: dict) -> bool:
+        """set_state when `state` is of this stream, else start_phase; True for a new phase."""
+        if state.get("stream_id") == self._data.stream_id:
+            self.set_state(state)
+            return False
+        self.start_phase(state)
+        return True
+
+    def _check(self, state: dict, ids: tuple[str, ...]) -> None:
         d = self._data
         for key, mine in (("seed", d.seed), ("process_index", d.process_index),
-                          ("process_count", d.process_count), ("stream_id", d.stream_id)):
+                          ("process_count", d.process_count), *((k, getattr(d, k)) for k in ids)):
             if state.get(key) != mine:
-                raise ValueError(f"data iterator state has {key}={state.get(key)!r} but this pipeline has "
-                                 f"{key}={mine!r}: it was saved with a different corpus, tokenizer or data setting")
-        self.epoch, self.row, self.step = int(state["epoch"]), int(state["row"]), int(state["step"])
+                raise ValueError(
+                    f"data iterator state has {key}={state.get(key)!r} but this pipeline has {key}={mine!r}: "
+                    "it was saved with a different corpus, tokenizer or data setting. Between phases only "
+                    "train.seq_len, train.batch_size and data.max_predictions_per_seq may change")
 
 
 # ---------------------------------------------------------------- construction

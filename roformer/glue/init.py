@@ -42,21 +42,15 @@ class InitSource:
 def load_init(init: str, *, step: int = -1) -> InitSource:
     if not init or init.lower() == "none":
         return InitSource("none", None, None, None, None)
+    from roformer.convert import checkpoint_kind
+
     path = Path(init).expanduser()
-    if not path.is_dir():
-        raise ValueError(f"config.init={init!r}: no such directory (give a pretraining "
-                         "workdir, an HF RoFormer directory, or 'none')")
-    config_json = path / "config.json"
-    hf_config = json.loads(config_json.read_text()) if config_json.is_file() else {}
-    if hf_config.get("model_type") == "roformer":
+    kind = checkpoint_kind(path, what="config.init")
+    if kind == "hf":
         return _load_hf(path)
-    if (path / "model_config.json").is_file():
+    if kind == "converted":
         return _load_converted(path)
-    if (path / "checkpoints").is_dir():
-        return _load_pretrain(path, step)
-    raise ValueError(f"config.init={init!r} is neither a pretraining workdir (no "
-                     f"{path / 'checkpoints'}), an HF RoFormer directory (no config.json with "
-                     "model_type 'roformer') nor a roformer.convert output (no model_config.json)")
+    return _load_pretrain(path, step)
 
 
 # ---------------------------------------------------------------- pretraining workdir

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import jax
+import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
@@ -90,8 +91,58 @@ class _StopFlag:
         return bool(np.any(flags))
 
 
+def parse_phases(train_cfg) -> list[tuple[int, int, int]]:
+    """(end step, seq_len, batch_size) of every phase: `train.phases`, a comma list of
+    'steps:seq_len:batch_size' (e.g. BERT's '900000:128:256,100000:512:256'), or one
+    phase of train.steps / train.seq_len / train.batch_size."""
+    text = str(train_cfg.get("phases", "") or "").strip()
+    if not text:
+        return [(int(train_cfg.steps), int(train_cfg.seq_len), int(train_cfg.batch_size))]
+    phases, end = [], 0
+    for item in text.split(","):
+        parts = [p.strip() for p in item.split(":")]
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"train.phases={text!r}: expected comma-separated 'steps:seq_len:batch_size' "
+                             "items of positive integers, e.g. '900:128:32,100:512:8'")
+        steps, seq_len, batch_size = map(int, parts)
+        end += steps
+        phases.append((end, seq_len, batch_size))
+    return phases
+
+
+def _checkpointed_step(workdir: Path) -> int:
+    directory = workdir / "checkpoints"
+    steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit()] if directory.is_dir() else []
+    return max(steps, default=0)
+
+
 def train_and_evaluate(config, workdir: str | Path) -> dict:
-    """Pretrain (or resume) with `config` in `workdir`; returns a summary dict."""
+    """Pretrain (or resume) with `config` in `workdir`; returns a summary dict.
+
+    With `train.phases` the phases run in order in the one workdir: each resumes the
+    previous one's checkpoint (model, optimizer, step) with its own batch shape, and the
+    learning-rate schedule spans the whole run (train.decay_steps, default: all steps)."""
+    phases = parse_phases(config.train)
+    if not str(config.train.get("phases", "") or "").strip():
+        return _train_phase(config, workdir)
+    workdir = Path(workdir).resolve()
+    done = _checkpointed_step(workdir)
+    summary: dict = {}
+    for index, (end, seq_len, batch_size) in enumerate(phases):
+        if done >= end and index < len(phases) - 1:
+            continue   # finished earlier; the last phase still reports
+        phase_cfg = ml_collections.ConfigDict(config.to_dict())
+        phase_cfg.train.update(steps=end, seq_len=seq_len, batch_size=batch_size,
+                               decay_steps=config.train.decay_steps or phases[-1][0])
+        log.info("phase %d of %d: up to step %d at seq_len %d, batch %d", index + 1, len(phases), end,
+                 seq_len, batch_size)
+        summary = _train_phase(phase_cfg, workdir)
+        if summary.get("preempted"):
+            break
+    return summary
+
+
+def _train_phase(config, workdir: str | Path) -> dict:
     from roformer.data import make_pretrain_data  # the input pipeline is heavy; import on use
 
     initialize_distributed(config.distributed)
@@ -106,7 +157,12 @@ def train_and_evaluate(config, workdir: str | Path) -> dict:
         raise ValueError(f"train.batch_size={tc.batch_size} must be divisible by mesh data*fsdp="
                          f"{batch_shards} times train.grad_accum={tc.grad_accum}")
 
-    data = make_pretrain_data(config.data, seq_len=tc.seq_len,
+    init_source = warm_start.find_init_checkpoint(tc.init_from, tc.init_step) if tc.init_from else None
+    data_cfg = config.data
+    if init_source is not None and not data_cfg.vocab:   # the tokenizer comes with the checkpoint
+        data_cfg = ml_collections.ConfigDict({**data_cfg.to_dict(), "vocab": str(init_source.tokenizer_file),
+                                              "lowercase": init_source.lowercase})
+    data = make_pretrain_data(data_cfg, seq_len=tc.seq_len,
                               batch_size=tc.batch_size // jax.process_count(), seed=tc.seed,
                               process_index=jax.process_index(), process_count=jax.process_count())
     model_cfg = build_model_config(config.model, vocab_size=data.vocab_size, dtype=tc.dtype,
@@ -134,17 +190,18 @@ def train_and_evaluate(config, workdir: str | Path) -> dict:
             restored = checkpointer.restore_latest(setup.sharded_abstract_state())
             if restored is None:
                 state, start_step, data_state = setup.init_state(), 0, None
-                if tc.init_from:
-                    params = warm_start.load_init_params(tc.init_from, tc.init_step, model_cfg,
-                                                         setup.abstract_state["params"], data.tokenizer.hash)
+                if init_source is not None:
+                    params = warm_start.load_init_params(init_source, model_cfg, setup.abstract_state["params"],
+                                                         data.tokenizer.hash, grow_positions=tc.init_grow_positions)
                     state["params"] = jax.device_put(params, setup.state_shardings["params"])
             else:
                 start_step, state, data_state = restored
                 log.info("resumed from %s at step %d", checkpointer.directory, start_step)
 
             train_iter = data.train_iterator()
-            if data_state is not None:
-                train_iter.set_state(data_state)
+            if data_state is not None and train_iter.resume(data_state):
+                log.info("step %d: phase %d begins with seq_len %d, batch %d", start_step, train_iter.phase,
+                         tc.seq_len, tc.batch_size)
             eval_sets = {"": data.eval_batches(tc.eval_batches)}
             if tc.eval_shuffled:
                 eval_sets["shuffled"] = data.eval_batches(tc.eval_batches, shuffled=True)
@@ -169,6 +226,7 @@ def _run(config, workdir, mesh, model_cfg, data, checkpointer, state, rest, star
     tokens_per_step = tc.batch_size * tc.seq_len
     stop = _StopFlag()
     stop.install()
+    phase_mark = {"phase": train_iter.phase, "seq_len": tc.seq_len}   # on every metrics row
     bar = tqdm(total=tc.steps, initial=start_step, disable=not (is_main and tc.progress_bar),
                desc="pretrain", unit="step", dynamic_ncols=True)
 
@@ -182,7 +240,7 @@ def _run(config, workdir, mesh, model_cfg, data, checkpointer, state, rest, star
             row.update(steps.summarize_eval(totals, prefix=f"eval_{name}_" if name else "eval_"))
         if "eval_shuffled_loss" in row:   # how much the model uses word order (0: not at all)
             row["eval_order_gap"] = row["eval_shuffled_loss"] - row["eval_loss"]
-        writer.write(step, row)
+        writer.write(step, {**row, **phase_mark})
         return row
 
     def save(step: int) -> None:
@@ -217,7 +275,7 @@ def _run(config, workdir, mesh, model_cfg, data, checkpointer, state, rest, star
             row["mfu"] = flops.mfu(step_flops, interval_steps / elapsed, peak, jax.device_count())
             history["tokens_per_sec"].append(row["tokens_per_sec"])
             history["mfu"].append(row["mfu"])
-        writer.write(step, row)
+        writer.write(step, {**row, **phase_mark})
         history["first_loss"] = history["first_loss"] if history["first_loss"] is not None else row["loss"]
         history["last_loss"] = row["loss"]
         bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['mlm_accuracy']:.3f}")
@@ -225,6 +283,8 @@ def _run(config, workdir, mesh, model_cfg, data, checkpointer, state, rest, star
 
     try:
         step = start_step
+        if step == 0 and tc.init_from:   # the warm start's own held-out loss, before any update
+            last_eval = evaluate(step)
         while step < tc.steps:
             batch = sharding.global_batch(next(train_iter), mesh)
             if not step_flops:

@@ -1,0 +1,198 @@
+"""Staged pretraining (phases of different batch shapes) and warm starts.
+
+Phases: a two-phase run equals one that is stopped inside phase 2 and resumed; a
+finished run extends by a new shape from the command line; what may not change
+between phases is refused. Warm starts: from a pretraining workdir and from an HF
+RoFormer directory, the new run's step-0 held-out loss is the checkpoint's own;
+tokenizer and learned-table refusals.
+"""
+import json
+import runpy
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from roformer.train import read_metrics, train_and_evaluate
+from roformer.train.loop import parse_phases
+from roformer.train.optim import make_schedule
+
+REPO = Path(__file__).resolve().parents[1]
+PHASES = "4:32:8,4:64:4"
+
+OVERRIDES = {
+    "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_heads": 2,
+    "data.vocab_size": 500,
+    "train.steps": 8, "train.batch_size": 8, "train.seq_len": 32, "train.warmup_steps": 2,
+    "train.log_every": 1, "train.eval_every": 1000, "train.eval_batches": 1,
+    "train.checkpoint_every": 2, "train.keep_checkpoints": 2, "train.progress_bar": False,
+    "train.async_checkpoints": False, "train.peak_flops_per_device": 1e11,
+    "mesh.num_devices": 1,
+}
+
+
+def make_config(cache: Path, **extra):
+    config = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
+    config.data.cache_dir = str(cache)
+    for key, value in {**OVERRIDES, **extra}.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    return config
+
+
+def params_at(workdir: Path, step: int) -> dict:
+    with ocp.CheckpointManager(workdir / "checkpoints", item_names=("state",)) as manager:
+        state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+    return state["params"]
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
+               zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("data_cache")
+
+
+@pytest.fixture(scope="module")
+def two_phase_run(tmp_path_factory, cache):
+    workdir = tmp_path_factory.mktemp("two_phase")
+    summary = train_and_evaluate(make_config(cache, **{"train.phases": PHASES}), workdir)
+    return workdir, summary
+
+
+def test_parse_phases():
+    config = make_config(Path("/unused"))
+    assert parse_phases(config.train) == [(8, 32, 8)]
+    config.train.phases = "900:128:256, 100:512:256"
+    assert parse_phases(config.train) == [(900, 128, 256), (1000, 512, 256)]
+    staged = runpy.run_path(str(REPO / "configs" / "bert_staged.py"))["get_config"]()
+    assert parse_phases(staged.train) == [(900_000, 128, 256), (1_000_000, 512, 256)]
+    for bad in ("900:128", "0:128:8", "a:b:c", "900:128:8,"):
+        config.train.phases = bad
+        with pytest.raises(ValueError, match="steps:seq_len:batch_size"):
+            parse_phases(config.train)
+
+
+@pytest.mark.slow
+def test_two_phases_resume_inside_phase_two_matches_uninterrupted(tmp_path, cache, two_phase_run):
+    reference, summary = two_phase_run
+    assert summary["final_step"] == 8
+    rows = [r for r in read_metrics(reference) if "loss" in r]
+    assert [(r["step"], r["phase"], r["seq_len"]) for r in rows] == \
+        [(s, 0, 32) for s in range(1, 5)] + [(s, 1, 64) for s in range(5, 9)]
+    # One schedule over the whole run (warmup 2, linear decay to 0 at step 8), not one per phase.
+    schedule = make_schedule(learning_rate=1e-3, warmup_steps=2, total_steps=8, decay="linear")
+    assert [r["learning_rate"] for r in rows] == pytest.approx([float(schedule(s - 1)) for s in range(1, 9)])
+
+    # Stopped inside phase 2 (a run whose phase 2 ends at step 6, same schedule), then resumed.
+    stopped = tmp_path / "stopped"
+    train_and_evaluate(make_config(cache, **{"train.phases": "4:32:8,2:64:4", "train.decay_steps": 8}), stopped)
+    resumed = train_and_evaluate(make_config(cache, **{"train.phases": PHASES}), stopped)
+    assert resumed["start_step"] == 6 and resumed["final_step"] == 8
+    assert max_diff(params_at(reference, 8), params_at(stopped, 8)) <= 1e-6
+
+
+@pytest.mark.slow
+def test_a_finished_run_extends_by_a_new_shape_and_refuses_other_changes(tmp_path, cache):
+    workdir = tmp_path / "run"
+    train_and_evaluate(make_config(cache, **{"train.steps": 4}), workdir)
+    extended = train_and_evaluate(make_config(cache, **{"train.steps": 6, "train.seq_len": 64,
+                                                        "train.batch_size": 4}), workdir)
+    assert extended["start_step"] == 4 and extended["final_step"] == 6
+    rows = [r for r in read_metrics(workdir) if "loss" in r]
+    assert [(r["step"], r["phase"], r["seq_len"]) for r in rows][-2:] == [(5, 1, 64), (6, 1, 64)]
+    with pytest.raises(ValueError, match="corpus_id=.*only train.seq_len, train.batch_size"):
+        train_and_evaluate(make_config(cache, **{"train.steps": 8, "data.mask_rate": 0.2}), workdir)
+
+
+@pytest.mark.slow
+def test_warm_start_from_a_workdir_begins_at_its_held_out_loss(tmp_path, cache, two_phase_run):
+    source, summary = two_phase_run
+    warm = tmp_path / "warm"
+    # Same length and batch as the source's last phase: the same held-out batches.
+    result = train_and_evaluate(make_config(cache, **{"train.steps": 2, "train.seq_len": 64,
+                                                      "train.batch_size": 4, "train.init_from": str(source)}), warm)
+    assert result["final_step"] == 2 and result["start_step"] == 0
+    start = next(r for r in read_metrics(warm) if r["step"] == 0 and "eval_loss" in r)
+    assert start["eval_loss"] == pytest.approx(summary["eval_loss"], rel=1e-5)
+    assert (warm / "tokenizer.json").read_text() == (source / "tokenizer.json").read_text()
+
+    with pytest.raises(ValueError, match="another tokenizer"):
+        train_and_evaluate(make_config(cache, **{"train.init_from": str(source), "data.vocab": str(
+            REPO.parent / "shared" / "data" / "vocab" / "bert-base-uncased-vocab.txt")}), tmp_path / "other")
+    with pytest.raises(ValueError, match="another architecture.*hidden_size"):
+        train_and_evaluate(make_config(cache, **{"train.init_from": str(source), "model.hidden_size": 64}),
+                           tmp_path / "wide")
+
+
+@pytest.mark.slow
+def test_warm_start_from_an_hf_directory_begins_at_its_held_out_loss(tmp_path, cache, two_phase_run):
+    import torch
+    import transformers
+
+    from roformer import convert, extrapolation
+    from flax import nnx
+
+    from roformer.data import make_pretrain_data
+
+    source, _ = two_phase_run
+    vocab_size = len((source / "vocab.txt").read_text().splitlines())
+    hf_dir = tmp_path / "hf"
+    torch.manual_seed(0)
+    transformers.RoFormerForMaskedLM(transformers.RoFormerConfig(
+        vocab_size=vocab_size, embedding_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=128, hidden_act="gelu")).save_pretrained(hf_dir)
+    shutil.copy(source / "vocab.txt", hf_dir / "vocab.txt")
+
+    config = make_config(cache, **{"train.steps": 1, "train.init_from": str(hf_dir)})
+    warm = tmp_path / "warm_hf"
+    train_and_evaluate(config, warm)
+    start = next(r for r in read_metrics(warm) if r["step"] == 0 and "eval_loss" in r)
+
+    model_config, model = convert.load_hf(hf_dir)
+    data_cfg = config.data
+    data_cfg.vocab = str(hf_dir / "vocab.txt")
+    data = make_pretrain_data(data_cfg, seq_len=32, batch_size=8, seed=0, show_progress=False)
+    own = extrapolation.mlm_loss(model_config, nnx.to_pure_dict(nnx.state(model, nnx.Param)), data.eval_batches(1))
+    assert start["eval_loss"] == pytest.approx(own["eval_loss"], rel=1e-5)
+    assert json.loads((warm / "config.json").read_text())["train"]["init_from"] == str(hf_dir)
+
+
+def test_learned_table_grows_only_when_asked(tmp_path):
+    from flax import nnx
+
+    from roformer.model import ModelConfig, RoFormerForMaskedLM
+    from roformer.train import warm_start
+
+    def pure(config):
+        return nnx.to_pure_dict(nnx.state(RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)), nnx.Param))
+
+    small = dict(hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=50, position="learned")
+    short, long = (ModelConfig.from_preset("tiny", max_position_embeddings=n, **small) for n in (16, 40))
+    saved = pure(short)
+
+    class Source(warm_start.InitCheckpoint):
+        def load(self):
+            return short, jax.tree.map(np.asarray, saved)
+
+        def tokenizer(self):
+            class Same:
+                hash = "h"
+            return Same()
+
+    source = Source("pretrain", tmp_path, 1, tmp_path / "tokenizer.json", True)
+    abstract = pure(long)
+    with pytest.raises(ValueError, match="16 rows, this model needs 40.*init_grow_positions=copy"):
+        warm_start.load_init_params(source, long, abstract, "h")
+    grown = warm_start.load_init_params(source, long, abstract, "h", grow_positions="copy")
+    table = grown["roformer"]["position"]["position_embeddings"]["embedding"]
+    old = np.asarray(saved["roformer"]["position"]["position_embeddings"]["embedding"])
+    np.testing.assert_array_equal(table, np.concatenate([old, old, old[:8]]))
+    with pytest.raises(ValueError, match="another tokenizer"):
+        warm_start.load_init_params(source, long, abstract, "other", grow_positions="copy")
