@@ -86,6 +86,7 @@ def get_config(arg=None):
     x = c.extension = ml_collections.ConfigDict()
     x.enabled = False
     x.scheme = "rope"
+    x.seeds = 0                  # extend the models of pretraining seeds 0..seeds-1 (0: every seed)
     x.methods = "none,linear,ntk,yarn,base"
     x.factor = 4
     x.base = 500_000.0
@@ -148,6 +149,7 @@ def get_config(arg=None):
         # (the default config keeps SST-2 and MRPC for larger budgets).
         g.task = ""
         x.enabled = True
+        x.seeds = 1                  # seed 0's rope model; the time goes to the 3-seed comparison
         x.factor = 4
         x.steps = 100
         x.eval_every = 25

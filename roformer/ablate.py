@@ -165,6 +165,11 @@ def extension_pretrain_config(config: ml_collections.ConfigDict, method: str, se
     return cfg
 
 
+def extension_seeds(config: ml_collections.ConfigDict) -> int:
+    """How many pretraining seeds (0, 1, ...) the context extension continues from."""
+    return int(config.extension.seeds) or int(config.seeds)
+
+
 def scheme_glue_config(config: ml_collections.ConfigDict, pretrain_workdir: Path) -> ml_collections.ConfigDict:
     cfg = ml_collections.ConfigDict(config.glue.to_dict())
     cfg.init = str(pretrain_workdir)
@@ -223,6 +228,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
         if str(ext.factor) not in factors:
             problems.append(f"extension.factor={ext.factor} must be one of extrapolation.factors "
                             f"{config.extrapolation.factors!r} (its step-0 loss is that column)")
+        if not isinstance(ext.seeds, int) or not 0 <= ext.seeds <= config.seeds:
+            problems.append(f"extension.seeds={ext.seeds!r}: how many of the {config.seeds} pretraining seeds "
+                            "to extend (0 = all)")
         if ext.steps < 1 or ext.eval_every < 1 or ext.steps % ext.eval_every:
             problems.append(f"extension.steps={ext.steps} must be a positive multiple of "
                             f"extension.eval_every={ext.eval_every}")
@@ -339,7 +347,7 @@ def run_ablation(config: ml_collections.ConfigDict, workdir: str | Path) -> dict
                 _run_stages(state, workdir, f"{scheme}/seed{seed}", _scheme_stages(config, workdir, scheme, seed))
                 result = _write_report(config, workdir, state)   # readable while the next run trains
         if config.extension.enabled:   # after the comparison itself, which it builds on
-            for seed in range(config.seeds):
+            for seed in range(extension_seeds(config)):
                 for method in split_list(config.extension.methods):
                     _run_stages(state, workdir, f"extension/{method}/seed{seed}",
                                 _extension_stages(config, workdir, method, seed))
@@ -486,7 +494,7 @@ def build_report(config: ml_collections.ConfigDict, workdir: Path, state: Ablati
             runs.append(row)
     extension = []
     if config.extension.enabled:
-        for seed in range(config.seeds):
+        for seed in range(extension_seeds(config)):
             for method in split_list(config.extension.methods):
                 name = f"extension/{method}/seed{seed}"
                 records = {s: state.get(name, s) for s in EXTENSION_STAGES}
@@ -496,7 +504,9 @@ def build_report(config: ml_collections.ConfigDict, workdir: Path, state: Ablati
                 row.update(records["extension_eval"].get("result") or {})
                 extension.append(row)
         setup["extension"] = (f"{config.extension.scheme} at {config.extension.factor}x the length, "
-                              f"{config.extension.steps} steps, lr {config.extension.learning_rate}")
+                              f"{config.extension.steps} steps, lr {config.extension.learning_rate}, "
+                              f"pretraining seed{'s' if extension_seeds(config) > 1 else ''} "
+                              f"{', '.join(map(str, range(extension_seeds(config))))}")
     return report.summarize(setup, runs, extension, reference=config.reference,
                             order_threshold=config.order_threshold)
 
