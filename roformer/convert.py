@@ -20,7 +20,8 @@ Embed embedding <-> weight; LayerNorm scale <-> weight).  Two things are not a r
     features (and v's, plus the output projection's input rows, with rotary_value).
 
 The library functions `load_hf`, `save_hf`, `load_converted`, `save_converted` are
-what other code (GLUE fine-tuning, benchmarks) calls.
+what other code (GLUE fine-tuning, benchmarks) calls.  Every loader returns its model
+in eval mode (dropout off), ready for inference; call `.train()` to fine-tune it.
 """
 from __future__ import annotations
 
@@ -353,6 +354,7 @@ def load_hf(hf_dir: str | Path, *, head: str | None = None, num_labels: int | No
     encoder).  Asking for another head (e.g. head="classification", num_labels=3 on an MLM
     checkpoint, as GLUE fine-tuning does) loads the encoder and initialises the new head
     from `seed`.  `overrides` change ModelConfig fields, e.g. rope_layout="half".
+    The model is returned in eval mode (dropout off); call `.train()` to fine-tune it.
     """
     hf_dir = Path(hf_dir)
     config_path = hf_dir / "config.json"
@@ -372,6 +374,7 @@ def load_hf(hf_dir: str | Path, *, head: str | None = None, num_labels: int | No
     fresh = hf_weights_to_model(weights, model)
     if fresh:
         log.warning("%s holds no %s head for this model; initialised fresh: %s", hf_dir, head, fresh)
+    model.eval()
     return config, model
 
 
@@ -409,7 +412,8 @@ def save_converted(model: AnyModel, out_dir: str | Path) -> Path:
 
 
 def load_converted(our_dir: str | Path, **overrides) -> tuple[ModelConfig, AnyModel]:
-    """Inverse of `save_converted`; `overrides` change non-shape ModelConfig fields (dtype, dropout)."""
+    """Inverse of `save_converted`; `overrides` change non-shape ModelConfig fields (dtype, dropout).
+    The model is returned in eval mode (dropout off); call `.train()` to fine-tune it."""
     our_dir = Path(our_dir).resolve()
     meta_path = our_dir / OUR_CONFIG_FILE
     if not meta_path.exists():
@@ -422,12 +426,14 @@ def load_converted(our_dir: str | Path, **overrides) -> tuple[ModelConfig, AnyMo
     with ocp.StandardCheckpointer() as checkpointer:
         restored = checkpointer.restore(our_dir / OUR_PARAMS_DIR, abstract)
     nnx.update(model, restored)
+    model.eval()
     return config, model
 
 
 def load_pretrain_workdir(workdir: str | Path, *, step: int = -1) -> tuple[ModelConfig, RoFormerForMaskedLM]:
     """The MLM model of a pretraining run (`python -m roformer.pretrain`): params of
-    `workdir/checkpoints/<step>` (newest when step < 0), restored onto this host."""
+    `workdir/checkpoints/<step>` (newest when step < 0), restored onto this host, in eval
+    mode (dropout off); call `.train()` to fine-tune it."""
     from roformer.train.checkpoint import PretrainWorkdir
 
     config, params = PretrainWorkdir(workdir).params(step)
@@ -435,6 +441,7 @@ def load_pretrain_workdir(workdir: str | Path, *, step: int = -1) -> tuple[Model
     state = nnx.state(model, nnx.Param)
     nnx.replace_by_pure_dict(state, params)
     nnx.update(model, state)
+    model.eval()
     return config, model
 
 
