@@ -346,6 +346,25 @@ def build_model(config: ModelConfig, head: str, *, num_labels: int | None = None
     raise ValueError(f"unknown head {head!r}; choose one of {HEADS}")
 
 
+HF_DIR_EXPECTED = ("an HF RoFormer directory: config.json plus model.safetensors, a sharded "
+                   "*.index.json or pytorch_model.bin, as transformers' save_pretrained writes")
+
+
+def _check_hf_dir(hf_dir: Path) -> None:
+    """Refuse a directory that is not an HF RoFormer directory, saying what it is instead."""
+    if not hf_dir.is_dir():
+        raise ValueError(f"{hf_dir}: no such directory (expected {HF_DIR_EXPECTED})")
+    config_path = hf_dir / "config.json"
+    workdir_config = (json.loads(config_path.read_text())
+                      if (hf_dir / "checkpoints").is_dir() and config_path.is_file() else {})
+    if "train" in workdir_config:
+        raise ValueError(f"{hf_dir} is a pretraining workdir (checkpoints/ and a config.json with a train "
+                         f"section), not {HF_DIR_EXPECTED}. To export it use `python -m roformer.convert "
+                         f"to-hf {hf_dir} OUT_DIR`; in Python, load_pretrain_workdir() reads it")
+    if not config_path.is_file():
+        raise ValueError(f"no config.json in {hf_dir} (expected {HF_DIR_EXPECTED})")
+
+
 def load_hf(hf_dir: str | Path, *, head: str | None = None, num_labels: int | None = None,
             seed: int = 0, **overrides) -> tuple[ModelConfig, AnyModel]:
     """Read an HF RoFormer directory into (ModelConfig, our model).
@@ -357,10 +376,8 @@ def load_hf(hf_dir: str | Path, *, head: str | None = None, num_labels: int | No
     The model is returned in eval mode (dropout off); call `.train()` to fine-tune it.
     """
     hf_dir = Path(hf_dir)
-    config_path = hf_dir / "config.json"
-    if not config_path.exists():
-        raise ValueError(f"no config.json in {hf_dir}")
-    hf = json.loads(config_path.read_text())
+    _check_hf_dir(hf_dir)
+    hf = json.loads((hf_dir / "config.json").read_text())
     config = hf_config_to_model_config(hf, **overrides)
     weights = read_hf_weights(hf_dir)
     head = head or _hf_head(weights)
@@ -472,6 +489,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     if args.command == "from-hf":
+        try:
+            _check_hf_dir(Path(args.hf_dir))
+        except ValueError as error:  # a wrong directory is a usage error, not a crash
+            raise SystemExit(f"from-hf: {error}") from None
         config, model = load_hf(args.hf_dir, rope_layout=args.rope_layout, dtype=args.dtype)
         out = save_converted(model, args.out_dir)
         _copy_tokenizer_files(Path(args.hf_dir), out)

@@ -279,3 +279,18 @@ def test_conversion_errors(tmp_path):
         convert.load_hf(tmp_path / "tied")
     with pytest.raises(ValueError, match="no model.safetensors"):
         convert.read_hf_weights(tmp_path)
+
+
+def test_from_hf_names_a_missing_directory_and_a_pretraining_workdir(tmp_path):
+    with pytest.raises(SystemExit, match=r"from-hf: .*missing: no such directory \(expected an HF RoFormer"):
+        convert.main(["from-hf", str(tmp_path / "missing"), str(tmp_path / "out")])
+    with pytest.raises(ValueError, match="no such directory"):
+        convert.load_hf(tmp_path / "missing")
+
+    workdir = tmp_path / "run"   # what `python -m roformer.pretrain` leaves: checkpoints/ + its config
+    (workdir / "checkpoints" / "10").mkdir(parents=True)
+    (workdir / "config.json").write_text(json.dumps({"model": {"size": "mini"}, "train": {"steps": 10}}))
+    with pytest.raises(SystemExit, match=r"is a pretraining workdir .* not an HF RoFormer directory: config.json"
+                                         r" plus model.safetensors.* to-hf .*run OUT_DIR"):
+        convert.main(["from-hf", str(workdir), str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
