@@ -26,6 +26,7 @@ from roformer.train.distributed import initialize_distributed
 from roformer.train.metrics import MetricsWriter
 from roformer.train.optim import make_optimizer
 from roformer.train.state import TrainSetup
+from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.train")
 
@@ -91,11 +92,16 @@ class _StopFlag:
 
 
 def train_and_evaluate(config, workdir: str | Path) -> dict:
-    """Pretrain (or resume) with `config` in `workdir`; returns a summary dict."""
+    """Pretrain (or resume) with `config` in `workdir`; returns a summary dict. A workdir
+    another live run is using is refused (roformer.workdir_lock)."""
+    initialize_distributed(config.distributed)   # first: the lock is process 0's
+    with workdir_lock(workdir):
+        return _train_and_evaluate(config, Path(workdir).resolve())
+
+
+def _train_and_evaluate(config, workdir: Path) -> dict:
     from roformer.data import make_pretrain_data  # the input pipeline is heavy; import on use
 
-    initialize_distributed(config.distributed)
-    workdir = Path(workdir).resolve()
     tc = config.train
     is_main = jax.process_index() == 0
     if tc.batch_size % jax.process_count():
