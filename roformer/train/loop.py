@@ -62,6 +62,19 @@ def check_same_model_config(saved: dict | None, current: dict, workdir: Path) ->
                          "\nUse a new --workdir or restore the original model settings.")
 
 
+def finished_summary(workdir: Path, latest_step: int | None, steps: int) -> dict | None:
+    """The summary of a run that already reached `steps`: its newest checkpoint is at or
+    past them and summary.json says it ended there, not preempted. A re-run returns it
+    and leaves the workdir untouched; a larger train.steps resumes instead."""
+    path = workdir / "summary.json"
+    if latest_step is None or latest_step < steps or not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    if summary.get("final_step") != latest_step or summary.get("preempted"):
+        return None   # stopped at its last step without the final eval and summary: finish them
+    return summary
+
+
 class _StopFlag:
     """Set by SIGTERM (preemption notice); the loop saves and exits cleanly."""
 
@@ -123,6 +136,12 @@ def _train_and_evaluate(config, workdir: Path) -> dict:
     # (_run closes it on its own exit; close() is idempotent).
     try:
         check_same_model_config(checkpointer.saved_model_config(), model_cfg.to_dict(), workdir)
+        finished = finished_summary(workdir, checkpointer.latest_step(), tc.steps)
+        if finished is not None:
+            log.info("%s: already complete at step %d (train.steps=%d); nothing to do",
+                     workdir, finished["final_step"], tc.steps)
+            checkpointer.close()
+            return finished
         if is_main:
             workdir.mkdir(parents=True, exist_ok=True)
             (workdir / "config.json").write_text(json.dumps(
@@ -170,7 +189,7 @@ def _run(config, workdir, mesh, model_cfg, data, checkpointer, state, rest, star
          train_iter, eval_batches, train_step, eval_step, peak) -> dict:
     tc = config.train
     is_main = jax.process_index() == 0
-    writer = MetricsWriter(workdir)
+    writer = MetricsWriter(workdir, resume_step=start_step)
     step_flops = 0.0   # set from the first batch (its number of prediction slots)
     tokens_per_step = tc.batch_size * tc.seq_len
     stop = _StopFlag()
