@@ -42,6 +42,7 @@ from typing import Any, Callable
 import ml_collections
 
 from roformer import report
+from roformer.workdir_lock import WorkdirBusy, workdir_lock
 
 log = logging.getLogger("roformer.ablate")
 
@@ -331,9 +332,15 @@ def _is_main_process() -> bool:
 
 
 def run_ablation(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
-    """Run (or resume) the whole ablation in `workdir` and write the report; returns it."""
+    """Run (or resume) the whole ablation in `workdir` and write the report; returns it.
+    A workdir another live run is using is refused (roformer.workdir_lock); the stages'
+    own runs lock their sub-workdirs."""
     validate(config)
-    workdir = Path(workdir).resolve()
+    with workdir_lock(workdir):
+        return _run_ablation(config, Path(workdir).resolve())
+
+
+def _run_ablation(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     state = AblationState(workdir)
     if _is_main_process():
@@ -550,7 +557,10 @@ def main(argv):
         raise ValueError(f"unexpected arguments: {argv[1:]}")
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax's per-save INFO lines drown the progress
     logging.getLogger("roformer").setLevel(logging.INFO)
-    result = run_ablation(flags.FLAGS.config, flags.FLAGS.workdir)
+    try:
+        result = run_ablation(flags.FLAGS.config, flags.FLAGS.workdir)
+    except WorkdirBusy as error:   # one line, not a traceback: nothing went wrong in this run
+        raise SystemExit(f"error: {error}") from None
     if _is_main_process():
         print((Path(flags.FLAGS.workdir) / report.REPORT_MD).read_text())
     if any(s["status"] == "failed" for s in result["runs"] + result["extension"]["runs"]):

@@ -20,7 +20,8 @@ Embed embedding <-> weight; LayerNorm scale <-> weight).  Two things are not a r
     features (and v's, plus the output projection's input rows, with rotary_value).
 
 The library functions `load_hf`, `save_hf`, `load_converted`, `save_converted` are
-what other code (GLUE fine-tuning, benchmarks) calls.
+what other code (GLUE fine-tuning, benchmarks) calls.  Every loader returns its model
+in eval mode (dropout off), ready for inference; call `.train()` to fine-tune it.
 """
 from __future__ import annotations
 
@@ -364,6 +365,25 @@ def checkpoint_kind(path: str | Path, *, what: str = "path") -> str:
                      f"roformer.convert output (no {OUR_CONFIG_FILE})")
 
 
+HF_DIR_EXPECTED = ("an HF RoFormer directory: config.json plus model.safetensors, a sharded "
+                   "*.index.json or pytorch_model.bin, as transformers' save_pretrained writes")
+
+
+def _check_hf_dir(hf_dir: Path) -> None:
+    """Refuse a directory that is not an HF RoFormer directory, saying what it is instead."""
+    if not hf_dir.is_dir():
+        raise ValueError(f"{hf_dir}: no such directory (expected {HF_DIR_EXPECTED})")
+    config_path = hf_dir / "config.json"
+    workdir_config = (json.loads(config_path.read_text())
+                      if (hf_dir / "checkpoints").is_dir() and config_path.is_file() else {})
+    if "train" in workdir_config:
+        raise ValueError(f"{hf_dir} is a pretraining workdir (checkpoints/ and a config.json with a train "
+                         f"section), not {HF_DIR_EXPECTED}. To export it use `python -m roformer.convert "
+                         f"to-hf {hf_dir} OUT_DIR`; in Python, load_pretrain_workdir() reads it")
+    if not config_path.is_file():
+        raise ValueError(f"no config.json in {hf_dir} (expected {HF_DIR_EXPECTED})")
+
+
 def load_hf(hf_dir: str | Path, *, head: str | None = None, num_labels: int | None = None,
             seed: int = 0, **overrides) -> tuple[ModelConfig, AnyModel]:
     """Read an HF RoFormer directory into (ModelConfig, our model).
@@ -372,12 +392,11 @@ def load_hf(hf_dir: str | Path, *, head: str | None = None, num_labels: int | No
     encoder).  Asking for another head (e.g. head="classification", num_labels=3 on an MLM
     checkpoint, as GLUE fine-tuning does) loads the encoder and initialises the new head
     from `seed`.  `overrides` change ModelConfig fields, e.g. rope_layout="half".
+    The model is returned in eval mode (dropout off); call `.train()` to fine-tune it.
     """
     hf_dir = Path(hf_dir)
-    config_path = hf_dir / "config.json"
-    if not config_path.exists():
-        raise ValueError(f"no config.json in {hf_dir}")
-    hf = json.loads(config_path.read_text())
+    _check_hf_dir(hf_dir)
+    hf = json.loads((hf_dir / "config.json").read_text())
     config = hf_config_to_model_config(hf, **overrides)
     weights = read_hf_weights(hf_dir)
     head = head or _hf_head(weights)
@@ -391,6 +410,7 @@ def load_hf(hf_dir: str | Path, *, head: str | None = None, num_labels: int | No
     fresh = hf_weights_to_model(weights, model)
     if fresh:
         log.warning("%s holds no %s head for this model; initialised fresh: %s", hf_dir, head, fresh)
+    model.eval()
     return config, model
 
 
@@ -428,7 +448,8 @@ def save_converted(model: AnyModel, out_dir: str | Path) -> Path:
 
 
 def load_converted(our_dir: str | Path, **overrides) -> tuple[ModelConfig, AnyModel]:
-    """Inverse of `save_converted`; `overrides` change non-shape ModelConfig fields (dtype, dropout)."""
+    """Inverse of `save_converted`; `overrides` change non-shape ModelConfig fields (dtype, dropout).
+    The model is returned in eval mode (dropout off); call `.train()` to fine-tune it."""
     our_dir = Path(our_dir).resolve()
     meta_path = our_dir / OUR_CONFIG_FILE
     if not meta_path.exists():
@@ -441,12 +462,14 @@ def load_converted(our_dir: str | Path, **overrides) -> tuple[ModelConfig, AnyMo
     with ocp.StandardCheckpointer() as checkpointer:
         restored = checkpointer.restore(our_dir / OUR_PARAMS_DIR, abstract)
     nnx.update(model, restored)
+    model.eval()
     return config, model
 
 
 def load_pretrain_workdir(workdir: str | Path, *, step: int = -1) -> tuple[ModelConfig, RoFormerForMaskedLM]:
     """The MLM model of a pretraining run (`python -m roformer.pretrain`): params of
-    `workdir/checkpoints/<step>` (newest when step < 0), restored onto this host."""
+    `workdir/checkpoints/<step>` (newest when step < 0), restored onto this host, in eval
+    mode (dropout off); call `.train()` to fine-tune it."""
     from roformer.train.checkpoint import PretrainWorkdir
 
     config, params = PretrainWorkdir(workdir).params(step)
@@ -454,6 +477,7 @@ def load_pretrain_workdir(workdir: str | Path, *, step: int = -1) -> tuple[Model
     state = nnx.state(model, nnx.Param)
     nnx.replace_by_pure_dict(state, params)
     nnx.update(model, state)
+    model.eval()
     return config, model
 
 
@@ -484,6 +508,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     if args.command == "from-hf":
+        try:
+            _check_hf_dir(Path(args.hf_dir))
+        except ValueError as error:  # a wrong directory is a usage error, not a crash
+            raise SystemExit(f"from-hf: {error}") from None
         config, model = load_hf(args.hf_dir, rope_layout=args.rope_layout, dtype=args.dtype)
         out = save_converted(model, args.out_dir)
         _copy_tokenizer_files(Path(args.hf_dir), out)

@@ -13,6 +13,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from roformer.train import train_and_evaluate
+from roformer.workdir_lock import WorkdirBusy
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Pretraining config file (configs/*.py[:arg]).",
@@ -27,7 +28,10 @@ def main(argv):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     logging.getLogger("absl").setLevel(logging.WARNING)   # orbax logs every file rename at INFO
-    train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    try:
+        train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    except WorkdirBusy as error:   # one line, not a traceback: nothing went wrong in this run
+        raise SystemExit(f"error: {error}") from None
 
 
 if __name__ == "__main__":

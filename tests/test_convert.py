@@ -23,10 +23,11 @@ VOCAB = 99
 
 
 def hf_config(rotary_value: bool, **extra) -> transformers.RoFormerConfig:
-    return transformers.RoFormerConfig(
-        vocab_size=VOCAB, embedding_size=24, hidden_size=32, num_hidden_layers=2,
-        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, rotary_value=rotary_value, **extra)
+    return transformers.RoFormerConfig(**{
+        "vocab_size": VOCAB, "embedding_size": 24, "hidden_size": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64,
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "rotary_value": rotary_value,
+        **extra})
 
 
 def random_hf(cls, config, seed=0):
@@ -67,8 +68,9 @@ def hf_outputs(model, batch):
     return out.hidden_states[-1].numpy(), out.logits.numpy()
 
 
-def our_outputs(model, batch):
-    model.eval()
+def our_outputs(model, batch, set_eval=True):
+    if set_eval:
+        model.eval()
     kwargs = dict(token_type_ids=jnp.asarray(batch["token_type_ids"]),
                   attention_mask=jnp.asarray(batch["attention_mask"]))
     hidden = model.roformer(jnp.asarray(batch["input_ids"]), **kwargs)
@@ -193,6 +195,27 @@ def test_to_hf_from_pretraining_workdir(tmp_path, batch):
     assert_close(our_outputs(ours, batch), hf_outputs(hf, batch), batch)
 
 
+def test_loaders_return_models_in_eval_mode(tmp_path, batch):
+    """Every loader's model is ready for inference as returned: with HF's default dropout
+    (0.1) in the config, a model left in training mode would give other logits."""
+    hf = random_hf(transformers.RoFormerForMaskedLM,
+                   hf_config(False, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1), seed=7)
+    hf.save_pretrained(tmp_path / "hf")
+    config, from_hf = convert.load_hf(tmp_path / "hf")
+    assert config.hidden_dropout == 0.1
+    convert.save_converted(from_hf, tmp_path / "ours")
+    _, converted = convert.load_converted(tmp_path / "ours")
+    checkpointer = Checkpointer(tmp_path / "run" / "checkpoints", max_to_keep=1, async_save=False)
+    checkpointer.save(3, {"params": nnx.to_pure_dict(nnx.state(from_hf, nnx.Param)), "opt_state": {},
+                          "step": jnp.zeros((), jnp.int32)}, {}, config.to_dict())
+    checkpointer.close()
+    _, pretrained = convert.load_pretrain_workdir(tmp_path / "run")
+
+    want = hf_outputs(hf, batch)
+    for model in (from_hf, converted, pretrained):
+        assert_close(our_outputs(model, batch, set_eval=False), want, batch)
+
+
 def test_bare_encoder_and_new_head_from_mlm_checkpoint(tmp_path, batch):
     hf = random_hf(transformers.RoFormerForMaskedLM, hf_config(False), seed=5)
     hf.save_pretrained(tmp_path / "hf")
@@ -256,3 +279,18 @@ def test_conversion_errors(tmp_path):
         convert.load_hf(tmp_path / "tied")
     with pytest.raises(ValueError, match="no model.safetensors"):
         convert.read_hf_weights(tmp_path)
+
+
+def test_from_hf_names_a_missing_directory_and_a_pretraining_workdir(tmp_path):
+    with pytest.raises(SystemExit, match=r"from-hf: .*missing: no such directory \(expected an HF RoFormer"):
+        convert.main(["from-hf", str(tmp_path / "missing"), str(tmp_path / "out")])
+    with pytest.raises(ValueError, match="no such directory"):
+        convert.load_hf(tmp_path / "missing")
+
+    workdir = tmp_path / "run"   # what `python -m roformer.pretrain` leaves: checkpoints/ + its config
+    (workdir / "checkpoints" / "10").mkdir(parents=True)
+    (workdir / "config.json").write_text(json.dumps({"model": {"size": "mini"}, "train": {"steps": 10}}))
+    with pytest.raises(SystemExit, match=r"is a pretraining workdir .* not an HF RoFormer directory: config.json"
+                                         r" plus model.safetensors.* to-hf .*run OUT_DIR"):
+        convert.main(["from-hf", str(workdir), str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()

@@ -6,6 +6,7 @@ fallback from a corrupt newest checkpoint, and refusal of a changed model config
 import json
 import logging
 import os
+import shutil
 import runpy
 import signal
 import subprocess
@@ -148,3 +149,41 @@ def test_nan_guard_corrupt_fallback_and_config_mismatch(tmp_path, cache, caplog,
     assert "intermediate_size" not in str(error.value)
     assert [c.directory for c in closed] == [(workdir / "checkpoints").resolve()]  # the refused run released orbax
     closed[0].close()                                           # and closing again is harmless
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, cache):
+    """A run that trained to its last step (4, checkpointed there), copied per test."""
+    workdir = tmp_path_factory.mktemp("finished") / "run"
+    train_and_evaluate(make_config(cache, **{"train.steps": 4}), workdir)
+    return workdir
+
+
+def test_rerun_of_a_finished_run_leaves_it_intact(finished_run, cache, tmp_path, caplog):
+    workdir = tmp_path / "run"
+    shutil.copytree(finished_run, workdir)
+    files = {name: (workdir / name).read_bytes() for name in ("summary.json", "metrics.jsonl", "config.json")}
+    for steps in (4, 2):   # at or below the checkpointed step
+        with caplog.at_level(logging.INFO, logger="roformer.train"):
+            summary = train_and_evaluate(make_config(cache, **{"train.steps": steps}), workdir)
+        assert "already complete at step 4" in caplog.text
+        assert summary == json.loads(files["summary.json"])
+        assert summary["final_loss"] is not None and summary["tokens_per_sec"] is not None
+        assert {name: (workdir / name).read_bytes() for name in files} == files
+
+
+def test_resume_logs_each_step_once(finished_run, cache, tmp_path):
+    """Extending a finished run resumes it; rows an interrupted attempt logged past the
+    checkpoint it resumes from (and a torn last line) are dropped, not duplicated."""
+    workdir = tmp_path / "run"
+    shutil.copytree(finished_run, workdir)
+    with open(workdir / "metrics.jsonl", "a") as f:   # steps 5-6 of an attempt killed before saving
+        f.write(json.dumps({"step": 5, "loss": 99.0}) + "\n" + json.dumps({"step": 6, "loss": 99.0}) + "\n")
+        f.write('{"step": 6, "eval_lo')
+    summary = train_and_evaluate(make_config(cache, **{"train.steps": 6}), workdir)
+    assert summary["start_step"] == 4 and summary["final_step"] == 6 and summary["final_loss"] is not None
+    rows = read_metrics(workdir)
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in rows if "eval_loss" in r] == [4, 6]
+    assert all(r.get("loss") != 99.0 for r in rows)
+    assert json.loads((workdir / "summary.json").read_text())["final_step"] == 6

@@ -1,5 +1,7 @@
 """Optimizer, schedules, gradient accumulation, configs, FLOPs/MFU and the metrics writer."""
+import re
 import runpy
+import tomllib
 from pathlib import Path
 
 import jax
@@ -135,3 +137,17 @@ def test_metrics_writer_jsonl_and_tensorboard(tmp_path):
     silent = MetricsWriter(tmp_path / "other", enabled=False)   # processes > 0
     silent.write(1, {"loss": 1.0})
     assert not (tmp_path / "other").exists()
+
+
+def test_tensorboard_is_a_dependency_and_reads_the_event_files(tmp_path):
+    """The README's `tensorboard --logdir` needs the tensorboard package (tensorboardX only
+    writes the events), so the project depends on it; and it reads what MetricsWriter writes."""
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    names = {re.match(r"[A-Za-z0-9_.-]+", dep).group().lower() for dep in pyproject["project"]["dependencies"]}
+    assert "tensorboard" in names
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    writer = MetricsWriter(tmp_path, enabled=True)
+    writer.write(3, {"loss": 2.5})
+    writer.close()
+    events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard")).Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(3, 2.5)]

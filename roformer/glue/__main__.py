@@ -14,8 +14,12 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.getLogger("roformer").setLevel(logging.INFO)
     from roformer.glue.run import run_glue
+    from roformer.workdir_lock import WorkdirBusy
 
-    results = run_glue(_CONFIG.value, _WORKDIR.value)
+    try:
+        results = run_glue(_CONFIG.value, _WORKDIR.value)
+    except WorkdirBusy as error:   # one line, not a traceback: nothing went wrong in this run
+        raise SystemExit(f"error: {error}") from None
     print(open(f"{_WORKDIR.value}/glue_results.md").read(), end="")
     if "submission" in results:
         print(f"submission: {results['submission']['zip']}")

@@ -25,6 +25,7 @@ from roformer.glue.metrics import glue_scores, task_metrics
 from roformer.glue.readers import read_split
 from roformer.glue.submission import missing_submission_files, write_predictions, zip_submission
 from roformer.glue.tasks import TASKS, TaskSpec, parse_task_list
+from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.glue")
 
@@ -168,8 +169,13 @@ def _json(value):
 
 def run_glue(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """Fine-tune and evaluate every requested task; returns the results dict that is
-    also written to `glue_results.json`."""
-    workdir = Path(workdir)
+    also written to `glue_results.json`. A workdir another live run is using is refused
+    (roformer.workdir_lock)."""
+    with workdir_lock(workdir):
+        return _run_glue(config, Path(workdir))
+
+
+def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     tasks = parse_task_list(config.task)
     if "ax" in tasks:  # AX has no training data: it is predicted with the MNLI model

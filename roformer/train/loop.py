@@ -27,6 +27,7 @@ from roformer.train.distributed import initialize_distributed
 from roformer.train.metrics import MetricsWriter
 from roformer.train.optim import make_optimizer
 from roformer.train.state import TrainSetup
+from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.train")
 
@@ -60,6 +61,19 @@ def check_same_model_config(saved: dict | None, current: dict, workdir: Path) ->
         raise ValueError(f"{workdir} holds checkpoints of a different model config; refusing to resume. "
                          "Differing keys:\n  " + "\n  ".join(diffs) +
                          "\nUse a new --workdir or restore the original model settings.")
+
+
+def finished_summary(workdir: Path, latest_step: int | None, steps: int) -> dict | None:
+    """The summary of a run that already reached `steps`: its newest checkpoint is at or
+    past them and summary.json says it ended there, not preempted. A re-run returns it
+    and leaves the workdir untouched; a larger train.steps resumes instead."""
+    path = workdir / "summary.json"
+    if latest_step is None or latest_step < steps or not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    if summary.get("final_step") != latest_step or summary.get("preempted"):
+        return None   # stopped at its last step without the final eval and summary: finish them
+    return summary
 
 
 class _StopFlag:
@@ -117,36 +131,37 @@ def _checkpointed_step(workdir: Path) -> int:
 
 
 def train_and_evaluate(config, workdir: str | Path) -> dict:
-    """Pretrain (or resume) with `config` in `workdir`; returns a summary dict.
+    """Pretrain (or resume) with `config` in `workdir`; returns a summary dict. A workdir
+    another live run is using is refused (roformer.workdir_lock).
 
     With `train.phases` the phases run in order in the one workdir: each resumes the
     previous one's checkpoint (model, optimizer, step) with its own batch shape, and the
     learning-rate schedule spans the whole run (train.decay_steps, default: all steps)."""
-    phases = parse_phases(config.train)
-    if not str(config.train.get("phases", "") or "").strip():
-        return _train_phase(config, workdir)
+    initialize_distributed(config.distributed)   # first: the lock is process 0's
     workdir = Path(workdir).resolve()
-    done = _checkpointed_step(workdir)
-    summary: dict = {}
-    for index, (end, seq_len, batch_size) in enumerate(phases):
-        if done >= end and index < len(phases) - 1:
-            continue   # finished earlier; the last phase still reports
-        phase_cfg = ml_collections.ConfigDict(config.to_dict())
-        phase_cfg.train.update(steps=end, seq_len=seq_len, batch_size=batch_size,
-                               decay_steps=config.train.decay_steps or phases[-1][0])
-        log.info("phase %d of %d: up to step %d at seq_len %d, batch %d", index + 1, len(phases), end,
-                 seq_len, batch_size)
-        summary = _train_phase(phase_cfg, workdir)
-        if summary.get("preempted"):
-            break
-    return summary
+    with workdir_lock(workdir):
+        if not str(config.train.get("phases", "") or "").strip():
+            return _train_phase(config, workdir)
+        phases = parse_phases(config.train)
+        done = _checkpointed_step(workdir)
+        summary: dict = {}
+        for index, (end, seq_len, batch_size) in enumerate(phases):
+            if done >= end and index < len(phases) - 1:
+                continue   # finished earlier; the last phase still reports
+            phase_cfg = ml_collections.ConfigDict(config.to_dict())
+            phase_cfg.train.update(steps=end, seq_len=seq_len, batch_size=batch_size,
+                                   decay_steps=config.train.decay_steps or phases[-1][0])
+            log.info("phase %d of %d: up to step %d at seq_len %d, batch %d", index + 1, len(phases), end,
+                     seq_len, batch_size)
+            summary = _train_phase(phase_cfg, workdir)
+            if summary.get("preempted"):
+                break
+        return summary
 
 
-def _train_phase(config, workdir: str | Path) -> dict:
+def _train_phase(config, workdir: Path) -> dict:
     from roformer.data import make_pretrain_data  # the input pipeline is heavy; import on use
 
-    initialize_distributed(config.distributed)
-    workdir = Path(workdir).resolve()
     tc = config.train
     is_main = jax.process_index() == 0
     if tc.batch_size % jax.process_count():
@@ -173,6 +188,12 @@ def _train_phase(config, workdir: str | Path) -> dict:
     # (_run closes it on its own exit; close() is idempotent).
     try:
         check_same_model_config(checkpointer.saved_model_config(), model_cfg.to_dict(), workdir)
+        finished = finished_summary(workdir, checkpointer.latest_step(), tc.steps)
+        if finished is not None:
+            log.info("%s: already complete at step %d (train.steps=%d); nothing to do",
+                     workdir, finished["final_step"], tc.steps)
+            checkpointer.close()
+            return finished
         if is_main:
             workdir.mkdir(parents=True, exist_ok=True)
             (workdir / "config.json").write_text(json.dumps(
@@ -221,7 +242,7 @@ def _run(config, workdir, mesh, model_cfg, data, checkpointer, state, rest, star
          train_iter, eval_batches, train_step, eval_step, peak) -> dict:
     tc = config.train
     is_main = jax.process_index() == 0
-    writer = MetricsWriter(workdir)
+    writer = MetricsWriter(workdir, resume_step=start_step)
     step_flops = 0.0   # set from the first batch (its number of prediction slots)
     tokens_per_step = tc.batch_size * tc.seq_len
     stop = _StopFlag()

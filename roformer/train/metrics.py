@@ -19,9 +19,13 @@ def _jsonable(value):
 class MetricsWriter:
     """Appends one JSON object per call to `workdir/metrics.jsonl` and mirrors the
     scalars to TensorBoard (`workdir/tensorboard`). No-op on processes other than 0,
-    so multi-host runs write one log."""
+    so multi-host runs write one log.
 
-    def __init__(self, workdir: str | Path, *, enabled: bool | None = None):
+    `resume_step`: the step training (re)starts from. Rows logged past it by an earlier,
+    interrupted attempt are dropped first (and hidden in TensorBoard), so the steps run
+    again are logged once."""
+
+    def __init__(self, workdir: str | Path, *, enabled: bool | None = None, resume_step: int | None = None):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.path = Path(workdir) / "metrics.jsonl"
         self._file = None
@@ -29,8 +33,11 @@ class MetricsWriter:
         if self.enabled:
             from tensorboardX import SummaryWriter  # imported lazily: only process 0 needs it
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if resume_step is not None:
+                _drop_rows_after(self.path, resume_step)
             self._file = self.path.open("a")
-            self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
+            self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"),
+                                     purge_step=None if resume_step is None else resume_step + 1)
 
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
         if not self.enabled:
@@ -48,6 +55,17 @@ class MetricsWriter:
             self._file.close()
             self._tb.close()
             self.enabled = False
+
+
+def _drop_rows_after(path: Path, step: int) -> None:
+    """Rewrite `path` (atomically) without rows past `step`, or a torn last line."""
+    if not path.exists():
+        return
+    kept = "".join(json.dumps(row) + "\n" for row in read_metrics(path) if row.get("step", 0) <= step)
+    if kept != path.read_text():
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text(kept)
+        tmp.replace(path)
 
 
 def read_metrics(path: str | Path) -> list[dict]:

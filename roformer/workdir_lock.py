@@ -1,0 +1,100 @@
+"""One run per workdir: `DIR/workdir.lock` names the process using it.
+
+Pretraining, GLUE and the ablation take it for their whole run, so a second run on a
+workdir in use stops at once, naming the holder's host and pid, instead of both
+writing the same checkpoints and metrics. A lock left by a process that died on this
+host (SIGKILL, OOM, a crash) is taken over with a warning; one held on another host
+cannot be checked from here and is refused. In a multi-host run only process 0 takes
+it: every process of that run shares the workdir. The same process may take it again
+(nested runs); it is released when the outermost `with` exits.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+log = logging.getLogger("roformer")
+
+LOCK_FILE = "workdir.lock"
+
+_depth: dict[Path, int] = {}   # locks this process holds -> nesting depth
+
+
+class WorkdirBusy(RuntimeError):
+    """Another live process holds the workdir."""
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError):   # torn write: treat as its own holder
+        return {"host": "?", "pid": -1}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # exists, owned by someone else
+        return True
+    return True
+
+
+def _acquire(path: Path, me: dict) -> None:
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _read(path)
+            if holder is None:   # released meanwhile: try again
+                continue
+            host, pid = holder.get("host"), holder.get("pid")
+            if host == me["host"] and pid == me["pid"]:
+                return   # ours already (written by this process)
+            if host != me["host"] or not isinstance(pid, int) or pid <= 0 or _alive(pid):
+                raise WorkdirBusy(
+                    f"{path.parent} is in use by another run (host {host}, pid {pid}, since "
+                    f"{holder.get('since', '?')}); wait for it or use another workdir (if that run "
+                    f"is gone, remove {path})") from None
+            if _read(path) == holder:   # still the same stale lock: take it over
+                log.warning("%s: taking over the lock of a run that is no longer running "
+                            "(host %s, pid %s)", path.parent, host, pid)
+                path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(me) + "\n")
+        return
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str | Path) -> Iterator[None]:
+    """Hold `workdir`'s lock for the block (creating the directory); see the module doc."""
+    import jax
+
+    if jax.process_index() != 0:
+        yield
+        return
+    path = Path(workdir).expanduser().resolve() / LOCK_FILE
+    if path not in _depth:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _acquire(path, {"host": socket.gethostname(), "pid": os.getpid(),
+                        "since": time.strftime("%Y-%m-%d %H:%M:%S")})
+    _depth[path] = _depth.get(path, 0) + 1
+    try:
+        yield
+    finally:
+        _depth[path] -= 1
+        if not _depth[path]:
+            del _depth[path]
+            holder = _read(path)
+            if holder and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+                path.unlink(missing_ok=True)

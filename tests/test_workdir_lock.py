@@ -1,0 +1,143 @@
+"""One run per workdir: a second run is refused naming the holder, a dead holder's lock is
+taken over, the lock goes when its run ends, and nested runs of one process go ahead."""
+import json
+import logging
+import os
+import runpy
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import pytest
+
+from configs import glue as glue_config
+from roformer import ablate
+from roformer.glue.run import run_glue
+from roformer.train import train_and_evaluate
+from roformer.workdir_lock import LOCK_FILE, WorkdirBusy, workdir_lock
+
+REPO = Path(__file__).resolve().parents[1]
+HOLD = ("import sys, time\nfrom roformer.workdir_lock import workdir_lock\n"
+        "with workdir_lock(sys.argv[1]):\n    print('locked', flush=True)\n    time.sleep(float(sys.argv[2]))\n")
+
+
+def hold(workdir: Path, seconds: float) -> subprocess.Popen:
+    """Another process holding `workdir`'s lock for `seconds` (returns once it holds it)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(workdir), str(seconds)], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def write_lock(workdir: Path, pid: int, host: str | None = None) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / LOCK_FILE
+    path.write_text(json.dumps({"host": host or socket.gethostname(), "pid": pid, "since": "earlier"}))
+    return path
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()   # reaped: the pid names no process now
+    return proc.pid
+
+
+def test_second_process_is_refused_at_once_naming_the_holder(tmp_path, caplog):
+    holder = hold(tmp_path / "run", 60)
+    try:
+        start = time.time()
+        with pytest.raises(WorkdirBusy) as refused:
+            with workdir_lock(tmp_path / "run"):
+                pass
+        assert time.time() - start < 5
+        message = str(refused.value)
+        assert "\n" not in message
+        assert f"in use by another run (host {socket.gethostname()}, pid {holder.pid}," in message
+        # ...and another process is refused too, with that one line and no traceback
+        other = subprocess.run([sys.executable, "-c", HOLD, str(tmp_path / "run"), "0"], cwd=REPO,
+                               capture_output=True, text=True)
+        assert other.returncode != 0 and f"pid {holder.pid}" in other.stderr
+    finally:
+        holder.kill()   # SIGKILL: no clean-up, so the lock is left behind, stale
+        holder.wait()
+    # its holder is dead: the next run takes the lock over, with a warning
+    with caplog.at_level(logging.WARNING, logger="roformer"):
+        with workdir_lock(tmp_path / "run"):
+            assert json.loads((tmp_path / "run" / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert f"no longer running (host {socket.gethostname()}, pid {holder.pid})" in caplog.text
+    assert not (tmp_path / "run" / LOCK_FILE).exists()
+
+
+def test_lock_is_released_when_its_run_ends(tmp_path):
+    subprocess.run([sys.executable, "-c", HOLD, str(tmp_path / "a"), "0"], cwd=REPO, check=True,
+                   capture_output=True)
+    assert (tmp_path / "a").is_dir() and not (tmp_path / "a" / LOCK_FILE).exists()
+    with pytest.raises(RuntimeError, match="boom"):
+        with workdir_lock(tmp_path / "b"):
+            assert (tmp_path / "b" / LOCK_FILE).is_file()
+            raise RuntimeError("boom")
+    assert not (tmp_path / "b" / LOCK_FILE).exists()
+
+
+def test_stale_lock_is_taken_over_and_a_live_or_foreign_one_refused(tmp_path, caplog):
+    stale = dead_pid()
+    path = write_lock(tmp_path, stale)
+    with caplog.at_level(logging.WARNING, logger="roformer"):
+        with workdir_lock(tmp_path):
+            assert json.loads(path.read_text())["pid"] == os.getpid()
+    assert f"pid {stale}" in caplog.text and not path.exists()
+
+    write_lock(tmp_path, os.getppid())   # alive (pytest's parent)
+    with pytest.raises(WorkdirBusy, match=f"pid {os.getppid()}, since earlier"):
+        with workdir_lock(tmp_path):
+            pass
+    write_lock(tmp_path, stale, host="elsewhere")   # can't tell from here whether it runs
+    with pytest.raises(WorkdirBusy, match=f"host elsewhere, pid {stale}"):
+        with workdir_lock(tmp_path):
+            pass
+
+
+def test_same_process_reenters_and_only_process_0_locks(tmp_path, monkeypatch):
+    with workdir_lock(tmp_path):
+        with workdir_lock(tmp_path / "."):   # the same directory, entered again
+            with workdir_lock(tmp_path / "sub"):
+                assert (tmp_path / "sub" / LOCK_FILE).is_file()
+        assert (tmp_path / LOCK_FILE).is_file()   # held until the outermost exit
+    assert not (tmp_path / LOCK_FILE).exists()
+
+    write_lock(tmp_path, os.getppid())
+    monkeypatch.setattr(jax, "process_index", lambda: 1)   # another host of a multi-host run
+    with workdir_lock(tmp_path / "other"):
+        pass
+    assert not (tmp_path / "other").exists()
+
+
+def test_pretraining_glue_and_ablation_refuse_a_busy_workdir(tmp_path):
+    write_lock(tmp_path, os.getppid())
+    pretrain = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
+    with pytest.raises(WorkdirBusy):
+        train_and_evaluate(pretrain, tmp_path)
+    with pytest.raises(WorkdirBusy):
+        run_glue(glue_config.get_config(), tmp_path)
+    with pytest.raises(WorkdirBusy):
+        ablate.run_ablation(ablate.load_config_file("ablation", "smoke"), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]   # nothing was written
+
+
+def test_ablation_stages_lock_their_own_workdirs_under_the_ablation_lock(tmp_path, monkeypatch):
+    seen = []
+
+    def stage(cfg, workdir):   # as the real runners do: train_and_evaluate / run_glue lock workdir
+        with workdir_lock(workdir), workdir_lock(tmp_path):   # and the same process re-entering
+            seen.append(((tmp_path / LOCK_FILE).is_file(), (workdir / LOCK_FILE).is_file()))
+        raise RuntimeError("stop here")   # recorded as a failed stage; the ablation goes on
+
+    monkeypatch.setitem(ablate.STAGE_RUNNERS, "pretrain", stage)
+    config = ablate.load_config_file("ablation", "smoke")
+    config.schemes, config.seeds, config.extension.enabled = "rope", 1, False
+    ablate.run_ablation(config, tmp_path)
+    assert seen and all(seen_ == (True, True) for seen_ in seen)
+    assert not list(tmp_path.rglob(LOCK_FILE))
