@@ -163,8 +163,10 @@ class PretrainWorkdir:
 
         step = self.resolve_step(step)
         config = self.model_config(step)
-        abstract = nnx.to_pure_dict(nnx.state(
-            nnx.eval_shape(lambda: RoFormerForMaskedLM(config, rngs=nnx.Rngs(0))), nnx.Param))
+        # Plain shapes (jax.eval_shape of the pure dict): nnx.eval_shape would attach the
+        # declared logical axes, which a caller's active mesh cannot resolve.
+        abstract = jax.eval_shape(lambda: nnx.to_pure_dict(nnx.state(
+            RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)), nnx.Param)))
         if encoder_only:
             abstract = {"roformer": abstract["roformer"]}
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
