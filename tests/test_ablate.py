@@ -1,86 +1,177 @@
 """Ablation orchestration, report building and length-extrapolation evaluation.
 
-The orchestration tests swap the three stage runners for fast fakes that write what
-the real ones write (metrics.jsonl, glue_results.json), so skipping, resuming and
-failure handling are checked without training; tests/test_notebooks.py runs a tiny
-real ablation end to end.
+The orchestration tests swap the stage runners for fast fakes that write what the real
+ones write (metrics.jsonl, glue_results.json) or return what they return (extrapolation
+and context-extension results), so validation, the order of seeds and stages, skipping,
+resuming, failure handling and the statistics of the report are checked without
+training; tests/test_notebooks.py runs a tiny real ablation end to end.
 """
 import json
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
+from scipy import stats
 
 from roformer import ablate, extrapolation, report
 from roformer.model import ModelConfig, RoFormerForMaskedLM
 
 
-def small_config(schemes="learned,rope"):
+def small_config(schemes="learned,rope", *, seeds=None, methods=None):
+    """configs/ablation.py:smoke: 2 seeds, 40 steps, MRPC, context extension of rope at 2x
+    (10 steps, evaluated every 5) under every extension method."""
     config = ablate.load_config_file("ablation", "smoke")
     config.schemes = schemes
+    if seeds is not None:
+        config.seeds = seeds
+    if methods is not None:
+        config.extension.methods = methods
     return config
 
 
+def run_name(workdir):
+    """The ablation's name of the run a stage works in: <scheme>/seed<k> (pretrain/ and
+    glue/ workdirs) or extension/<method>/seed<k>."""
+    parts = workdir.parts
+    return "/".join(parts[-3:]) if parts[-3] == "extension" else "/".join(parts[-2:])
+
+
+SPEED = {"learned": 1000.0, "rope": 800.0}   # tokens/s; any other scheme 500
+
+
 class FakeStages:
-    """Stage runners that record their calls and write the files the real ones write."""
+    """Stage runners that record their calls and write (or return) what the real ones do.
 
-    def __init__(self, fail=()):
-        self.calls = []
-        self.fail = set(fail)   # {(scheme, stage)}
+    `values[(scheme, seed)]` sets final held-out metrics of a pretraining run (eval_loss,
+    eval_mlm_accuracy, eval_order_gap); `extension_loss[(method, seed)]` the held-out loss
+    of an extension run at each evaluated step."""
 
-    def _check(self, scheme, stage):
-        self.calls.append((scheme, stage))
-        if (scheme, stage) in self.fail:
-            raise RuntimeError(f"injected failure in {scheme} {stage}")
+    def __init__(self, fail=(), preempt=(), values=None, extension_loss=None):
+        self.calls = []               # (run, stage), in call order
+        self.configs = {}             # (run, stage) -> the config a training stage was given
+        self.fail = set(fail)         # {(run, stage)}: raises RuntimeError
+        self.preempt = set(preempt)   # {(run, stage)}: raises Preempted (training saved on SIGTERM)
+        self.values = values or {}
+        self.extension_loss = extension_loss or {}
+
+    def _check(self, run, stage):
+        self.calls.append((run, stage))
+        if (run, stage) in self.preempt:
+            raise ablate.Preempted(f"{run} {stage} preempted")
+        if (run, stage) in self.fail:
+            raise RuntimeError(f"injected failure in {run} {stage}")
+
+    def final(self, scheme, seed):
+        default = {"eval_loss": (7.0 if scheme == "rope" else 7.5) + 0.1 * seed,
+                   "eval_mlm_accuracy": 0.1 + 0.01 * seed,
+                   "eval_order_gap": 0.5 if scheme == "rope" else 0.3}
+        return {**default, **self.values.get((scheme, seed), {})}
 
     def pretrain(self, cfg, workdir):
-        scheme = workdir.name
-        self._check(scheme, "pretrain")
+        run = run_name(workdir)
+        self._check(run, "pretrain")
+        self.configs[(run, "pretrain")] = cfg
+        scheme, seed = workdir.parent.name, cfg.train.seed
+        final = self.final(scheme, seed)
+        steps, every = cfg.train.steps, cfg.train.eval_every
         workdir.mkdir(parents=True, exist_ok=True)
-        speed = {"learned": 1000.0, "rope": 800.0}.get(scheme, 500.0)
         with open(workdir / "metrics.jsonl", "a") as f:
-            for step in range(5, cfg.train.steps + 1, 5):
+            for step in range(5, steps + 1, 5):
                 f.write(json.dumps({"step": step, "loss": 8.0 - step / 10, "mlm_accuracy": step / 100,
-                                    "tokens_per_sec": speed}) + "\n")
-            f.write(json.dumps({"step": cfg.train.steps, "eval_loss": 7.0 if scheme == "rope" else 7.5,
-                                "eval_mlm_accuracy": 0.1}) + "\n")
-        return {"steps": cfg.train.steps}
+                                    "tokens_per_sec": SPEED.get(scheme, 500.0)}) + "\n")
+            # Held-out evaluation (with the shuffle probe) every eval_every steps and at the end.
+            for step in sorted(set(range(every, steps + 1, every)) | {steps}):
+                frac = step / steps
+                loss, gap = final["eval_loss"] + (1 - frac), final["eval_order_gap"] * frac
+                f.write(json.dumps({"step": step, "eval_loss": loss,
+                                    "eval_mlm_accuracy": final["eval_mlm_accuracy"] * frac,
+                                    "eval_shuffled_loss": loss + gap, "eval_order_gap": gap}) + "\n")
+        return {"steps": steps}
 
     def extrapolation(self, config, pretrain_cfg, pretrain_dir):
-        scheme = pretrain_dir.name
-        self._check(scheme, "extrapolation")
+        run = run_name(pretrain_dir)
+        self._check(run, "extrapolation")
+        scheme, seed = pretrain_dir.parent.name, pretrain_cfg.train.seed
         lengths = [64, 128, 256]
-        loss = {"plain": [7.0, None, None] if scheme == "learned" else [7.0, 7.4, 7.9]}
+        loss = {"plain": [7.0, None, None] if scheme == "learned" else [7.0, 7.4 + 0.1 * seed, 7.9]}
         if scheme == "rope":
-            loss.update(linear=[7.0, 7.2, 7.5], ntk=[7.0, 7.1, 7.3])
+            loss.update(linear=[7.0, 7.2, 7.5], ntk=[7.0, 7.1, 7.3], yarn=[7.0, 7.05, 7.2])
         return {"params": 1000, "extrapolation": {"lengths": lengths, "rows": [8, 8, 8], "loss": loss}}
 
     def glue(self, cfg, workdir):
-        self._check(workdir.name, "glue")
+        self._check(run_name(workdir), "glue")
         workdir.mkdir(parents=True, exist_ok=True)
         results = {"tasks": {"mrpc": {"median": {"dev": {"f1": 0.8, "accuracy": 0.7}}}},
                    "glue": {"glue_bert_9": {"score": 80.0, "complete": False}}}
         (workdir / "glue_results.json").write_text(json.dumps(results))
         return {}
 
+    def extension(self, cfg, workdir):
+        run = run_name(workdir)
+        self._check(run, "extension")
+        self.configs[(run, "extension")] = cfg
+        workdir.mkdir(parents=True, exist_ok=True)
+        return {"steps": cfg.train.steps}
+
+    def extension_eval(self, config, pretrain_cfg, workdir):
+        run = run_name(workdir)
+        self._check(run, "extension_eval")
+        self.configs[(run, "extension_eval")] = pretrain_cfg
+        method, seed = workdir.parent.name, pretrain_cfg.train.seed
+        ext = config.extension
+        steps = list(range(0, ext.steps + 1, ext.eval_every))
+        loss = self.extension_loss.get((method, seed)) or [7.4 - 0.1 * i for i in range(len(steps))]
+        return {"length": pretrain_cfg.train.seq_len * ext.factor, "steps": steps, "loss": loss,
+                "accuracy": [0.1] * len(steps)}
+
     def install(self, monkeypatch):
-        monkeypatch.setitem(ablate.STAGE_RUNNERS, "pretrain", self.pretrain)
-        monkeypatch.setitem(ablate.STAGE_RUNNERS, "extrapolation", self.extrapolation)
-        monkeypatch.setitem(ablate.STAGE_RUNNERS, "glue", self.glue)
+        for stage in ("pretrain", "extrapolation", "glue", "extension", "extension_eval"):
+            monkeypatch.setitem(ablate.STAGE_RUNNERS, stage, getattr(self, stage))
+
+
+def stub_figures(monkeypatch):
+    """The report's figures as stubs that record what they were given and write a placeholder:
+    the ablation rewrites its report after every run, and drawing costs about a second each
+    time. For the tests about orchestration and statistics; the real figures are drawn in
+    test_run_writes_report_skips_finished_and_reports_failures and tests/test_notebooks.py."""
+    drawn = []
+
+    def stub(name):
+        def plot(result, out_path=None):
+            drawn.append((name, out_path))
+            if out_path is not None:
+                Path(out_path).write_bytes(b"png")
+        return plot
+
+    for name in ("plot_loss_curves", "plot_extrapolation", "plot_extension"):
+        monkeypatch.setattr(report, name, stub(name))
+    return drawn
+
+
+@pytest.fixture
+def quick_figures(monkeypatch):
+    return stub_figures(monkeypatch)
 
 
 def test_schemes_share_everything_but_the_model_position():
     config = small_config("learned,sinusoidal,shaw,t5,rope,rope_linear")
-    cfgs = {s: ablate.scheme_pretrain_config(config, s) for s in ablate._split_list(config.schemes)}
+    cfgs = {s: ablate.scheme_pretrain_config(config, s) for s in ablate.split_list(config.schemes)}
     expected_steps = -(-config.budget_tokens // (config.pretrain.train.batch_size * config.pretrain.train.seq_len))
     for scheme, cfg in cfgs.items():
         assert cfg.data.to_dict() == config.pretrain.data.to_dict()
         assert cfg.train.steps == expected_steps
-        assert {k: v for k, v in cfg.train.items() if k != "steps"} == \
-            {k: v for k, v in config.pretrain.train.items() if k != "steps"}
+        assert cfg.train.seed == 0
+        assert {k: v for k, v in cfg.train.items() if k not in ("steps", "seed")} == \
+            {k: v for k, v in config.pretrain.train.items() if k not in ("steps", "seed")}
         assert cfg.model.size == "tiny"
         assert cfg.model.max_position_embeddings == cfg.train.seq_len
+        # Another pretraining seed changes the seed and nothing else.
+        other = ablate.scheme_pretrain_config(config, scheme, seed=2)
+        assert other.train.seed == 2
+        other.train.seed = 0
+        assert other.to_dict() == cfg.to_dict()
     positions = {s: c.model.position for s, c in cfgs.items()}
     assert positions == {"learned": "learned", "sinusoidal": "sinusoidal", "shaw": "shaw", "t5": "t5",
                          "rope": "rope", "rope_linear": "rope"}
@@ -89,89 +180,380 @@ def test_schemes_share_everything_but_the_model_position():
         ablate.scheme_pretrain_config(config, "rotery")
 
 
-def test_run_writes_report_skips_finished_and_reports_failures(tmp_path, monkeypatch):
-    stages = FakeStages(fail={("learned", "extrapolation"), ("t5", "pretrain")})
+def _set(path, value):
+    """A change of the ablation config at dotted `path` (a field of another type is replaced:
+    ConfigDict keeps a field's type, the command line could not give a float for an int)."""
+    def change(config):
+        *parents, key = path.split(".")
+        for parent in parents:
+            config = config[parent]
+        if type(value) is not type(config[key]):
+            del config[key]
+        config[key] = value
+    return change
+
+
+@pytest.mark.parametrize("changes, message", [
+    ([_set("schemes", "learned,rotery")], "unknown scheme 'rotery'"),
+    ([_set("seeds", 0)], "config.seeds=0: give the number of pretraining seeds"),
+    ([_set("seeds", -1)], "config.seeds=-1: give the number of pretraining seeds"),
+    ([_set("seeds", 2.0)], "config.seeds=2.0: give the number of pretraining seeds"),
+    ([_set("seeds", True)], "config.seeds=True: give the number of pretraining seeds"),
+    ([_set("extension.methods", "none,rotate")], "extension.methods='none,rotate': choose from"),
+    ([_set("reference", "t5")], r"config.reference='t5' is not one of config.schemes \['learned', 'rope'\]"),
+    # The extension keeps the tokens per step: batch 15 cannot be split into 2x longer rows.
+    ([_set("pretrain.train.batch_size", 15)],
+     r"extension.factor=2: must be >= 2 and divide pretrain.train.batch_size=15"),
+    # Its step-0 loss is the extrapolation column at the factor: 2 must be evaluated.
+    ([_set("extrapolation.factors", "1,4")], r"extension.factor=2 must be one of extrapolation.factors '1,4'"),
+    ([_set("extension.factor", 4), _set("extrapolation.factors", "1,2")],
+     r"extension.factor=4 must be one of extrapolation.factors '1,2'"),
+    ([_set("extension.scheme", "learned")], r"extension.scheme='learned' \(position 'learned'\) has no rotary"),
+], ids=["scheme", "seeds-0", "seeds-negative", "seeds-float", "seeds-bool", "method", "reference",
+        "factor-batch", "factor-not-evaluated", "factor-4-not-evaluated", "extension-scheme"])
+def test_validate_refuses_a_bad_config_before_any_training(tmp_path, monkeypatch, changes, message):
+    stages = FakeStages()
     stages.install(monkeypatch)
-    config = small_config("learned,rope,bogus,t5")
+    config = small_config()
+    ablate.validate(config)   # the smoke config itself is fine
+    for change in changes:
+        change(config)
+    with pytest.raises(ValueError, match=message) as error:
+        ablate.run_ablation(config, tmp_path / "ablation")
+    assert str(error.value).startswith("ablation config: ")
+    assert stages.calls == [] and not (tmp_path / "ablation").exists()
+
+
+def test_validate_names_every_problem_in_one_error(tmp_path, monkeypatch):
+    stages = FakeStages()
+    stages.install(monkeypatch)
+    config = small_config("learned,rotery")
+    config.seeds = 0
+    config.reference = "t5"
+    config.extension.methods = "none,rotate"
+    config.extension.factor = 3
+    with pytest.raises(ValueError) as error:
+        ablate.run_ablation(config, tmp_path / "ablation")
+    text = str(error.value)
+    for part in ("unknown scheme 'rotery'", "config.seeds=0", "config.reference='t5'",
+                 "extension.methods='none,rotate'", "divide pretrain.train.batch_size=16",
+                 "extension.factor=3 must be one of extrapolation.factors"):
+        assert part in text
+    assert stages.calls == [] and not (tmp_path / "ablation").exists()
+    # Extension settings are checked only when the extension runs.
+    config = small_config()
+    config.extension.update(enabled=False, methods="none,rotate", factor=3)
+    ablate.validate(config)
+
+
+def test_run_writes_report_skips_finished_and_reports_failures(tmp_path, monkeypatch):
+    stages = FakeStages(fail={("learned/seed1", "extrapolation"), ("t5/seed0", "pretrain"),
+                              ("t5/seed1", "pretrain")})
+    stages.install(monkeypatch)
+    config = small_config("learned,rope,t5")   # 2 seeds
+    config.extension.enabled = False
     result = ablate.run_ablation(config, tmp_path)
 
+    runs = {(r["scheme"], r["seed"]): r for r in result["runs"]}
     rows = {r["scheme"]: r for r in result["schemes"]}
-    assert rows["rope"]["status"] == "done"
-    assert rows["learned"]["status"] == "failed" and rows["learned"]["failed_stage"] == "extrapolation"
-    assert "injected failure" in rows["learned"]["error"]
-    assert rows["bogus"]["status"] == "failed" and "unknown scheme" in rows["bogus"]["error"]
-    assert ("learned", "glue") in stages.calls              # fine-tuning needs only the pretrained model
-    assert rows["t5"]["status"] == "failed" and rows["t5"]["failed_stage"] == "pretrain"
-    assert [c for c in stages.calls if c[0] == "t5"] == [("t5", "pretrain")]   # nothing to evaluate
-    assert (tmp_path / "errors" / "learned.extrapolation.txt").exists()
-    # Throughput and step time relative to the fastest scheme.
-    assert rows["learned"]["tokens_per_sec"] == 1000.0 and rows["rope"]["step_time_rel"] == pytest.approx(1.25)
-    assert rows["rope"]["eval_loss"] == 7.0 and rows["rope"]["params"] == 1000
-    assert rows["rope"]["glue"]["tasks"] == {"MRPC f1": pytest.approx(80.0), "MRPC accuracy": pytest.approx(70.0)}
+    assert list(runs) == [(s, k) for k in (0, 1) for s in ("learned", "rope", "t5")]
+    assert rows["rope"]["status"] == "done" and rows["rope"]["seeds"] == [0, 1]
+    assert runs[("learned", 0)]["status"] == "done"
+    failed = runs[("learned", 1)]
+    assert failed["status"] == "failed" and failed["failed_stage"] == "extrapolation"
+    assert "injected failure" in failed["error"]
+    assert rows["learned"]["status"] == "failed"
+    assert rows["learned"]["errors"] == [
+        "seed 1 extrapolation: RuntimeError: injected failure in learned/seed1 extrapolation"]
+    # The failed seed is left out of the scheme's statistics.
+    assert rows["learned"]["seeds"] == [0] and rows["learned"]["eval_loss"] == {"mean": 7.5, "std": None, "n": 1}
+    assert ("learned/seed1", "glue") in stages.calls              # fine-tuning needs only the pretrained model
+    assert rows["t5"]["status"] == "failed"
+    assert [runs[("t5", k)]["failed_stage"] for k in (0, 1)] == ["pretrain", "pretrain"]
+    assert [c for c in stages.calls if c[0].startswith("t5/")] == \
+        [("t5/seed0", "pretrain"), ("t5/seed1", "pretrain")]   # nothing to evaluate
+    assert (tmp_path / "errors" / "learned.seed1.extrapolation.txt").exists()
+    assert "RuntimeError: injected failure" in (tmp_path / "errors" / "t5.seed0.pretrain.txt").read_text()
+    assert runs[("learned", 1)]["tokens_per_sec"] == 1000.0 and runs[("rope", 0)]["tokens_per_sec"] == 800.0
+    assert rows["rope"]["eval_loss"] == {"mean": pytest.approx(7.05), "std": pytest.approx(np.std([7.0, 7.1], ddof=1)),
+                                         "n": 2}
+    assert rows["rope"]["params"] == 1000
+    assert rows["rope"]["glue"]["tasks"] == {
+        "MRPC f1": {"mean": pytest.approx(80.0), "std": pytest.approx(0.0), "n": 2},
+        "MRPC accuracy": {"mean": pytest.approx(70.0), "std": pytest.approx(0.0), "n": 2}}
     for name in (report.REPORT_JSON, report.REPORT_MD, report.LOSS_CURVES_PNG, report.EXTRAPOLATION_PNG):
         assert (tmp_path / name).stat().st_size > 0
+    assert not (tmp_path / report.EXTENSION_PNG).exists()        # no context extension in this ablation
     assert json.loads((tmp_path / report.REPORT_JSON).read_text()) == json.loads(json.dumps(result))
     md = (tmp_path / report.REPORT_MD).read_text()
-    assert "| rope | done |" in md and "| learned | failed |" in md
-    assert "rope + position interpolation" in md and "rope + NTK scaling" in md
-    assert "80.0*" in md   # partial GLUE score is marked
+    assert "| rope | done |" in md and "| learned | failed |" in md and "| t5 | failed |" in md
+    assert "rope + position interpolation" in md and "rope + NTK scaling" in md and "rope + YaRN" in md
+    assert "80.0 ± 0.0*" in md   # partial GLUE score is marked
+    assert "- learned seed 1 extrapolation: RuntimeError: injected failure" in md
 
-    # Re-run: finished stages are skipped, the failed one (now healthy) is retried.
+    # Re-run: finished stages are skipped, the failed ones (now healthy) are retried.
+    stub_figures(monkeypatch)   # drawn above already
     stages.calls.clear()
     stages.fail.clear()
     result = ablate.run_ablation(config, tmp_path)
-    assert stages.calls == [("learned", "extrapolation"), ("t5", "pretrain"), ("t5", "extrapolation"),
-                            ("t5", "glue")]
-    assert {r["scheme"]: r["status"] for r in result["schemes"]} == \
-        {"learned": "done", "rope": "done", "bogus": "failed", "t5": "done"}
-    assert not (tmp_path / "errors" / "learned.extrapolation.txt").exists()
+    assert stages.calls == [("t5/seed0", "pretrain"), ("t5/seed0", "extrapolation"), ("t5/seed0", "glue"),
+                            ("learned/seed1", "extrapolation"),
+                            ("t5/seed1", "pretrain"), ("t5/seed1", "extrapolation"), ("t5/seed1", "glue")]
+    rows = {r["scheme"]: r for r in result["schemes"]}
+    assert {s: r["status"] for s, r in rows.items()} == {"learned": "done", "rope": "done", "t5": "done"}
+    assert not (tmp_path / "errors" / "learned.seed1.extrapolation.txt").exists()
+    # Throughput and step time relative to the fastest scheme (same tokens per step).
+    assert rows["learned"]["tokens_per_sec"] == {"mean": 1000.0, "std": 0.0, "n": 2}
+    assert [rows[s]["step_time_rel"] for s in ("learned", "rope", "t5")] == pytest.approx([1.0, 1.25, 2.0])
 
-    # A bigger budget changes the pretraining config: every stage of every scheme reruns.
+    # A bigger budget changes the pretraining config: every stage of every seed reruns.
     stages.calls.clear()
     config.schemes = "rope"
+    config.reference = "rope"
     config.budget_tokens *= 2
     ablate.run_ablation(config, tmp_path)
-    assert stages.calls == [("rope", "pretrain"), ("rope", "extrapolation"), ("rope", "glue")]
+    assert stages.calls == [(f"rope/seed{k}", stage) for k in (0, 1)
+                            for stage in ("pretrain", "extrapolation", "glue")]
 
 
-def test_preempted_pretraining_stops_the_ablation_and_resumes(tmp_path, monkeypatch):
-    stages = FakeStages()
+def test_seeds_run_in_turn_and_the_report_aggregates_them(tmp_path, monkeypatch, quick_figures):
+    seeds = (0, 1, 2)
+    loss = {"learned": [7.5, 7.9, 7.6], "rope": [7.0, 7.3, 7.1]}       # learned - rope: 0.5, 0.6, 0.5
+    acc = {"learned": [0.30, 0.20, 0.25], "rope": [0.25, 0.26, 0.24]}  # differences 0.05, -0.06, 0.01
+    values = {(s, k): {"eval_loss": loss[s][k], "eval_mlm_accuracy": acc[s][k]} for s in loss for k in seeds}
+    ext_loss = {("none", 0): [7.4, 7.35, 7.30], ("none", 1): [7.5, 7.40, 7.36], ("none", 2): [7.45, 7.4, 7.31],
+                ("linear", 0): [7.2, 7.10, 7.12], ("linear", 1): [7.3, 7.12, 7.16], ("linear", 2): [7.25, 7.1, 7.14]}
+    stages = FakeStages(values=values, extension_loss=ext_loss)
     stages.install(monkeypatch)
+    config = small_config(seeds=3, methods="none,linear")
+    result = ablate.run_ablation(config, tmp_path)
 
-    def preempted(cfg, workdir):
-        stages.calls.append((workdir.name, "pretrain"))
-        raise ablate.Preempted(f"{workdir} preempted")
+    # Every scheme of seed 0, then of seed 1, ...; the context extension once every seed is pretrained.
+    expected = [(f"{scheme}/seed{k}", stage) for k in seeds for scheme in ("learned", "rope")
+                for stage in ("pretrain", "extrapolation", "glue")]
+    expected += [(f"extension/{method}/seed{k}", stage) for k in seeds for method in ("none", "linear")
+                 for stage in ("extension", "extension_eval")]
+    assert stages.calls == expected
+    workdir = tmp_path.resolve()
+    for k in seeds:
+        learned, rope = (stages.configs[(f"{s}/seed{k}", "pretrain")] for s in ("learned", "rope"))
+        assert learned.train.seed == rope.train.seed == k
+        # Same data, data order, masks, initialisation seed and budget for every scheme of a seed.
+        assert learned.train.to_dict() == rope.train.to_dict() and learned.data.to_dict() == rope.data.to_dict()
+        for method in ("none", "linear"):
+            ext = stages.configs[(f"extension/{method}/seed{k}", "extension")]
+            assert ext.train.seed == k
+            assert ext.train.init_from == str(workdir / "pretrain" / "rope" / f"seed{k}")
+            assert (ext.train.seq_len, ext.train.batch_size) == (2 * rope.train.seq_len, rope.train.batch_size // 2)
+            assert ext.train.steps == 10 and ext.model.position == "rope"
+        assert stages.configs[(f"extension/linear/seed{k}", "extension")].model.rope_scaling == "linear"
+        # Evaluated on the windows of the seed's own extrapolation table (same seed, same masks).
+        assert stages.configs[(f"extension/none/seed{k}", "extension_eval")].to_dict() == rope.to_dict()
 
-    monkeypatch.setitem(ablate.STAGE_RUNNERS, "pretrain", preempted)
-    result = ablate.run_ablation(small_config(), tmp_path)
-    assert stages.calls == [("learned", "pretrain")]          # stopped, not marked failed
-    assert [r["status"] for r in result["schemes"]] == ["pending", "pending"]
+    runs = result["runs"]
+    assert [(r["scheme"], r["seed"], r["status"]) for r in runs] == \
+        [(s, k, "done") for k in seeds for s in ("learned", "rope")]
+    assert all(r["eval_order_gap"] is not None and len(r["curve"]) == 2 for r in runs)
+    rows = {r["scheme"]: r for r in result["schemes"]}
+    for scheme in ("learned", "rope"):
+        row = rows[scheme]
+        assert row["status"] == "done" and row["seeds"] == [0, 1, 2]
+        for key, table in (("eval_loss", loss), ("eval_mlm_accuracy", acc)):
+            assert row[key]["n"] == 3
+            assert row[key]["mean"] == pytest.approx(np.mean(table[scheme]))
+            assert row[key]["std"] == pytest.approx(np.std(table[scheme], ddof=1))
+        # The held-out curve over seeds: the final point is the final loss; the order gap at every evaluation.
+        assert [p["step"] for p in row["curve"]["eval_loss"]] == [20, 40]
+        assert row["curve"]["eval_loss"][-1]["mean"] == pytest.approx(np.mean(loss[scheme]))
+        assert [p["step"] for p in row["curve"]["eval_order_gap"]] == [20, 40]
+        assert row["order_onset_tokens"] == 20 * 16 * 64   # gap at step 20 (0.15 / 0.25) >= 0.1
+    assert rows["rope"]["vs_reference"] == {}
 
-    monkeypatch.setitem(ablate.STAGE_RUNNERS, "pretrain", stages.pretrain)
-    result = ablate.run_ablation(small_config(), tmp_path)
+    def interval(diffs):
+        diffs = np.asarray(diffs)
+        half = stats.t.ppf(0.975, df=len(diffs) - 1) * np.std(diffs, ddof=1) / np.sqrt(len(diffs))
+        return diffs.mean(), diffs.mean() - half, diffs.mean() + half
+
+    for key, table, exceeds in (("eval_loss", loss, True), ("eval_mlm_accuracy", acc, False)):
+        d = rows["learned"]["vs_reference"][key]
+        mean, lo, hi = interval(np.subtract(table["learned"], table["rope"]))
+        assert (d["diff"], d["lo"], d["hi"]) == pytest.approx((mean, lo, hi))
+        assert d["n"] == 3 and d["exceeds"] is exceeds
+    assert any(f.startswith("Held-out MLM loss higher than rope by more than the seed spread")
+               and "learned (+0.533" in f for f in result["findings"])
+
+    ext = result["extension"]
+    assert ext["length"] == 128
+    methods = {m["method"]: m for m in ext["methods"]}
+    assert list(methods) == ["none", "linear"]
+    for method, m in methods.items():
+        assert m["status"] == "done" and m["seeds"] == [0, 1, 2] and m["steps"] == [0, 5, 10]
+        for i, stat in enumerate(m["loss"]):
+            column = [ext_loss[(method, k)][i] for k in seeds]
+            assert (stat["mean"], stat["std"], stat["n"]) == \
+                pytest.approx((np.mean(column), np.std(column, ddof=1), 3))
+    assert methods["none"]["vs_plain"] is None
+    d = methods["linear"]["vs_plain"]
+    mean, lo, hi = interval([ext_loss[("linear", k)][-1] - ext_loss[("none", k)][-1] for k in seeds])
+    assert (d["diff"], d["lo"], d["hi"]) == pytest.approx((mean, lo, hi)) and d["exceeds"] is True
+    assert [(r["method"], r["seed"], r["status"]) for r in ext["runs"]] == \
+        [(m, k, "done") for k in seeds for m in ("none", "linear")]
+    assert ("plot_extension", tmp_path / report.EXTENSION_PNG) in quick_figures
+    md = (tmp_path / report.REPORT_MD).read_text()
+    assert "## Context extension" in md and "| position interpolation | done |" in md
+    # The real figures of this multi-seed report: a mean line with a ±std band per scheme / method.
+    monkeypatch.undo()
+    assert len(report.plot_extension(result).axes[0].lines) == 2
+    assert len(report.plot_loss_curves(result).axes[1].lines) == 2
+
+
+def test_paired_difference_exceeds_only_beyond_the_seed_spread():
+    noise = {0: 0.03, 1: -0.02, 2: 0.01, 3: -0.04}
+    reference = {0: 5.0, 1: 5.2, 2: 4.9, 3: 5.1, 4: 5.0}   # seed 4 has no partner: left out
+    half = stats.t.ppf(0.975, df=3) * np.std(list(noise.values()), ddof=1) / 2   # about 0.05
+    for shift, exceeds in ((0.0, False), (0.03, False), (0.2, True), (-0.2, True)):
+        values = {s: reference[s] + shift + n for s, n in noise.items()}
+        d = report.paired_difference(values, reference)
+        mean = shift + np.mean(list(noise.values()))
+        assert (d["diff"], d["lo"], d["hi"]) == pytest.approx((mean, mean - half, mean + half))
+        assert d["n"] == 4 and d["exceeds"] is exceeds
+    # One common seed: a difference but no interval; missing values are skipped.
+    assert report.paired_difference({0: 2.0, 1: None}, {0: 1.5, 1: 1.0}) == \
+        {"diff": 0.5, "lo": None, "hi": None, "n": 1, "exceeds": None}
+    assert report.paired_difference({0: None}, {0: 1.0}) is None
+
+
+def test_preempted_pretraining_stops_the_ablation_and_resumes(tmp_path, monkeypatch, quick_figures):
+    stages = FakeStages(preempt={("learned/seed0", "pretrain")})
+    stages.install(monkeypatch)
+    config = small_config(methods="none,linear")   # 2 seeds
+    result = ablate.run_ablation(config, tmp_path)
+    assert stages.calls == [("learned/seed0", "pretrain")]          # stopped, not marked failed
+    assert [r["status"] for r in result["runs"]] == ["pending"] * 4
+    assert [r["status"] for r in result["schemes"]] == ["0/2 seeds"] * 2
+    assert [r["status"] for r in result["extension"]["runs"]] == ["pending"] * 4
+    assert not (tmp_path / "errors").exists()
+
+    stages.preempt.clear()
+    result = ablate.run_ablation(config, tmp_path)
+    assert stages.calls.count(("learned/seed0", "pretrain")) == 2 and len(stages.calls) == 1 + 4 * 3 + 4 * 2
     assert [r["status"] for r in result["schemes"]] == ["done", "done"]
+    assert [m["status"] for m in result["extension"]["methods"]] == ["done", "done"]
+
+
+def test_preempted_extension_resumes_with_only_what_is_left(tmp_path, monkeypatch, quick_figures):
+    stages = FakeStages(preempt={("extension/linear/seed1", "extension")})
+    stages.install(monkeypatch)
+    config = small_config(methods="none,linear,yarn")   # 2 seeds
+    result = ablate.run_ablation(config, tmp_path)
+    assert stages.calls[-3:] == [("extension/none/seed1", "extension"), ("extension/none/seed1", "extension_eval"),
+                                 ("extension/linear/seed1", "extension")]
+    assert [r["status"] for r in result["runs"]] == ["done"] * 4
+    assert {(r["method"], r["seed"]): r["status"] for r in result["extension"]["runs"]} == {
+        ("none", 0): "done", ("linear", 0): "done", ("yarn", 0): "done",
+        ("none", 1): "done", ("linear", 1): "pending", ("yarn", 1): "pending"}
+    assert [m["status"] for m in result["extension"]["methods"]] == ["done", "1/2 seeds", "1/2 seeds"]
+    assert [m["seeds"] for m in result["extension"]["methods"]] == [[0, 1], [0], [0]]
+    assert json.loads((tmp_path / report.REPORT_JSON).read_text()) == json.loads(json.dumps(result))
+
+    stages.calls.clear()
+    stages.preempt.clear()
+    result = ablate.run_ablation(config, tmp_path)
+    assert stages.calls == [("extension/linear/seed1", "extension"), ("extension/linear/seed1", "extension_eval"),
+                            ("extension/yarn/seed1", "extension"), ("extension/yarn/seed1", "extension_eval")]
+    assert [m["status"] for m in result["extension"]["methods"]] == ["done"] * 3
+    assert all(m["seeds"] == [0, 1] for m in result["extension"]["methods"])
+
+    # Nothing is left: a third run trains and evaluates nothing.
+    stages.calls.clear()
+    ablate.run_ablation(config, tmp_path)
+    assert stages.calls == []
+
+
+def _run(scheme, seed, loss, gaps, status="done", tokens_per_step=1_000_000):
+    """A per-(scheme, seed) report row as roformer.ablate builds it, evaluated at steps 1, 2, 3."""
+    curve = [{"step": step, "tokens": step * tokens_per_step, "eval_loss": loss + 0.5 * (3 - step),
+              "eval_mlm_accuracy": 0.2, "eval_order_gap": gap} for step, gap in zip((1, 2, 3), gaps)]
+    return {"scheme": scheme, "seed": seed, "status": status, "eval_loss": loss, "eval_mlm_accuracy": 0.2,
+            "eval_order_gap": gaps[-1], "train_loss": loss, "tokens_per_sec": 1000.0, "curve": curve,
+            "params": 1000, "extrapolation": None, "glue": None}
+
+
+def test_findings_say_which_differences_exceed_the_seed_spread_and_who_ignores_word_order():
+    runs = []
+    for k in range(3):
+        runs += [_run("rope", k, [7.0, 7.2, 7.1][k], [0.05, 0.3, 0.6]),
+                 _run("learned", k, [7.5, 7.8, 7.6][k], [0.02, 0.15, 0.4]),        # worse, beyond the spread
+                 _run("sinusoidal", k, [7.1, 7.1, 7.2][k], [0.01, 0.05, 0.2 + 0.1 * k]),   # within it
+                 _run("none", k, [6.5, 6.6, 6.6][k], [0.0, 0.01, [0.0, 0.01, 0.02][k]])]  # better; ignores order
+    result = report.summarize({"seeds": 3}, runs, [], reference="rope", order_threshold=0.1)
+    findings = result["findings"]
+
+    def finding(start):
+        found = [f for f in findings if f.startswith(start)]
+        assert len(found) == 1, (start, findings)
+        return found[0]
+
+    worse = finding("Held-out MLM loss higher than rope by more than the seed spread")
+    assert "learned (+0.533 [" in worse and "sinusoidal" not in worse and "none" not in worse
+    better = finding("Held-out MLM loss lower than rope beyond the seed spread")
+    assert "none (-0.533 [" in better and "learned" not in better
+    same = finding("Not distinguishable from rope at 3 seeds (interval includes 0)")
+    assert "sinusoidal (+0.033 [" in same and same.endswith("~).")
+    assert "learned" not in same and "none" not in same
+    uses = finding("Word order (shuffling each document's tokens raises the held-out loss by >= 0.1 nats")
+    assert "rope from 2.00M tokens" in uses and "learned from 2.00M tokens" in uses
+    assert "sinusoidal from 3.00M tokens" in uses and "none" not in uses
+    ignores = finding("Ignore word order through the whole budget (gap < 0.1 nats at every evaluation)")
+    assert "none (final gap 0.010 ± 0.010 nats)" in ignores
+    assert not any(name in ignores for name in ("rope", "learned", "sinusoidal"))
+    assert not any(f.startswith("Only one seed") for f in findings)
+    rows = {r["scheme"]: r for r in result["schemes"]}
+    assert rows["none"]["order_onset_tokens"] is None and rows["learned"]["order_onset_tokens"] == 2_000_000
+    assert result["convergence"]["seeds"] == [0, 1, 2]
+
+    # A higher threshold: learned's gap (0.4 at the end) no longer counts as using word order.
+    strict = report.summarize({"seeds": 3}, runs, [], reference="rope", order_threshold=0.5)["findings"]
+    ignores = next(f for f in strict if f.startswith("Ignore word order"))
+    assert "gap < 0.5 nats" in ignores and "learned (final gap 0.400" in ignores and "rope" not in ignores
+
+    # One seed: the comparison has no interval yet, and says so.
+    one = report.summarize({"seeds": 1}, [r for r in runs if r["seed"] == 0], [], reference="rope")
+    assert "Only one seed finished for rope: differences have no interval yet." in one["findings"]
+    assert "(+0.500 (one seed))" in report.to_markdown(one)
 
 
 def test_report_helpers():
     rows = [{"step": 10, "loss": 5.0, "mlm_accuracy": 0.1, "tokens_per_sec": 50.0},
             {"step": 20, "loss": 4.0, "mlm_accuracy": 0.2, "tokens_per_sec": 100.0},
-            {"step": 20, "eval_loss": 4.5, "eval_mlm_accuracy": 0.15},
-            {"step": 20, "loss": 3.9, "mlm_accuracy": 0.21, "tokens_per_sec": 110.0}]  # resumed run re-logs 20
+            {"step": 20, "eval_loss": 4.6, "eval_mlm_accuracy": 0.1, "eval_order_gap": 0.1},
+            {"step": 20, "eval_loss": 4.5, "eval_mlm_accuracy": 0.15, "eval_shuffled_loss": 4.7,
+             "eval_order_gap": 0.2},                                                          # resumed run re-logs 20
+            {"step": 20, "loss": 3.9, "mlm_accuracy": 0.21, "tokens_per_sec": 110.0}]
     summary = report.pretrain_summary(rows)
     assert summary["train_loss"] == 3.9 and summary["eval_loss"] == 4.5 and summary["steps"] == 20
+    assert summary["eval_shuffled_loss"] == 4.7 and summary["eval_order_gap"] == 0.2
     assert summary["tokens_per_sec"] == 105.0   # first (compiling) interval left out
     assert report.loss_curves(rows) == {"train": [(10, 5.0), (20, 3.9)], "eval": [(20, 4.5)]}
+    assert report.eval_curve(rows, tokens_per_step=100) == [
+        {"step": 20, "tokens": 2000, "eval_loss": 4.5, "eval_mlm_accuracy": 0.15, "eval_order_gap": 0.2}]
 
-    schemes = [{"scheme": "a", "status": "done", "tokens_per_sec": 100.0, "eval_loss": 3.0},
-               {"scheme": "b", "status": "done", "tokens_per_sec": 50.0, "eval_loss": 2.5},
-               {"scheme": "c", "status": "failed", "tokens_per_sec": None, "error": "boom"}]
-    report.add_relative_step_time(schemes)
+    assert report.mean_std([1.0, None, 3.0, float("nan")]) == {"mean": 2.0, "std": pytest.approx(2 ** 0.5), "n": 2}
+    assert report.mean_std([5.0]) == {"mean": 5.0, "std": None, "n": 1}
+    assert report.mean_std([None]) is None
+    assert report.t_critical(4) == pytest.approx(stats.t.ppf(0.975, 4))
+
+    schemes = [{"scheme": "a", "tokens_per_sec": {"mean": 100.0, "std": None, "n": 1}},
+               {"scheme": "b", "tokens_per_sec": {"mean": 50.0, "std": None, "n": 1}},
+               {"scheme": "c", "tokens_per_sec": None}]
+    report._add_relative_step_time(schemes)
     assert [s["step_time_rel"] for s in schemes] == [1.0, 2.0, None]
-    assert report.winners(schemes) == {"held-out MLM loss": "b (2.500)"}
-    schemes[0]["eval_loss"] = 2.5001      # equal at the printed precision
-    assert report.winners(schemes) == {"held-out MLM loss": "all tied (2.500)"}
-    md = report.to_markdown({"schemes": schemes})
-    assert "| c | failed | n/a |" in md and "- c (?): boom" in md
+
+    runs = [_run("a", 0, 3.0, [0.2, 0.2, 0.2]),
+            {"scheme": "c", "seed": 0, "status": "failed", "failed_stage": "pretrain", "error": "RuntimeError: boom"}]
+    result = report.summarize({}, runs, [], reference="a")
+    md = report.to_markdown(result)
+    assert "| a | done |" in md and "| c | failed | n/a |" in md and "- c seed 0 pretrain: RuntimeError: boom" in md
 
 
 def test_read_metrics_ignores_a_torn_last_line(tmp_path):

@@ -1,6 +1,7 @@
 """End to end: fine-tune a tiny model for a few steps on a few dozen real rows, from a
 pretraining checkpoint written the way roformer.train writes it, and init checks."""
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,6 +13,7 @@ import pytest
 from flax import nnx
 
 from configs import glue as glue_config
+from roformer.data.tokenizer import WordPieceTokenizer
 from roformer.glue.init import load_init, resolve_model_config
 from roformer.model import ModelConfig, RoFormerForMaskedLM
 from roformer.train.checkpoint import Checkpointer
@@ -27,9 +29,11 @@ def vocab(shared_data):
 
 @pytest.fixture(scope="module")
 def pretrain_workdir(tmp_path_factory, vocab):
-    """A pretraining workdir as roformer.train leaves it: config.json + orbax checkpoints
-    of {"params", "opt_state", "step"} with the MLM model's params."""
+    """A pretraining workdir as roformer.train leaves it: config.json, the run's tokenizer
+    (tokenizer.json + vocab.txt, written at start-up) and orbax checkpoints of
+    {"params", "opt_state", "step"} with the MLM model's params."""
     workdir = tmp_path_factory.mktemp("pretrain")
+    WordPieceTokenizer.from_vocab_file(vocab).save(workdir)   # what roformer.train.loop does
     model = RoFormerForMaskedLM(TINY, rngs=nnx.Rngs(7))
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     state = {"params": params, "opt_state": optax.adamw(1e-3).init(params),
@@ -45,7 +49,12 @@ def pretrain_workdir(tmp_path_factory, vocab):
 def test_load_pretrain_encoder_only(pretrain_workdir, vocab):
     workdir, params = pretrain_workdir
     init = load_init(str(workdir))
-    assert (init.kind, init.step, init.vocab, init.model_config) == ("pretrain", 3, vocab, TINY)
+    # The tokenizer comes from the workdir (the run's own copy), not from the vocab file it named.
+    tokenizer_json = str((workdir / "tokenizer.json").resolve())
+    assert (init.kind, init.step, init.vocab, init.model_config) == ("pretrain", 3, tokenizer_json, TINY)
+    tokenizer = init.tokenizer()
+    assert tokenizer.vocab_size == TINY.vocab_size
+    assert tokenizer.hash == WordPieceTokenizer.from_vocab_file(vocab).hash
     assert set(init.encoder_params) == set(params["roformer"])  # no MLM head
     jax.tree.map(np.testing.assert_array_equal, init.encoder_params, params["roformer"])
 
@@ -68,6 +77,10 @@ def test_init_mismatch_is_refused(pretrain_workdir, tmp_path):
         resolve_model_config(model_cfg, init, 30522)
     with pytest.raises(ValueError, match="neither a pretraining workdir"):
         load_init(str(tmp_path))
+    # A workdir without the run's tokenizer cannot say what its embedding rows mean.
+    shutil.copytree(workdir / "checkpoints", tmp_path / "no_tokenizer" / "checkpoints")
+    with pytest.raises(ValueError, match="no tokenizer.json in the workdir"):
+        load_init(str(tmp_path / "no_tokenizer"))
 
 
 def test_run_glue_from_pretrain_checkpoint(pretrain_workdir, shared_data, tmp_path):
@@ -140,7 +153,6 @@ def test_cli_rejects_unknown_task(tmp_path):
 def test_init_from_hf_roformer_dir(tmp_path, vocab):
     """An HF RoFormer directory (what transformers' save_pretrained writes) and its
     `roformer.convert from-hf` output both give the same encoder weights."""
-    import shutil
 
     import torch
     import transformers
