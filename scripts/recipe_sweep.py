@@ -3,6 +3,7 @@
     python scripts/recipe_sweep.py --workdir runs/recipe            # every variant, then the table
     python scripts/recipe_sweep.py --workdir runs/recipe --only base,lr_4e-3
     python scripts/recipe_sweep.py --workdir runs/recipe --report    # table only
+    python scripts/recipe_sweep.py --workdir runs/recipe --speed     # throughput on an idle machine
 
 Each variant is the baseline below with a few config keys changed; each runs as an
 ordinary `python -m roformer.pretrain` in `<workdir>/<variant>` (finished runs are
@@ -12,11 +13,18 @@ training time of the slowest variant's budget is cut to that of the fastest-fini
 one, reading each run's loss curve at the tokens it would have seen by then), plus
 the vocabulary's unigram loss, since losses under different vocabularies are not
 comparable token for token.
+
+Equal wall time needs each variant's throughput, and a sweep that shares the machine with
+other work measures it badly. `--speed` times every variant alone for a short run
+(SPEED_STEPS steps, median of the logged intervals, compilation and evaluation excluded)
+and writes `speed.json`; the table then uses those figures instead of the sweep runs' own.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +106,27 @@ def run_variant(variant: str, workdir: Path) -> None:
     subprocess.run(cmd, cwd=REPO, check=True)
 
 
+SPEED_STEPS = 80
+SPEED_FILE = "speed.json"
+
+
+def measure_speed(variant: str, root: Path) -> float:
+    """Median training tokens/s of `variant` over a short run of its own (scratch workdir)."""
+    _, settings = overrides(variant)
+    workdir = root / "_speed" / variant
+    shutil.rmtree(workdir, ignore_errors=True)
+    settings = {**settings, "train.steps": SPEED_STEPS, "train.warmup_steps": 0, "train.log_every": 10,
+                "train.eval_every": SPEED_STEPS, "train.eval_batches": 1,
+                "train.checkpoint_every": SPEED_STEPS}
+    config_file, _ = VARIANTS[variant]
+    cmd = [sys.executable, "-m", "roformer.pretrain", f"--config=configs/{config_file}.py",
+           f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in settings.items()]
+    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    rates = [r["tokens_per_sec"] for r in read_metrics(workdir) if isinstance(r.get("tokens_per_sec"), float)]
+    shutil.rmtree(workdir, ignore_errors=True)
+    return statistics.median(rates)
+
+
 def curve(rows: list[dict], tokens_per_step: int) -> tuple[np.ndarray, np.ndarray]:
     """(tokens seen, held-out loss) at every evaluation, the last row per step winning."""
     evals = {r["step"]: r["eval_loss"] for r in rows if isinstance(r.get("eval_loss"), float)}
@@ -131,9 +160,17 @@ def report(root: Path, variants: list[str]) -> str:
                    "train_s": total / summary["tokens_per_sec"], "settings": settings}
     if not runs:
         return "no finished runs\n"
+    speed_path = root / SPEED_FILE
+    speed = json.loads(speed_path.read_text()) if speed_path.exists() else {}
+    for v, r in runs.items():
+        if v in speed:   # measured alone (--speed): the sweep's own figure shared the machine
+            r["summary"]["tokens_per_sec"] = speed[v]
+            r["train_s"] = r["total"] / speed[v]
     budget_s = min(r["train_s"] for r in runs.values())
     vocab_cache: dict[tuple, tuple[int, float]] = {}
-    lines = [f"Equal wall time: {budget_s:.0f} s of training (the fastest run's whole budget).", "",
+    source = (f"tokens/s measured alone, {SPEED_STEPS}-step runs (--speed)" if speed
+              else "tokens/s of the sweep runs themselves")
+    lines = [f"Equal wall time: {budget_s:.0f} s of training (the fastest run's whole budget; {source}).", "",
              "| variant | vocab | unigram loss | tokens/s | held-out loss | held-out acc | gain over unigram "
              "| loss at equal wall time |",
              "|---|---|---|---|---|---|---|---|"]
@@ -154,13 +191,22 @@ def main() -> None:
     parser.add_argument("--workdir", required=True, type=Path)
     parser.add_argument("--only", default="", help="comma list of variants (default: all)")
     parser.add_argument("--report", action="store_true", help="only write the table")
+    parser.add_argument("--speed", action="store_true",
+                        help=f"time each variant alone ({SPEED_STEPS} steps) into {SPEED_FILE}, then the table")
     args = parser.parse_args()
     variants = [v for v in args.only.split(",") if v] or list(VARIANTS)
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
     args.workdir.mkdir(parents=True, exist_ok=True)
-    if not args.report:
+    if args.speed:
+        speed_path = args.workdir / SPEED_FILE
+        speed = json.loads(speed_path.read_text()) if speed_path.exists() else {}
+        for v in variants:
+            speed[v] = measure_speed(v, args.workdir)
+            print(f"{v}: {speed[v]:,.0f} tokens/s", flush=True)
+            speed_path.write_text(json.dumps(speed, indent=1))
+    elif not args.report:
         for v in variants:
             run_variant(v, args.workdir / v)
     table = report(args.workdir, variants)
