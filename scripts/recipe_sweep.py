@@ -61,6 +61,10 @@ BASE = {
 }
 BERT_VOCAB = str(SHARED_DATA / "vocab" / "bert-base-uncased-vocab.txt")
 
+# Half the batch for twice the steps (equal tokens).
+BATCH_16 = {"train.batch_size": 16, "train.steps": 1400, "train.warmup_steps": 140, "train.eval_every": 200,
+            "train.checkpoint_every": 1400}
+
 # name -> (scheme config file, overrides of BASE)
 VARIANTS: dict[str, tuple[str, dict]] = {
     "base": ("rotary", {}),
@@ -73,8 +77,7 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "warmup_0": ("rotary", {"train.warmup_steps": 0}),
     "warmup_30pct": ("rotary", {"train.warmup_steps": 210}),
     "cosine": ("rotary", {"train.decay": "cosine"}),
-    "batch_16": ("rotary", {"train.batch_size": 16, "train.steps": 1400, "train.warmup_steps": 140,
-                            "train.eval_every": 200, "train.checkpoint_every": 1400}),
+    "batch_16": ("rotary", BATCH_16),
     "batch_64": ("rotary", {"train.batch_size": 64, "train.steps": 350, "train.warmup_steps": 35,
                             "train.eval_every": 50, "train.checkpoint_every": 350}),
     "pre_ln": ("rotary", {"model.pre_layer_norm": True}),
@@ -83,6 +86,9 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "learned_lr_1e-3": ("absolute", {"train.learning_rate": 1e-3}),
     "learned_lr_4e-3": ("absolute", {"train.learning_rate": 4e-3}),
     "learned_pre_ln": ("absolute", {"model.pre_layer_norm": True}),
+    # The two largest single gains together, for rotary and for learned absolute positions.
+    "batch_16_vocab_4000": ("rotary", {**BATCH_16, "data.vocab_size": 4000}),
+    "learned_batch_16": ("absolute", BATCH_16),
 }
 
 
