@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from roformer.model import ModelConfig
 from roformer.train import flops, sharding, steps, warm_start
-from roformer.train.checkpoint import Checkpointer
+from roformer.train.checkpoint import CHECKPOINTS, Checkpointer, PretrainWorkdir
 from roformer.train.distributed import initialize_distributed
 from roformer.train.metrics import MetricsWriter
 from roformer.train.optim import make_optimizer
@@ -124,12 +124,6 @@ def parse_phases(train_cfg) -> list[tuple[int, int, int]]:
     return phases
 
 
-def _checkpointed_step(workdir: Path) -> int:
-    directory = workdir / "checkpoints"
-    steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit()] if directory.is_dir() else []
-    return max(steps, default=0)
-
-
 def train_and_evaluate(config, workdir: str | Path) -> dict:
     """Pretrain (or resume) with `config` in `workdir`; returns a summary dict. A workdir
     another live run is using is refused (roformer.workdir_lock).
@@ -143,7 +137,7 @@ def train_and_evaluate(config, workdir: str | Path) -> dict:
         if not str(config.train.get("phases", "") or "").strip():
             return _train_phase(config, workdir)
         phases = parse_phases(config.train)
-        done = _checkpointed_step(workdir)
+        done = max(PretrainWorkdir(workdir).steps(), default=0) if PretrainWorkdir.holds_run(workdir) else 0
         summary: dict = {}
         for index, (end, seq_len, batch_size) in enumerate(phases):
             if done >= end and index < len(phases) - 1:
@@ -182,7 +176,7 @@ def _train_phase(config, workdir: Path) -> dict:
                               process_index=jax.process_index(), process_count=jax.process_count())
     model_cfg = build_model_config(config.model, vocab_size=data.vocab_size, dtype=tc.dtype,
                                    pad_token_id=data.pad_id)
-    checkpointer = Checkpointer(workdir / "checkpoints", max_to_keep=tc.keep_checkpoints,
+    checkpointer = Checkpointer(workdir / CHECKPOINTS, max_to_keep=tc.keep_checkpoints,
                                 async_save=tc.async_checkpoints)
     # A refused resume or a failed restore must not leave orbax's workers running
     # (_run closes it on its own exit; close() is idempotent).
