@@ -514,7 +514,7 @@ def build_report(config: ml_collections.ConfigDict, workdir: Path, state: Ablati
                               f"{config.extension.steps} steps, lr {config.extension.learning_rate}, "
                               f"pretraining seed{'s' if extension_seeds(config) > 1 else ''} "
                               f"{', '.join(map(str, range(extension_seeds(config))))}")
-    return report.summarize(setup, runs, extension, reference=config.reference,
+    return report.summarize(setup, runs, extension, reference=config.reference, baseline=config.baseline,
                             order_threshold=config.order_threshold)
 
 

@@ -40,6 +40,7 @@ import safetensors.numpy
 from flax import nnx, traverse_util
 
 from roformer import rope
+from roformer.positions import POSITION_SCHEMES
 from roformer.model import (
     DTYPES,
     ModelConfig,
@@ -233,7 +234,7 @@ def _pair_permutation(config: ModelConfig) -> np.ndarray:
 def _permuted_axis(path: tuple, config: ModelConfig) -> int | None:
     """Axis of our (kernel/bias) array indexed by rotated head features, else None."""
     names = [str(p) for p in path]
-    if config.position != "rope" or config.rope_layout == "interleaved":
+    if not POSITION_SCHEMES[config.position].rope_scaling or config.rope_layout == "interleaved":
         return None
     rotated = ("query", "key", "value") if config.rotary_value else ("query", "key")
     if len(names) >= 3 and names[-3] == "self" and names[-2] in rotated:

@@ -298,7 +298,7 @@ def test_shared_parameters_initialise_identically_across_schemes():
         return {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(state)}
 
     reference = flat_params("none")
-    for position in ("learned", "sinusoidal", "shaw", "t5", "alibi", "rope"):
+    for position in positions.POSITION_SCHEMES:
         params = flat_params(position)
         shared = [k for k in params if k in reference and "position" not in k]
         assert len(shared) == len(reference)

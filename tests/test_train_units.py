@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 
 from roformer.model import ModelConfig, RoFormerForMaskedLM
+from roformer.positions import POSITION_SCHEMES
 from roformer.train import build_model_config, flops, read_metrics
 from roformer.train.loop import check_same_model_config
 from roformer.train.metrics import MetricsWriter
@@ -18,8 +19,8 @@ from roformer.train.optim import decay_mask, make_optimizer, make_schedule
 from roformer.train.steps import make_train_step
 
 REPO = Path(__file__).resolve().parents[1]
-SCHEMES = {"absolute": "learned", "sinusoidal": "sinusoidal", "relative": "shaw", "t5": "t5",
-           "alibi": "alibi", "rotary": "rope", "rotary_linear": "rope", "none": "none"}
+# config file -> the scheme it selects: every scheme's own file, plus a variant
+SCHEMES = {scheme.config_file: name for name, scheme in POSITION_SCHEMES.items()} | {"rotary_linear": "rope"}
 
 
 def load_config(name: str, arg: str | None = None):
