@@ -7,7 +7,6 @@ RoFormer directory, the new run's step-0 held-out loss is the checkpoint's own;
 tokenizer and learned-table refusals.
 """
 import json
-import runpy
 import shutil
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from configs import bert_staged, tiny
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.loop import parse_phases
 from roformer.train.optim import make_schedule
@@ -35,7 +35,7 @@ OVERRIDES = {
 
 
 def make_config(cache: Path, **extra):
-    config = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
+    config = tiny.get_config()
     config.data.cache_dir = str(cache)
     for key, value in {**OVERRIDES, **extra}.items():
         section, name = key.split(".")
@@ -71,7 +71,7 @@ def test_parse_phases():
     assert parse_phases(config.train) == [(8, 32, 8)]
     config.train.phases = "900:128:256, 100:512:256"
     assert parse_phases(config.train) == [(900, 128, 256), (1000, 512, 256)]
-    staged = runpy.run_path(str(REPO / "configs" / "bert_staged.py"))["get_config"]()
+    staged = bert_staged.get_config()
     assert parse_phases(staged.train) == [(900_000, 128, 256), (1_000_000, 512, 256)]
     for bad in ("900:128", "0:128:8", "a:b:c", "900:128:8,"):
         config.train.phases = bad

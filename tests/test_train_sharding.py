@@ -1,6 +1,5 @@
 """Mesh construction, logical-axis rules, and sharding invariance of training."""
 import jax
-import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
@@ -137,10 +136,8 @@ def test_a_parameter_without_declared_axes_is_refused_by_path():
 
 def _loss_trajectory(mesh_cfg, config=TINY, num_devices=8, num_steps=3):
     mesh = sharding.make_mesh(mesh_cfg, jax.devices()[:num_devices])
-    train_cfg = ml_collections.ConfigDict(dict(
-        learning_rate=1e-3, warmup_steps=1, steps=10, decay="linear", weight_decay=0.01,
-        b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0))
-    tx, schedule = make_optimizer(train_cfg)
+    tx, schedule = make_optimizer(learning_rate=1e-3, warmup_steps=1, total_steps=10, decay="linear",
+                                  weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0)
     setup = TrainSetup(config, tx, schedule, mesh)
     with jax.set_mesh(mesh):
         state, rest = setup.init_state(), setup.init_rest()

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from roformer.model import ModelConfig
 from roformer.train import flops, sharding, steps, warm_start
+from roformer.train.config import TrainConfig
 from roformer.train.checkpoint import CHECKPOINTS, Checkpointer, PretrainWorkdir
 from roformer.train.distributed import initialize_distributed
 from roformer.train.metrics import MetricsWriter
@@ -32,13 +33,13 @@ from roformer.workdir_lock import workdir_lock
 log = logging.getLogger("roformer.train")
 
 
-def build_model_config(model_section, *, vocab_size: int, dtype: str, pad_token_id: int = 0) -> ModelConfig:
+def build_model_config(model_section, *, vocab_size: int, pad_token_id: int = 0) -> ModelConfig:
     """ModelConfig from the `model` config section: the size preset, then every
     field that is set (None placeholders keep the preset's value). The vocabulary
-    comes from the data's tokenizer, the compute dtype from `train.dtype`."""
+    and padding id come from the data's tokenizer."""
     fields = {k: v for k, v in model_section.to_dict().items() if k != "size" and v is not None}
-    return ModelConfig.from_preset(model_section.size, vocab_size=vocab_size, dtype=dtype,
-                                   pad_token_id=pad_token_id, **fields)
+    return ModelConfig.from_preset(model_section.size, vocab_size=vocab_size, pad_token_id=pad_token_id,
+                                   **fields)
 
 
 # Model settings a resumed run may change: they select kernels, not parameters.
@@ -156,7 +157,7 @@ def train_and_evaluate(config, workdir: str | Path) -> dict:
 def _train_phase(config, workdir: Path) -> dict:
     from roformer.data import make_pretrain_data  # the input pipeline is heavy; import on use
 
-    tc = config.train
+    tc = TrainConfig.from_section(config.train)
     is_main = jax.process_index() == 0
     if tc.batch_size % jax.process_count():
         raise ValueError(f"train.batch_size={tc.batch_size} must divide over {jax.process_count()} processes")
@@ -174,8 +175,7 @@ def _train_phase(config, workdir: Path) -> dict:
     data = make_pretrain_data(data_cfg, seq_len=tc.seq_len,
                               batch_size=tc.batch_size // jax.process_count(), seed=tc.seed,
                               process_index=jax.process_index(), process_count=jax.process_count())
-    model_cfg = build_model_config(config.model, vocab_size=data.vocab_size, dtype=tc.dtype,
-                                   pad_token_id=data.pad_id)
+    model_cfg = build_model_config(config.model, vocab_size=data.vocab_size, pad_token_id=data.pad_id)
     checkpointer = Checkpointer(workdir / CHECKPOINTS, max_to_keep=tc.keep_checkpoints,
                                 async_save=tc.async_checkpoints)
     # A refused resume or a failed restore must not leave orbax's workers running
@@ -195,10 +195,12 @@ def _train_phase(config, workdir: Path) -> dict:
             data.tokenizer.save(workdir)   # tokenizer.json + vocab.txt: fine-tuning reads them from here
 
         # measured outside the mesh context: a CPU peak is timed on one local device
-        peak_flops = flops.device_peak_flops(jax.devices()[0], tc.dtype, tc.peak_flops_per_device)
+        peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
 
         # --- state: restore the newest readable checkpoint, else initialise ----------
-        tx, schedule = make_optimizer(tc)
+        tx, schedule = make_optimizer(
+            learning_rate=tc.learning_rate, warmup_steps=tc.warmup_steps, total_steps=tc.schedule_steps,
+            decay=tc.decay, weight_decay=tc.weight_decay, b1=tc.b1, b2=tc.b2, eps=tc.eps, clip_norm=tc.clip_norm)
         setup = TrainSetup(model_cfg, tx, schedule, mesh, seed=tc.seed)
         with jax.set_mesh(mesh):
             rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step

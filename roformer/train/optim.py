@@ -32,16 +32,15 @@ def decay_mask(params):
     return jax.tree.map(lambda p: p.ndim > 1, params)
 
 
-def make_optimizer(train_cfg) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW from the `train` config section; returns (transform, schedule)."""
-    schedule = make_schedule(learning_rate=train_cfg.learning_rate,
-                             warmup_steps=train_cfg.warmup_steps,
-                             total_steps=train_cfg.get("decay_steps", 0) or train_cfg.steps,
-                             decay=train_cfg.decay)
+def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int, decay: str,
+                   weight_decay: float, b1: float, b2: float, eps: float, clip_norm: float
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW on `make_schedule`'s learning rates, after global-norm clipping (none when
+    clip_norm <= 0); returns (transform, schedule)."""
+    schedule = make_schedule(learning_rate=learning_rate, warmup_steps=warmup_steps,
+                             total_steps=total_steps, decay=decay)
     transforms = []
-    if train_cfg.clip_norm and train_cfg.clip_norm > 0:
-        transforms.append(optax.clip_by_global_norm(train_cfg.clip_norm))
-    transforms.append(optax.adamw(schedule, b1=train_cfg.b1, b2=train_cfg.b2,
-                                  eps=train_cfg.eps, weight_decay=train_cfg.weight_decay,
-                                  mask=decay_mask))
+    if clip_norm and clip_norm > 0:
+        transforms.append(optax.clip_by_global_norm(clip_norm))
+    transforms.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask))
     return optax.chain(*transforms), schedule
