@@ -6,8 +6,9 @@ last 10% at 512, one optimizer and one learning-rate schedule over the whole run
 
 Short sequences are cheaper per token (attention is quadratic in length), so most of
 the budget goes there; the short last phase teaches the positions beyond 128. Each
-phase is 'steps:seq_len:batch_size'; change them on the command line, e.g.
-`--config.train.phases=9000:128:32,1000:512:8`. See docs/pretraining.md.
+phase is 'steps:seq_len:batch_size', optionally followed by ':lr=X', ':warmup=N' and
+':max_predictions=N'; change them on the command line, e.g.
+`--config.train.phases=9000:128:32,1000:512:8:max_predictions=80`. See docs/pretraining.md.
 """
 from configs import base
 

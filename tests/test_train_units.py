@@ -14,7 +14,7 @@ from roformer.model import ModelConfig, RoFormerForMaskedLM
 from roformer.positions import POSITION_SCHEMES
 from roformer.train import build_model_config, flops, read_metrics
 from roformer.train.loop import check_same_model_config
-from roformer.train.metrics import MetricsWriter
+from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.config import TrainConfig
 from roformer.train.optim import decay_mask, make_optimizer, make_schedule
 from roformer.train.steps import make_train_step
@@ -140,6 +140,28 @@ def test_train_flops_and_mfu():
         device_kind = "TPU v5 lite"
     assert flops.device_peak_flops(Device(), "bfloat16") == 197e12
     assert flops.device_peak_flops(Device(), "bfloat16", configured=1e9) == 1e9
+
+
+def test_throughput_timer_leaves_out_the_compiling_step_and_paused_time():
+    now = [0.0]
+    timer = ThroughputTimer(tokens_per_step=100, peak_flops=1e3, num_devices=2, flops_per_step=60.0,
+                            clock=lambda: now[0])
+    assert timer.read() == {}                    # nothing timed yet
+    now[0] = 5.0
+    timer.step({})                               # the compiling first step only starts the clock (t=5)
+    now[0] = 10.0
+    timer.step({})
+    timer.step({})
+    with timer.paused():                         # an evaluation: 4 s left out
+        now[0] = 14.0
+    now[0] = 17.0
+    assert timer.read() == pytest.approx({"tokens_per_sec": 2 * 100 / 8, "mfu": 60 * 2 / 8 / (1e3 * 2)})
+    now[0] = 19.0
+    timer.step({})
+    assert timer.read() == pytest.approx({"tokens_per_sec": 50.0, "mfu": 60 / 2 / 2e3})
+    assert timer.medians() == pytest.approx({"tokens_per_sec": (25 + 50) / 2, "mfu": (7.5e-3 + 1.5e-2) / 2})
+    assert ThroughputTimer(tokens_per_step=1, flops_per_step=1, peak_flops=1, num_devices=1).medians() == \
+        {"tokens_per_sec": None, "mfu": None}
 
 
 def test_metrics_writer_jsonl_and_tensorboard(tmp_path):
