@@ -79,13 +79,23 @@ def _axis_sizes(cfg: ModelConfig) -> dict:
             "vocab": {cfg.vocab_size}, "layers": {cfg.num_layers}, "norm": {cfg.hidden_size, embedding}}
 
 
+# Every logical name has a size of its own, except heads == embed (num_heads x head_dim is
+# hidden_size by construction; the attention kernels' axes are asserted by name instead).
+DISTINCT_SIZES = {"vocab_size": 100, "hidden_size": 48, "num_layers": 3, "num_heads": 4, "intermediate_size": 80,
+                  "embedding_size": 40}
+
+
 @pytest.mark.parametrize("scheme", sorted(POSITION_SCHEMES))
-@pytest.mark.parametrize("overrides", [{}, {"embedding_size": 32, "pre_layer_norm": True}],
-                         ids=["plain", "factorised-preln"])
+@pytest.mark.parametrize("overrides", [{}, {"embedding_size": 32, "pre_layer_norm": True}, DISTINCT_SIZES],
+                         ids=["plain", "factorised-preln", "distinct-sizes"])
 def test_every_parameter_declares_axes_that_name_its_dimensions(scheme, overrides):
     cfg = ModelConfig(**{**LAYERS_EQ_HEADS, **overrides, "position": scheme})
-    assert cfg.num_layers == cfg.num_heads
+    if overrides is not DISTINCT_SIZES:
+        assert cfg.num_layers == cfg.num_heads
     sizes = _axis_sizes(cfg)
+    if overrides is DISTINCT_SIZES:
+        named = {name: min(size) for name, size in sizes.items() if name not in ("heads", "norm")}
+        assert len(set(named.values())) == len(named), named
     axes = {}
     for model_cls, args in ((RoFormerForMaskedLM, ()), (RoFormerForSequenceClassification, (3,))):
         params = abstract_params(model_cls, cfg, *args)
