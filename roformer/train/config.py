@@ -127,3 +127,15 @@ def _parse_phase_item(item: str, text: str) -> tuple[int, int, int, dict]:
             raise ValueError(f"train.phases={text!r}: {key}={value!r} in {item!r} must be a positive "
                              f"{kind.__name__} (steps:seq_len:batch_size[:key=value])")
     return int(shape[0]), int(shape[1]), int(shape[2]), options
+
+
+def phase_schedule_factors(phases: list[Phase], learning_rate: float) -> list[tuple[int, int, float, int]]:
+    """optim.scale_by_phase's (start, end, scale, warmup) in optimizer steps for the phases
+    that set their own learning rate or warmup."""
+    factors, start = [], 0
+    for phase in phases:
+        if phase.learning_rate is not None or phase.warmup_steps:
+            scale = 1.0 if phase.learning_rate is None else phase.learning_rate / learning_rate
+            factors.append((start, phase.end, scale, phase.warmup_steps))
+        start = phase.end
+    return factors

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from roformer.model import ModelConfig
 from roformer.train import flops, sharding, steps, warm_start
 from roformer.train.checkpoint import CHECKPOINTS, Checkpointer, PretrainWorkdir
-from roformer.train.config import Phase, TrainConfig, parse_phases
+from roformer.train.config import TrainConfig, parse_phases, phase_schedule_factors
 from roformer.train.distributed import initialize_distributed
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.optim import make_optimizer
@@ -244,18 +244,6 @@ def _optimizer(tc: TrainConfig):
         learning_rate=tc.learning_rate, warmup_steps=tc.warmup_steps, total_steps=tc.schedule_steps,
         decay=tc.decay, weight_decay=tc.weight_decay, b1=tc.b1, b2=tc.b2, eps=tc.eps, clip_norm=tc.clip_norm,
         phases=phase_schedule_factors(parse_phases(tc), tc.learning_rate))
-
-
-def phase_schedule_factors(phases: list[Phase], learning_rate: float) -> list[tuple[int, int, float, int]]:
-    """optim.scale_by_phase's (start, end, scale, warmup) in optimizer steps for the phases
-    that set their own learning rate or warmup."""
-    factors, start = [], 0
-    for phase in phases:
-        if phase.learning_rate is not None or phase.warmup_steps:
-            scale = 1.0 if phase.learning_rate is None else phase.learning_rate / learning_rate
-            factors.append((start, phase.end, scale, phase.warmup_steps))
-        start = phase.end
-    return factors
 
 
 def _make_mesh(mesh_cfg, tc: TrainConfig):
