@@ -4,8 +4,20 @@
 model size preset and the data source; any key can also be set on the command
 line, e.g. `--config.train.steps=1000 --config.model.size=mini`.
 """
+import dataclasses
+import typing
+
 import ml_collections
 from ml_collections import config_dict
+
+from roformer.model import PRESETS, ModelConfig
+from roformer.train.config import RETIRED_KEYS, TrainConfig
+
+# ModelConfig fields the data decides (from the tokenizer).
+FROM_DATA = ("vocab_size", "pad_token_id")
+# Unset unless given: the size preset's fields, and the learned table length (ModelConfig's
+# default; the ablation sizes it to train.seq_len when it is unset).
+FROM_PRESET = (*sorted({name for preset in PRESETS.values() for name in preset}), "max_position_embeddings")
 
 
 def parse_arg(arg: str | None) -> dict[str, str]:
@@ -23,38 +35,33 @@ def parse_arg(arg: str | None) -> dict[str, str]:
     return dict(pairs)
 
 
+def model_section(size: str) -> ml_collections.ConfigDict:
+    """The `model` section: a size preset plus every ModelConfig field at its default.
+
+    Fields the preset or the data decide are typed placeholders (None = the preset's value,
+    or ModelConfig's default when the preset has none); vocab_size and pad_token_id come
+    from the data's tokenizer."""
+    hints = typing.get_type_hints(ModelConfig)
+    section = ml_collections.ConfigDict({"size": size})
+    for field in dataclasses.fields(ModelConfig):
+        if field.name in FROM_DATA:
+            continue
+        if field.name in FROM_PRESET or field.default is None:
+            section[field.name] = config_dict.placeholder(_value_type(hints[field.name]))
+        else:
+            section[field.name] = field.default
+    return section
+
+
+def _value_type(hint):
+    """`int` for `int` and for `int | None`."""
+    return next((t for t in typing.get_args(hint) if t is not type(None)), hint)
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     args = parse_arg(arg)
     config = ml_collections.ConfigDict()
-
-    # Model: a size preset plus ModelConfig fields. The architecture sizes are
-    # placeholders: None = take the preset's value. vocab_size comes from the data.
-    model = config.model = ml_collections.ConfigDict()
-    model.size = args.get("size", "base")
-    for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size",
-                 "max_position_embeddings"):
-        model[name] = config_dict.placeholder(int)
-    model.embedding_size = config_dict.placeholder(int)
-    model.rotary_dim = config_dict.placeholder(int)
-    model.type_vocab_size = 2
-    model.hidden_dropout = 0.1
-    model.attention_dropout = 0.1
-    model.layer_norm_eps = 1e-12
-    model.hidden_act = "gelu"
-    model.pre_layer_norm = False
-    model.initializer_range = 0.02
-    model.position = "rope"
-    model.attention = "softmax"
-    model.attention_impl = "auto"  # cudnn: fused GPU kernel (bf16, attention_dropout=0)
-    model.rope_base = 10000.0
-    model.rope_layout = "interleaved"
-    model.rotary_value = False
-    model.rope_scaling = "none"
-    model.rope_scaling_factor = 1.0
-    model.rope_original_max_len = 512
-    model.shaw_max_distance = 16
-    model.t5_num_buckets = 32
-    model.t5_max_distance = 128
+    config.model = model_section(args.get("size", "base"))
 
     data = config.data = ml_collections.ConfigDict()
     data.source = args.get("source", "embedded")
@@ -81,40 +88,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     data.heldout_fraction = 0.02
     data.num_workers = 0
 
-    train = config.train = ml_collections.ConfigDict()
-    train.steps = 100_000
-    train.batch_size = 256          # global, over all processes
-    train.seq_len = 512
-    train.learning_rate = 1e-4
-    train.warmup_steps = 10_000
-    train.decay = "linear"          # linear | cosine
-    train.decay_steps = 0           # schedule length; 0 -> train.steps (set it to extend a run
-                                    # past its schedule without changing the learning rates so far)
-    train.weight_decay = 0.01
-    train.b1 = 0.9
-    train.b2 = 0.999
-    train.eps = 1e-6
-    train.clip_norm = 1.0
-    train.grad_accum = 1            # micro-batches per optimizer step
-    train.seed = 0
-    train.phases = ""               # 'steps:seq_len:batch_size,...' phases run in order (overrides
-                                    # steps/seq_len/batch_size), e.g. '900:128:32,100:512:8'
-    train.init_from = ""            # warm start (parameters only, step 0): a pretraining workdir, an
-                                    # HF RoFormer directory or a roformer.convert output
-    train.init_step = -1            # its checkpoint step (pretraining workdir); -1 = newest
-    train.init_grow_positions = ""  # "copy": repeat a shorter learned position table's rows
-    train.log_every = 100
-    train.eval_every = 2_000
-    train.eval_batches = 20
-    train.eval_shuffled = True      # also evaluate with each document's tokens shuffled: the loss
-                                    # increase (eval_order_gap) says how much the model uses word order
-    train.checkpoint_every = 2_000
-    train.keep_checkpoints = 3
-    train.async_checkpoints = True
-    train.dtype = "float32"         # compute dtype: float32 | bfloat16 (params stay float32)
-    train.peak_flops_per_device = 0.0   # 0 -> table (TPU/GPU) or a measured matmul peak (CPU)
-    train.progress_bar = True
-    train.debug_nan_step = -1       # testing aid: poison the loss at this step
+    # Every key and its default: roformer/train/config.py. Retired keys stay as unset
+    # placeholders, so setting one is refused with the name of its replacement.
+    config.train = ml_collections.ConfigDict(dataclasses.asdict(TrainConfig()))
+    for key in RETIRED_KEYS:
+        config.train[key] = config_dict.placeholder(str)
 
     # Device mesh: one -1 axis takes the remaining devices. num_devices > 0 uses
     # only the first N devices (single process).

@@ -6,18 +6,15 @@ last 10% at 512, one optimizer and one learning-rate schedule over the whole run
 
 Short sequences are cheaper per token (attention is quadratic in length), so most of
 the budget goes there; the short last phase teaches the positions beyond 128. Each
-phase is 'steps:seq_len:batch_size'; change them on the command line, e.g.
-`--config.train.phases=9000:128:32,1000:512:8`. See docs/pretraining.md.
+phase is 'steps:seq_len:batch_size', optionally followed by ':lr=X', ':warmup=N' and
+':max_predictions=N'; change them on the command line, e.g.
+`--config.train.phases=9000:128:32,1000:512:8:max_predictions=80`. See docs/pretraining.md.
 """
-import pathlib
-import runpy
-
-# loaded by path so the file works from any working directory
-_base = runpy.run_path(str(pathlib.Path(__file__).with_name("base.py")))
+from configs import base
 
 
 def get_config(arg=None):
-    config = _base["get_config"](arg)
+    config = base.get_config(arg)
     config.model.position = "rope"
     config.train.phases = "900000:128:256,100000:512:256"
     config.train.warmup_steps = 10_000

@@ -8,6 +8,8 @@ Variants: `configs/glue.py:smoke` shrinks everything for a minutes-long CPU chec
 """
 import ml_collections
 
+from roformer.model import ModelConfig
+
 TASK_NAMES = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 # Keys a task may override; the rest is shared.
 PER_TASK_KEYS = {"learning_rate": float, "batch_size": int, "num_epochs": float,
@@ -33,9 +35,11 @@ def get_config(arg=None):
 
     # Model. From a checkpoint the architecture is the checkpoint's; size / vocab_size set
     # here must then match it (a mismatch is refused). With init=none: size "" -> "mini".
+    # Dropout and the compute dtype (model.dtype, as in pretraining) start at ModelConfig's
+    # defaults and may differ from the checkpoint's.
     c.model = ml_collections.ConfigDict(dict(
-        size="", vocab_size=0, position="", hidden_dropout=0.1, attention_dropout=0.1,
-        dtype="float32"))
+        size="", vocab_size=0, position="", hidden_dropout=ModelConfig.hidden_dropout,
+        attention_dropout=ModelConfig.attention_dropout, dtype=ModelConfig.dtype))
 
     # Protocol.
     c.learning_rate = 4e-5

@@ -1,13 +1,9 @@
 """RoPE with linear attention (RoFormer paper eq. 19)."""
-import pathlib
-import runpy
-
-# loaded by path so the file works from any working directory
-_base = runpy.run_path(str(pathlib.Path(__file__).with_name("base.py")))
+from configs import base
 
 
 def get_config(arg=None):
-    config = _base["get_config"](arg)
+    config = base.get_config(arg)
     config.model.position = "rope"
     config.model.attention = "linear"
     return config

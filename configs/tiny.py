@@ -2,16 +2,12 @@
 
 `python -m roformer.pretrain --config=configs/tiny.py --workdir=runs/tiny`
 """
-import pathlib
-import runpy
-
-# loaded by path so the file works from any working directory
-_base = runpy.run_path(str(pathlib.Path(__file__).with_name("base.py")))
+from configs import base
 
 
 def get_config(arg=None):
-    config = _base["get_config"](arg)
-    config.model.size = _base["parse_arg"](arg).get("size", "tiny")
+    config = base.get_config(arg)
+    config.model.size = base.parse_arg(arg).get("size", "tiny")
     config.model.hidden_dropout = 0.0        # too few steps for dropout to help
     config.model.attention_dropout = 0.0
     config.data.vocab_size = 4000

@@ -514,24 +514,30 @@ def build_report(config: ml_collections.ConfigDict, workdir: Path, state: Ablati
                               f"{config.extension.steps} steps, lr {config.extension.learning_rate}, "
                               f"pretraining seed{'s' if extension_seeds(config) > 1 else ''} "
                               f"{', '.join(map(str, range(extension_seeds(config))))}")
-    return report.summarize(setup, runs, extension, reference=config.reference,
+    return report.summarize(setup, runs, extension, reference=config.reference, baseline=config.baseline,
                             order_threshold=config.order_threshold)
 
 
 def _unigram_loss(workdir: Path, config: ml_collections.ConfigDict) -> float | None:
-    """The corpus's context-free MLM loss under the run's vocabulary (cached in the state
-    directory; needs the data, so it is computed once a pretraining run exists)."""
+    """The corpus's context-free MLM loss under the runs' vocabulary (cached in the state
+    directory; computed once a pretraining run has written its tokenizer)."""
     cache = workdir / "unigram_loss.json"
     fp = fingerprint(config.pretrain.data)
     if cache.exists():
         saved = json.loads(cache.read_text())
         if saved.get("fingerprint") == fp:
             return saved["unigram_loss"]
-    if not any((workdir / "pretrain").glob("*/seed*/tokenizer.json")):
+    from roformer.train.checkpoint import PretrainWorkdir
+
+    runs = [PretrainWorkdir(p) for p in sorted((workdir / "pretrain").glob("*/seed*"))
+            if PretrainWorkdir.holds_run(p)]
+    run = next((r for r in runs if r.tokenizer_file.is_file()), None)
+    if run is None:
         return None
     from roformer.data import make_pretrain_data
 
-    data = make_pretrain_data(config.pretrain.data, seq_len=config.pretrain.train.seq_len, batch_size=1,
+    data_cfg = ml_collections.ConfigDict({**config.pretrain.data.to_dict(), "vocab": str(run.tokenizer_file)})
+    data = make_pretrain_data(data_cfg, seq_len=config.pretrain.train.seq_len, batch_size=1,
                               seed=0, show_progress=False)
     value = data.unigram_loss()
     if _is_main_process():

@@ -40,6 +40,7 @@ import safetensors.numpy
 from flax import nnx, traverse_util
 
 from roformer import rope
+from roformer.positions import POSITION_SCHEMES
 from roformer.model import (
     DTYPES,
     ModelConfig,
@@ -47,6 +48,7 @@ from roformer.model import (
     RoFormerForSequenceClassification,
     RoFormerModel,
 )
+from roformer.train.checkpoint import CHECKPOINTS, PretrainWorkdir
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +234,7 @@ def _pair_permutation(config: ModelConfig) -> np.ndarray:
 def _permuted_axis(path: tuple, config: ModelConfig) -> int | None:
     """Axis of our (kernel/bias) array indexed by rotated head features, else None."""
     names = [str(p) for p in path]
-    if config.position != "rope" or config.rope_layout == "interleaved":
+    if not POSITION_SCHEMES[config.position].rope_scaling or config.rope_layout == "interleaved":
         return None
     rotated = ("query", "key", "value") if config.rotary_value else ("query", "key")
     if len(names) >= 3 and names[-3] == "self" and names[-2] in rotated:
@@ -358,9 +360,9 @@ def checkpoint_kind(path: str | Path, *, what: str = "path") -> str:
         return "hf"
     if (path / OUR_CONFIG_FILE).is_file():
         return "converted"
-    if (path / "checkpoints").is_dir():
+    if PretrainWorkdir.holds_run(path):
         return "pretrain"
-    raise ValueError(f"{what}={str(path)!r} is neither a pretraining workdir (no {path / 'checkpoints'}), "
+    raise ValueError(f"{what}={str(path)!r} is neither a pretraining workdir (no {path / CHECKPOINTS}), "
                      "an HF RoFormer directory (no config.json with model_type 'roformer') nor a "
                      f"roformer.convert output (no {OUR_CONFIG_FILE})")
 
@@ -374,9 +376,7 @@ def _check_hf_dir(hf_dir: Path) -> None:
     if not hf_dir.is_dir():
         raise ValueError(f"{hf_dir}: no such directory (expected {HF_DIR_EXPECTED})")
     config_path = hf_dir / "config.json"
-    workdir_config = (json.loads(config_path.read_text())
-                      if (hf_dir / "checkpoints").is_dir() and config_path.is_file() else {})
-    if "train" in workdir_config:
+    if PretrainWorkdir.holds_run(hf_dir) and "train" in PretrainWorkdir(hf_dir).run_config():
         raise ValueError(f"{hf_dir} is a pretraining workdir (checkpoints/ and a config.json with a train "
                          f"section), not {HF_DIR_EXPECTED}. To export it use `python -m roformer.convert "
                          f"to-hf {hf_dir} OUT_DIR`; in Python, load_pretrain_workdir() reads it")
@@ -470,8 +470,6 @@ def load_pretrain_workdir(workdir: str | Path, *, step: int = -1) -> tuple[Model
     """The MLM model of a pretraining run (`python -m roformer.pretrain`): params of
     `workdir/checkpoints/<step>` (newest when step < 0), restored onto this host, in eval
     mode (dropout off); call `.train()` to fine-tune it."""
-    from roformer.train.checkpoint import PretrainWorkdir
-
     config, params = PretrainWorkdir(workdir).params(step)
     model = build_model(config, "mlm")
     state = nnx.state(model, nnx.Param)
@@ -521,13 +519,17 @@ def main(argv: list[str] | None = None) -> None:
     src = Path(args.src_dir)
     if (src / OUR_CONFIG_FILE).is_file():
         config, model = load_converted(src)
-    elif (src / "checkpoints").is_dir():
+        out = save_hf(model, config, args.out_dir)
+        _copy_tokenizer_files(src, out)
+    elif PretrainWorkdir.holds_run(src):
         config, model = load_pretrain_workdir(src, step=args.step)
+        out = save_hf(model, config, args.out_dir)
+        run = PretrainWorkdir(src)
+        if run.tokenizer_file.is_file():
+            run.tokenizer().save(out)
     else:
-        raise SystemExit(f"to-hf: {src} has neither {OUR_CONFIG_FILE} (from-hf output) nor checkpoints/ "
+        raise SystemExit(f"to-hf: {src} has neither {OUR_CONFIG_FILE} (from-hf output) nor {CHECKPOINTS}/ "
                          f"(a pretraining workdir)")
-    out = save_hf(model, config, args.out_dir)
-    _copy_tokenizer_files(src, out)
     print(f"wrote HF {HF_ARCHITECTURES[_model_head(model)]} to {out}")
 
 

@@ -102,18 +102,18 @@ def window_rows(doc: np.ndarray, offset: np.ndarray, length: np.ndarray, window:
     return np.flatnonzero((length == window - 2) & (offset + length <= max_len - 2))
 
 
-def heldout_windows(data_cfg: ml_collections.ConfigDict, lengths: Iterable[int], *, num_docs: int,
-                    batch_size: int, seed: int, max_len: int | None = None) -> dict[int, list[dict]]:
-    """Masked batches per length over the same text: the first `max_len` (default
-    max(lengths)) tokens of the first `num_docs` held-out documents that long, cut into
-    full windows of each length."""
+def heldout_windows(run: PretrainWorkdir, data_cfg: ml_collections.ConfigDict, lengths: Iterable[int], *,
+                    num_docs: int, batch_size: int, seed: int, max_len: int | None = None) -> dict[int, list[dict]]:
+    """Masked batches per length over the same text, tokenized with `run`'s tokenizer: the
+    first `max_len` (default max(lengths)) tokens of the first `num_docs` held-out documents
+    of `data_cfg`'s corpus that long, cut into full windows of each length."""
     from roformer.data import make_pretrain_data
     from roformer.data.packing import plan_rows
 
     lengths = sorted(lengths)
     max_len = max_len or lengths[-1]
     cfg = ml_collections.ConfigDict(data_cfg.to_dict())
-    cfg.packing = "document"
+    cfg.update(packing="document", vocab=str(run.tokenizer_file))
     out = {}
     for window in lengths:
         # One PretrainData per length: its masker sizes the masked-prediction slots to it.
@@ -138,8 +138,9 @@ def evaluate_workdir(workdir: str | Path, data_cfg: ml_collections.ConfigDict, *
                      factors: Iterable[int], scalings: Iterable[str] = SCALINGS, num_docs: int = 64,
                      batch_size: int = 8, seed: int = 0) -> dict:
     """Length extrapolation of a pretrain workdir's latest checkpoint, plus its parameter count."""
-    model_config, params = PretrainWorkdir(workdir).params()
-    batches = heldout_windows(data_cfg, [seq_len * f for f in factors], num_docs=num_docs,
+    run = PretrainWorkdir(workdir)
+    model_config, params = run.params()
+    batches = heldout_windows(run, data_cfg, [seq_len * f for f in factors], num_docs=num_docs,
                               batch_size=batch_size, seed=seed)
     return {"params": count_params(params),
             "extrapolation": evaluate(model_config, params, batches, seq_len, scalings)}
@@ -157,7 +158,7 @@ def evaluate_checkpoints(workdir: str | Path, data_cfg: ml_collections.ConfigDic
     if not init_from:
         raise ValueError(f"{workdir} was not warm-started (no train.init_from in its config.json)")
     length = seq_len * factor
-    batches = heldout_windows(data_cfg, [length], num_docs=num_docs, batch_size=batch_size, seed=seed,
+    batches = heldout_windows(run, data_cfg, [length], num_docs=num_docs, batch_size=batch_size, seed=seed,
                               max_len=seq_len * max(factors))[length]
     model_config = run.model_config()
     points = [(0, PretrainWorkdir(init_from).params()[1])]

@@ -39,7 +39,8 @@ class PositionScheme(nnx.Module):
     # The scheme adds a logit bias.  Neither this nor relative_kv can be expressed by linear
     # attention, which never forms the L x L scores; rotary schemes can (RoFormer eq. 19).
     has_bias: bool = False
-    # The scheme honours ModelConfig.rope_scaling / rope_base (length extension by scaling).
+    # The scheme is rotary under ModelConfig's rope_* settings: length extension by
+    # rope_scaling / rope_base applies, and its q/k features rotate in rope_layout pairs.
     rope_scaling: bool = False
 
     def __init__(self, config, *, rngs: nnx.Rngs):
@@ -196,6 +197,16 @@ class T5Bias(PositionScheme):
 
     config_file = "t5"
     has_bias = True
+
+    @classmethod
+    def validate(cls, config) -> None:
+        # Half the buckets per direction, half of those exact: at least one exact bucket, and
+        # the log-spaced ones must start below max_distance.
+        if config.t5_num_buckets < 4:
+            raise ValueError(f"t5_num_buckets must be >= 4, got {config.t5_num_buckets}")
+        if config.t5_max_distance <= config.t5_num_buckets // 4:
+            raise ValueError(f"t5_max_distance must exceed t5_num_buckets // 4 = {config.t5_num_buckets // 4}, "
+                             f"got {config.t5_max_distance}")
 
     def __init__(self, config, *, rngs: nnx.Rngs):
         self.num_buckets = config.t5_num_buckets

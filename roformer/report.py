@@ -195,9 +195,10 @@ def _interpolate_tokens(curve: list[dict], target: float) -> float | None:
 
 
 def summarize(setup: Mapping, runs: list[dict], extension: list[dict], *, reference: str,
-              order_threshold: float = 0.1) -> dict:
+              baseline: str = "", order_threshold: float = 0.1) -> dict:
     """The report dict: setup, the per-run rows, one aggregated row per scheme, the
-    context-extension summary, the convergence comparison and the findings in words."""
+    context-extension summary, the convergence comparison of `reference` with `baseline`
+    (None without one) and the findings in words."""
     schemes: list[str] = []
     for r in runs:
         if r["scheme"] not in schemes:
@@ -209,7 +210,7 @@ def summarize(setup: Mapping, runs: list[dict], extension: list[dict], *, refere
     result = {"setup": dict(setup), "reference": reference, "order_threshold": order_threshold,
               "schemes": rows, "runs": runs,
               "extension": summarize_extension(extension),
-              "convergence": convergence(runs, reference, "learned")}
+              "convergence": convergence(runs, reference, baseline)}
     result["findings"] = findings(result)
     return result
 

@@ -28,4 +28,4 @@ if [[ $# -gt 0 && $1 != --* ]]; then CONFIG=$1; shift; fi
 cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
 # The venv must have jax[cuda12] (pip install -e . 'jax[cuda12]').
 srun --kill-on-bad-exit=1 python -m roformer.pretrain --config="$CONFIG" --workdir="$WORKDIR" \
-  --config.distributed.enabled=True --config.train.dtype=bfloat16 "$@"
+  --config.distributed.enabled=True --config.model.dtype=bfloat16 "$@"

@@ -29,5 +29,5 @@ gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone "$ZONE" --worker=all --command
   cd ~/roformer-jax
   python3 -m pip install --quiet -e . 'jax[tpu]'
   python3 -m roformer.pretrain --config=$CONFIG --workdir=$WORKDIR \
-    --config.distributed.enabled=True --config.train.dtype=bfloat16 $EXTRA
+    --config.distributed.enabled=True --config.model.dtype=bfloat16 $EXTRA
 "

@@ -35,6 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from configs.ablation import SHARED_DATA  # noqa: E402
+from roformer.model import ModelConfig  # noqa: E402
+from roformer.positions import POSITION_SCHEMES  # noqa: E402
 from roformer.train.metrics import read_metrics  # noqa: E402
 
 # The baseline every variant changes: tiny model, a WordPiece vocabulary trained on
@@ -65,39 +67,41 @@ BERT_VOCAB = str(SHARED_DATA / "vocab" / "bert-base-uncased-vocab.txt")
 BATCH_16 = {"train.batch_size": 16, "train.steps": 1400, "train.warmup_steps": 140, "train.eval_every": 200,
             "train.checkpoint_every": 1400}
 
-# name -> (scheme config file, overrides of BASE)
+# name -> (position scheme, overrides of BASE)
 VARIANTS: dict[str, tuple[str, dict]] = {
-    "base": ("rotary", {}),
-    "vocab_bert_30522": ("rotary", {"data.vocab": BERT_VOCAB}),
-    "vocab_4000": ("rotary", {"data.vocab_size": 4000}),
-    "vocab_16000": ("rotary", {"data.vocab_size": 16000}),
-    "dropout_0.1": ("rotary", {"model.hidden_dropout": 0.1, "model.attention_dropout": 0.1}),
-    "lr_1e-3": ("rotary", {"train.learning_rate": 1e-3}),
-    "lr_4e-3": ("rotary", {"train.learning_rate": 4e-3}),
-    "warmup_0": ("rotary", {"train.warmup_steps": 0}),
-    "warmup_30pct": ("rotary", {"train.warmup_steps": 210}),
-    "cosine": ("rotary", {"train.decay": "cosine"}),
-    "batch_16": ("rotary", BATCH_16),
-    "batch_64": ("rotary", {"train.batch_size": 64, "train.steps": 350, "train.warmup_steps": 35,
+    "base": ("rope", {}),
+    "vocab_bert_30522": ("rope", {"data.vocab": BERT_VOCAB}),
+    "vocab_4000": ("rope", {"data.vocab_size": 4000}),
+    "vocab_16000": ("rope", {"data.vocab_size": 16000}),
+    "dropout_0.1": ("rope", {"model.hidden_dropout": 0.1, "model.attention_dropout": 0.1}),
+    "lr_1e-3": ("rope", {"train.learning_rate": 1e-3}),
+    "lr_4e-3": ("rope", {"train.learning_rate": 4e-3}),
+    "warmup_0": ("rope", {"train.warmup_steps": 0}),
+    "warmup_30pct": ("rope", {"train.warmup_steps": 210}),
+    "cosine": ("rope", {"train.decay": "cosine"}),
+    "batch_16": ("rope", BATCH_16),
+    "batch_64": ("rope", {"train.batch_size": 64, "train.steps": 350, "train.warmup_steps": 35,
                             "train.eval_every": 50, "train.checkpoint_every": 350}),
-    "pre_ln": ("rotary", {"model.pre_layer_norm": True}),
-    "pre_ln_lr_4e-3": ("rotary", {"model.pre_layer_norm": True, "train.learning_rate": 4e-3}),
-    "learned": ("absolute", {}),
-    "learned_lr_1e-3": ("absolute", {"train.learning_rate": 1e-3}),
-    "learned_lr_4e-3": ("absolute", {"train.learning_rate": 4e-3}),
-    "learned_pre_ln": ("absolute", {"model.pre_layer_norm": True}),
+    "pre_ln": ("rope", {"model.pre_layer_norm": True}),
+    "pre_ln_lr_4e-3": ("rope", {"model.pre_layer_norm": True, "train.learning_rate": 4e-3}),
+    "learned": ("learned", {}),
+    "learned_lr_1e-3": ("learned", {"train.learning_rate": 1e-3}),
+    "learned_lr_4e-3": ("learned", {"train.learning_rate": 4e-3}),
+    "learned_pre_ln": ("learned", {"model.pre_layer_norm": True}),
     # The two largest single gains together, for rotary and for learned absolute positions.
-    "batch_16_vocab_4000": ("rotary", {**BATCH_16, "data.vocab_size": 4000}),
-    "learned_batch_16": ("absolute", BATCH_16),
+    "batch_16_vocab_4000": ("rope", {**BATCH_16, "data.vocab_size": 4000}),
+    "learned_batch_16": ("learned", BATCH_16),
 }
 
 
 def overrides(variant: str) -> tuple[str, dict]:
-    config_file, changes = VARIANTS[variant]
+    """The variant's pretraining config file and its command-line settings."""
+    position, changes = VARIANTS[variant]
+    scheme = POSITION_SCHEMES[position]
     settings = {**BASE, **changes}
-    if config_file == "absolute":   # the table covers exactly the trained length
+    if scheme.max_length(ModelConfig(position=position)) is not None:   # a table: exactly the trained length
         settings.setdefault("model.max_position_embeddings", settings["train.seq_len"])
-    return config_file, settings
+    return scheme.config_file, settings
 
 
 def run_variant(variant: str, workdir: Path) -> None:
@@ -118,13 +122,12 @@ SPEED_FILE = "speed.json"
 
 def measure_speed(variant: str, root: Path) -> float:
     """Median training tokens/s of `variant` over a short run of its own (scratch workdir)."""
-    _, settings = overrides(variant)
+    config_file, settings = overrides(variant)
     workdir = root / "_speed" / variant
     shutil.rmtree(workdir, ignore_errors=True)
     settings = {**settings, "train.steps": SPEED_STEPS, "train.warmup_steps": 0, "train.log_every": 10,
                 "train.eval_every": SPEED_STEPS, "train.eval_batches": 1,
                 "train.checkpoint_every": SPEED_STEPS}
-    config_file, _ = VARIANTS[variant]
     cmd = [sys.executable, "-m", "roformer.pretrain", f"--config=configs/{config_file}.py",
            f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in settings.items()]
     subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)

@@ -486,7 +486,7 @@ def test_findings_say_which_differences_exceed_the_seed_spread_and_who_ignores_w
                  _run("learned", k, [7.5, 7.8, 7.6][k], [0.02, 0.15, 0.4]),        # worse, beyond the spread
                  _run("sinusoidal", k, [7.1, 7.1, 7.2][k], [0.01, 0.05, 0.2 + 0.1 * k]),   # within it
                  _run("none", k, [6.5, 6.6, 6.6][k], [0.0, 0.01, [0.0, 0.01, 0.02][k]])]  # better; ignores order
-    result = report.summarize({"seeds": 3}, runs, [], reference="rope", order_threshold=0.1)
+    result = report.summarize({"seeds": 3}, runs, [], reference="rope", baseline="learned", order_threshold=0.1)
     findings = result["findings"]
 
     def finding(start):
@@ -513,12 +513,14 @@ def test_findings_say_which_differences_exceed_the_seed_spread_and_who_ignores_w
     assert result["convergence"]["seeds"] == [0, 1, 2]
 
     # A higher threshold: learned's gap (0.4 at the end) no longer counts as using word order.
-    strict = report.summarize({"seeds": 3}, runs, [], reference="rope", order_threshold=0.5)["findings"]
+    strict = report.summarize({"seeds": 3}, runs, [], reference="rope", baseline="learned",
+                              order_threshold=0.5)["findings"]
     ignores = next(f for f in strict if f.startswith("Ignore word order"))
     assert "gap < 0.5 nats" in ignores and "learned (final gap 0.400" in ignores and "rope" not in ignores
 
     # One seed: the comparison has no interval yet, and says so.
-    one = report.summarize({"seeds": 1}, [r for r in runs if r["seed"] == 0], [], reference="rope")
+    one = report.summarize({"seeds": 1}, [r for r in runs if r["seed"] == 0], [], reference="rope",
+                           baseline="learned")
     assert "Only one seed finished for rope: differences have no interval yet." in one["findings"]
     assert "(+0.500 (one seed))" in report.to_markdown(one)
 

@@ -53,11 +53,24 @@ def random_ids(shape, seed=0):
 
 # ---------------------------------------------------------------- config
 
+def encoder_params(config: ModelConfig) -> int:
+    model = nnx.eval_shape(lambda: RoFormerModel(config, rngs=nnx.Rngs(0)))
+    return sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
 def test_presets():
-    assert {k: (v["num_layers"], v["hidden_size"], v["num_heads"], v["intermediate_size"])
-            for k, v in PRESETS.items()} == {
-        "tiny": (2, 128, 2, 512), "mini": (4, 256, 4, 1024), "small": (4, 512, 8, 2048),
-        "medium": (8, 512, 8, 2048), "base": (12, 768, 12, 3072), "large": (24, 1024, 16, 4096)}
+    for name, preset in PRESETS.items():
+        cfg = ModelConfig.from_preset(name)
+        assert cfg.head_dim * cfg.num_heads == cfg.hidden_size and cfg.head_dim % 2 == 0, name   # rotary pairs
+        assert cfg.intermediate_size == 4 * cfg.hidden_size, name                                  # BERT's ratio
+    # Sizes grow in the order listed.
+    counts = [encoder_params(ModelConfig.from_preset(name, vocab_size=30522)) for name in PRESETS]
+    assert counts == sorted(counts) and len(set(counts)) == len(counts)
+    # base and large are BERT-base / BERT-large: with BERT's learned positions, 30,522 word
+    # pieces and its pooler (hidden x hidden + hidden), the transformers BertModel counts.
+    for name, bert in (("base", 109_482_240), ("large", 335_141_888)):
+        cfg = ModelConfig.from_preset(name, vocab_size=30522, position="learned")
+        assert encoder_params(cfg) + cfg.hidden_size * (cfg.hidden_size + 1) == bert, name
     cfg = ModelConfig.from_preset("mini", position="alibi", vocab_size=100)
     assert (cfg.num_layers, cfg.hidden_size, cfg.position, cfg.vocab_size) == (4, 256, "alibi", 100)
     with pytest.raises(ValueError, match="unknown model size 'huge'.*'tiny'"):
@@ -298,7 +311,7 @@ def test_shared_parameters_initialise_identically_across_schemes():
         return {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(state)}
 
     reference = flat_params("none")
-    for position in ("learned", "sinusoidal", "shaw", "t5", "alibi", "rope"):
+    for position in positions.POSITION_SCHEMES:
         params = flat_params(position)
         shared = [k for k in params if k in reference and "position" not in k]
         assert len(shared) == len(reference)
@@ -306,7 +319,7 @@ def test_shared_parameters_initialise_identically_across_schemes():
             np.testing.assert_array_equal(np.asarray(params[key]), np.asarray(reference[key]), err_msg=f"{position}: {key}")
 
 
-def test_attention_implementation_is_a_config_choice():
+def test_attention_implementation_is_a_config_choice(monkeypatch):
     config = ModelConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
     ids = jnp.arange(12, dtype=jnp.int32).reshape(2, 6) % 50
     outputs = []
@@ -317,3 +330,25 @@ def test_attention_implementation_is_a_config_choice():
     np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-6)
     with pytest.raises(ValueError, match="attention_impl"):
         dataclasses.replace(config, attention_impl="flash")
+
+    # Which kernel each setting asks jax.nn.dot_product_attention for (on CPU every request
+    # runs as XLA, so the outputs above cannot tell them apart): "auto" lets jax choose.
+    fused = jax.nn.dot_product_attention
+    requested = []
+
+    def spy(*args, implementation=None, **kwargs):
+        requested.append(implementation)
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+    for impl, expected in (("auto", None), ("xla", "xla"), ("cudnn", "cudnn")):
+        requested.clear()
+        model = RoFormerModel(dataclasses.replace(config, attention_impl=impl, attention_dropout=0.1),
+                              rngs=nnx.Rngs(0))
+        model.eval()
+        trace(model, ids)
+        assert requested == [expected], impl
+        requested.clear()
+        model.train()                    # attention dropout needs the explicit path: no fused kernel
+        trace(model, ids)
+        assert requested == [], impl

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import shutil
-import runpy
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from configs import tiny
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.checkpoint import Checkpointer
 
@@ -38,7 +38,7 @@ OVERRIDES = {
 
 
 def make_config(cache: Path, **extra):
-    config = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
+    config = tiny.get_config()
     config.data.cache_dir = str(cache)
     for key, value in {**OVERRIDES, **extra}.items():
         section, name = key.split(".")

@@ -9,16 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from configs import tiny
 from roformer.train import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 
 # Each process: train 4 steps (checkpoint at 2 and 4), then a second call resumes at 4.
 DRIVER = textwrap.dedent("""
-    import json, runpy, sys
+    import json, sys
+    from configs import tiny
     from roformer.train import train_and_evaluate
     port, process_id, workdir, cache = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    config = runpy.run_path("configs/tiny.py")["get_config"]()
+    config = tiny.get_config()
     config.model.update(hidden_size=32, intermediate_size=64, num_heads=2)
     config.data.update(cache_dir=cache, vocab_size=500)
     config.train.update(steps=4, decay_steps=6, batch_size=16, seq_len=32, warmup_steps=1, log_every=1,
@@ -45,9 +47,8 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_two_processes_train_checkpoint_restore(tmp_path):
     from roformer.data import make_pretrain_data
-    import runpy
     cache = tmp_path / "cache"
-    config = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
+    config = tiny.get_config()
     config.data.update(cache_dir=str(cache), vocab_size=500)
     make_pretrain_data(config.data, seq_len=32, batch_size=8, seed=0)   # build the cache once
 

@@ -7,7 +7,6 @@ RoFormer directory, the new run's step-0 held-out loss is the checkpoint's own;
 tokenizer and learned-table refusals.
 """
 import json
-import runpy
 import shutil
 from pathlib import Path
 
@@ -16,8 +15,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from configs import bert_staged, tiny
 from roformer.train import read_metrics, train_and_evaluate
-from roformer.train.loop import parse_phases
+from roformer.train.config import Phase, parse_phases
 from roformer.train.optim import make_schedule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ OVERRIDES = {
 
 
 def make_config(cache: Path, **extra):
-    config = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
+    config = tiny.get_config()
     config.data.cache_dir = str(cache)
     for key, value in {**OVERRIDES, **extra}.items():
         section, name = key.split(".")
@@ -68,15 +68,22 @@ def two_phase_run(tmp_path_factory, cache):
 
 def test_parse_phases():
     config = make_config(Path("/unused"))
-    assert parse_phases(config.train) == [(8, 32, 8)]
+    assert parse_phases(config.train) == [Phase(8, 32, 8)]
     config.train.phases = "900:128:256, 100:512:256"
-    assert parse_phases(config.train) == [(900, 128, 256), (1000, 512, 256)]
-    staged = runpy.run_path(str(REPO / "configs" / "bert_staged.py"))["get_config"]()
-    assert parse_phases(staged.train) == [(900_000, 128, 256), (1_000_000, 512, 256)]
-    for bad in ("900:128", "0:128:8", "a:b:c", "900:128:8,"):
+    assert parse_phases(config.train) == [Phase(900, 128, 256), Phase(1000, 512, 256)]
+    staged = bert_staged.get_config()
+    assert parse_phases(staged.train) == [Phase(900_000, 128, 256), Phase(1_000_000, 512, 256)]
+    config.train.phases = "900:128:256,100:512:64:lr=5e-5:warmup=10:max_predictions=80"
+    assert parse_phases(config.train)[1] == Phase(1000, 512, 64, learning_rate=5e-5, warmup_steps=10,
+                                                  max_predictions=80)
+    for bad in ("900:128", "0:128:8", "a:b:c", "900:128:8,", "9:8:8,9:8:8:lr=fast", "9:8:8,9:8:8:lr=-1",
+                "9:8:8,9:8:8:warmup=1.5", "9:8:8,9:8:8:rate=1"):
         config.train.phases = bad
-        with pytest.raises(ValueError, match="steps:seq_len:batch_size"):
+        with pytest.raises(ValueError, match=r"^train.phases=.*steps:seq_len:batch_size[^\n]*$"):
             parse_phases(config.train)
+    config.train.phases = "9:8:8:warmup=2,9:8:8"
+    with pytest.raises(ValueError, match="the first phase warms up over train.warmup_steps"):
+        parse_phases(config.train)
 
 
 @pytest.mark.slow
@@ -96,6 +103,21 @@ def test_two_phases_resume_inside_phase_two_matches_uninterrupted(tmp_path, cach
     resumed = train_and_evaluate(make_config(cache, **{"train.phases": PHASES}), stopped)
     assert resumed["start_step"] == 6 and resumed["final_step"] == 8
     assert max_diff(params_at(reference, 8), params_at(stopped, 8)) <= 1e-6
+
+
+@pytest.mark.slow
+def test_a_phase_may_set_its_learning_rate_warmup_and_masked_slots(tmp_path, cache):
+    summary = train_and_evaluate(make_config(cache, **{
+        "train.phases": "4:32:8,4:64:4:lr=5e-4:warmup=2:max_predictions=12"}), tmp_path)
+    rows = [r for r in read_metrics(tmp_path) if "loss" in r]
+    assert [(r["step"], r["phase"]) for r in rows] == [(s, 0) for s in range(1, 5)] + [(s, 1) for s in range(5, 9)]
+    # The run's schedule (warmup 2, linear decay to 0 at step 8) throughout; phase 2 scales it
+    # by 5e-4 / 1e-3 and ramps up again over its first 2 steps (optimizer steps 4 and 5).
+    schedule = make_schedule(learning_rate=1e-3, warmup_steps=2, total_steps=8, decay="linear")
+    factor = {4: 0.0, 5: 0.25, 6: 0.5, 7: 0.5}
+    expected = [float(schedule(s - 1)) * factor.get(s - 1, 1.0) for s in range(1, 9)]
+    assert [r["learning_rate"] for r in rows] == pytest.approx(expected)
+    assert summary["data"]["max_predictions_per_seq"] == 12 and summary["final_step"] == 8
 
 
 @pytest.mark.slow
@@ -129,6 +151,24 @@ def test_warm_start_from_a_workdir_begins_at_its_held_out_loss(tmp_path, cache, 
     with pytest.raises(ValueError, match="another architecture.*hidden_size"):
         train_and_evaluate(make_config(cache, **{"train.init_from": str(source), "model.hidden_size": 64}),
                            tmp_path / "wide")
+
+
+@pytest.mark.slow
+def test_warm_start_from_a_converted_checkpoint_begins_at_its_held_out_loss(tmp_path, cache, two_phase_run):
+    from roformer import convert
+
+    source, summary = two_phase_run
+    converted = tmp_path / "converted"
+    _, model = convert.load_pretrain_workdir(source)
+    convert.save_converted(model, converted)
+    shutil.copy(source / "tokenizer.json", converted / "tokenizer.json")
+    assert convert.checkpoint_kind(converted) == "converted"
+    warm = tmp_path / "warm"
+    result = train_and_evaluate(make_config(cache, **{"train.steps": 2, "train.seq_len": 64, "train.batch_size": 4,
+                                                      "train.init_from": str(converted)}), warm)
+    assert result["final_step"] == 2 and result["start_step"] == 0
+    start = next(r for r in read_metrics(warm) if r["step"] == 0 and "eval_loss" in r)
+    assert start["eval_loss"] == pytest.approx(summary["eval_loss"], rel=1e-5)
 
 
 @pytest.mark.slow

@@ -3,7 +3,6 @@ taken over, the lock goes when its run ends, and nested runs of one process go a
 import json
 import logging
 import os
-import runpy
 import socket
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import jax
 import pytest
 
 from configs import glue as glue_config
+from configs import tiny
 from roformer import ablate
 from roformer.glue.run import run_glue
 from roformer.train import train_and_evaluate
@@ -117,7 +117,7 @@ def test_same_process_reenters_and_only_process_0_locks(tmp_path, monkeypatch):
 
 def test_pretraining_glue_and_ablation_refuse_a_busy_workdir(tmp_path):
     write_lock(tmp_path, os.getppid())
-    pretrain = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
+    pretrain = tiny.get_config()
     with pytest.raises(WorkdirBusy):
         train_and_evaluate(pretrain, tmp_path)
     with pytest.raises(WorkdirBusy):

@@ -18,7 +18,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", default="tiny", choices=list(PRESETS))
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per step (batch = tokens / length)")
-    parser.add_argument("--schemes", nargs="+", default=list(step.ALL_SCHEMES), choices=sorted(POSITION_SCHEMES))
+    parser.add_argument("--schemes", nargs="+", default=list(POSITION_SCHEMES), choices=sorted(POSITION_SCHEMES))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--attention-impl", default="auto", choices=step.ATTENTION_IMPLEMENTATIONS)
     parser.add_argument("--attention-dropout", type=float, default=None)

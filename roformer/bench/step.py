@@ -24,7 +24,6 @@ from roformer.model import PRESETS, ModelConfig
 from roformer.positions import POSITION_SCHEMES
 from roformer.train import flops as train_flops
 
-ALL_SCHEMES = tuple(POSITION_SCHEMES)
 BASELINE = "learned"
 # Targets from the performance issue: (scheme, seq_len) -> max ratio to learned absolute.
 RATIO_TARGETS = {("rope", 512): 1.05, ("shaw", 512): 1.3, ("t5", 512): 1.3}
@@ -36,7 +35,7 @@ TABLE_COLUMNS = ("size", "seq", "scheme", "batch", "params_M", "ms_step", "token
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", nargs="+", default=["tiny", "mini", "small", "base"], choices=list(PRESETS))
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[128, 512])
-    parser.add_argument("--schemes", nargs="+", default=list(ALL_SCHEMES), choices=sorted(POSITION_SCHEMES))
+    parser.add_argument("--schemes", nargs="+", default=list(POSITION_SCHEMES), choices=sorted(POSITION_SCHEMES))
     parser.add_argument("--batch", type=int, default=8, help="sequences per step")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
     parser.add_argument("--attention-impl", default="auto", choices=ATTENTION_IMPLEMENTATIONS,

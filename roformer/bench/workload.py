@@ -48,7 +48,7 @@ def train_config(learning_rate: float = 1e-4) -> ml_collections.ConfigDict:
     """AdamW settings of configs/base.py (b1, b2, eps, weight decay, clip 1.0); the schedule
     length only shapes the learning rate, which does not change the step's cost."""
     return ml_collections.ConfigDict(dict(
-        learning_rate=learning_rate, warmup_steps=100, steps=10_000, decay="linear",
+        learning_rate=learning_rate, warmup_steps=100, total_steps=10_000, decay="linear",
         weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0))
 
 
@@ -82,7 +82,7 @@ def build_train_workload(config: ModelConfig, *, batch_size: int, seq_len: int,
     """Initialise the model and AdamW state on one device (roformer.train's TrainSetup on a 1x1x1
     mesh), put a synthetic batch there and compile the train step, all outside any timing."""
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
-    tx, schedule = optim.make_optimizer(train_config())
+    tx, schedule = optim.make_optimizer(**train_config())
     setup = TrainSetup(config, tx, schedule, mesh, seed=seed)
     config = dataclasses.replace(config, attention_impl=attention_impl)
     with jax.set_mesh(mesh):

@@ -63,12 +63,11 @@ def build_optimizer(protocol: Protocol, total_steps: int):
 
     Cached: the transform is static state of `nnx.Optimizer`, so reusing the same
     object across seeds lets the jitted train step hit its compilation cache."""
-    train_cfg = ml_collections.ConfigDict(dict(
-        learning_rate=protocol.learning_rate, steps=total_steps,
+    return make_optimizer(
+        learning_rate=protocol.learning_rate, total_steps=total_steps,
         warmup_steps=int(round(protocol.warmup_fraction * total_steps)), decay=protocol.decay,
         weight_decay=protocol.weight_decay, b1=protocol.b1, b2=protocol.b2, eps=protocol.eps,
-        clip_norm=protocol.clip_norm))
-    return make_optimizer(train_cfg)
+        clip_norm=protocol.clip_norm)
 
 
 def classification_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array,

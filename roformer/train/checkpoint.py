@@ -20,6 +20,7 @@ from jax.experimental import multihost_utils
 log = logging.getLogger("roformer.train")
 
 ITEMS = ("state", "data", "model_config")
+CHECKPOINTS = "checkpoints"   # a pretraining workdir's checkpoint directory
 
 
 def _allgather_json(obj: Any) -> list[Any]:
@@ -121,11 +122,16 @@ class PretrainWorkdir:
 
     def __init__(self, path: str | Path):
         self.path = Path(path).expanduser().resolve()
-        self.checkpoints = self.path / "checkpoints"
+        self.checkpoints = self.path / CHECKPOINTS
         if not self.path.is_dir():
             raise ValueError(f"{path}: no such directory (expected a pretraining workdir)")
         if not self.checkpoints.is_dir():
             raise ValueError(f"{path} is not a pretraining workdir: it has no checkpoints/ directory")
+
+    @staticmethod
+    def holds_run(path: str | Path) -> bool:
+        """Whether `path` is a pretraining workdir (it has a checkpoints/ directory)."""
+        return (Path(path).expanduser() / CHECKPOINTS).is_dir()
 
     def steps(self) -> list[int]:
         return sorted(int(p.name) for p in self.checkpoints.iterdir() if p.name.isdigit())

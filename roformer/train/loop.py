@@ -5,6 +5,7 @@ logging, checkpoints, resume, preemption (SIGTERM) and the non-finite-loss guard
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -22,9 +23,10 @@ from tqdm.auto import tqdm
 
 from roformer.model import ModelConfig
 from roformer.train import flops, sharding, steps, warm_start
-from roformer.train.checkpoint import Checkpointer
+from roformer.train.checkpoint import CHECKPOINTS, Checkpointer, PretrainWorkdir
+from roformer.train.config import TrainConfig, parse_phases, phase_schedule_factors
 from roformer.train.distributed import initialize_distributed
-from roformer.train.metrics import MetricsWriter
+from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.optim import make_optimizer
 from roformer.train.state import TrainSetup
 from roformer.workdir_lock import workdir_lock
@@ -32,13 +34,13 @@ from roformer.workdir_lock import workdir_lock
 log = logging.getLogger("roformer.train")
 
 
-def build_model_config(model_section, *, vocab_size: int, dtype: str, pad_token_id: int = 0) -> ModelConfig:
+def build_model_config(model_section, *, vocab_size: int, pad_token_id: int = 0) -> ModelConfig:
     """ModelConfig from the `model` config section: the size preset, then every
     field that is set (None placeholders keep the preset's value). The vocabulary
-    comes from the data's tokenizer, the compute dtype from `train.dtype`."""
+    and padding id come from the data's tokenizer."""
     fields = {k: v for k, v in model_section.to_dict().items() if k != "size" and v is not None}
-    return ModelConfig.from_preset(model_section.size, vocab_size=vocab_size, dtype=dtype,
-                                   pad_token_id=pad_token_id, **fields)
+    return ModelConfig.from_preset(model_section.size, vocab_size=vocab_size, pad_token_id=pad_token_id,
+                                   **fields)
 
 
 # Model settings a resumed run may change: they select kernels, not parameters.
@@ -76,23 +78,25 @@ def finished_summary(workdir: Path, latest_step: int | None, steps: int) -> dict
     return summary
 
 
-class _StopFlag:
-    """Set by SIGTERM (preemption notice); the loop saves and exits cleanly."""
+class StopFlag:
+    """Set by SIGTERM (preemption notice) while the `with` block runs; the loop then saves
+    and exits cleanly. The previous handler comes back on exit."""
 
     def __init__(self):
         self.requested = False
         self._previous = None
 
-    def install(self) -> None:
+    def __enter__(self) -> "StopFlag":
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
 
     def _handle(self, signum, frame) -> None:
         self.requested = True
-
-    def restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
 
     def should_stop(self, step: int, every: int) -> bool:
         """Single process: as soon as signalled. Multi-process: every `every` steps
@@ -105,54 +109,32 @@ class _StopFlag:
         return bool(np.any(flags))
 
 
-def parse_phases(train_cfg) -> list[tuple[int, int, int]]:
-    """(end step, seq_len, batch_size) of every phase: `train.phases`, a comma list of
-    'steps:seq_len:batch_size' (e.g. BERT's '900000:128:256,100000:512:256'), or one
-    phase of train.steps / train.seq_len / train.batch_size."""
-    text = str(train_cfg.get("phases", "") or "").strip()
-    if not text:
-        return [(int(train_cfg.steps), int(train_cfg.seq_len), int(train_cfg.batch_size))]
-    phases, end = [], 0
-    for item in text.split(","):
-        parts = [p.strip() for p in item.split(":")]
-        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"train.phases={text!r}: expected comma-separated 'steps:seq_len:batch_size' "
-                             "items of positive integers, e.g. '900:128:32,100:512:8'")
-        steps, seq_len, batch_size = map(int, parts)
-        end += steps
-        phases.append((end, seq_len, batch_size))
-    return phases
-
-
-def _checkpointed_step(workdir: Path) -> int:
-    directory = workdir / "checkpoints"
-    steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit()] if directory.is_dir() else []
-    return max(steps, default=0)
-
-
 def train_and_evaluate(config, workdir: str | Path) -> dict:
     """Pretrain (or resume) with `config` in `workdir`; returns a summary dict. A workdir
     another live run is using is refused (roformer.workdir_lock).
 
     With `train.phases` the phases run in order in the one workdir: each resumes the
-    previous one's checkpoint (model, optimizer, step) with its own batch shape, and the
-    learning-rate schedule spans the whole run (train.decay_steps, default: all steps)."""
+    previous one's checkpoint (model, optimizer, step) with its own batch shape (and
+    masked slots), and the learning-rate schedule spans the whole run (train.decay_steps,
+    default: all steps); a phase may scale it (lr=) and warm up again (warmup=)."""
     initialize_distributed(config.distributed)   # first: the lock is process 0's
     workdir = Path(workdir).resolve()
     with workdir_lock(workdir):
-        if not str(config.train.get("phases", "") or "").strip():
+        if not str(config.train.phases or "").strip():
             return _train_phase(config, workdir)
         phases = parse_phases(config.train)
-        done = _checkpointed_step(workdir)
+        done = max(PretrainWorkdir(workdir).steps(), default=0) if PretrainWorkdir.holds_run(workdir) else 0
         summary: dict = {}
-        for index, (end, seq_len, batch_size) in enumerate(phases):
-            if done >= end and index < len(phases) - 1:
+        for index, phase in enumerate(phases):
+            if done >= phase.end and index < len(phases) - 1:
                 continue   # finished earlier; the last phase still reports
             phase_cfg = ml_collections.ConfigDict(config.to_dict())
-            phase_cfg.train.update(steps=end, seq_len=seq_len, batch_size=batch_size,
-                                   decay_steps=config.train.decay_steps or phases[-1][0])
-            log.info("phase %d of %d: up to step %d at seq_len %d, batch %d", index + 1, len(phases), end,
-                     seq_len, batch_size)
+            phase_cfg.train.update(steps=phase.end, seq_len=phase.seq_len, batch_size=phase.batch_size,
+                                   decay_steps=config.train.decay_steps or phases[-1].end)
+            if phase.max_predictions:
+                phase_cfg.data.max_predictions_per_seq = phase.max_predictions
+            log.info("phase %d of %d: up to step %d at seq_len %d, batch %d", index + 1, len(phases), phase.end,
+                     phase.seq_len, phase.batch_size)
             summary = _train_phase(phase_cfg, workdir)
             if summary.get("preempted"):
                 break
@@ -160,201 +142,206 @@ def train_and_evaluate(config, workdir: str | Path) -> dict:
 
 
 def _train_phase(config, workdir: Path) -> dict:
-    from roformer.data import make_pretrain_data  # the input pipeline is heavy; import on use
-
-    tc = config.train
-    is_main = jax.process_index() == 0
-    if tc.batch_size % jax.process_count():
-        raise ValueError(f"train.batch_size={tc.batch_size} must divide over {jax.process_count()} processes")
-    mesh = sharding.make_mesh(config.mesh)
-    batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    if tc.batch_size % (batch_shards * tc.grad_accum):
-        raise ValueError(f"train.batch_size={tc.batch_size} must be divisible by mesh data*fsdp="
-                         f"{batch_shards} times train.grad_accum={tc.grad_accum}")
-
+    """One phase (or a whole run without phases): setup, the step loop, the summary."""
+    tc = TrainConfig.from_section(config.train)
+    mesh = _make_mesh(config.mesh, tc)
     init_source = warm_start.find_init_checkpoint(tc.init_from, tc.init_step) if tc.init_from else None
-    data_cfg = config.data
-    if init_source is not None and not data_cfg.vocab:   # the tokenizer comes with the checkpoint
-        data_cfg = ml_collections.ConfigDict({**data_cfg.to_dict(), "vocab": str(init_source.tokenizer_file),
-                                              "lowercase": init_source.lowercase})
-    data = make_pretrain_data(data_cfg, seq_len=tc.seq_len,
-                              batch_size=tc.batch_size // jax.process_count(), seed=tc.seed,
-                              process_index=jax.process_index(), process_count=jax.process_count())
-    model_cfg = build_model_config(config.model, vocab_size=data.vocab_size, dtype=tc.dtype,
-                                   pad_token_id=data.pad_id)
-    checkpointer = Checkpointer(workdir / "checkpoints", max_to_keep=tc.keep_checkpoints,
-                                async_save=tc.async_checkpoints)
-    # A refused resume or a failed restore must not leave orbax's workers running
-    # (_run closes it on its own exit; close() is idempotent).
-    try:
+    data = _make_data(config.data, tc, init_source)
+    model_cfg = build_model_config(config.model, vocab_size=data.vocab_size, pad_token_id=data.pad_id)
+    is_main = jax.process_index() == 0
+
+    with contextlib.ExitStack() as cleanup:   # closes the progress bar, signal handler, logs, checkpoints
+        checkpointer = cleanup.enter_context(contextlib.closing(Checkpointer(
+            workdir / CHECKPOINTS, max_to_keep=tc.keep_checkpoints, async_save=tc.async_checkpoints)))
         check_same_model_config(checkpointer.saved_model_config(), model_cfg.to_dict(), workdir)
         finished = finished_summary(workdir, checkpointer.latest_step(), tc.steps)
         if finished is not None:
             log.info("%s: already complete at step %d (train.steps=%d); nothing to do",
                      workdir, finished["final_step"], tc.steps)
-            checkpointer.close()
             return finished
         if is_main:
-            workdir.mkdir(parents=True, exist_ok=True)
-            (workdir / "config.json").write_text(json.dumps(
-                {**config.to_dict(), "resolved_model": model_cfg.to_dict()}, indent=2, default=str))
-            data.tokenizer.save(workdir)   # tokenizer.json + vocab.txt: fine-tuning reads them from here
-
+            _write_run_files(workdir, config, model_cfg, data.tokenizer)
         # measured outside the mesh context: a CPU peak is timed on one local device
-        peak_flops = flops.device_peak_flops(jax.devices()[0], tc.dtype, tc.peak_flops_per_device)
+        peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
+        setup = TrainSetup(model_cfg, *_optimizer(tc), mesh, seed=tc.seed)
+        cleanup.enter_context(jax.set_mesh(mesh))
+        rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step
+        state, start_step, train_iter = _restore_or_init(setup, checkpointer, data, init_source, tc)
+        eval_batches = _eval_batches(data, tc, mesh)
+        train_step = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
+        eval_step = setup.jit_eval_step()
+        writer = cleanup.enter_context(contextlib.closing(MetricsWriter(workdir, resume_step=start_step)))
+        stop = cleanup.enter_context(StopFlag())
+        bar = cleanup.enter_context(tqdm(total=tc.steps, initial=start_step, desc="pretrain", unit="step",
+                                         disable=not (is_main and tc.progress_bar), dynamic_ncols=True))
+        step_flops = flops.train_flops_per_step(model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
+                                                num_predictions=data.masker.max_predictions)
+        timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,
+                                peak_flops=peak_flops, num_devices=jax.device_count())
+        train_log = TrainLog(writer, timer, bar, checkpointer,
+                             mark={"phase": train_iter.phase, "seq_len": tc.seq_len})   # on every metrics row
 
-        # --- state: restore the newest readable checkpoint, else initialise ----------
-        tx, schedule = make_optimizer(tc)
-        setup = TrainSetup(model_cfg, tx, schedule, mesh, seed=tc.seed)
-        with jax.set_mesh(mesh):
-            rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step
-            restored = checkpointer.restore_latest(setup.sharded_abstract_state())
-            if restored is None:
-                state, start_step, data_state = setup.init_state(), 0, None
-                if init_source is not None:
-                    params = warm_start.load_init_params(init_source, model_cfg, setup.abstract_state["params"],
-                                                         data.tokenizer.hash, grow_positions=tc.init_grow_positions)
-                    state["params"] = jax.device_put(params, setup.state_shardings["params"])
-            else:
-                start_step, state, data_state = restored
-                log.info("resumed from %s at step %d", checkpointer.directory, start_step)
+        def evaluate(step: int) -> dict:
+            row = _evaluate(eval_step, state["params"], rest, eval_batches)
+            train_log.write(step, row)
+            return row
 
-            train_iter = data.train_iterator()
-            if data_state is not None and train_iter.resume(data_state):
-                log.info("step %d: phase %d begins with seq_len %d, batch %d", start_step, train_iter.phase,
-                         tc.seq_len, tc.batch_size)
-            eval_sets = {"": data.eval_batches(tc.eval_batches)}
-            if tc.eval_shuffled:
-                eval_sets["shuffled"] = data.eval_batches(tc.eval_batches, shuffled=True)
-            eval_batches = {name: [sharding.global_batch(b, mesh) for b in batches]
-                            for name, batches in eval_sets.items()}
+        def save(step: int) -> None:
+            checkpointer.save(step, state, train_iter.get_state(), model_cfg.to_dict())
 
-            train_step = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
-            eval_step = setup.jit_eval_step()
-            return _run(config, workdir, mesh, model_cfg, data, checkpointer, state, rest, start_step,
-                        train_iter, eval_batches, train_step, eval_step, peak_flops)
-    except BaseException:
-        checkpointer.close()
-        raise
-
-
-def _run(config, workdir, mesh, model_cfg, data, checkpointer, state, rest, start_step,
-         train_iter, eval_batches, train_step, eval_step, peak) -> dict:
-    tc = config.train
-    is_main = jax.process_index() == 0
-    writer = MetricsWriter(workdir, resume_step=start_step)
-    step_flops = 0.0   # set from the first batch (its number of prediction slots)
-    tokens_per_step = tc.batch_size * tc.seq_len
-    stop = _StopFlag()
-    stop.install()
-    phase_mark = {"phase": train_iter.phase, "seq_len": tc.seq_len}   # on every metrics row
-    bar = tqdm(total=tc.steps, initial=start_step, disable=not (is_main and tc.progress_bar),
-               desc="pretrain", unit="step", dynamic_ncols=True)
-
-    def evaluate(step: int) -> dict:
-        row = {}
-        for name, batches in eval_batches.items():
-            totals = {"loss_sum": 0.0, "correct_sum": 0.0, "weight_sum": 0.0}
-            for batch in batches:
-                sums = jax.device_get(eval_step(state["params"], rest, batch))
-                totals = {k: totals[k] + float(sums[k]) for k in totals}
-            row.update(steps.summarize_eval(totals, prefix=f"eval_{name}_" if name else "eval_"))
-        if "eval_shuffled_loss" in row:   # how much the model uses word order (0: not at all)
-            row["eval_order_gap"] = row["eval_shuffled_loss"] - row["eval_loss"]
-        writer.write(step, {**row, **phase_mark})
-        return row
-
-    def save(step: int) -> None:
-        checkpointer.save(step, state, train_iter.get_state(), model_cfg.to_dict())
-
-    pending: list[tuple[int, dict]] = []   # device metrics not yet checked/logged
-    history = {"first_loss": None, "last_loss": None, "tokens_per_sec": [], "mfu": []}
-    last_eval: dict = {}
-    interval_start, interval_steps, paused = None, 0, 0.0   # throughput timer; paused = eval/save time
-    preempted = False
-    wall_start = time.perf_counter()
-
-    def flush(step: int) -> None:
-        """Fetch pending metrics, stop on a non-finite loss, log the interval mean."""
-        nonlocal interval_start, interval_steps, paused
-        if not pending:
-            return
-        fetched = [(s, jax.device_get(m)) for s, m in pending]
-        pending.clear()
-        for s, m in fetched:
-            if not math.isfinite(float(m["loss"])):
-                checkpointer.wait()
-                raise FloatingPointError(
-                    f"non-finite training loss {float(m['loss'])} at step {s}; stopping. The last good "
-                    f"checkpoint is step {checkpointer.latest_step()} in {checkpointer.directory}")
-        row = {name: float(np.mean([m[name] for _, m in fetched]))
-               for name in ("loss", "mlm_accuracy", "grad_norm")}
-        row["learning_rate"] = float(fetched[-1][1]["learning_rate"])
-        if interval_start is not None and interval_steps > 0:
-            elapsed = time.perf_counter() - interval_start - paused
-            row["tokens_per_sec"] = interval_steps * tokens_per_step / elapsed
-            row["mfu"] = flops.mfu(step_flops, interval_steps / elapsed, peak, jax.device_count())
-            history["tokens_per_sec"].append(row["tokens_per_sec"])
-            history["mfu"].append(row["mfu"])
-        writer.write(step, {**row, **phase_mark})
-        history["first_loss"] = history["first_loss"] if history["first_loss"] is not None else row["loss"]
-        history["last_loss"] = row["loss"]
-        bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['mlm_accuracy']:.3f}")
-        interval_start, interval_steps, paused = time.perf_counter(), 0, 0.0
-
-    try:
-        step = start_step
+        wall_start, step, preempted, last_eval = time.perf_counter(), start_step, False, {}
         if step == 0 and tc.init_from:   # the warm start's own held-out loss, before any update
             last_eval = evaluate(step)
         while step < tc.steps:
-            batch = sharding.global_batch(next(train_iter), mesh)
-            if not step_flops:
-                step_flops = flops.train_flops_per_step(
-                    model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
-                    num_predictions=batch["masked_positions"].shape[1])
-            state, metrics = train_step(state, rest, batch)
+            state, metrics = train_step(state, rest, sharding.global_batch(next(train_iter), mesh))
             step += 1
-            pending.append((step, metrics))
-            bar.update(1)
-            if interval_start is None:       # time from the end of the compiling first step
-                jax.block_until_ready(metrics)
-                interval_start, interval_steps = time.perf_counter(), 0
-            else:
-                interval_steps += 1
+            train_log.add(step, metrics)
             checkpoint_due = step % tc.checkpoint_every == 0 or step == tc.steps
             preempted = stop.should_stop(step, tc.log_every)
             if step % tc.log_every == 0 or checkpoint_due or preempted:
-                flush(step)
+                train_log.flush(step)
             if preempted:
                 save(step)
                 log.warning("SIGTERM received: saved a checkpoint at step %d; exiting", step)
                 break
-            pause_start = time.perf_counter()
-            if step % tc.eval_every == 0 or step == tc.steps:
-                last_eval = evaluate(step)
-            if checkpoint_due:
-                save(step)
-            paused += time.perf_counter() - pause_start
+            with timer.paused():
+                if step % tc.eval_every == 0 or step == tc.steps:
+                    last_eval = evaluate(step)
+                if checkpoint_due:
+                    save(step)
         if not preempted and step == start_step:   # nothing left to train: report eval only
             last_eval = evaluate(step)
-    finally:
-        bar.close()
-        stop.restore()
-        checkpointer.close()
-        writer.close()
 
     summary = {
         "workdir": str(workdir), "final_step": int(step), "start_step": int(start_step),
-        "preempted": preempted, "first_loss": history["first_loss"], "final_loss": history["last_loss"],
-        **last_eval,
-        "tokens_per_sec": float(np.median(history["tokens_per_sec"])) if history["tokens_per_sec"] else None,
-        "mfu": float(np.median(history["mfu"])) if history["mfu"] else None,
-        "wall_time_s": time.perf_counter() - wall_start,
-        "num_devices": jax.device_count(), "num_processes": jax.process_count(),
-        "data": data.manifest,
+        "preempted": preempted, "first_loss": train_log.first_loss, "final_loss": train_log.last_loss,
+        **last_eval, **timer.medians(), "wall_time_s": time.perf_counter() - wall_start,
+        "num_devices": jax.device_count(), "num_processes": jax.process_count(), "data": data.manifest,
     }
     if is_main:
-        (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-        print("summary: " + json.dumps({k: v for k, v in summary.items() if k != "data"}, default=str),
-              flush=True)
+        _write_summary(workdir, summary)
     return summary
+
+
+def _write_run_files(workdir: Path, config, model_cfg: ModelConfig, tokenizer) -> None:
+    """config.json (the config as run, plus the resolved ModelConfig) and the tokenizer
+    (tokenizer.json + vocab.txt: fine-tuning and warm starts read it from here)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(json.dumps(
+        {**config.to_dict(), "resolved_model": model_cfg.to_dict()}, indent=2, default=str))
+    tokenizer.save(workdir)
+
+
+def _write_summary(workdir: Path, summary: dict) -> None:
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    print("summary: " + json.dumps({k: v for k, v in summary.items() if k != "data"}, default=str), flush=True)
+
+
+def _optimizer(tc: TrainConfig):
+    """(transform, schedule) of the run: one schedule over all phases, scaled where a phase
+    sets its own learning rate or warmup."""
+    return make_optimizer(
+        learning_rate=tc.learning_rate, warmup_steps=tc.warmup_steps, total_steps=tc.schedule_steps,
+        decay=tc.decay, weight_decay=tc.weight_decay, b1=tc.b1, b2=tc.b2, eps=tc.eps, clip_norm=tc.clip_norm,
+        phases=phase_schedule_factors(parse_phases(tc), tc.learning_rate))
+
+
+def _make_mesh(mesh_cfg, tc: TrainConfig):
+    if tc.batch_size % jax.process_count():
+        raise ValueError(f"train.batch_size={tc.batch_size} must divide over {jax.process_count()} processes")
+    mesh = sharding.make_mesh(mesh_cfg)
+    batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    if tc.batch_size % (batch_shards * tc.grad_accum):
+        raise ValueError(f"train.batch_size={tc.batch_size} must be divisible by mesh data*fsdp="
+                         f"{batch_shards} times train.grad_accum={tc.grad_accum}")
+    return mesh
+
+
+def _make_data(data_cfg, tc: TrainConfig, init_source):
+    from roformer.data import make_pretrain_data  # the input pipeline is heavy; import on use
+
+    if init_source is not None and not data_cfg.vocab:   # the tokenizer comes with the checkpoint
+        data_cfg = ml_collections.ConfigDict({**data_cfg.to_dict(), "vocab": str(init_source.tokenizer_file),
+                                              "lowercase": init_source.lowercase})
+    return make_pretrain_data(data_cfg, seq_len=tc.seq_len, batch_size=tc.batch_size // jax.process_count(),
+                              seed=tc.seed, process_index=jax.process_index(), process_count=jax.process_count())
+
+
+def _restore_or_init(setup: TrainSetup, checkpointer: Checkpointer, data, init_source, tc: TrainConfig):
+    """(state, start step, train iterator) from the newest readable checkpoint, else a fresh
+    state (with a warm start's parameters) at step 0."""
+    restored = checkpointer.restore_latest(setup.sharded_abstract_state())
+    if restored is None:
+        state, start_step, data_state = setup.init_state(), 0, None
+        if init_source is not None:
+            params = warm_start.load_init_params(init_source, setup.model_cfg, setup.abstract_state["params"],
+                                                 data.tokenizer.hash, grow_positions=tc.init_grow_positions)
+            state["params"] = jax.device_put(params, setup.state_shardings["params"])
+    else:
+        start_step, state, data_state = restored
+        log.info("resumed from %s at step %d", checkpointer.directory, start_step)
+    train_iter = data.train_iterator()
+    if data_state is not None and train_iter.resume(data_state):
+        log.info("step %d: phase %d begins with seq_len %d, batch %d", start_step, train_iter.phase,
+                 tc.seq_len, tc.batch_size)
+    return state, start_step, train_iter
+
+
+def _eval_batches(data, tc: TrainConfig, mesh) -> dict[str, list]:
+    """The held-out batches on the mesh: "" plain, "shuffled" with each document's tokens shuffled."""
+    eval_sets = {"": data.eval_batches(tc.eval_batches)}
+    if tc.eval_shuffled:
+        eval_sets["shuffled"] = data.eval_batches(tc.eval_batches, shuffled=True)
+    return {name: [sharding.global_batch(b, mesh) for b in batches] for name, batches in eval_sets.items()}
+
+
+def _evaluate(eval_step, params, rest, eval_batches: dict[str, list]) -> dict:
+    row = {}
+    for name, batches in eval_batches.items():
+        totals = {"loss_sum": 0.0, "correct_sum": 0.0, "weight_sum": 0.0}
+        for batch in batches:
+            sums = jax.device_get(eval_step(params, rest, batch))
+            totals = {k: totals[k] + float(sums[k]) for k in totals}
+        row.update(steps.summarize_eval(totals, prefix=f"eval_{name}_" if name else "eval_"))
+    if "eval_shuffled_loss" in row:   # how much the model uses word order (0: not at all)
+        row["eval_order_gap"] = row["eval_shuffled_loss"] - row["eval_loss"]
+    return row
+
+
+class TrainLog:
+    """Training metrics on their way to the log: kept on device until a row is due, then
+    fetched, checked for a non-finite loss, averaged over the interval and written with
+    the throughput and the phase mark."""
+
+    def __init__(self, writer: MetricsWriter, timer: ThroughputTimer, bar, checkpointer: Checkpointer,
+                 *, mark: dict):
+        self.writer, self.timer, self.bar, self.checkpointer, self.mark = writer, timer, bar, checkpointer, mark
+        self.pending: list[tuple[int, dict]] = []
+        self.first_loss: float | None = None
+        self.last_loss: float | None = None
+
+    def add(self, step: int, metrics: dict) -> None:
+        self.pending.append((step, metrics))
+        self.bar.update(1)
+        self.timer.step(metrics)
+
+    def write(self, step: int, row: dict) -> None:
+        self.writer.write(step, {**row, **self.mark})
+
+    def flush(self, step: int) -> None:
+        if not self.pending:
+            return
+        fetched = [(s, jax.device_get(m)) for s, m in self.pending]
+        self.pending.clear()
+        for s, m in fetched:
+            if not math.isfinite(float(m["loss"])):
+                self.checkpointer.wait()
+                raise FloatingPointError(
+                    f"non-finite training loss {float(m['loss'])} at step {s}; stopping. The last good "
+                    f"checkpoint is step {self.checkpointer.latest_step()} in {self.checkpointer.directory}")
+        row = {name: float(np.mean([m[name] for _, m in fetched])) for name in ("loss", "mlm_accuracy", "grad_norm")}
+        row["learning_rate"] = float(fetched[-1][1]["learning_rate"])
+        self.write(step, {**row, **self.timer.read()})
+        self.first_loss = self.first_loss if self.first_loss is not None else row["loss"]
+        self.last_loss = row["loss"]
+        self.bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['mlm_accuracy']:.3f}")

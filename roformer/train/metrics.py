@@ -1,12 +1,18 @@
-"""Run logging: metrics.jsonl + TensorBoard events, written by process 0 only."""
+"""Run logging: metrics.jsonl + TensorBoard events, written by process 0 only, and the
+training throughput (tokens/s, MFU) that goes into them."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import statistics
+import time
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import jax
+
+from roformer.train import flops
 
 
 def _jsonable(value):
@@ -55,6 +61,59 @@ class MetricsWriter:
             self._file.close()
             self._tb.close()
             self.enabled = False
+
+
+class ThroughputTimer:
+    """Tokens/s and MFU over the training steps between two readings.
+
+    The first step (it compiles) only starts the clock, once its result is ready; time
+    spent inside `paused()` (evaluation, checkpoint saves) is left out. MFU is the analytic
+    `flops_per_step` (roformer.train.flops) against `peak_flops` per device."""
+
+    def __init__(self, *, tokens_per_step: int, flops_per_step: float, peak_flops: float, num_devices: int,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.tokens_per_step, self.peak_flops, self.num_devices = tokens_per_step, peak_flops, num_devices
+        self.flops_per_step = flops_per_step
+        self._clock = clock
+        self._start: float | None = None
+        self._steps = 0
+        self._paused = 0.0
+        self.history: dict[str, list[float]] = {"tokens_per_sec": [], "mfu": []}
+
+    def step(self, metrics) -> None:
+        """Count a finished step (`metrics`: its device outputs, waited on for the first)."""
+        if self._start is None:
+            jax.block_until_ready(metrics)
+            self._start, self._steps = self._clock(), 0
+        else:
+            self._steps += 1
+
+    @contextlib.contextmanager
+    def paused(self):
+        start = self._clock()
+        try:
+            yield
+        finally:
+            self._paused += self._clock() - start
+
+    def read(self) -> dict[str, float]:
+        """{tokens_per_sec, mfu} since the last reading ({} before any timed step), and
+        restart the interval."""
+        if self._start is None:
+            return {}
+        row = {}
+        if self._steps > 0:
+            elapsed = self._clock() - self._start - self._paused
+            row = {"tokens_per_sec": self._steps * self.tokens_per_step / elapsed,
+                   "mfu": flops.mfu(self.flops_per_step, self._steps / elapsed, self.peak_flops, self.num_devices)}
+            for name, value in row.items():
+                self.history[name].append(value)
+        self._start, self._steps, self._paused = self._clock(), 0, 0.0
+        return row
+
+    def medians(self) -> dict[str, float | None]:
+        """The median of every reading so far (None without one)."""
+        return {name: statistics.median(values) if values else None for name, values in self.history.items()}
 
 
 def _drop_rows_after(path: Path, step: int) -> None:

@@ -1,7 +1,10 @@
 """AdamW with warmup + decay, global-norm clipping and a no-decay mask (optax)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
+import jax.numpy as jnp
 import optax
 
 
@@ -26,22 +29,38 @@ def make_schedule(*, learning_rate: float, warmup_steps: int, total_steps: int,
     return optax.join_schedules([warmup, main], boundaries=[warmup_steps])
 
 
+def scale_by_phase(schedule: optax.Schedule, phases: Sequence[tuple[int, int, float, int]]) -> optax.Schedule:
+    """`schedule` times a factor in each (start, end, scale, warmup) phase: over the
+    optimizer steps start <= count < end it is `scale`, ramped linearly from 0 over the
+    phase's first `warmup` steps (0: no ramp). Outside every phase the factor is 1."""
+    def scaled(count):
+        factor = jnp.ones((), jnp.float32)
+        for start, end, scale, warmup in phases:
+            ramp = jnp.clip((count - start) / warmup, 0.0, 1.0) if warmup else 1.0
+            factor = jnp.where((count >= start) & (count < end), scale * ramp, factor)
+        return schedule(count) * factor
+    return scaled
+
+
 def decay_mask(params):
     """True for parameters that get weight decay: matrices (kernels, embeddings);
     False for biases and LayerNorm scales, which are all 1-D (BERT convention)."""
     return jax.tree.map(lambda p: p.ndim > 1, params)
 
 
-def make_optimizer(train_cfg) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW from the `train` config section; returns (transform, schedule)."""
-    schedule = make_schedule(learning_rate=train_cfg.learning_rate,
-                             warmup_steps=train_cfg.warmup_steps,
-                             total_steps=train_cfg.get("decay_steps", 0) or train_cfg.steps,
-                             decay=train_cfg.decay)
+def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int, decay: str,
+                   weight_decay: float, b1: float, b2: float, eps: float, clip_norm: float,
+                   phases: Sequence[tuple[int, int, float, int]] = ()
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW on `make_schedule`'s learning rates (`scale_by_phase`d when `phases` are
+    given), after global-norm clipping (none when clip_norm <= 0); returns (transform,
+    schedule)."""
+    schedule = make_schedule(learning_rate=learning_rate, warmup_steps=warmup_steps,
+                             total_steps=total_steps, decay=decay)
+    if phases:
+        schedule = scale_by_phase(schedule, phases)
     transforms = []
-    if train_cfg.clip_norm and train_cfg.clip_norm > 0:
-        transforms.append(optax.clip_by_global_norm(train_cfg.clip_norm))
-    transforms.append(optax.adamw(schedule, b1=train_cfg.b1, b2=train_cfg.b2,
-                                  eps=train_cfg.eps, weight_decay=train_cfg.weight_decay,
-                                  mask=decay_mask))
+    if clip_norm and clip_norm > 0:
+        transforms.append(optax.clip_by_global_norm(clip_norm))
+    transforms.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask))
     return optax.chain(*transforms), schedule

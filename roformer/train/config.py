@@ -1,0 +1,141 @@
+"""The `train` config section: every pretraining setting and its default, in one place,
+and the phases of a staged run (`train.phases`).
+
+configs/base.py builds its `train` section from `TrainConfig()`; the loop reads a section
+back through `TrainConfig.from_section`, which refuses unknown keys and names the new
+key of a retired one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+# Keys earlier versions had in the `train` section -> the key that replaced them. They stay
+# in the section as unset placeholders, so `--config.train.<old>=...` reaches the refusal.
+RETIRED_KEYS = {"dtype": "model.dtype"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 100_000
+    batch_size: int = 256            # global, over all processes
+    seq_len: int = 512
+    learning_rate: float = 1e-4
+    warmup_steps: int = 10_000
+    decay: str = "linear"            # linear | cosine
+    decay_steps: int = 0             # schedule length; 0 -> all steps (set it to extend a run
+                                     # past its schedule without changing the learning rates so far)
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-6
+    clip_norm: float = 1.0
+    grad_accum: int = 1              # micro-batches per optimizer step
+    seed: int = 0
+    phases: str = ""                 # 'steps:seq_len:batch_size[:key=value...],...' phases run in
+                                     # order (override steps/seq_len/batch_size), see parse_phases
+    init_from: str = ""              # warm start (parameters only, step 0): a pretraining workdir, an
+                                     # HF RoFormer directory or a roformer.convert output
+    init_step: int = -1              # its checkpoint step (pretraining workdir); -1 = newest
+    init_grow_positions: str = ""    # "copy": repeat a shorter learned position table's rows
+    log_every: int = 100
+    eval_every: int = 2_000
+    eval_batches: int = 20
+    eval_shuffled: bool = True       # also evaluate with each document's tokens shuffled: the loss
+                                     # increase (eval_order_gap) says how much the model uses word order
+    checkpoint_every: int = 2_000
+    keep_checkpoints: int = 3
+    async_checkpoints: bool = True
+    peak_flops_per_device: float = 0.0   # 0 -> table (TPU/GPU) or a measured matmul peak (CPU)
+    progress_bar: bool = True
+    debug_nan_step: int = -1         # testing aid: poison the loss at this step
+
+    @classmethod
+    def from_section(cls, section) -> "TrainConfig":
+        """The settings of a `train` config section (a ConfigDict or a mapping)."""
+        values = dict(section.to_dict() if hasattr(section, "to_dict") else section)
+        for old, new in RETIRED_KEYS.items():
+            if values.pop(old, None) is not None:
+                raise ValueError(f"train.{old} is now {new}: set --config.{new} instead")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown train settings {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    @property
+    def schedule_steps(self) -> int:
+        """Length of the learning-rate schedule."""
+        return self.decay_steps or self.steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One phase of `train.phases`: it trains up to step `end` with its own batch shape."""
+
+    end: int                             # the run's step count when the phase is done
+    seq_len: int
+    batch_size: int
+    learning_rate: float | None = None   # lr=: this phase's peak (scales the run's schedule)
+    warmup_steps: int = 0                # warmup=: ramp from 0 over the phase's first steps
+    max_predictions: int = 0             # max_predictions=: masked slots per sequence (0: data's)
+
+
+PHASE_SYNTAX = ("'steps:seq_len:batch_size[:lr=X][:warmup=N][:max_predictions=N]' items, "
+                "e.g. '900:128:32,100:512:8:lr=5e-5:warmup=10'")
+# Option name -> (Phase field, parser of a valid value).
+PHASE_OPTIONS = {"lr": ("learning_rate", float), "warmup": ("warmup_steps", int),
+                 "max_predictions": ("max_predictions", int)}
+
+
+def parse_phases(train) -> list[Phase]:
+    """The phases of a `train` section: `train.phases`, a comma list of
+    'steps:seq_len:batch_size' items with optional ':key=value' options (BERT's recipe is
+    '900000:128:256,100000:512:256'), or one phase of train.steps / seq_len / batch_size."""
+    text = str(train.phases or "").strip()
+    if not text:
+        return [Phase(int(train.steps), int(train.seq_len), int(train.batch_size))]
+    phases, end = [], 0
+    for item in text.split(","):
+        steps, seq_len, batch_size, options = _parse_phase_item(item.strip(), text)
+        if options.get("warmup_steps") and not phases:
+            raise ValueError(f"train.phases={text!r}: the first phase warms up over train.warmup_steps; "
+                             "warmup= is for later phases")
+        end += steps
+        phases.append(Phase(end, seq_len, batch_size, **options))
+    return phases
+
+
+def _parse_phase_item(item: str, text: str) -> tuple[int, int, int, dict]:
+    parts = [p.strip() for p in item.split(":")]
+    shape, settings = parts[:3], parts[3:]
+    if len(shape) != 3 or not all(p.isdigit() and int(p) > 0 for p in shape):
+        raise ValueError(f"train.phases={text!r}: {item!r} is not steps:seq_len:batch_size of positive "
+                         f"integers; expected comma-separated {PHASE_SYNTAX}")
+    options = {}
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        if key not in PHASE_OPTIONS:
+            raise ValueError(f"train.phases={text!r}: unknown phase option {key!r} in {item!r}; "
+                             f"choose from {', '.join(PHASE_OPTIONS)} (steps:seq_len:batch_size[:key=value])")
+        field, kind = PHASE_OPTIONS[key]
+        try:
+            options[field] = kind(value)
+        except ValueError:
+            options[field] = -1
+        if not (options[field] > 0 and math.isfinite(options[field])):
+            raise ValueError(f"train.phases={text!r}: {key}={value!r} in {item!r} must be a positive "
+                             f"{kind.__name__} (steps:seq_len:batch_size[:key=value])")
+    return int(shape[0]), int(shape[1]), int(shape[2]), options
+
+
+def phase_schedule_factors(phases: list[Phase], learning_rate: float) -> list[tuple[int, int, float, int]]:
+    """optim.scale_by_phase's (start, end, scale, warmup) in optimizer steps for the phases
+    that set their own learning rate or warmup."""
+    factors, start = [], 0
+    for phase in phases:
+        if phase.learning_rate is not None or phase.warmup_steps:
+            scale = 1.0 if phase.learning_rate is None else phase.learning_rate / learning_rate
+            factors.append((start, phase.end, scale, phase.warmup_steps))
+        start = phase.end
+    return factors
