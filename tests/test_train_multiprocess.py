@@ -44,12 +44,12 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_two_processes_train_checkpoint_restore(tmp_path):
-    from roformer.data import make_pretrain_data
+    from roformer.data import DataConfig, make_pretrain_data
     import runpy
     cache = tmp_path / "cache"
     config = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
     config.data.update(cache_dir=str(cache), vocab_size=500)
-    make_pretrain_data(config.data, seq_len=32, batch_size=8, seed=0)   # build the cache once
+    make_pretrain_data(DataConfig.from_mapping(config.data), seq_len=32, batch_size=8, seed=0)   # build the cache once
 
     # the resume call re-jits the same programs (same decay_steps): a persistent cache
     # skips recompiling them

@@ -160,7 +160,7 @@ def train_and_evaluate(config, workdir: str | Path) -> dict:
 
 
 def _train_phase(config, workdir: Path) -> dict:
-    from roformer.data import make_pretrain_data  # the input pipeline is heavy; import on use
+    from roformer.data import DataConfig, make_pretrain_data  # the input pipeline is heavy; import on use
 
     tc = config.train
     is_main = jax.process_index() == 0
@@ -173,10 +173,9 @@ def _train_phase(config, workdir: Path) -> dict:
                          f"{batch_shards} times train.grad_accum={tc.grad_accum}")
 
     init_source = warm_start.find_init_checkpoint(tc.init_from, tc.init_step) if tc.init_from else None
-    data_cfg = config.data
-    if init_source is not None and not data_cfg.vocab:   # the tokenizer comes with the checkpoint
-        data_cfg = ml_collections.ConfigDict({**data_cfg.to_dict(), "vocab": str(init_source.tokenizer_file),
-                                              "lowercase": init_source.lowercase})
+    data_cfg = DataConfig.from_mapping(config.data)
+    if init_source is not None:   # the tokenizer comes with the checkpoint
+        data_cfg = init_source.with_tokenizer(data_cfg)
     data = make_pretrain_data(data_cfg, seq_len=tc.seq_len,
                               batch_size=tc.batch_size // jax.process_count(), seed=tc.seed,
                               process_index=jax.process_index(), process_count=jax.process_count())
