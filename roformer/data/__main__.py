@@ -7,10 +7,10 @@
 
 `prepare` builds the cache entry (trained tokenizer, token shards) that a pretraining
 or ablation run with the same config reads, so the run starts without tokenizing.
-`--processes=N` splits the work over N local processes. On several hosts sharing
+`--processes=K` splits the work over K local processes. On several hosts sharing
 data.cache_dir, run it on every host with `--process_index=I --process_count=N`, or
 with the config's `distributed` section set as for training: each host tokenizes
-its share of the files.
+its share of the files (with `--processes=K` too, in K processes).
 
 `tokenizer train` learns a BERT-style WordPiece vocabulary ([PAD] [UNK] [CLS] [SEP]
 [MASK] first) on any data source and writes OUT/tokenizer.json and OUT/vocab.txt;
@@ -33,10 +33,10 @@ from roformer.data.tokenizer import WordPieceTokenizer, load_tokenizer
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Pretraining or ablation config file (configs/*.py[:arg]).",
                                 lock_config=True)
-flags.DEFINE_integer("processes", 1, "Local processes to split the work over.")
-flags.DEFINE_integer("process_index", -1, "This process's index in a job of --process_count processes.")
-flags.DEFINE_integer("process_count", -1, "Processes of the job (one per host); -1: from the config's "
-                                          "distributed section, or 1.")
+flags.DEFINE_integer("processes", 1, "Local processes to split this host's work over.")
+flags.DEFINE_integer("process_index", -1, "This host's index among --process_count hosts.")
+flags.DEFINE_integer("process_count", -1, "Hosts sharing data.cache_dir that split the work; -1: from the "
+                                          "config's distributed section, or 1.")
 
 # DataConfig fields that choose and read a text source (flags of `tokenizer train`).
 SOURCE_FIELDS = ("source", "files", "file_format", "hf_path", "hf_name", "hf_split", "hf_text_column",
@@ -70,10 +70,10 @@ def _prepare_main(argv: list[str]) -> None:
         from roformer.train.warm_start import find_init_checkpoint
 
         data = find_init_checkpoint(config.train.init_from, config.train.init_step).with_tokenizer(data)
+    index, count = _process_index_and_count(config)
     if FLAGS.processes > 1:
-        summary = prepare_locally(data, FLAGS.processes)
+        summary = prepare_locally(data, FLAGS.processes, host_index=index, host_count=count)
     else:
-        index, count = _process_index_and_count(config)
         summary = prepare(data, process_index=index, process_count=count)
     print(json.dumps(summary))
 

@@ -27,16 +27,20 @@ def prepare(data: DataConfig, *, process_index: int = 0, process_count: int = 1,
             "build": json.loads(build.read_text()) if build.is_file() else None}
 
 
-def prepare_locally(data: DataConfig, processes: int, *, show_progress: bool = True) -> dict:
+def prepare_locally(data: DataConfig, processes: int, *, host_index: int = 0, host_count: int = 1,
+                    show_progress: bool = True) -> dict:
     """`prepare` split over `processes` new local processes, each with its share of the cores
-    (data.num_workers threads in all, 0 = every core); `seconds` is the wall-clock time of
-    the whole, process start-up included."""
+    (data.num_workers threads in all, 0 = every core); on host `host_index` of `host_count`
+    running the same, they are processes host_index * processes + i of host_count * processes.
+    `seconds` is the wall-clock time of the whole, process start-up included."""
     start = time.perf_counter()
     threads = max(1, (data.num_workers or shards.cpu_count()) // processes)
+    count = host_count * processes
+    indices = [host_index * processes + i for i in range(processes)]
     # spawn, not fork: the caller may hold threads (JAX, the Rust encoder's pool)
     context = multiprocessing.get_context("spawn")
-    children = [context.Process(target=_prepare_share, args=(data, i, processes, threads, show_progress and i == 0),
-                                name=f"prepare-{i}-of-{processes}") for i in range(processes)]
+    children = [context.Process(target=_prepare_share, args=(data, index, count, threads, show_progress and i == 0),
+                                name=f"process {index} of {count}") for i, index in enumerate(indices)]
     for child in children:
         child.start()
     try:
@@ -53,7 +57,8 @@ def prepare_locally(data: DataConfig, processes: int, *, show_progress: bool = T
             child.join()
     seconds = time.perf_counter() - start
     summary = prepare(data, show_progress=False)
-    return {**summary, "process_count": processes, "threads_per_process": threads, "seconds": round(seconds, 3)}
+    return {**summary, "process_index": indices[0], "process_count": count, "threads_per_process": threads,
+            "seconds": round(seconds, 3)}
 
 
 def _prepare_share(data: DataConfig, process_index: int, process_count: int, threads: int,

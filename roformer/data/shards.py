@@ -249,9 +249,9 @@ def encode_parts(parts: Sequence[tuple[TextSource, int]], tokenizer: WordPieceTo
 
     The Rust batch encoder releases the GIL, so worker threads encode chunks while this thread
     reads and parses the next ones. The work that holds the GIL (parsing, turning ids into
-    arrays, hashing) measured about 5% of the CPU time on Wikipedia, which bounds one process
-    at roughly 20 busy cores; more processes (`python -m roformer.data prepare --processes`)
-    go past that."""
+    arrays, hashing) measured 5.5% of the CPU time on Wikipedia, which bounds one process at
+    about 18 busy cores; more processes (`python -m roformer.data prepare --processes`) go
+    past that."""
     total = sum(size for _, size in parts) or 1
     read = 0
     empty = Encoded(np.zeros(0, dtype), *(np.zeros(0, t) for t in (np.int64, np.uint64, np.int64)))
