@@ -146,9 +146,9 @@ def load_or_build(source: TextSource, tokenizer: WordPieceTokenizer, cache_dir: 
         build.alone()
     else:
         build.together(process_index, process_count, wait_seconds)
-    corpus, problem = open_shards(directory, entry.expected)
+    corpus = entry.check()     # verified once more only if it changed since this process last looked
     if corpus is None:
-        raise RuntimeError(f"token shards just written to {directory} do not verify: {problem}")
+        raise RuntimeError(f"token shards just written to {directory} do not verify: {entry.problem}")
     return corpus
 
 
