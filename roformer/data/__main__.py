@@ -31,12 +31,6 @@ from roformer.data.sources import FILE_FORMATS, SOURCES, make_source
 from roformer.data.tokenizer import WordPieceTokenizer, load_tokenizer
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Pretraining or ablation config file (configs/*.py[:arg]).",
-                                lock_config=True)
-flags.DEFINE_integer("processes", 1, "Local processes to split this host's work over.")
-flags.DEFINE_integer("process_index", -1, "This host's index among --process_count hosts.")
-flags.DEFINE_integer("process_count", -1, "Hosts sharing data.cache_dir that split the work; -1: from the "
-                                          "config's distributed section, or 1.")
 
 # DataConfig fields that choose and read a text source (flags of `tokenizer train`).
 SOURCE_FIELDS = ("source", "files", "file_format", "hf_path", "hf_name", "hf_split", "hf_text_column",
@@ -50,6 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     if command == "tokenizer":
         return tokenizer_main(argv[2:])
     if command == "prepare":
+        # defined here, not on import, so that importing this module defines no absl flags
+        config_flags.DEFINE_config_file("config", None, "Pretraining or ablation config file "
+                                        "(configs/*.py[:arg]).", lock_config=True)
+        flags.DEFINE_integer("processes", 1, "Local processes to split this host's work over.")
+        flags.DEFINE_integer("process_index", -1, "This host's index among --process_count hosts.")
+        flags.DEFINE_integer("process_count", -1, "Hosts sharing data.cache_dir that split the work; -1: from "
+                                                  "the config's distributed section, or 1.")
+        flags.mark_flag_as_required("config")
         app.run(_prepare_main, argv=[f"{argv[0]} prepare", *argv[2:]])
     print(__doc__, file=sys.stderr)
     return 2

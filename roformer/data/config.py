@@ -35,7 +35,8 @@ class DataConfig:
     max_predictions_per_seq: int = 0    # 0 = round(mask_rate * seq_len) + 1
     whole_word_masking: bool = False
     heldout_fraction: float = 0.02
-    num_workers: int = 0            # tokenizer threads per process (0 = every core)
+    num_workers: int = 0            # encoding threads per process (0 = every core); the Rust encoder
+                                    # also spreads each chunk over the cores (RAYON_NUM_THREADS caps it)
 
     def __post_init__(self) -> None:
         # Numbers enter the stream ids as JSON, so 0 and 0.0 must not give different ids.
