@@ -533,8 +533,8 @@ def _unigram_loss(workdir: Path, config: ml_collections.ConfigDict) -> float | N
         return None
     from roformer.data import DataConfig, make_pretrain_data
 
-    data = make_pretrain_data(DataConfig.from_mapping(config.pretrain.data), seq_len=config.pretrain.train.seq_len, batch_size=1,
-                              seed=0, show_progress=False)
+    data = make_pretrain_data(DataConfig.from_mapping(config.pretrain.data), seq_len=config.pretrain.train.seq_len,
+                              batch_size=1, seed=0, show_progress=False)
     value = data.unigram_loss()
     if _is_main_process():
         cache.write_text(json.dumps({"fingerprint": fp, "unigram_loss": value}) + "\n")
