@@ -147,7 +147,8 @@ def test_prepare_command_on_two_processes(wiki, tokenizer, tmp_path, shared_data
     cache = tmp_path / "cache"
     command = [sys.executable, "-m", "roformer.data", "prepare", "--config=configs/base.py",
                "--config.data.source=files", f"--config.data.files={wiki}",
-               f"--config.data.vocab={shared_data / 'vocab' / 'bert-base-uncased-vocab.txt'}", f"--config.data.cache_dir={cache}",
+               f"--config.data.vocab={shared_data / 'vocab' / 'bert-base-uncased-vocab.txt'}",
+               f"--config.data.cache_dir={cache}",
                "--config.data.num_workers=1", "--process_count=2"]
     procs = [subprocess.Popen([*command, f"--process_index={i}"], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(2)]
