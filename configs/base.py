@@ -10,6 +10,7 @@ import typing
 import ml_collections
 from ml_collections import config_dict
 
+from roformer.data.config import DataConfig
 from roformer.model import PRESETS, ModelConfig
 from roformer.train.config import RETIRED_KEYS, TrainConfig
 
@@ -63,30 +64,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.model = model_section(args.get("size", "base"))
 
-    data = config.data = ml_collections.ConfigDict()
-    data.source = args.get("source", "embedded")
-    data.files = ""
-    data.file_format = "auto"
-    data.hf_path = ""
-    data.hf_name = ""
-    data.hf_split = "train"
-    data.hf_text_column = "text"
-    data.hf_streaming = False
-    data.hf_data_files = ""
-    data.tfds_name = ""
-    data.tfds_split = "train"
-    data.tfds_data_dir = ""
-    data.tfds_text_key = "text"
-    data.vocab = ""
-    data.vocab_size = 8000
-    data.lowercase = True
-    data.cache_dir = ""
-    data.packing = "packed"
-    data.mask_rate = 0.15
-    data.max_predictions_per_seq = 0
-    data.whole_word_masking = False
-    data.heldout_fraction = 0.02
-    data.num_workers = 0
+    # Data: the DataConfig fields and defaults (roformer/data/config.py).
+    config.data = ml_collections.ConfigDict(dataclasses.asdict(DataConfig()))
+    config.data.source = args.get("source", "embedded")
 
     # Every key and its default: roformer/train/config.py. Retired keys stay as unset
     # placeholders, so setting one is refused with the name of its replacement.

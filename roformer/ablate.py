@@ -27,6 +27,7 @@ DIR/errors/) and the other runs still go ahead.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -297,10 +298,11 @@ def _run_glue(cfg: ml_collections.ConfigDict, workdir: Path) -> dict:
 def _run_extrapolation(config: ml_collections.ConfigDict, pretrain_cfg: ml_collections.ConfigDict,
                        pretrain_workdir: Path) -> dict:
     from roformer import extrapolation
+    from roformer.data import DataConfig
 
     ext = config.extrapolation
     return extrapolation.evaluate_workdir(
-        pretrain_workdir, pretrain_cfg.data, seq_len=pretrain_cfg.train.seq_len,
+        pretrain_workdir, DataConfig.from_mapping(pretrain_cfg.data), seq_len=pretrain_cfg.train.seq_len,
         factors=[int(f) for f in split_list(ext.factors)], scalings=split_list(ext.scalings),
         num_docs=ext.num_docs, batch_size=ext.batch_size, seed=pretrain_cfg.train.seed)
 
@@ -310,10 +312,11 @@ def _run_extension_eval(config: ml_collections.ConfigDict, pretrain_cfg: ml_coll
     """Held-out loss at factor x the length after every saved extension step, on the same
     windows as the extrapolation table (so step 0 is that table's column)."""
     from roformer import extrapolation
+    from roformer.data import DataConfig
 
     ext = config.extrapolation
     return extrapolation.evaluate_checkpoints(
-        extension_workdir, pretrain_cfg.data, seq_len=pretrain_cfg.train.seq_len,
+        extension_workdir, DataConfig.from_mapping(pretrain_cfg.data), seq_len=pretrain_cfg.train.seq_len,
         factors=[int(f) for f in split_list(ext.factors)], factor=int(config.extension.factor),
         num_docs=ext.num_docs, batch_size=ext.batch_size, seed=pretrain_cfg.train.seed)
 
@@ -534,11 +537,11 @@ def _unigram_loss(workdir: Path, config: ml_collections.ConfigDict) -> float | N
     run = next((r for r in runs if r.tokenizer_file.is_file()), None)
     if run is None:
         return None
-    from roformer.data import make_pretrain_data
+    from roformer.data import DataConfig, make_pretrain_data
 
-    data_cfg = ml_collections.ConfigDict({**config.pretrain.data.to_dict(), "vocab": str(run.tokenizer_file)})
-    data = make_pretrain_data(data_cfg, seq_len=config.pretrain.train.seq_len, batch_size=1,
-                              seed=0, show_progress=False)
+    data_cfg = dataclasses.replace(DataConfig.from_mapping(config.pretrain.data), vocab=str(run.tokenizer_file))
+    data = make_pretrain_data(data_cfg, seq_len=config.pretrain.train.seq_len, batch_size=1, seed=0,
+                              show_progress=False)
     value = data.unigram_loss()
     if _is_main_process():
         cache.write_text(json.dumps({"fingerprint": fp, "unigram_loss": value}) + "\n")

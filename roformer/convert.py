@@ -32,7 +32,6 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-import jax
 import ml_dtypes  # noqa: F401  registers bfloat16 with numpy, so bf16 safetensors load
 import numpy as np
 import orbax.checkpoint as ocp

@@ -18,10 +18,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import jax
-import ml_collections
 import numpy as np
 from flax import nnx
 
@@ -29,6 +28,9 @@ from roformer.model import ModelConfig, RoFormerForMaskedLM
 from roformer.positions import POSITION_SCHEMES
 from roformer.train.checkpoint import PretrainWorkdir
 from roformer.train.steps import make_eval_step, summarize_eval
+
+if TYPE_CHECKING:
+    from roformer.data import DataConfig
 
 SCALINGS = ("linear", "ntk", "yarn")
 
@@ -102,8 +104,8 @@ def window_rows(doc: np.ndarray, offset: np.ndarray, length: np.ndarray, window:
     return np.flatnonzero((length == window - 2) & (offset + length <= max_len - 2))
 
 
-def heldout_windows(run: PretrainWorkdir, data_cfg: ml_collections.ConfigDict, lengths: Iterable[int], *,
-                    num_docs: int, batch_size: int, seed: int, max_len: int | None = None) -> dict[int, list[dict]]:
+def heldout_windows(run: PretrainWorkdir, data_cfg: DataConfig, lengths: Iterable[int], *, num_docs: int,
+                    batch_size: int, seed: int, max_len: int | None = None) -> dict[int, list[dict]]:
     """Masked batches per length over the same text, tokenized with `run`'s tokenizer: the
     first `max_len` (default max(lengths)) tokens of the first `num_docs` held-out documents
     of `data_cfg`'s corpus that long, cut into full windows of each length."""
@@ -112,8 +114,7 @@ def heldout_windows(run: PretrainWorkdir, data_cfg: ml_collections.ConfigDict, l
 
     lengths = sorted(lengths)
     max_len = max_len or lengths[-1]
-    cfg = ml_collections.ConfigDict(data_cfg.to_dict())
-    cfg.update(packing="document", vocab=str(run.tokenizer_file))
+    cfg = dataclasses.replace(data_cfg, packing="document", vocab=str(run.tokenizer_file))
     out = {}
     for window in lengths:
         # One PretrainData per length: its masker sizes the masked-prediction slots to it.
@@ -134,7 +135,7 @@ def heldout_windows(run: PretrainWorkdir, data_cfg: ml_collections.ConfigDict, l
     return out
 
 
-def evaluate_workdir(workdir: str | Path, data_cfg: ml_collections.ConfigDict, *, seq_len: int,
+def evaluate_workdir(workdir: str | Path, data_cfg: DataConfig, *, seq_len: int,
                      factors: Iterable[int], scalings: Iterable[str] = SCALINGS, num_docs: int = 64,
                      batch_size: int = 8, seed: int = 0) -> dict:
     """Length extrapolation of a pretrain workdir's latest checkpoint, plus its parameter count."""
@@ -146,7 +147,7 @@ def evaluate_workdir(workdir: str | Path, data_cfg: ml_collections.ConfigDict, *
             "extrapolation": evaluate(model_config, params, batches, seq_len, scalings)}
 
 
-def evaluate_checkpoints(workdir: str | Path, data_cfg: ml_collections.ConfigDict, *, seq_len: int,
+def evaluate_checkpoints(workdir: str | Path, data_cfg: DataConfig, *, seq_len: int,
                          factors: Iterable[int], factor: int, num_docs: int = 64, batch_size: int = 8,
                          seed: int = 0) -> dict:
     """Held-out loss at `factor` x `seq_len` of every checkpoint of a warm-started run (a

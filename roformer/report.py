@@ -20,7 +20,6 @@ from typing import Any, Iterable, Mapping
 # Figures are built without pyplot, so writing them needs no GUI backend and
 # leaves a notebook's backend alone.
 from matplotlib.figure import Figure
-from roformer.train.metrics import read_metrics
 
 REPORT_JSON = "ablation.json"
 REPORT_MD = "ablation.md"
@@ -494,7 +493,6 @@ def to_markdown(result: Mapping) -> str:
     schemes = result["schemes"]
     reference = result.get("reference", "rope")
     setup = result.get("setup", {})
-    n_seeds = setup.get("seeds", 1)
     lines = ["# Position-scheme ablation", ""]
     if setup:
         lines += [", ".join(f"{k}: {_fmt(v) if not isinstance(v, float) else f'{v:.3f}'}" for k, v in setup.items()),

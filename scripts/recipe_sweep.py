@@ -144,11 +144,9 @@ def curve(rows: list[dict], tokens_per_step: int) -> tuple[np.ndarray, np.ndarra
 
 
 def unigram_loss(settings: dict) -> tuple[int, float]:
-    import ml_collections
+    from roformer.data import DataConfig, make_pretrain_data
 
-    from roformer.data import make_pretrain_data
-
-    data_cfg = ml_collections.ConfigDict({k[5:]: v for k, v in settings.items() if k.startswith("data.")})
+    data_cfg = DataConfig.from_mapping({k[5:]: v for k, v in settings.items() if k.startswith("data.")})
     data = make_pretrain_data(data_cfg, seq_len=settings["train.seq_len"], batch_size=1, seed=0,
                               show_progress=False)
     return data.vocab_size, data.unigram_loss()

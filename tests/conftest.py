@@ -33,8 +33,10 @@ def wiki_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.getbasetemp() / "wiki_cache"
 
 
-def wiki_cfg(shared_data: Path, cache: Path, **overrides) -> dict:
-    """A `data` config reading two shared Wikipedia files with the BERT uncased vocab."""
+def wiki_cfg(shared_data: Path, cache: Path, **overrides):
+    """Data settings reading two shared Wikipedia files with the BERT uncased vocab."""
+    from roformer.data import DataConfig
+
     cfg = {"source": "files", "files": str(shared_data / "wikipedia_en" / "wiki_0[67]"),
            "vocab": str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), "cache_dir": str(cache)}
-    return {**cfg, **overrides}
+    return DataConfig(**{**cfg, **overrides})

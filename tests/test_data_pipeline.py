@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from conftest import wiki_cfg
-from roformer.data import make_pretrain_data
+from roformer.data import DataConfig, make_pretrain_data
 from roformer.data.packing import plan_rows
 
 SEQ_LEN, BATCH = 128, 16
@@ -120,8 +120,8 @@ def test_same_seed_same_batches_other_seed_differs(data, shared_data, wiki_cache
 
 def test_state_restores_the_exact_stream_across_epochs(shared_data, wiki_cache):
     # the small embedded corpus: an epoch is about 15 batches of 16 x 512
-    cfg = {"source": "embedded", "vocab": str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"),
-           "cache_dir": str(wiki_cache), "heldout_fraction": 0.1}
+    cfg = DataConfig(source="embedded", vocab=str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"),
+                     cache_dir=str(wiki_cache), heldout_fraction=0.1)
     data = make_pretrain_data(cfg, seq_len=512, batch_size=16, seed=7, show_progress=False)
     rows_per_epoch = data.epoch_plan(0).num_rows
     steps = 2 * rows_per_epoch // 16 + 3                   # crosses two epoch boundaries
@@ -205,7 +205,7 @@ def test_bad_settings_raise_clear_errors(shared_data, wiki_cache, tmp_path):
 
 
 def test_embedded_default_trains_its_own_vocabulary(tmp_path):
-    cfg = {"source": "embedded", "vocab": "", "vocab_size": 2000, "cache_dir": str(tmp_path)}
+    cfg = DataConfig(source="embedded", vocab="", vocab_size=2000, cache_dir=str(tmp_path))
     data = make_pretrain_data(cfg, seq_len=64, batch_size=4, seed=0, show_progress=False)
     assert data.vocab_size <= 2000 and data.pad_id == 0 and data.mask_id == 4
     assert len(list((tmp_path / "tokenizers").iterdir())) == 1
@@ -214,20 +214,21 @@ def test_embedded_default_trains_its_own_vocabulary(tmp_path):
     check_rows(next(data.train_iterator()), data.cls_id, data.sep_id)
 
 
-def test_accepts_the_config_dict_of_configs_base(shared_data, wiki_cache):
-    import ml_collections
+def test_takes_the_data_section_of_configs_base(shared_data, wiki_cache):
+    import runpy
 
-    cfg = ml_collections.ConfigDict({
-        "source": "embedded", "files": "", "file_format": "auto", "hf_path": "", "hf_name": "",
-        "hf_split": "train", "hf_text_column": "text", "hf_streaming": False, "hf_data_files": "",
-        "tfds_name": "", "tfds_split": "train", "tfds_data_dir": "", "tfds_text_key": "text",
-        "vocab": str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), "vocab_size": 8000,
-        "lowercase": True, "cache_dir": str(wiki_cache), "packing": "packed", "mask_rate": 0.15,
-        "max_predictions_per_seq": 0, "whole_word_masking": False, "heldout_fraction": 0.02, "num_workers": 0})
-    data = make_pretrain_data(cfg, seq_len=32, batch_size=4, seed=0, show_progress=False)
+    section = runpy.run_path("configs/base.py")["get_config"]()["data"]
+    assert DataConfig.from_mapping(section) == DataConfig()          # one source of the defaults
+    section.update(vocab=str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), cache_dir=str(wiki_cache))
+    data = make_pretrain_data(DataConfig.from_mapping(section), seq_len=32, batch_size=4, seed=0,
+                              show_progress=False)
     batch = next(data.train_iterator())
     assert batch["masked_positions"].shape == (4, round(0.15 * 32) + 1)
     assert len(data.eval_batches(2)) == 2
+    with pytest.raises(ValueError, match=r"data\.mask_prob \(did you mean data\.mask_rate\?\)"):
+        DataConfig.from_mapping({**section.to_dict(), "mask_prob": 0.2})
+    with pytest.raises(TypeError, match=r"DataConfig\.from_mapping\(config\.data\)"):
+        make_pretrain_data(section, seq_len=32, batch_size=4, seed=0)
 
 
 def test_state_survives_a_copied_corpus_but_not_changed_text(shared_data, tmp_path):

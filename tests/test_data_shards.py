@@ -27,15 +27,15 @@ def corpus_file(tmp_path):
 
 @pytest.fixture
 def builds(monkeypatch):
-    """Counts real shard builds."""
+    """Counts real shard builds (calls of the tokenizing loop)."""
     calls = []
-    real = shards.build_shards
+    real = shards.encode_parts
 
-    def counting(*args, **kwargs):
-        calls.append(args[2])
-        return real(*args, **kwargs)
+    def counting(parts, *args, **kwargs):
+        calls.append(parts)
+        return real(parts, *args, **kwargs)
 
-    monkeypatch.setattr(shards, "build_shards", counting)
+    monkeypatch.setattr(shards, "encode_parts", counting)
     return calls
 
 
@@ -124,8 +124,8 @@ def test_leftover_partial_build_is_ignored(corpus_file, tokenizer, tmp_path, bui
     (stale / "shard_00000.tokens.npy").write_bytes(b"garbage")
     assert _load(corpus_file, tokenizer, cache).num_docs == len(DOCS)
     assert len(builds) == 1
-    manifest = json.loads((corpus.directory / "manifest.json").read_text())
-    assert manifest["build"]["tokens_per_second"] > 0
+    build = json.loads((corpus.directory / "build.json").read_text())
+    assert build["tokens_per_second"] > 0 and build["processes"] == 1
 
 
 def test_empty_corpus_is_an_error(tmp_path, tokenizer):

@@ -10,11 +10,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from roformer.data import DataConfig  # noqa: E402
 from roformer.data.sources import EmbeddedSource, FilesSource, HFSource, TFDSSource, make_source  # noqa: E402
 
 
 def test_embedded_source_is_real_text_split_into_sections():
-    source = make_source({"source": "embedded"})
+    source = make_source(DataConfig(source="embedded"))
     docs = list(source.documents())
     assert len(docs) >= 150
     assert all(doc.strip() == doc and doc for doc in docs)
@@ -57,7 +58,7 @@ def test_file_source_errors_name_the_file_or_setting(tmp_path):
     with pytest.raises(ValueError, match=r"glob '.*nothing-\*\.txt' matched no files"):
         FilesSource(str(tmp_path / "nothing-*.txt"))
     with pytest.raises(ValueError, match="data.source='nope'"):
-        make_source({"source": "nope"})
+        make_source(DataConfig(source="nope"))
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("caf\xe9 au lait\n".encode("latin-1"))
     with pytest.raises(ValueError, match=r"latin1\.txt is not valid UTF-8"):
@@ -72,9 +73,9 @@ def test_file_source_errors_name_the_file_or_setting(tmp_path):
         with pytest.raises(ValueError, match=rf"cannot read .*{name}"):
             list(FilesSource(str(tmp_path / name)).documents())
     with pytest.raises(ValueError, match="data.hf_path is empty"):
-        make_source({"source": "hf"})
+        make_source(DataConfig(source="hf"))
     with pytest.raises(ValueError, match="data.tfds_name is empty"):
-        make_source({"source": "tfds"})
+        make_source(DataConfig(source="tfds"))
 
 
 def test_hf_datasets_local_text_builder_and_saved_dataset(tmp_path, monkeypatch):
@@ -83,7 +84,7 @@ def test_hf_datasets_local_text_builder_and_saved_dataset(tmp_path, monkeypatch)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("first document\n\nsecond document\n   \nthird one\n")
-    source = make_source({"source": "hf", "hf_path": "text", "hf_data_files": str(corpus), "hf_split": "train"})
+    source = make_source(DataConfig(source="hf", hf_path="text", hf_data_files=str(corpus), hf_split="train"))
     assert list(source.documents()) == ["first document", "second document", "third one"]
     assert source.describe()["fingerprint"]           # content fingerprint of a non-streaming dataset
     streamed = HFSource("text", split="train", streaming=True, data_files=str(corpus))

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from roformer import tokenizer as tokenizer_cli
+from roformer.data.__main__ import tokenizer_main
 from roformer.data.sources import FilesSource
 from roformer.data.tokenizer import SPECIAL_TOKENS, WordPieceTokenizer, load_tokenizer
 
@@ -81,7 +81,7 @@ def test_tokenizer_json_round_trip_and_hash(ours, tmp_path, wiki_lines):
 
 def test_train_cli_writes_a_usable_vocabulary(tmp_path, capsys):
     out = tmp_path / "vocab"
-    assert tokenizer_cli.main(["train", "--source", "embedded", "--vocab-size", "1500", "--out", str(out)]) == 0
+    assert tokenizer_main(["train", "--source", "embedded", "--vocab-size", "1500", "--out", str(out)]) == 0
     assert "wrote" in capsys.readouterr().out
     trained = load_tokenizer(str(out / "tokenizer.json"))
     from_txt = load_tokenizer(str(out / "vocab.txt"))
@@ -92,7 +92,7 @@ def test_train_cli_writes_a_usable_vocabulary(tmp_path, capsys):
     assert ids[0] == trained.cls_id and ids[-1] == trained.sep_id
     assert trained.unk_id not in ids
     assert from_txt.encode(text).ids == ids
-    assert tokenizer_cli.main(["encode", "--vocab", str(out), "assert x"]) == 0
+    assert tokenizer_main(["encode", "--vocab", str(out), "assert x"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["tokens"][0] == "[CLS]" and printed["ids"] == trained.encode("assert x").ids
 

@@ -1,4 +1,5 @@
-"""Two local processes x 4 CPU devices train through jax.distributed, checkpoint and restore."""
+"""Two local processes x 4 CPU devices build the data cache, train through jax.distributed,
+checkpoint and restore."""
 import json
 import os
 import socket
@@ -9,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from configs import tiny
 from roformer.train import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,12 +46,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_two_processes_train_checkpoint_restore(tmp_path):
-    from roformer.data import make_pretrain_data
-    cache = tmp_path / "cache"
-    config = tiny.get_config()
-    config.data.update(cache_dir=str(cache), vocab_size=500)
-    make_pretrain_data(config.data, seq_len=32, batch_size=8, seed=0)   # build the cache once
-
+    cache = tmp_path / "cache"     # the processes build it together: process 0 the shards (one part)
     # the resume call re-jits the same programs (same decay_steps): a persistent cache
     # skips recompiling them
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
@@ -79,5 +74,7 @@ def test_two_processes_train_checkpoint_restore(tmp_path):
         assert (r["first"], r["start"], r["final"]) == (4, 4, 6)
     assert results[0]["loss"] == results[1]["loss"]          # one global computation
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2", "4", "6"]
+    (entry,) = (cache / "shards").iterdir()
+    assert json.loads((entry / "build.json").read_text())["processes"] == 2
     rows = read_metrics(workdir)                               # written by process 0 only
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5, 6]

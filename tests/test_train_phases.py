@@ -6,6 +6,7 @@ between phases is refused. Warm starts: from a pretraining workdir and from an H
 RoFormer directory, the new run's step-0 held-out loss is the checkpoint's own;
 tokenizer and learned-table refusals.
 """
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -179,7 +180,7 @@ def test_warm_start_from_an_hf_directory_begins_at_its_held_out_loss(tmp_path, c
     from roformer import convert, extrapolation
     from flax import nnx
 
-    from roformer.data import make_pretrain_data
+    from roformer.data import DataConfig, make_pretrain_data
 
     source, _ = two_phase_run
     vocab_size = len((source / "vocab.txt").read_text().splitlines())
@@ -196,9 +197,8 @@ def test_warm_start_from_an_hf_directory_begins_at_its_held_out_loss(tmp_path, c
     start = next(r for r in read_metrics(warm) if r["step"] == 0 and "eval_loss" in r)
 
     model_config, model = convert.load_hf(hf_dir)
-    data_cfg = config.data
-    data_cfg.vocab = str(hf_dir / "vocab.txt")
-    data = make_pretrain_data(data_cfg, seq_len=32, batch_size=8, seed=0, show_progress=False)
+    data_cfg = DataConfig.from_mapping(config.data)
+    data = make_pretrain_data(dataclasses.replace(data_cfg, vocab=str(hf_dir / "vocab.txt")), seq_len=32, batch_size=8, seed=0, show_progress=False)
     own = extrapolation.mlm_loss(model_config, nnx.to_pure_dict(nnx.state(model, nnx.Param)), data.eval_batches(1))
     assert start["eval_loss"] == pytest.approx(own["eval_loss"], rel=1e-5)
     assert json.loads((warm / "config.json").read_text())["train"]["init_from"] == str(hf_dir)

@@ -6,17 +6,22 @@ Measures, on the shared Wikipedia files by default:
   shards build   the cached tokenization (read + parse + encode + write + checksum), fresh cache
   batches        packed, masked batches from the shards (packing + gather + MLM masking),
                  for each --seq-len, median over --rounds
+  prepare        the shard build split over --processes new local processes (fresh cache,
+                 start-up included), each with its share of the cores
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import resource
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from roformer.data import make_pretrain_data
+from roformer.data import DataConfig, make_pretrain_data
+from roformer.data.prepare import prepare_locally
 from roformer.data.shards import chunk_documents, load_or_build
 from roformer.data.sources import FilesSource
 from roformer.data.tokenizer import load_tokenizer
@@ -36,6 +41,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--packing", choices=["packed", "document"], default="packed")
     parser.add_argument("--whole-word", action="store_true", help="whole-word masking")
     parser.add_argument("--num-workers", type=int, default=0, help="tokenizer threads (0 = all cores)")
+    parser.add_argument("--processes", type=int, nargs="*", default=[1, 2],
+                        help="local process counts to build the shards with (prepare rows)")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -65,8 +72,8 @@ def run(args: argparse.Namespace) -> dict:
         load_or_build(source, tokenizer, cache, show_progress=False)
         reuse_seconds = time.perf_counter() - start
 
-        cfg = {"source": "files", "files": args.files, "vocab": args.vocab, "cache_dir": cache,
-               "packing": args.packing, "whole_word_masking": args.whole_word}
+        cfg = DataConfig(source="files", files=args.files, vocab=args.vocab, cache_dir=cache, packing=args.packing,
+                         whole_word_masking=args.whole_word, num_workers=args.num_workers)
         for seq_len in args.seq_len:
             data = make_pretrain_data(cfg, seq_len=seq_len, batch_size=args.batch_size, seed=0,
                                       show_progress=False)
@@ -88,6 +95,15 @@ def run(args: argparse.Namespace) -> dict:
             data.epoch_plan(1)
             row["epoch_plan_s"] = round(time.perf_counter() - start, 3)
             rows.append(row)
+
+    for processes in args.processes:
+        with tempfile.TemporaryDirectory(prefix="roformer-bench-input-") as cache:
+            children = resource.getrusage(resource.RUSAGE_CHILDREN)
+            done = prepare_locally(dataclasses.replace(cfg, cache_dir=cache), processes, show_progress=False)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+        rows.append(_row("prepare (spawned processes)", f"{processes} x {done['threads_per_process']} threads",
+                         done["tokens"], done["seconds"], cpu, None))
 
     # The development machine is shared: the load average says how contended the cores were,
     # and tokens per CPU-second is the load-independent cost of each stage.

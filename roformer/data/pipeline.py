@@ -14,14 +14,14 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from roformer.data import shards as shards_lib
+from roformer.data.config import DataConfig
 from roformer.data.masking import MlmMasker
 from roformer.data.packing import PACKINGS, PackPlan, build_rows, plan_rows
-from roformer.data.sources import TextSource, cfg_get, make_source, sha256_json
+from roformer.data.sources import TextSource, make_source, sha256_json
 from roformer.data.tokenizer import WordPieceTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -254,20 +254,17 @@ class BatchIterator:
 
 # ---------------------------------------------------------------- construction
 
-def resolve_tokenizer(data_cfg: Any, source: TextSource, cache_dir: Path, *,
+def resolve_tokenizer(data: DataConfig, source: TextSource, cache_dir: Path, *,
                       show_progress: bool = True) -> WordPieceTokenizer:
     """data.vocab when given; else a WordPiece vocab trained on the source (cached)."""
-    lowercase = bool(cfg_get(data_cfg, "lowercase", True))
-    vocab = cfg_get(data_cfg, "vocab", "")
-    if vocab:
-        return load_tokenizer(vocab, lowercase=lowercase)
-    vocab_size = int(cfg_get(data_cfg, "vocab_size", 8000))
-    key = sha256_json([source.fingerprint(), vocab_size, lowercase])[:20]
+    if data.vocab:
+        return load_tokenizer(data.vocab, lowercase=data.lowercase)
+    key = sha256_json([source.fingerprint(), data.vocab_size, data.lowercase])[:20]
     directory = cache_dir / "tokenizers" / f"{source.name}-{key}"
     if (directory / "tokenizer.json").is_file():
         return WordPieceTokenizer.from_tokenizer_json(directory / "tokenizer.json")
-    log.info("training a %d-token WordPiece vocabulary on %s", vocab_size, source)
-    tokenizer = WordPieceTokenizer.train(source.documents(), vocab_size=vocab_size, lowercase=lowercase,
+    log.info("training a %d-token WordPiece vocabulary on %s", data.vocab_size, source)
+    tokenizer = WordPieceTokenizer.train(source.documents(), vocab_size=data.vocab_size, lowercase=data.lowercase,
                                          show_progress=show_progress)
     staging = directory.parent / f".{directory.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tokenizer.save(staging)
@@ -278,24 +275,37 @@ def resolve_tokenizer(data_cfg: Any, source: TextSource, cache_dir: Path, *,
     return WordPieceTokenizer.from_tokenizer_json(directory / "tokenizer.json")
 
 
-def make_pretrain_data(data_cfg: Any, *, seq_len: int, batch_size: int, seed: int,
+def prepare_corpus(data: DataConfig, *, process_index: int = 0, process_count: int = 1,
+                   show_progress: bool = True) -> tuple[WordPieceTokenizer, shards_lib.TokenCorpus]:
+    """The tokenizer and token shards of data's corpus, built into the cache if missing.
+
+    In a job of `process_count` processes sharing the cache directory, each process
+    tokenizes its share of the source's files (see shards.load_or_build)."""
+    if not isinstance(data, DataConfig):
+        raise TypeError(f"expected a DataConfig, got {type(data).__name__}: convert a config's data "
+                        "section with DataConfig.from_mapping(config.data)")
+    cache_dir = Path(data.cache_dir or shards_lib.default_cache_dir()).expanduser()
+    source = make_source(data)
+    tokenizer = resolve_tokenizer(data, source, cache_dir, show_progress=show_progress)
+    corpus = shards_lib.load_or_build(source, tokenizer, cache_dir, process_index=process_index,
+                                      process_count=process_count, num_workers=data.num_workers,
+                                      show_progress=show_progress)
+    return tokenizer, corpus
+
+
+def make_pretrain_data(data: DataConfig, *, seq_len: int, batch_size: int, seed: int,
                        process_index: int = 0, process_count: int = 1,
                        show_progress: bool = True) -> PretrainData:
-    """Builds (or reuses) everything for MLM pretraining on data_cfg's corpus."""
+    """Builds (or reuses) everything for MLM pretraining on data's corpus; this process reads
+    its share (`process_index` of `process_count`) of every batch stream."""
     if seq_len < MIN_SEQ_LEN:
         raise ValueError(f"seq_len={seq_len}: must be >= {MIN_SEQ_LEN}")
-    cache_dir = Path(cfg_get(data_cfg, "cache_dir", "") or shards_lib.default_cache_dir()).expanduser()
-    source = make_source(data_cfg)
-    tokenizer = resolve_tokenizer(data_cfg, source, cache_dir, show_progress=show_progress)
-    corpus = shards_lib.load_or_build(source, tokenizer, cache_dir,
-                                      num_workers=int(cfg_get(data_cfg, "num_workers", 0)),
-                                      show_progress=show_progress)
-    mask_rate = float(cfg_get(data_cfg, "mask_rate", 0.15))
-    max_predictions = int(cfg_get(data_cfg, "max_predictions_per_seq", 0)) or round(mask_rate * seq_len) + 1
+    tokenizer, corpus = prepare_corpus(data, process_index=process_index, process_count=process_count,
+                                       show_progress=show_progress)
+    max_predictions = data.max_predictions_per_seq or round(data.mask_rate * seq_len) + 1
     masker = MlmMasker(is_special=tokenizer.is_special, is_continuation=tokenizer.is_continuation,
-                       mask_id=tokenizer.mask_id, mask_rate=mask_rate, max_predictions=max_predictions,
-                       whole_word=bool(cfg_get(data_cfg, "whole_word_masking", False)))
-    return PretrainData(corpus, tokenizer, masker, seq_len=seq_len, batch_size=batch_size,
-                        packing=cfg_get(data_cfg, "packing", "packed"),
-                        heldout_fraction=float(cfg_get(data_cfg, "heldout_fraction", 0.02)),
-                        seed=seed, process_index=process_index, process_count=process_count)
+                       mask_id=tokenizer.mask_id, mask_rate=data.mask_rate, max_predictions=max_predictions,
+                       whole_word=data.whole_word_masking)
+    return PretrainData(corpus, tokenizer, masker, seq_len=seq_len, batch_size=batch_size, packing=data.packing,
+                        heldout_fraction=data.heldout_fraction, seed=seed,
+                        process_index=process_index, process_count=process_count)

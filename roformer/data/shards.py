@@ -8,15 +8,24 @@ Layout of one cache entry, `<cache_dir>/shards/<source>-<key>/`:
   shard_00000.offsets.npy  int64 [num_docs + 1] document boundaries into tokens
   shard_00000.hashes.npy   uint64 [num_docs] content hash of each document's text
                            (decides the held-out split, independent of order)
+  build.json               how it was built: seconds, processes, threads, each process's share
 
 The key hashes the source fingerprint and the tokenizer hash, so a changed
-tokenizer or source gets a new entry. An entry is built in a temporary directory
-and renamed into place, so a crash never leaves a half-written entry under the
-final name; an entry whose files disagree with its manifest (size or CRC32) is
-deleted and rebuilt.
+tokenizer or source gets a new entry. The shard files and the manifest depend only
+on the documents and the tokenizer: where a shard ends is fixed by the documents'
+lengths, so any number of processes or threads writes the same bytes. An entry is
+built in a temporary directory and renamed into place, so a crash never leaves a
+half-written entry under the final name; an entry whose files disagree with its
+manifest (size or CRC32) is deleted and rebuilt.
+
+Processes of a multi-process job that share the cache directory split the build:
+each tokenizes its share of the source's parts (the files of a `files` source) into
+`<cache_dir>/shards/.<source>-<key>.parts/`, process 0 lays the parts out as shards
+and the others wait for its manifest.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -28,8 +37,9 @@ import shutil
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -41,8 +51,15 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 SHARD_TOKENS = 1 << 25        # ~32M tokens (64 MB as uint16) per shard file
-CHUNK_CHARS = 1 << 18         # text per batch-encoder call (smaller chunks overlap better)
+# Documents are encoded in chunks of about this much text; a shard ends at the end of such
+# a chunk of the whole corpus, so the value is part of the on-disk layout (content ids).
+CHUNK_CHARS = 1 << 18
 FILES = ("tokens", "offsets", "hashes")
+# A multi-process build: how long processes look for each other in the cache directory
+# before each builds alone (a cache on each host's own disk), and how long a process
+# waits without any other process's progress before it gives up.
+HANDSHAKE_SECONDS = 60.0
+WAIT_SECONDS = 3600.0
 
 
 def default_cache_dir() -> Path:
@@ -100,31 +117,81 @@ def cache_key(source_fingerprint: str, tokenizer_hash: str) -> str:
 
 
 def load_or_build(source: TextSource, tokenizer: WordPieceTokenizer, cache_dir: str | os.PathLike = "",
-                  *, num_workers: int = 0, shard_tokens: int = SHARD_TOKENS,
-                  show_progress: bool = True) -> TokenCorpus:
-    """The source's token shards for this tokenizer: reused if intact, else (re)built."""
+                  *, process_index: int = 0, process_count: int = 1, num_workers: int = 0,
+                  shard_tokens: int = SHARD_TOKENS, handshake_seconds: float = HANDSHAKE_SECONDS,
+                  wait_seconds: float = WAIT_SECONDS, show_progress: bool = True) -> TokenCorpus:
+    """The source's token shards for this tokenizer: reused if intact, else (re)built.
+
+    In a job of `process_count` processes, process `process_index` tokenizes only its share
+    of the source's parts when the processes find each other in the cache directory within
+    `handshake_seconds`; otherwise (a cache on each host's own disk) it builds the whole entry.
+    A wait with no progress from the other processes for `wait_seconds` is an error naming the
+    missing shares."""
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count})")
     fingerprint = source.fingerprint()
     root = Path(cache_dir or default_cache_dir()).expanduser() / "shards"
     directory = root / f"{source.name}-{cache_key(fingerprint, tokenizer.hash)}"
-    expected = {"source_fingerprint": fingerprint, "tokenizer_hash": tokenizer.hash}
-    if directory.exists():
-        corpus, problem = open_shards(directory, expected)
-        if corpus is not None:
-            log.info("reusing token shards %s (%d docs, %d tokens)", directory, corpus.num_docs, corpus.num_tokens)
-            return corpus
-        log.warning("token shard cache %s is unusable (%s); rebuilding it", directory, problem)
+    entry = _Entry(directory, {"source_fingerprint": fingerprint, "tokenizer_hash": tokenizer.hash})
+    corpus = entry.check()
+    if corpus is not None:
+        log.info("reusing token shards %s (%d docs, %d tokens)", directory, corpus.num_docs, corpus.num_tokens)
+        return corpus
+    if entry.problem:
+        log.warning("token shard cache %s is unusable (%s); rebuilding it", directory, entry.problem)
     root.mkdir(parents=True, exist_ok=True)
-    staging = root / f".{directory.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        build_shards(source, tokenizer, staging, fingerprint, num_workers=num_workers,
-                     shard_tokens=shard_tokens, show_progress=show_progress)
-        _move_into_place(staging, directory, expected)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    corpus, problem = open_shards(directory, expected)
+    build = _Build(source, tokenizer, entry, fingerprint, num_workers or cpu_count(), shard_tokens, show_progress)
+    if process_count == 1 or not _find_each_other(build.parts_dir, process_index, process_count,
+                                                   handshake_seconds):
+        build.alone()
+    else:
+        build.together(process_index, process_count, wait_seconds)
+    corpus = entry.check()     # verified once more only if it changed since this process last looked
     if corpus is None:
-        raise RuntimeError(f"token shards just written to {directory} do not verify: {problem}")
+        raise RuntimeError(f"token shards just written to {directory} do not verify: {entry.problem}")
     return corpus
+
+
+def assign_parts(sizes: Sequence[int], process_count: int) -> list[int]:
+    """The process that tokenizes each part: largest parts first, each to the least loaded process
+    (deterministic, so every process computes the same assignment)."""
+    load = [0] * process_count
+    owner = [0] * len(sizes)
+    for part in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        process = min(range(process_count), key=lambda p: (load[p], p))
+        owner[part] = process
+        load[process] += sizes[part]
+    return owner
+
+
+def cpu_count() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class _Entry:
+    """One cache entry; `check` verifies it (a full CRC32 pass) again only when its manifest
+    changed since the last look, so waiting processes can poll it cheaply."""
+
+    def __init__(self, directory: Path, expected: dict) -> None:
+        self.directory, self.expected = directory, expected
+        self.problem = ""
+        self._seen: tuple | None = None
+        self._corpus: TokenCorpus | None = None
+
+    def check(self) -> TokenCorpus | None:
+        """The entry's corpus when it is complete and matches, else None (and `problem` says why)."""
+        try:
+            st = (self.directory / "manifest.json").stat()
+        except OSError:
+            self._seen, self._corpus = None, None
+            self.problem = "no manifest.json (partial build)" if self.directory.exists() else ""
+            return None
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp != self._seen:
+            self._seen = stamp
+            self._corpus, self.problem = open_shards(self.directory, self.expected)
+        return self._corpus
 
 
 def _move_into_place(staging: Path, directory: Path, expected: dict) -> None:
@@ -143,46 +210,13 @@ def _move_into_place(staging: Path, directory: Path, expected: dict) -> None:
 
 # ---------------------------------------------------------------- building
 
-def build_shards(source: TextSource, tokenizer: WordPieceTokenizer, directory: Path, fingerprint: str,
-                 *, num_workers: int = 0, shard_tokens: int = SHARD_TOKENS, show_progress: bool = True) -> dict:
-    """Tokenizes every document of the source into shard files plus manifest.json."""
-    directory.mkdir(parents=True, exist_ok=True)
-    dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-    workers = num_workers or os.cpu_count() or 1
-    writer = _ShardWriter(directory, dtype, shard_tokens)
-    start = time.perf_counter()
-    # The bar runs over the fraction of the source read (ETA) when the source can tell.
-    progress = tqdm(desc=f"tokenizing {source.name}", total=100.0, unit="%", disable=not show_progress,
-                    mininterval=1.0, dynamic_ncols=True,
-                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}% [{elapsed}<{remaining}{postfix}]")
-    # Rust's batch encoder releases the GIL, so worker threads overlap encoding chunks
-    # with this thread reading/parsing the next ones; results are consumed in order.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        pending: list[concurrent.futures.Future] = []
-        for chunk in chunk_documents(source.documents()):
-            pending.append(pool.submit(_encode_chunk, tokenizer, chunk, dtype))
-            if len(pending) >= 2 * workers:
-                _consume(pending.pop(0).result(), writer, progress, source, start)
-        for future in pending:
-            _consume(future.result(), writer, progress, source, start)
-    progress.update(100.0 - progress.n)
-    progress.close()
-    if writer.num_docs == 0:
-        raise ValueError(f"corpus is empty: {source} yielded no documents with any tokens")
-    seconds = time.perf_counter() - start
-    manifest = writer.finish({
-        "format": FORMAT_VERSION,
-        "source": source.describe(),
-        "source_fingerprint": fingerprint,
-        "tokenizer_hash": tokenizer.hash,
-        "vocab_size": tokenizer.vocab_size,
-        "dtype": np.dtype(dtype).name,
-        "build": {"seconds": round(seconds, 3), "tokens_per_second": round(writer.num_tokens / seconds),
-                  "threads": workers, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-    })
-    log.info("tokenized %d docs / %d tokens in %.1fs (%.2fM tokens/s) into %s", manifest["num_docs"],
-             manifest["num_tokens"], seconds, manifest["num_tokens"] / seconds / 1e6, directory)
-    return manifest
+class Encoded(NamedTuple):
+    """Consecutive documents, encoded."""
+
+    tokens: np.ndarray    # every document's token ids, concatenated
+    lengths: np.ndarray   # int64 tokens per document (0: text that normalizes to nothing)
+    hashes: np.ndarray    # uint64 content hash per document
+    chars: np.ndarray     # int64 characters per document (where the shards end depends on them)
 
 
 def chunk_documents(documents: Iterator[str]) -> Iterator[list[str]]:
@@ -199,49 +233,93 @@ def chunk_documents(documents: Iterator[str]) -> Iterator[list[str]]:
         yield chunk
 
 
-def _encode_chunk(tokenizer: WordPieceTokenizer, docs: list[str], dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _encode_chunk(tokenizer: WordPieceTokenizer, docs: list[str], dtype) -> Encoded:
     ids = tokenizer.encode_ids(docs)
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
     hashes = np.fromiter((int.from_bytes(hashlib.blake2b(d.encode("utf-8"), digest_size=8).digest(), "little")
                           for d in docs), dtype=np.uint64, count=len(docs))
-    keep = lengths > 0  # text that normalizes to nothing (control characters only)
-    return flat, lengths[keep], hashes[keep]
+    return Encoded(flat, lengths, hashes, np.fromiter(map(len, docs), dtype=np.int64, count=len(docs)))
 
 
-def _consume(result, writer: "_ShardWriter", progress, source: TextSource, start: float) -> None:
-    flat, lengths, hashes = result
-    writer.add(flat, lengths, hashes)
-    fraction = source.progress()
-    if fraction is not None:
-        progress.update(100.0 * fraction - progress.n)
-    rate = writer.num_tokens / max(time.perf_counter() - start, 1e-9)
-    progress.set_postfix_str(f"{writer.num_docs} docs, {writer.num_tokens / 1e6:.1f}M tokens, "
-                             f"{rate / 1e6:.2f}M tok/s", refresh=False)
+def encode_parts(parts: Sequence[tuple[TextSource, int]], tokenizer: WordPieceTokenizer, dtype, workers: int
+                 ) -> Iterator[tuple[int, Encoded, float]]:
+    """(index into parts, encoded chunk, fraction of the parts read) in document order; every part
+    yields at least one (possibly empty) chunk.
+
+    The Rust batch encoder releases the GIL, so worker threads encode chunks while this thread
+    reads and parses the next ones. The work that holds the GIL (parsing, turning ids into
+    arrays, hashing) measured 5.5% of the CPU time on Wikipedia, which bounds one process at
+    about 18 busy cores; more processes (`python -m roformer.data prepare --processes`) go
+    past that."""
+    total = sum(size for _, size in parts) or 1
+    read = 0
+    empty = Encoded(np.zeros(0, dtype), *(np.zeros(0, t) for t in (np.int64, np.uint64, np.int64)))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: collections.deque = collections.deque()   # (part index, future or None for no documents)
+
+        def oldest() -> tuple[int, Encoded]:
+            index, future = pending.popleft()
+            return index, empty if future is None else future.result()
+
+        for index, (part, size) in enumerate(parts):
+            chunks = 0
+            for chunk in chunk_documents(part.documents()):
+                chunks += 1
+                pending.append((index, pool.submit(_encode_chunk, tokenizer, chunk, dtype)))
+                if len(pending) >= 2 * workers:
+                    yield *oldest(), (read + size * (part.progress() or 0.0)) / total
+            if not chunks:
+                pending.append((index, None))
+            read += size
+        while pending:
+            yield *oldest(), read / total
 
 
 class _ShardWriter:
-    """Accumulates encoded documents and writes a shard every `shard_tokens` tokens."""
+    """Lays encoded documents out in shard files. A shard ends at the end of the first
+    CHUNK_CHARS chunk (counted over the whole corpus, as chunk_documents groups it) that
+    brings it to `shard_tokens` tokens, however the documents were encoded."""
 
     def __init__(self, directory: Path, dtype, shard_tokens: int) -> None:
         self.directory, self.dtype, self.shard_tokens = directory, dtype, shard_tokens
         self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.buffered = 0
+        self.chunk_chars = 0     # characters of the corpus chunk still open
         self.shards: list[dict] = []
         self.num_docs = self.num_tokens = 0
 
-    def add(self, flat: np.ndarray, lengths: np.ndarray, hashes: np.ndarray) -> None:
-        self.parts.append((flat, lengths, hashes))
-        self.buffered += len(flat)
-        self.num_docs += len(lengths)
-        self.num_tokens += len(flat)
-        if self.buffered >= self.shard_tokens:
-            self._flush()
+    def add(self, encoded: Encoded) -> None:
+        chars = np.cumsum(encoded.chars)
+        ends = np.cumsum(encoded.lengths)
+        first = 0
+        while first < len(chars):
+            before = int(chars[first - 1]) if first else 0
+            last = int(np.searchsorted(chars, before + CHUNK_CHARS - self.chunk_chars))  # closes the chunk
+            if last >= len(chars):
+                self._take(encoded, ends, first, len(chars))
+                self.chunk_chars += int(chars[-1]) - before
+                return
+            self._take(encoded, ends, first, last + 1)
+            self.chunk_chars = 0
+            if self.buffered >= self.shard_tokens:
+                self._flush()
+            first = last + 1
+
+    def _take(self, encoded: Encoded, ends: np.ndarray, lo: int, hi: int) -> None:
+        start = int(ends[lo - 1]) if lo else 0
+        tokens = encoded.tokens[start:int(ends[hi - 1])]
+        lengths = encoded.lengths[lo:hi]
+        keep = lengths > 0
+        self.parts.append((tokens, lengths[keep], encoded.hashes[lo:hi][keep]))
+        self.buffered += len(tokens)
+        self.num_docs += int(keep.sum())
+        self.num_tokens += len(tokens)
 
     def _flush(self) -> None:
         if not self.parts:
             return
-        tokens = np.concatenate([p[0] for p in self.parts])
+        tokens = np.concatenate([p[0] for p in self.parts]).astype(self.dtype, copy=False)
         lengths = np.concatenate([p[1] for p in self.parts])
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         arrays = {"tokens": tokens, "offsets": offsets, "hashes": np.concatenate([p[2] for p in self.parts])}
@@ -259,10 +337,237 @@ class _ShardWriter:
         manifest = {**header, "num_docs": self.num_docs, "num_tokens": self.num_tokens,
                     "bytes": sum(f["bytes"] for s in self.shards for f in s["files"].values()),
                     "shards": self.shards}
-        tmp = self.directory / "manifest.json.tmp"
-        tmp.write_text(json.dumps(manifest, indent=1))
-        os.replace(tmp, self.directory / "manifest.json")
+        _write_json(self.directory / "manifest.json", manifest)
         return manifest
+
+
+def _write_json(path: Path, value: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=1))
+    os.replace(tmp, path)
+
+
+class _Build:
+    """Builds one cache entry, alone or as one process of several."""
+
+    def __init__(self, source: TextSource, tokenizer: WordPieceTokenizer, entry: _Entry, fingerprint: str,
+                 workers: int, shard_tokens: int, show_progress: bool) -> None:
+        self.source, self.tokenizer, self.entry = source, tokenizer, entry
+        self.workers, self.shard_tokens, self.show_progress = workers, shard_tokens, show_progress
+        self.dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
+        self.parts = source.parts()
+        self.parts_dir = entry.directory.with_name(f".{entry.directory.name}.parts")
+        self.header = {"format": FORMAT_VERSION, "source": source.describe(), "source_fingerprint": fingerprint,
+                       "tokenizer_hash": tokenizer.hash, "vocab_size": tokenizer.vocab_size,
+                       "dtype": np.dtype(self.dtype).name}
+        self.start = time.perf_counter()
+
+    def alone(self, processes: int = 1) -> None:
+        """Tokenizes every part straight into shard files."""
+        staging = self._staging()
+        try:
+            writer = _ShardWriter(staging, self.dtype, self.shard_tokens)
+            parts = range(len(self.parts))
+            for _, encoded in self._encode(parts, f"tokenizing {self.source.name}"):
+                writer.add(encoded)
+            share = {"process": 0, "parts": list(parts), "tokens": writer.num_tokens,
+                     "seconds": round(time.perf_counter() - self.start, 3)}
+            self._publish(staging, writer, [share], processes)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def together(self, process_index: int, process_count: int, wait_seconds: float) -> None:
+        """This process's share of a build by `process_count` processes sharing the cache."""
+        owners = assign_parts([size for _, size in self.parts], process_count)
+        if process_index != 0:
+            if len(self.parts) > 1:
+                self._tokenize_share(owners, process_index, process_count)
+            self._wait(lambda: False, owners, wait_seconds, "process 0's manifest")
+            return
+        if len(self.parts) == 1:       # nothing to split: process 0 builds it, the others wait
+            self.alone(processes=process_count)
+        else:
+            self._tokenize_share(owners, 0, process_count)
+            if self._wait(lambda: len(self._parts_written()) == len(self.parts), owners, wait_seconds,
+                          "the other processes' parts"):
+                self._assemble(process_count)
+        shutil.rmtree(self.parts_dir, ignore_errors=True)
+
+    def _tokenize_share(self, owners: list[int], process_index: int, process_count: int) -> None:
+        """Writes a part file for each part of this process's share that is not there yet."""
+        mine = [i for i, owner in enumerate(owners) if owner == process_index]
+        todo = [i for i in mine if i not in self._parts_written()]
+        tokens = 0
+        if todo:
+            for index, encoded in self._encode_grouped(todo, f"tokenizing {self.source.name} (process "
+                                                             f"{process_index} of {process_count})"):
+                if self.entry.check() is not None:      # built meanwhile by a process working alone
+                    return
+                tokens += len(encoded.tokens)
+                self._save_part(index, encoded, {"process": process_index,
+                                                 "seconds": round(time.perf_counter() - self.start, 3)})
+        seconds = time.perf_counter() - self.start
+        log.info("process %d of %d tokenized %d of the %d parts of %s (%d more of its share already there): "
+                 "%d tokens in %.1fs (%.2fM tokens/s)", process_index, process_count, len(todo), len(self.parts),
+                 self.entry.directory.name, len(mine) - len(todo), tokens, seconds,
+                 tokens / max(seconds, 1e-9) / 1e6)
+
+    # ------------------------------------------------------------ steps
+    def _encode(self, parts: Sequence[int], description: str) -> Iterator[tuple[int, Encoded]]:
+        # The bar runs over the fraction of the parts read (ETA) when the source can tell.
+        progress = tqdm(desc=description, total=100.0, unit="%", disable=not self.show_progress,
+                        mininterval=1.0, dynamic_ncols=True,
+                        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}% [{elapsed}<{remaining}{postfix}]")
+        tokens = 0
+        for position, encoded, fraction in encode_parts([self.parts[i] for i in parts], self.tokenizer,
+                                                         self.dtype, self.workers):
+            yield parts[position], encoded
+            tokens += len(encoded.tokens)
+            progress.update(100.0 * fraction - progress.n)
+            rate = tokens / max(time.perf_counter() - self.start, 1e-9)
+            progress.set_postfix_str(f"{tokens / 1e6:.1f}M tokens, {rate / 1e6:.2f}M tok/s", refresh=False)
+        progress.update(100.0 - progress.n)
+        progress.close()
+
+    def _encode_grouped(self, parts: Sequence[int], description: str) -> Iterator[tuple[int, Encoded]]:
+        """Each part's documents as one Encoded, encoding the next parts meanwhile."""
+        pieces: list[Encoded] = []
+        current = None
+        for index, encoded in itertools.chain(self._encode(parts, description), [(None, None)]):
+            if index != current and pieces:
+                yield current, Encoded(*(np.concatenate(arrays) for arrays in zip(*pieces)))
+                pieces = []
+            current = index
+            if encoded is not None:
+                pieces.append(encoded)
+
+    def _staging(self) -> Path:
+        directory = self.entry.directory
+        staging = directory.with_name(f".{directory.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        staging.mkdir(parents=True)
+        return staging
+
+    def _publish(self, staging: Path, writer: _ShardWriter, shares: list[dict], processes: int) -> None:
+        if writer.num_docs == 0:
+            raise ValueError(f"corpus is empty: {self.source} yielded no documents with any tokens")
+        manifest = writer.finish(self.header)
+        seconds = time.perf_counter() - self.start
+        _write_json(staging / "build.json", {
+            "seconds": round(seconds, 3), "tokens_per_second": round(writer.num_tokens / seconds),
+            "processes": processes, "threads": self.workers, "shares": shares,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        _move_into_place(staging, self.entry.directory, self.entry.expected)
+        log.info("tokenized %d docs / %d tokens in %.1fs (%.2fM tokens/s) into %s", manifest["num_docs"],
+                 manifest["num_tokens"], seconds, manifest["num_tokens"] / seconds / 1e6, self.entry.directory)
+
+    def _part_path(self, index: int) -> Path:
+        return self.parts_dir / f"part_{index:05d}.npz"
+
+    def _parts_written(self) -> set[int]:
+        try:
+            names = os.listdir(self.parts_dir)
+        except FileNotFoundError:
+            return set()
+        return {int(n[5:-4]) for n in names if n.startswith("part_") and n.endswith(".npz")}
+
+    def _save_part(self, index: int, encoded: Encoded, meta: dict) -> None:
+        path = self._part_path(index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        with open(tmp, "wb") as f:
+            np.savez(f, **encoded._asdict(), meta=np.array(json.dumps(meta)))
+        os.replace(tmp, path)
+
+    def _assemble(self, processes: int) -> None:
+        """Process 0: every part, in order, into the shard files a single process writes."""
+        staging = self._staging()
+        try:
+            writer = _ShardWriter(staging, self.dtype, self.shard_tokens)
+            shares: dict[int, dict] = {}
+            for index in range(len(self.parts)):
+                with np.load(self._part_path(index)) as saved:
+                    encoded = Encoded(*(saved[field] for field in Encoded._fields))
+                    meta = json.loads(str(saved["meta"]))
+                writer.add(encoded)
+                share = shares.setdefault(meta["process"], {"process": meta["process"], "parts": [],
+                                                            "tokens": 0, "seconds": 0.0})
+                share["parts"].append(index)
+                share["tokens"] += len(encoded.tokens)
+                share["seconds"] = max(share["seconds"], meta["seconds"])
+            self._publish(staging, writer, [shares[p] for p in sorted(shares)], processes)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    # ------------------------------------------------------------ waiting
+    def _wait(self, ready: Callable[[], bool], owners: list[int], wait_seconds: float, what: str) -> bool:
+        """Polls until `ready()` (True) or the entry is complete (False, someone else built it); an
+        error when nothing changed for wait_seconds."""
+        last, since, logged, delay = None, time.monotonic(), time.monotonic(), 0.05
+        while True:
+            if self.entry.check() is not None:
+                return False
+            if ready():
+                return True
+            missing = self._missing(owners)
+            now = time.monotonic()
+            if missing != last:
+                last, since = missing, now
+            elif now - since > wait_seconds:
+                raise TimeoutError(
+                    f"token shards {self.entry.directory}: waited {wait_seconds:.0f}s for {what} with no "
+                    f"progress; missing: {missing}. Is every process running with the same data settings, "
+                    f"and does each see the cache directory {self.entry.directory.parent.parent}?")
+            if now - logged > 60:
+                log.info("waiting for %s of %s; missing: %s", what, self.entry.directory.name, missing)
+                logged = now
+            time.sleep(delay)
+            delay = min(2 * delay, 2.0)
+
+    def _missing(self, owners: list[int]) -> str:
+        """Which process's share is not there yet, in words."""
+        if len(self.parts) == 1:
+            return "process 0's build of the whole corpus (a source of one part)"
+        written = self._parts_written()
+        by_owner: dict[int, list[int]] = {}
+        for index, owner in enumerate(owners):
+            if index not in written:
+                by_owner.setdefault(owner, []).append(index)
+        if not by_owner:
+            return "process 0's layout of the written parts into shards"
+        return "; ".join(f"process {owner}'s share ({len(parts)} of its {owners.count(owner)} parts: "
+                         f"{', '.join(self._part_name(i) for i in parts[:3])}{', ...' if len(parts) > 3 else ''})"
+                         for owner, parts in sorted(by_owner.items()))
+
+    def _part_name(self, index: int) -> str:
+        paths = getattr(self.parts[index][0], "paths", None)
+        return os.path.basename(paths[0]) if paths else f"part {index}"
+
+
+def _find_each_other(parts_dir: Path, process_index: int, process_count: int, seconds: float) -> bool:
+    """True when all processes of the job see each other's marker in parts_dir within `seconds`:
+    the cache directory is shared and they can split the build."""
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    markers = [parts_dir / f"process_{i}_of_{process_count}" for i in range(process_count)]
+    markers[process_index].touch()
+    deadline, delay = time.monotonic() + seconds, 0.05
+    while True:
+        absent = [i for i, marker in enumerate(markers) if not marker.exists()]
+        if not absent:
+            return True
+        if time.monotonic() > deadline:
+            break
+        time.sleep(delay)
+        delay = min(2 * delay, 2.0)
+    log.warning("processes %s of %d did not appear in %s within %.0fs: the cache directory seems private "
+                "to each host, so process %d tokenizes the whole corpus (set data.cache_dir to storage every "
+                "host sees to split the work)", absent, process_count, parts_dir.parent.parent, seconds,
+                process_index)
+    markers[process_index].unlink(missing_ok=True)
+    try:
+        parts_dir.rmdir()
+    except OSError:
+        pass
+    return False
 
 
 def _crc32(path: Path) -> int:

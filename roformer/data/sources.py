@@ -1,6 +1,6 @@
 """Text sources: every corpus is an iterator of document strings behind one interface.
 
-`make_source(data_cfg)` picks the source from `data_cfg.source`:
+`make_source(data)` picks the source from the DataConfig's `source`:
   embedded  the Python reference manual text shipped in the standard library
             (`pydoc_data.topics`), split into its sections; needs no data or network
   files     a glob of local files: plain text (documents separated by blank lines)
@@ -12,11 +12,14 @@
             (array_record files, no TensorFlow needed)
 
 A source also has a `fingerprint()` that changes when its content may have
-changed; the shard cache is keyed on it.
+changed (the shard cache is keyed on it), and `parts()`: consecutive pieces (the
+files of a `files` source) that the processes of a multi-process job tokenize
+separately.
 """
 from __future__ import annotations
 
 import abc
+import copy
 import glob
 import gzip
 import hashlib
@@ -29,17 +32,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from roformer.data.config import DataConfig
+
 SOURCES = ("embedded", "files", "hf", "tfds")
 FILE_FORMATS = ("auto", "text", "wikiextractor")
-
-
-def cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
-    """Read `key` from a ConfigDict, a dict or an argparse namespace, with a default."""
-    if isinstance(cfg, Mapping):
-        value = cfg.get(key, default)
-    else:
-        value = getattr(cfg, key, default)
-    return default if value is None else value
 
 
 class TextSource(abc.ABC):
@@ -62,6 +58,12 @@ class TextSource(abc.ABC):
     def fingerprint(self) -> str:
         """Changes whenever the documents may have changed."""
         return sha256_json(self.describe())
+
+    def parts(self) -> list[tuple["TextSource", int]]:
+        """Consecutive pieces whose documents, in order, are this source's documents, each with
+        its size in bytes (to balance the pieces over processes). One piece unless the source
+        can be split (a files source: one per file)."""
+        return [(self, 1)]
 
     def __str__(self) -> str:
         return f"{self.name} source {json.dumps(self.describe(), sort_keys=True)[:300]}"
@@ -165,6 +167,14 @@ class FilesSource(TextSource):
             yield from read_documents(path, self.file_format, on_open=self._track)
             self._bytes_done += os.path.getsize(path)
             self._position = None
+
+    def parts(self) -> list[tuple["FilesSource", int]]:
+        pieces = []
+        for path in self.paths:
+            piece = copy.copy(self)
+            piece.paths = [path]
+            pieces.append((piece, os.path.getsize(path)))
+        return pieces
 
     def _track(self, raw: io.BufferedReader) -> None:
         self._position = raw.tell
@@ -409,18 +419,15 @@ class TFDSSource(TextSource):
 
 # ---------------------------------------------------------------- factory
 
-def make_source(data_cfg: Any) -> TextSource:
-    """Builds the source named by `data_cfg.source` from the other data_cfg fields."""
-    kind = cfg_get(data_cfg, "source", "embedded")
-    if kind == "embedded":
+def make_source(data: DataConfig) -> TextSource:
+    """Builds the source named by `data.source` from the other data settings."""
+    if data.source == "embedded":
         return EmbeddedSource()
-    if kind == "files":
-        return FilesSource(cfg_get(data_cfg, "files", ""), cfg_get(data_cfg, "file_format", "auto"))
-    if kind == "hf":
-        return HFSource(cfg_get(data_cfg, "hf_path", ""), cfg_get(data_cfg, "hf_name", ""),
-                        cfg_get(data_cfg, "hf_split", "train"), cfg_get(data_cfg, "hf_text_column", "text"),
-                        cfg_get(data_cfg, "hf_streaming", False), cfg_get(data_cfg, "hf_data_files", None))
-    if kind == "tfds":
-        return TFDSSource(cfg_get(data_cfg, "tfds_name", ""), cfg_get(data_cfg, "tfds_split", "train"),
-                          cfg_get(data_cfg, "tfds_data_dir", ""), cfg_get(data_cfg, "tfds_text_key", "text"))
-    raise ValueError(f"data.source={kind!r}: expected one of {SOURCES}")
+    if data.source == "files":
+        return FilesSource(data.files, data.file_format)
+    if data.source == "hf":
+        return HFSource(data.hf_path, data.hf_name, data.hf_split, data.hf_text_column, data.hf_streaming,
+                        data.hf_data_files or None)
+    if data.source == "tfds":
+        return TFDSSource(data.tfds_name, data.tfds_split, data.tfds_data_dir, data.tfds_text_key)
+    raise ValueError(f"data.source={data.source!r}: expected one of {SOURCES}")

@@ -258,11 +258,11 @@ def _make_mesh(mesh_cfg, tc: TrainConfig):
 
 
 def _make_data(data_cfg, tc: TrainConfig, init_source):
-    from roformer.data import make_pretrain_data  # the input pipeline is heavy; import on use
+    from roformer.data import DataConfig, make_pretrain_data  # the input pipeline is heavy; import on use
 
-    if init_source is not None and not data_cfg.vocab:   # the tokenizer comes with the checkpoint
-        data_cfg = ml_collections.ConfigDict({**data_cfg.to_dict(), "vocab": str(init_source.tokenizer_file),
-                                              "lowercase": init_source.lowercase})
+    data_cfg = DataConfig.from_mapping(data_cfg)
+    if init_source is not None:   # the tokenizer comes with the checkpoint
+        data_cfg = init_source.with_tokenizer(data_cfg)
     return make_pretrain_data(data_cfg, seq_len=tc.seq_len, batch_size=tc.batch_size // jax.process_count(),
                               seed=tc.seed, process_index=jax.process_index(), process_count=jax.process_count())
 

@@ -48,6 +48,12 @@ class InitCheckpoint:
 
         return load_tokenizer(str(self.tokenizer_file), lowercase=self.lowercase)
 
+    def with_tokenizer(self, data):
+        """The run's DataConfig: with data.vocab empty, this checkpoint's tokenizer."""
+        if data.vocab:
+            return data
+        return dataclasses.replace(data, vocab=str(self.tokenizer_file), lowercase=self.lowercase)
+
     def load(self) -> tuple[ModelConfig, dict]:
         """(ModelConfig, MLM parameters as a pure nested dict)."""
         from flax import nnx
