@@ -43,7 +43,7 @@ from typing import Any, Callable
 import ml_collections
 
 from roformer import report
-from roformer.workdir_lock import WorkdirBusy, workdir_lock
+from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.ablate")
 
@@ -560,16 +560,12 @@ def _write_report(config, workdir: Path, state: AblationState) -> dict:
 
 def main(argv):
     from absl import flags
-    from absl import logging as absl_logging
+
+    from roformer import cli
 
     if len(argv) > 1:
-        raise ValueError(f"unexpected arguments: {argv[1:]}")
-    absl_logging.set_verbosity(absl_logging.WARNING)  # orbax's per-save INFO lines drown the progress
-    logging.getLogger("roformer").setLevel(logging.INFO)
-    try:
-        result = run_ablation(flags.FLAGS.config, flags.FLAGS.workdir)
-    except WorkdirBusy as error:   # one line, not a traceback: nothing went wrong in this run
-        raise SystemExit(f"error: {error}") from None
+        raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
+    result = run_ablation(flags.FLAGS.config, flags.FLAGS.workdir)
     if _is_main_process():
         print((Path(flags.FLAGS.workdir) / report.REPORT_MD).read_text())
     if any(s["status"] == "failed" for s in result["runs"] + result["extension"]["runs"]):
@@ -579,10 +575,12 @@ def main(argv):
 if __name__ == "__main__":
     # Flags are defined only when run as a program: the library function must stay
     # importable next to roformer.pretrain, which defines its own --config.
-    from absl import app, flags
+    from absl import flags
     from ml_collections import config_flags
+
+    from roformer import cli
 
     config_flags.DEFINE_config_file("config", None, "ablation config file (configs/ablation.py[:smoke|reference])")
     flags.DEFINE_string("workdir", None, "directory for all runs and the report")
     flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    cli.run(main, doc=__doc__, help_config=CONFIG_DIR / "ablation.py")

@@ -38,7 +38,7 @@ import orbax.checkpoint as ocp
 import safetensors.numpy
 from flax import nnx, traverse_util
 
-from roformer import rope
+from roformer import cli, rope
 from roformer.positions import POSITION_SCHEMES
 from roformer.model import (
     DTYPES,
@@ -487,6 +487,7 @@ def _copy_tokenizer_files(src: Path, dst: Path) -> None:
 
 # ------------------------------------------------------------------------------- CLI
 
+@cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m roformer.convert", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -505,10 +506,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     if args.command == "from-hf":
-        try:
-            _check_hf_dir(Path(args.hf_dir))
-        except ValueError as error:  # a wrong directory is a usage error, not a crash
-            raise SystemExit(f"from-hf: {error}") from None
+        _check_hf_dir(Path(args.hf_dir))
         config, model = load_hf(args.hf_dir, rope_layout=args.rope_layout, dtype=args.dtype)
         out = save_converted(model, args.out_dir)
         _copy_tokenizer_files(Path(args.hf_dir), out)
@@ -516,6 +514,9 @@ def main(argv: list[str] | None = None) -> None:
               f"to {out}")
         return
     src = Path(args.src_dir)
+    if not src.is_dir():
+        raise cli.UsageError(f"to-hf: {src}: no such directory (expected a from-hf output or a pretraining "
+                             "workdir)")
     if (src / OUR_CONFIG_FILE).is_file():
         config, model = load_converted(src)
         out = save_hf(model, config, args.out_dir)
@@ -527,8 +528,8 @@ def main(argv: list[str] | None = None) -> None:
         if run.tokenizer_file.is_file():
             run.tokenizer().save(out)
     else:
-        raise SystemExit(f"to-hf: {src} has neither {OUR_CONFIG_FILE} (from-hf output) nor {CHECKPOINTS}/ "
-                         f"(a pretraining workdir)")
+        raise cli.UsageError(f"to-hf: {src} has neither {OUR_CONFIG_FILE} (from-hf output) nor {CHECKPOINTS}/ "
+                             "(a pretraining workdir)")
     print(f"wrote HF {HF_ARCHITECTURES[_model_head(model)]} to {out}")
 
 

@@ -6,7 +6,8 @@ writing the same checkpoints and metrics. A lock left by a process that died on 
 host (SIGKILL, OOM, a crash) is taken over with a warning; one held on another host
 cannot be checked from here and is refused. In a multi-host run only process 0 takes
 it: every process of that run shares the workdir. The same process may take it again
-(nested runs); it is released when the outermost `with` exits.
+(nested runs); it is released when the outermost `with` exits, and a workdir the
+lock created is removed again if the run left it empty (e.g. refused a bad config).
 """
 from __future__ import annotations
 
@@ -84,7 +85,9 @@ def workdir_lock(workdir: str | Path) -> Iterator[None]:
         yield
         return
     path = Path(workdir).expanduser().resolve() / LOCK_FILE
+    created = False
     if path not in _depth:
+        created = not path.parent.exists()
         path.parent.mkdir(parents=True, exist_ok=True)
         _acquire(path, {"host": socket.gethostname(), "pid": os.getpid(),
                         "since": time.strftime("%Y-%m-%d %H:%M:%S")})
@@ -98,3 +101,11 @@ def workdir_lock(workdir: str | Path) -> Iterator[None]:
             holder = _read(path)
             if holder and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
                 path.unlink(missing_ok=True)
+            _remove_if_empty(path.parent, created)
+
+
+def _remove_if_empty(directory: Path, created: bool) -> None:
+    """A run refused before it wrote anything leaves no directory it made for the lock."""
+    if created:
+        with contextlib.suppress(OSError):   # not empty: the run wrote into it
+            directory.rmdir()

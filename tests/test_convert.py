@@ -5,6 +5,7 @@ Tiny random models (hidden 32, embedding 24 so `embeddings_project` is exercised
 init LayerNorm to 1/0 and biases to 0, which would hide mapping mistakes).
 """
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -195,6 +196,33 @@ def test_to_hf_from_pretraining_workdir(tmp_path, batch):
     assert_close(our_outputs(ours, batch), hf_outputs(hf, batch), batch)
 
 
+def refused(capsys, argv: list[str]) -> str:
+    """The one stderr line `convert.main(argv)` exits with (status 2, a user error)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        convert.main(argv)
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def test_to_hf_names_a_missing_directory_and_a_missing_step(tmp_path, capsys):
+    assert refused(capsys, ["to-hf", str(tmp_path / "missing"), str(tmp_path / "hf")]) == (
+        f"error: to-hf: {tmp_path / 'missing'}: no such directory (expected a from-hf output or a pretraining "
+        "workdir)")
+    config = ModelConfig(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                         max_position_embeddings=64)
+    state = {"params": nnx.to_pure_dict(nnx.state(RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)), nnx.Param)),
+             "opt_state": {}, "step": jnp.zeros((), jnp.int32)}
+    checkpointer = Checkpointer(tmp_path / "run" / "checkpoints", max_to_keep=1, async_save=False)
+    checkpointer.save(8, state, {}, config.to_dict())
+    checkpointer.close()
+    assert refused(capsys, ["to-hf", str(tmp_path / "run"), str(tmp_path / "hf"), "--step", "7"]).endswith(
+        "has no checkpoint at step 7 (it has steps [8])")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_loaders_return_models_in_eval_mode(tmp_path, batch):
     """Every loader's model is ready for inference as returned: with HF's default dropout
     (0.1) in the config, a model left in training mode would give other logits."""
@@ -281,16 +309,16 @@ def test_conversion_errors(tmp_path):
         convert.read_hf_weights(tmp_path)
 
 
-def test_from_hf_names_a_missing_directory_and_a_pretraining_workdir(tmp_path):
-    with pytest.raises(SystemExit, match=r"from-hf: .*missing: no such directory \(expected an HF RoFormer"):
-        convert.main(["from-hf", str(tmp_path / "missing"), str(tmp_path / "out")])
+def test_from_hf_names_a_missing_directory_and_a_pretraining_workdir(tmp_path, capsys):
+    assert refused(capsys, ["from-hf", str(tmp_path / "missing"), str(tmp_path / "out")]).startswith(
+        f"error: {tmp_path / 'missing'}: no such directory (expected an HF RoFormer")
     with pytest.raises(ValueError, match="no such directory"):
         convert.load_hf(tmp_path / "missing")
 
     workdir = tmp_path / "run"   # what `python -m roformer.pretrain` leaves: checkpoints/ + its config
     (workdir / "checkpoints" / "10").mkdir(parents=True)
     (workdir / "config.json").write_text(json.dumps({"model": {"size": "mini"}, "train": {"steps": 10}}))
-    with pytest.raises(SystemExit, match=r"is a pretraining workdir .* not an HF RoFormer directory: config.json"
-                                         r" plus model.safetensors.* to-hf .*run OUT_DIR"):
-        convert.main(["from-hf", str(workdir), str(tmp_path / "out")])
+    assert re.search(r"is a pretraining workdir .* not an HF RoFormer directory: config.json plus "
+                     r"model.safetensors.* to-hf .*run OUT_DIR", refused(capsys, ["from-hf", str(workdir),
+                                                                                str(tmp_path / "out")]))
     assert not (tmp_path / "out").exists()

@@ -139,15 +139,62 @@ def test_run_glue_from_pretrain_checkpoint(pretrain_workdir, shared_data, tmp_pa
     assert "MNLI-m.tsv" in results["submission"]["missing_files"]
 
 
+def glue_cli(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "roformer.glue", *flags], capture_output=True, text=True,
+                          cwd=glue_config.__file__.rsplit("/configs/", 1)[0], timeout=600)
+
+
 def test_cli_rejects_unknown_task(tmp_path):
-    """The entry point parses per-task overrides and fails with a clear message."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "roformer.glue", "--config=configs/glue.py",
-         "--config.task=sst3", "--config.per_task.rte.learning_rate=2e-5",
-         f"--workdir={tmp_path}"],
-        capture_output=True, text=True, cwd=glue_config.__file__.rsplit("/configs/", 1)[0])
-    assert proc.returncode != 0
-    assert "unknown GLUE task 'sst3'" in proc.stderr
+    """The entry point parses per-task overrides and fails with one clear line."""
+    proc = glue_cli("--config=configs/glue.py", "--config.task=sst3", "--config.per_task.rte.learning_rate=2e-5",
+                    f"--workdir={tmp_path / 'out'}")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["error: unknown GLUE task 'sst3'; choose from cola, sst2, mrpc, stsb, qqp, "
+                                        "mnli, qnli, rte, wnli, ax or 'all'"]
+    assert not (tmp_path / "out").exists()   # the directory made for the lock is gone again
+
+
+def test_missing_task_files_are_named_at_once_before_anything_runs(shared_data, tmp_path):
+    """All nine tasks on the shared data (no QQP, MNLI, RTE, QNLI train): one error naming
+    every missing file, raised before the init checkpoint (here none) is even read."""
+    from roformer.glue import GlueDataError, run_glue
+
+    config = glue_config.get_config()
+    config.task, config.init, config.data_dir = "all", str(tmp_path / "no_such_init"), str(shared_data / "glue")
+    with pytest.raises(GlueDataError) as error:
+        run_glue(config, tmp_path / "out")
+    message = str(error.value)
+    for name in ("QQP/train.tsv", "QQP/dev.tsv", "MNLI/train.tsv", "MNLI/dev_matched.tsv",
+                 "MNLI/dev_mismatched.tsv", "QNLI/train.tsv", "RTE/train.tsv", "RTE/dev.tsv"):
+        assert name in message
+    assert "QNLI/dev.tsv" not in message and "CoLA" not in message
+    assert message.endswith("--config.task=cola,sst2,mrpc,stsb,wnli")
+    assert not (tmp_path / "out").exists()
+
+    data = tmp_path / "glue"   # WNLI without its test file: needed only when predicting
+    (data / "WNLI").mkdir(parents=True)
+    for name in ("train.tsv", "dev.tsv"):
+        shutil.copy(shared_data / "glue" / "WNLI" / name, data / "WNLI" / name)
+    config.task, config.data_dir, config.predict_test = "wnli", str(data), True
+    with pytest.raises(GlueDataError, match=r"GLUE files missing in .*: WNLI/test.tsv. Point config.data_dir"):
+        run_glue(config, tmp_path / "out")
+    config.data_dir = str(tmp_path / "nowhere")
+    with pytest.raises(GlueDataError, match="no such directory"):
+        run_glue(config, tmp_path / "out")
+
+
+def test_library_logs_only_with_verbosity(pretrain_workdir, shared_data, tmp_path):
+    """Loading a pretraining checkpoint makes orbax log at INFO: hidden by default, shown
+    with --verbosity=0. (The run then stops at a refused model size: exit 2, one line.)"""
+    workdir, _ = pretrain_workdir
+    flags = ["--config.task=wnli", f"--config.init={workdir}", f"--config.data_dir={shared_data / 'glue'}",
+             "--config.model.size=mini", f"--workdir={tmp_path / 'out'}"]
+    quiet = glue_cli(*flags)
+    assert quiet.returncode == 2, quiet.stderr[-3000:]
+    assert len(quiet.stderr.splitlines()) == 1 and "does not match the config" in quiet.stderr
+    verbose = glue_cli(*flags, "--verbosity=0")
+    assert verbose.returncode == 2 and "checkpoint_manager.py" in verbose.stderr   # orbax INFO
+    assert verbose.stderr.splitlines()[-1] == quiet.stderr.strip()
 
 
 def test_init_from_hf_roformer_dir(tmp_path, vocab):

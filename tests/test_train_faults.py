@@ -105,6 +105,7 @@ def test_resume_after_sigterm_and_sigkill_matches_uninterrupted_run(tmp_path, ca
     assert term.returncode == 0, term.output[-3000:]
     summary = json.loads((interrupted / "summary.json").read_text())
     assert summary["preempted"] and summary["final_step"] < STEPS
+    assert f"stopped at step {summary['final_step']} (SIGTERM); run the same command again" in term.output
     assert latest_params(interrupted)[0] == summary["final_step"]   # saved at the stop step
 
     kill = run_until(cli(interrupted, cache, **slow), interrupted, summary["final_step"] + 6, signal.SIGKILL)
@@ -170,6 +171,35 @@ def test_rerun_of_a_finished_run_leaves_it_intact(finished_run, cache, tmp_path,
         assert summary == json.loads(files["summary.json"])
         assert summary["final_loss"] is not None and summary["tokens_per_sec"] is not None
         assert {name: (workdir / name).read_bytes() for name in files} == files
+
+
+def test_no_readable_checkpoint_starts_over_saying_so(finished_run, cache, tmp_path):
+    """Every checkpoint corrupt: one warning per checkpoint moved aside, one line saying the
+    run starts from step 0, none of orbax's echo of the failed reads, and at the end one
+    line that says where the outputs are and what to run next."""
+    workdir = tmp_path / "run"
+    shutil.copytree(finished_run, workdir)
+    for path in (workdir / "checkpoints").rglob("state/*"):   # a save killed half-way
+        if path.is_file() and path.name != "_METADATA":
+            path.write_bytes(b"")
+    proc = subprocess.run(cli(workdir, cache, **{"train.steps": 6}), cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warnings = [line for line in proc.stderr.splitlines() if "readable" in line]
+    assert len(warnings) == 2, proc.stderr[-3000:]
+    assert "checkpoint at step 4" in warnings[0] and "unreadable" in warnings[0]
+    assert "trying" not in warnings[0] and "falling back" not in warnings[0]
+    assert warnings[1].endswith(f"no readable checkpoint in {workdir}/checkpoints; starting from step 0 "
+                                f"(the unreadable ones are in {workdir}/corrupt_checkpoints)")
+    for noise in ("Traceback", "Event loop is closed", "never retrieved"):
+        assert noise not in proc.stderr, proc.stderr[-3000:]
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["start_step"] == 0 and summary["final_step"] == 6
+    assert [r["step"] for r in read_metrics(workdir) if "loss" in r] == [1, 2, 3, 4, 5, 6]   # one timeline
+    assert proc.stdout.splitlines()[-1] == (  # the line after the "summary: {...}" line
+        f"done: metrics in {workdir}/metrics.jsonl, TensorBoard in {workdir}/tensorboard, checkpoints in "
+        f"{workdir}/checkpoints. Next, GLUE: python -m roformer.glue --config=configs/glue.py "
+        f"--config.task=<task|all> --config.init={workdir} --workdir={workdir}_glue")
 
 
 def test_resume_logs_each_step_once(finished_run, cache, tmp_path):

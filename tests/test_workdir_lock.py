@@ -56,10 +56,11 @@ def test_second_process_is_refused_at_once_naming_the_holder(tmp_path, caplog):
         message = str(refused.value)
         assert "\n" not in message
         assert f"in use by another run (host {socket.gethostname()}, pid {holder.pid}," in message
-        # ...and another process is refused too, with that one line and no traceback
-        other = subprocess.run([sys.executable, "-c", HOLD, str(tmp_path / "run"), "0"], cwd=REPO,
-                               capture_output=True, text=True)
-        assert other.returncode != 0 and f"pid {holder.pid}" in other.stderr
+        # ...and a command on it is refused too, with that one line, no traceback and status 2
+        other = subprocess.run([sys.executable, "-m", "roformer.glue", "--config.task=wnli",
+                                f"--workdir={tmp_path / 'run'}"], cwd=REPO, capture_output=True, text=True)
+        assert other.returncode == 2
+        assert other.stderr.splitlines() == [f"error: {message}"]
     finally:
         holder.kill()   # SIGKILL: no clean-up, so the lock is left behind, stale
         holder.wait()
@@ -72,6 +73,7 @@ def test_second_process_is_refused_at_once_naming_the_holder(tmp_path, caplog):
 
 
 def test_lock_is_released_when_its_run_ends(tmp_path):
+    (tmp_path / "a").mkdir()
     subprocess.run([sys.executable, "-c", HOLD, str(tmp_path / "a"), "0"], cwd=REPO, check=True,
                    capture_output=True)
     assert (tmp_path / "a").is_dir() and not (tmp_path / "a" / LOCK_FILE).exists()
@@ -79,7 +81,10 @@ def test_lock_is_released_when_its_run_ends(tmp_path):
         with workdir_lock(tmp_path / "b"):
             assert (tmp_path / "b" / LOCK_FILE).is_file()
             raise RuntimeError("boom")
-    assert not (tmp_path / "b" / LOCK_FILE).exists()
+    assert not (tmp_path / "b").exists()   # made for the lock and left empty: removed again
+    with workdir_lock(tmp_path / "c"):
+        (tmp_path / "c" / "metrics.jsonl").write_text("")
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["metrics.jsonl"]
 
 
 def test_stale_lock_is_taken_over_and_a_live_or_foreign_one_refused(tmp_path, caplog):

@@ -67,4 +67,6 @@ def _comparison_line(comparison: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from roformer import cli
+
+    sys.exit(cli.entry_point(main)())

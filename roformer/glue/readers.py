@@ -32,9 +32,7 @@ def read_split(task: TaskSpec, split: str, *, source: str = "local", data_dir: s
         raise ValueError(f"task {task.name} has no split {split!r}; "
                          f"it has {', '.join(task.splits)}")
     if source == "local":
-        if not data_dir:
-            raise ValueError("config.data_dir is empty: point it at a GLUE dir in the "
-                             "download_glue_data.py layout (e.g. ../shared/data/glue)")
+        check_data_dir(data_dir)
         return read_local(task, split, data_dir)
     if source == "hf":
         return read_hf(task, split, hf_path=hf_path, cache_dir=hf_cache_dir)
@@ -44,6 +42,12 @@ def read_split(task: TaskSpec, split: str, *, source: str = "local", data_dir: s
 
 
 # ---------------------------------------------------------------- local TSV
+
+def check_data_dir(data_dir: str) -> None:
+    if not data_dir:
+        raise ValueError("config.data_dir is empty: point it at a GLUE dir in the "
+                         "download_glue_data.py layout (e.g. ../shared/data/glue)")
+
 
 def local_path(task: TaskSpec, split: str, data_dir: str | Path) -> Path:
     return Path(data_dir) / task.local_dir / task.local[split].file

@@ -22,7 +22,7 @@ from roformer.glue import features as features_lib
 from roformer.glue.finetune import Protocol, create_model, finetune, predict
 from roformer.glue.init import encoder_state, load_init, resolve_model_config
 from roformer.glue.metrics import glue_scores, task_metrics
-from roformer.glue.readers import read_split
+from roformer.glue.readers import GlueDataError, check_data_dir, local_path, read_split
 from roformer.glue.submission import missing_submission_files, write_predictions, zip_submission
 from roformer.glue.tasks import TASKS, TaskSpec, parse_task_list
 from roformer.workdir_lock import workdir_lock
@@ -76,13 +76,9 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
     train = _limit(read_split(task, task.train_split, **read), protocol.max_train_examples)
     evals = {s: _limit(read_split(task, s, **read), config.max_eval_examples)
              for s in task.eval_splits}
-    # Test splits this task's model predicts: its own, plus AX for MNLI.
     tests = {}
     if submission_dir is not None:
-        tests = {(task.name, s): read_split(task, s, **read) for s in task.test_splits}
-        for other in TASKS.values():
-            if other.predicted_by == task.name:
-                tests |= {(other.name, s): read_split(other, s, **read) for s in other.test_splits}
+        tests = {(t.name, s): read_split(t, s, **read) for t, s in predicted_splits(task)}
 
     def feats(examples):
         return features_lib.featurize(examples, tokenizer, protocol.max_seq_len,
@@ -129,6 +125,37 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
                               test_predictions[chosen][(t, split)])
         out["submitted_seed"] = chosen
     return out
+
+
+def predicted_splits(task: TaskSpec) -> list[tuple[TaskSpec, str]]:
+    """The test splits `task`'s model predicts: its own, plus AX for MNLI."""
+    return [(t, s) for t in TASKS.values() if t is task or t.predicted_by == task.name
+            for s in t.test_splits]
+
+
+def check_local_files(tasks: list[str], config) -> None:
+    """Before anything trains: every split the run reads from a local GLUE dir is there,
+    or one GlueDataError names all that are missing (HF / TFDS are read as they come)."""
+    if config.source != "local":
+        return
+    check_data_dir(config.data_dir)
+    if not Path(config.data_dir).is_dir():
+        raise GlueDataError(f"config.data_dir={config.data_dir!r}: no such directory (expected a GLUE dir in "
+                            "the download_glue_data.py layout)")
+    missing, complete = [], []
+    for name in tasks:
+        task = TASKS[name]
+        splits = [(task, s) for s in (task.train_split, *task.eval_splits) if s]
+        splits += predicted_splits(task) if config.predict_test else []
+        absent = [f"{t.local_dir}/{t.local[s].file}" for t, s in splits
+                  if not local_path(t, s, config.data_dir).is_file()]
+        missing += absent
+        complete += [] if absent else [name]
+    if missing:
+        runnable = (f", or run only the tasks whose files are all there: --config.task={','.join(complete)}"
+                    if complete else "")
+        raise GlueDataError(f"GLUE files missing in {config.data_dir}: {', '.join(missing)}. Point "
+                            f"config.data_dir at a complete GLUE copy{runnable}")
 
 
 def median_seed(task: TaskSpec, seeds: dict, medians: dict) -> int:
@@ -184,6 +211,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
             tasks.append("mnli")
     if config.seeds < 1:
         raise ValueError(f"config.seeds must be >= 1, got {config.seeds}")
+    check_local_files(tasks, config)
 
     init = load_init(config.init, step=config.init_step)
     if config.vocab:

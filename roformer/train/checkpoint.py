@@ -2,13 +2,15 @@
 
 Layout: `workdir/checkpoints/<step>/{state,data,model_config}`. Saves are async and
 keep the last K; restore walks back from the newest step, so a corrupt or partial
-newest checkpoint is moved aside with a warning and the previous one is used.
+newest checkpoint is moved aside with a warning and the previous one is used; when
+none is readable, training starts from step 0 with a warning that says so.
 """
 from __future__ import annotations
 
 import json
 import logging
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,62 @@ def _allgather_json(obj: Any) -> list[Any]:
     padded[:encoded.size] = encoded
     gathered = multihost_utils.process_allgather(padded)
     return [json.loads(bytes(row[:n]).decode()) for row, n in zip(gathered, lengths.reshape(-1))]
+
+
+def _code_in(tb) -> list:
+    """The code objects of a traceback's frames, outermost first."""
+    codes = []
+    while tb is not None:
+        codes.append(tb.tb_frame.f_code)
+        tb = tb.tb_next
+    return codes
+
+
+def _is_closed_loop_callback(unraisable) -> bool:
+    """A RuntimeError('Event loop is closed') from asyncio's call_soon_threadsafe, called
+    from outside Python (no object): a tensorstore read completing after orbax closed the
+    event loop that awaited it."""
+    error = unraisable.exc_value
+    if not isinstance(error, RuntimeError) or str(error) != "Event loop is closed" or unraisable.object:
+        return False
+    return any(code.co_name == "call_soon_threadsafe" for code in _code_in(unraisable.exc_traceback))
+
+
+class _AbandonedOrbaxTasks(logging.Filter):
+    """asyncio's 'Task/Future exception was never retrieved' for an error raised in orbax."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if not message.startswith(("Task exception was never retrieved", "Future exception was never retrieved")):
+            return True
+        files = [code.co_filename for code in _code_in(record.exc_info[2] if record.exc_info else None)]
+        return not any("orbax/checkpoint" in name for name in [message, *files])
+
+
+def _quiet_failed_restores() -> None:
+    """Silence the echo of a failed restore (installed once per process, before the first).
+
+    When one array of a checkpoint cannot be read, orbax's restore raises at once and
+    closes the event loop it ran on, while tensorstore still finishes the other reads
+    and orbax's other tasks still end: each finished read then calls
+    `loop.call_soon_threadsafe` on the closed loop, which Python prints as an unraisable
+    RuntimeError, and each orphaned task that failed is logged by asyncio as 'Task (or
+    Future) exception was never retrieved'. That is hundreds of tracebacks after one
+    corrupt checkpoint, saying nothing the restore error did not. Exactly those are
+    dropped; every other unraisable exception goes to the previous hook."""
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _AbandonedOrbaxTasks) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_AbandonedOrbaxTasks())
+    if getattr(sys.unraisablehook, "drops_closed_loop_callbacks", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if not _is_closed_loop_callback(unraisable):
+            previous(unraisable)
+
+    hook.drops_closed_loop_callbacks = True
+    sys.unraisablehook = hook
 
 
 class Checkpointer:
@@ -70,25 +128,31 @@ class Checkpointer:
 
     def restore_latest(self, abstract_state) -> tuple[int, Any, dict | None] | None:
         """(step, state, this process's data-iterator state) from the newest readable
-        checkpoint; None if the directory holds none. `abstract_state` carries the
-        shapes, dtypes and shardings to restore into."""
-        for step in sorted(self.manager.all_steps(), reverse=True):
+        checkpoint; None if the directory holds none (then training starts from step 0,
+        said in one warning when unreadable checkpoints were moved aside). `abstract_state`
+        carries the shapes, dtypes and shardings to restore into."""
+        _quiet_failed_restores()
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        for index, step in enumerate(steps):
             try:
                 restored = self.manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract_state),
                     data=ocp.args.JsonRestore()))
             except Exception as error:  # noqa: BLE001 - any unreadable step is skipped
-                self._move_aside(step, error)
+                self._move_aside(step, error, next_step=steps[index + 1] if index + 1 < len(steps) else None)
                 continue
             data = restored["data"] or {}
             return step, restored["state"], data.get(f"process_{jax.process_index()}")
+        if steps:
+            log.warning("no readable checkpoint in %s; starting from step 0 (the unreadable ones are in %s)",
+                        self.directory, self.directory.parent / "corrupt_checkpoints")
         return None
 
-    def _move_aside(self, step: int, error: Exception) -> None:
+    def _move_aside(self, step: int, error: Exception, *, next_step: int | None) -> None:
         aside = self.directory.parent / "corrupt_checkpoints" / str(step)
-        log.warning("checkpoint at step %d in %s is unreadable (%s: %s); moving it to %s and "
-                    "falling back to the previous checkpoint", step, self.directory,
-                    type(error).__name__, str(error).splitlines()[0][:200], aside)
+        log.warning("checkpoint at step %d in %s is unreadable (%s: %s); moving it to %s%s", step,
+                    self.directory, type(error).__name__, str(error).splitlines()[0][:200], aside,
+                    "" if next_step is None else f" and trying step {next_step}")
         if jax.process_index() == 0:
             aside.parent.mkdir(parents=True, exist_ok=True)
             if aside.exists():

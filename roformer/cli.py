@@ -1,0 +1,253 @@
+"""What every command line (`python -m roformer.<command>`) shares.
+
+- **User errors** print one line, `error: <what is wrong>`, on stderr and exit with status 2,
+  without a traceback. They are: a mistyped flag or config key (with a did-you-mean), a
+  config file that does not exist, a value refused by the project's own checks (a
+  `ValueError`, such as `GlueDataError`, thrown by a `raise` statement in roformer/ or
+  configs/), a missing input file (`FileNotFoundError`) and a workdir in use
+  (`WorkdirBusy`). Anything else is a bug and keeps its traceback; `ROFORMER_TRACEBACK=1`
+  in the environment shows the traceback of user errors too.
+- **Logging:** the project's own progress lines (INFO of the `roformer` loggers) show;
+  library INFO lines (jax, orbax, absl) do not, unless `--verbosity`/`-v` is given:
+  0 shows INFO, 1 DEBUG, -1 warnings only (for every logger).
+- **`--help`** prints the command's usage and every config key with its default (of the
+  file given with `--config`, else of the command's default config file) and exits 0.
+"""
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+import linecache
+import logging
+import os
+import re
+import runpy
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+EXIT_USER_ERROR = 2
+TRACEBACK_ENV = "ROFORMER_TRACEBACK"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = PROJECT_ROOT / "configs"
+# Code whose explicit `raise ValueError(...)` is a check of the user's input.
+_CHECKING_CODE = (PROJECT_ROOT / "roformer", CONFIG_DIR)
+_HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort")
+
+
+class UsageError(Exception):
+    """A command-line mistake: unknown config key or flag, missing config file, stray arguments."""
+
+
+def is_user_error(error: BaseException) -> bool:
+    """Whether `error` is the user's to fix (see the module doc); False means a bug."""
+    from absl import app, flags
+
+    from roformer.workdir_lock import WorkdirBusy
+
+    if isinstance(error, (UsageError, app.UsageError, flags.Error, WorkdirBusy, FileNotFoundError)):
+        return True
+    return isinstance(error, ValueError) and _raised_by_project_check(error)
+
+
+def _raised_by_project_check(error: BaseException) -> bool:
+    """The innermost frame is a `raise` statement in roformer/ or configs/ (not, say, a
+    ValueError from numpy or from unpacking inside our code)."""
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    filename = Path(tb.tb_frame.f_code.co_filename).resolve()
+    if not any(filename.is_relative_to(directory) for directory in _CHECKING_CODE):
+        return False
+    return linecache.getline(str(filename), tb.tb_lineno).strip().startswith("raise")
+
+
+def error_line(error: BaseException) -> str:
+    """`error`'s message on one line."""
+    if isinstance(error, FileNotFoundError) and error.filename:
+        return f"no such file or directory: {error.filename}"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if any(line.startswith("Traceback (most recent call last)") for line in lines):
+        # absl/ml_collections put the traceback of a failing get_config() into the
+        # message: keep its first line and the error at its end.
+        head = lines[0].replace("Error whilst parsing config file:", "").strip()
+        return f"{head} {re.sub(r'^[A-Za-z_.]*Error: ', '', lines[-1])}"
+    text = ""
+    for line in lines:
+        text += line if not text else (" " if text.endswith(":") else "; ") + line
+    return text or type(error).__name__
+
+
+def show_tracebacks() -> bool:
+    return os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn a user error raised in the block into one stderr line and exit status 2."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - anything else is re-raised untouched
+        if show_tracebacks() or not is_user_error(error):
+            raise
+        print(f"error: {error_line(error)}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_USER_ERROR) from None
+
+
+def entry_point(main: Callable) -> Callable:
+    """Decorator for an argparse `main(argv)`: user errors become one line and status 2."""
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs):
+        with user_errors():
+            return main(*args, **kwargs)
+    return wrapped
+
+
+# --------------------------------------------------------------------------- absl entry points
+
+
+def run(main: Callable[[list[str]], object], *, doc: str, default_config: str | Path | None = None,
+        help_config: str | Path | None = None) -> None:
+    """`absl.app.run(main)` with this module's errors, logging and `--help`.
+
+    `doc` heads the help text. `default_config` is the config file used when the command
+    line gives no `--config` (define the flag with default None: ml_collections would
+    apply the overrides to a default at import, before any error handling);
+    `help_config` is the file `--help` lists when neither is given."""
+    from absl import app
+
+    if default_config is not None and _config_spec(sys.argv) is None:
+        sys.argv.insert(1, f"--config={default_config}")   # the config flag reads sys.argv itself
+    parse = functools.partial(_parse_flags, doc=doc, help_config=help_config)
+    app.run(functools.partial(_run_main, main), argv=sys.argv, flags_parser=parse)
+
+
+def _run_main(main, argv):
+    _configure_logging()
+    with user_errors():
+        return main(argv)
+
+
+def _configure_logging() -> None:
+    """Library INFO off, the project's INFO on; an explicit --verbosity rules every logger.
+    (absl already set the root level from --verbosity while parsing flags.)"""
+    from absl import flags
+
+    if flags.FLAGS["verbosity"].present:
+        logging.getLogger("roformer").setLevel(logging.NOTSET)
+    else:
+        logging.getLogger().setLevel(logging.WARNING)
+        logging.getLogger("roformer").setLevel(logging.INFO)
+
+
+def _parse_flags(argv: list[str], *, doc: str, help_config) -> list[str]:
+    from absl import flags
+
+    with user_errors():
+        given = _config_spec(argv)
+        spec = given or (str(help_config) if help_config else None)
+        if spec is not None:
+            path = spec.split(":", 1)[0]
+            if not Path(path).is_file():
+                raise UsageError(f"--config={spec}: no such config file {path}")
+        if any(arg in _HELP_FLAGS for arg in argv[1:]):
+            print(help_text(doc, spec, given=given is not None))
+            raise SystemExit(0)
+        try:
+            return flags.FLAGS(argv)
+        except (AttributeError, KeyError) as error:   # ml_collections: an override names no key
+            message = spec and _unknown_key_message(spec, argv)
+            if not message:
+                raise
+            raise UsageError(message) from error
+
+
+def _config_spec(argv: list[str]) -> str | None:
+    """The value of --config (`path[:arg]`) on the command line, if given."""
+    for i, arg in enumerate(argv[1:], start=1):
+        match = re.match(r"^--?config(=|$)", arg)
+        if match:
+            return arg.split("=", 1)[1] if match.group(1) else (argv[i + 1] if i + 1 < len(argv) else None)
+    return None
+
+
+def load_config(spec: str):
+    """`get_config([arg])` of the config file `path[:arg]`, called as --config calls it."""
+    path, colon, arg = spec.partition(":")
+    get_config = runpy.run_path(path)["get_config"]
+    return get_config(arg) if colon else get_config()
+
+
+def _unknown_key_message(spec: str, argv: list[str]) -> str | None:
+    config = load_config(spec)
+    for arg in argv[1:]:
+        match = re.match(r"^--?(?:no)?config\.([^=]+)", arg)
+        if match:
+            message = unknown_key(config, match.group(1))
+            if message:
+                return f"--config.{match.group(1)}: {spec} {message}"
+    return None
+
+
+def unknown_key(config, path: str) -> str | None:
+    """None if the dotted `path` names a key of `config`, else what is wrong, with the
+    closest existing key."""
+    import ml_collections
+
+    node, seen = config, []
+    for part in path.split("."):
+        if not isinstance(node, ml_collections.ConfigDict):
+            return f"has a value, not a section, at {'.'.join(seen)}"
+        if part not in node:
+            keys = list(node.keys())
+            close = difflib.get_close_matches(part, keys, n=1)
+            message = f"has no key {'.'.join(seen + [part])}"
+            if close:
+                return f"{message}; did you mean --config.{'.'.join(seen + close)}?"
+            return f"{message}; {'.'.join(seen) or 'the top level'} has: {', '.join(keys)}"
+        node, seen = node[part], seen + [part]
+    return None
+
+
+def help_text(doc: str, spec: str | None, *, given: bool = True) -> str:
+    """The command's doc, its flags and every key of the config file `spec` with its
+    default (`given`: spec came from the command line rather than the command's default)."""
+    from absl import flags
+
+    lines = [doc.strip(), "", "flags:"]
+    for flag in flags.FLAGS.get_key_flags_for_module(sys.argv[0]):
+        lines.append(f"  --{flag.name}: {flag.help}")
+    lines += ["  --verbosity=N, -v N: library log lines (jax, orbax): 0 INFO, 1 DEBUG, -1 warnings only "
+              "(default: only this project's progress lines)",
+              f"environment: {TRACEBACK_ENV}=1 shows the traceback of an error", ""]
+    if spec is None:
+        return "\n".join(lines + ["give --config=FILE with --help to list that file's keys"])
+    shown = _short_path(spec)
+    lines.append(f"config keys of {shown} with their defaults; set any with --config.<key>=VALUE"
+                 + ("" if given else " (give --config=FILE --help for another file's values)") + ":")
+    keys = list(_flatten(load_config(spec).to_dict()))
+    keys.sort(key=lambda item: "." in item[0])   # top-level settings first, then each section
+    section = ""
+    for key, value in keys:
+        top = key.split(".", 1)[0] if "." in key else ""
+        if top != section:
+            lines += [""] if lines[-1].startswith("  ") else []
+            section = top
+        lines.append(f"  {key} = {value!r}")
+    return "\n".join(lines)
+
+
+def _short_path(spec: str) -> str:
+    relative = os.path.relpath(spec)
+    return spec if relative.startswith("..") else relative
+
+
+def _flatten(tree: dict, prefix: str = "") -> Iterator[tuple[str, object]]:
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value

@@ -1,0 +1,103 @@
+"""What every command line shares (roformer/cli.py): a user error is one stderr line and
+exit status 2 (ROFORMER_TRACEBACK=1 brings the traceback back), a misspelt config key
+gets a did-you-mean, a bug keeps its traceback, library INFO logs only with --verbosity,
+and --help lists the config keys with their defaults."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from roformer import cli
+from roformer.glue.readers import read_local
+from roformer.glue.tasks import TASKS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+def test_misspelt_config_key_is_one_line_with_a_did_you_mean(tmp_path):
+    command = ("roformer.pretrain", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
+               "--config.train.stepz=5")
+    assert one_error_line(run(*command)) == (
+        "error: --config.train.stepz: configs/tiny.py has no key train.stepz; did you mean --config.train.steps?")
+    shown = run(*command, env={cli.TRACEBACK_ENV: "1"})
+    assert shown.returncode != 0 and "Traceback (most recent call last)" in shown.stderr
+    # GLUE's config file is the default one when --config is not given
+    line = one_error_line(run("roformer.glue", f"--workdir={tmp_path / 'glue'}", "--config.tsk=sst2"))
+    assert line.endswith("configs/glue.py has no key tsk; did you mean --config.task?")
+    line = one_error_line(run("roformer.ablate", "--config=configs/ablation.py:smoke",
+                              f"--workdir={tmp_path / 'ablation'}", "--config.pretrain.trian.steps=5"))
+    assert line.endswith("has no key pretrain.trian; did you mean --config.pretrain.train?")
+    assert not any(tmp_path.iterdir())
+
+
+def test_refused_input_is_one_line_without_a_workdir_left_behind(tmp_path):
+    """A value our checks refuse (here a data glob that matches nothing, found after the
+    workdir lock was taken) ends the run with one line and no empty workdir."""
+    command = ("roformer.pretrain", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
+               "--config.data.source=files", f"--config.data.files={tmp_path}/nothing*")
+    assert one_error_line(run(*command)) == f"error: data.files: glob '{tmp_path}/nothing*' matched no files"
+    assert not (tmp_path / "run").exists()
+    shown = run(*command, env={cli.TRACEBACK_ENV: "1"})
+    assert "Traceback (most recent call last)" in shown.stderr and "ValueError: data.files" in shown.stderr
+
+
+def test_flag_mistakes_and_a_missing_config_file_are_one_line(tmp_path):
+    workdir = f"--workdir={tmp_path / 'run'}"
+    assert one_error_line(run("roformer.pretrain", "--config=configs/tny.py", workdir)) == (
+        "error: --config=configs/tny.py: no such config file configs/tny.py")
+    assert "did you mean: workdir" in one_error_line(run("roformer.pretrain", "--config=configs/tiny.py",
+                                                         f"--workdr={tmp_path}")).lower()
+    assert one_error_line(run("roformer.pretrain", "--config=configs/tiny.py:size=mini,foo=1", workdir)) == (
+        "error: flag --config=configs/tiny.py:size=mini,foo=1: unknown config argument(s) ['foo']; "
+        "known: ['size', 'source']")
+    assert one_error_line(run("roformer.pretrain", "--config=configs/tiny.py", workdir, "stray")) == (
+        "error: unexpected arguments: ['stray']")
+
+
+@pytest.mark.parametrize("command, config, expected", [
+    ("roformer.pretrain", None, ["--workdir:", "config keys of configs/base.py", "train.steps = 1000",
+                                 "model.position = 'rope'"]),
+    ("roformer.pretrain", "configs/tiny.py:size=mini", ["config keys of configs/tiny.py:size=mini",
+                                                        "train.steps = 250", "model.size = 'mini'"]),
+    ("roformer.glue", None, ["config keys of configs/glue.py", "task = 'all'", "per_task.rte.learning_rate = None"]),
+    ("roformer.ablate", "configs/ablation.py:smoke", ["schemes = ", "pretrain.train.steps = ", "glue.task = "]),
+])
+def test_help_exits_0_listing_the_config_keys(command, config, expected):
+    proc = run(command, *([f"--config={config}"] if config else []), "--help")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for text in expected + ["--verbosity", cli.TRACEBACK_ENV]:
+        assert text in proc.stdout, text
+
+
+def test_user_errors_are_precise(tmp_path, capsys):
+    """A ValueError our code raises on bad input (here GlueDataError) is the user's;
+    a ValueError from elsewhere (numpy) is a bug and keeps its traceback."""
+    with pytest.raises(SystemExit) as exited, cli.user_errors():
+        read_local(TASKS["sst2"], "train", tmp_path)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"error: SST-2 train split not found: no file {tmp_path}/SST-2/train.tsv\n"
+    with pytest.raises(ValueError, match="reshape"), cli.user_errors():
+        np.zeros(4).reshape(3)
+    with pytest.raises(KeyError), cli.user_errors():
+        {}["bug"]
+    assert cli.is_user_error(FileNotFoundError(2, "No such file or directory", "x.txt"))
+    assert cli.error_line(FileNotFoundError(2, "No such file or directory", "x.txt")) == (
+        "no such file or directory: x.txt")
+    assert cli.error_line(ValueError("a differs:\n  x: 1 vs 2\nUse a new workdir")) == (
+        "a differs: x: 1 vs 2; Use a new workdir")
