@@ -97,6 +97,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     train.clip_norm = 1.0
     train.grad_accum = 1            # micro-batches per optimizer step
     train.seed = 0
+    train.dropout_rng_impl = "threefry2x32"   # dropout keys: threefry2x32 | rbg | unsafe_rbg
     train.phases = ""               # 'steps:seq_len:batch_size,...' phases run in order (overrides
                                     # steps/seq_len/batch_size), e.g. '900:128:32,100:512:8'
     train.init_from = ""            # warm start (parameters only, step 0): a pretraining workdir, an

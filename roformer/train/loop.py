@@ -205,7 +205,8 @@ def _train_phase(config, workdir: Path) -> dict:
 
         # --- state: restore the newest readable checkpoint, else initialise ----------
         tx, schedule = make_optimizer(tc)
-        setup = TrainSetup(model_cfg, tx, schedule, mesh, seed=tc.seed)
+        setup = TrainSetup(model_cfg, tx, schedule, mesh, seed=tc.seed,
+                           dropout_rng_impl=tc.dropout_rng_impl)
         with jax.set_mesh(mesh):
             rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step
             restored = checkpointer.restore_latest(setup.sharded_abstract_state())
