@@ -25,6 +25,7 @@ against the matmul rate measured in the same rounds (as in `step`).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import statistics
@@ -237,20 +238,28 @@ def bench_shape(size: str, seq_len: int, batch_size: int, args: argparse.Namespa
     return rows, comparisons, unavailable, versions
 
 
-def run(args: argparse.Namespace) -> dict:
-    import torch
-    import transformers
+def installed_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
+
+def run(args: argparse.Namespace) -> dict:
+    versions = {"torch": installed_version("torch"), "transformers": installed_version("transformers")}
+    if any(name.startswith("hf_torch") for name in args.peers) and versions["torch"]:
+        import torch
+
+        if args.torch_threads > 0:
+            torch.set_num_threads(args.torch_threads)
+        versions["torch_threads"] = torch.get_num_threads()
     rows, comparisons, notes = [], [], []
     peers = {name: {"measured": [], "not_available": {}} for name in args.peers}
-    flax_versions = {}
     for size, seq_len, batch_size in args.shapes:
-        shape_rows, shape_comparisons, unavailable, versions = bench_shape(size, seq_len, batch_size, args)
+        shape_rows, shape_comparisons, unavailable, flax_versions = bench_shape(size, seq_len, batch_size, args)
         rows += shape_rows
         comparisons += shape_comparisons
-        flax_versions.update(versions.get("hf_flax", {}))
+        versions.update(flax_versions)
         shape = shape_rows[0]["shape"]
         for name in args.peers:
             if name in unavailable:
@@ -259,8 +268,6 @@ def run(args: argparse.Namespace) -> dict:
             else:
                 peers[name]["measured"].append(shape)
     return {"rows": rows, "columns": TABLE_COLUMNS, "comparisons": comparisons, "notes": notes,
-            "peers": peers,
-            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                         "torch_threads": torch.get_num_threads(), "hf_flax": flax_versions or None},
+            "peers": peers, "versions": versions,
             "settings": {k: (["/".join(map(str, s)) for s in v] if k == "shapes" else v)
                          for k, v in vars(args).items() if k != "json"}}
