@@ -1,14 +1,25 @@
-"""Smoke tests of the benchmarks: tiny shapes, one round, well-formed rows and JSON.
+"""Smoke tests of the benchmarks: tiny shapes, one or two rounds, well-formed rows and JSON.
 
 Timings are not checked (the machine is shared); only that each benchmark runs
 end to end through `python -m roformer.bench`'s main and reports what it should.
 """
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from roformer.bench import __main__ as bench_main
 from roformer.bench.common import alternate, format_table, ratio_stats
+from roformer.bench.hf import FLAX_PYTHON_ENV, FlaxPortPeer
+from roformer.model import ModelConfig
+
+REPO = Path(__file__).resolve().parents[1]
+# A Python environment with transformers < 5 (which still has FlaxRoFormerForMaskedLM),
+# beside the project like the shared data, or named by the environment variable.
+FLAX_PYTHON = Path(os.environ.get(FLAX_PYTHON_ENV) or REPO.parent / "venv-tf4" / "bin" / "python")
 
 
 def run_bench(tmp_path, *argv):
@@ -18,7 +29,12 @@ def run_bench(tmp_path, *argv):
     assert result["benchmark"] == argv[0]
     assert result["machine"]["platform"] == "cpu"
     assert result["rows"]
+    assert "target" not in out.read_text()   # benchmarks report figures; targets live in the docs
     return result
+
+
+def within(row, column):
+    return row[f"{column}_min"] <= row[column] <= row[f"{column}_max"]
 
 
 def test_ratio_stats_and_alternate():
@@ -30,21 +46,22 @@ def test_ratio_stats_and_alternate():
     assert format_table([{"x": 1.23456, "y": "z"}]).splitlines()[2] == "| 1.235 | z |"
 
 
-@pytest.mark.parametrize("backward", [False, True])
-def test_rope_bench(tmp_path, capsys, backward):
-    result = run_bench(tmp_path, "rope", "--lengths", "8", "16", "--dtypes", "float32", "bfloat16",
-                       "--heads", "2", "--head-dim", "8", "--rounds", "2", "--iters", "1",
-                       *(["--backward"] if backward else []))
+def test_rope_bench_covers_lengths_batches_and_passes(tmp_path, capsys):
+    result = run_bench(tmp_path, "rope", "--lengths", "8", "16", "--batches", "1", "2", "--heads", "2",
+                       "--head-dim", "8", "--rounds", "2", "--iters", "1")
     variants = {"copy", "complex", "complex_half", "complex_stack", "real_interleaved", "rotate_half",
                 "cis_table"}
-    assert {r["variant"] for r in result["rows"]} == variants
-    assert len(result["rows"]) == 2 * 2 * len(variants)
-    assert {r["pass"] for r in result["rows"]} == {"fwd+bwd" if backward else "fwd"}
-    assert all(r["ms"] > 0 and r["x_copy_min"] <= r["x_copy"] <= r["x_copy_max"] for r in result["rows"])
-    targeted = [c for c in result["comparisons"] if "target" in c]
-    assert len(targeted) == 4 and all(isinstance(c["met"], bool) for c in targeted)  # 2 per dtype
+    rows = result["rows"]
+    assert {(r["batch"], r["length"], r["pass"]) for r in rows} == {
+        (b, n, p) for b in (1, 2) for n in (8, 16) for p in ("fwd", "fwd+bwd")}
+    assert len(rows) == 8 * len(variants) and {r["variant"] for r in rows} == variants
+    assert {r["dtype"] for r in rows} == {"float32"}
+    assert all(r["ms"] > 0 and within(r, "x_copy") and within(r, "x_real") for r in rows)
+    for row in rows:
+        if row["variant"] in ("copy", row["fastest_real"]):   # each shape's references
+            assert row["x_copy" if row["variant"] == "copy" else "x_real"] == 1.0
     printed = capsys.readouterr().out
-    assert "| variant |" in printed and "| complex |" in printed and "complex / copy" in printed
+    assert "| variant |" in printed and "| complex |" in printed and "| x_real |" in printed
 
 
 def test_step_and_scaling_bench(tmp_path):
@@ -52,10 +69,11 @@ def test_step_and_scaling_bench(tmp_path):
     # the accelerator path's switches: fused attention needs attention dropout off
     result = run_bench(tmp_path, "step", "--sizes", "tiny", "--seq-lens", "16", "--batch", "2",
                        "--schemes", "learned", "rope", "--attention-impl", "xla", "--attention-dropout", "0",
-                       *common)
-    rows = {r["scheme"]: r for r in result["rows"]}
-    assert set(rows) == {"learned", "rope"}
-    assert rows["learned"]["x_learned"] == 1.0
+                       "--dropout-rng-impls", "threefry2x32", "rbg", *common)
+    rows = {(r["scheme"], r["dropout_rng"]): r for r in result["rows"]}
+    assert set(rows) == {(s, i) for s in ("learned", "rope") for i in ("threefry2x32", "rbg")}
+    assert rows["learned", "rbg"]["x_learned"] == 1.0 and rows["rope", "threefry2x32"]["x_dropout_ref"] == 1.0
+    assert rows["rope", "rbg"]["x_dropout_ref"] > 0
     assert all(r["tokens_s"] > 0 and r["mfu"] > 0 and r["GFLOP_step"] > 0 for r in rows.values())
 
     result = run_bench(tmp_path, "scaling", "--size", "tiny", "--seq-lens", "32", "--tokens", "64",
@@ -64,14 +82,99 @@ def test_step_and_scaling_bench(tmp_path):
     assert result["rows"][0]["growth"] == 1.0 and result["rows"][0]["ms_per_1k_tokens"] > 0
 
 
-def test_hf_bench(tmp_path):
-    result = run_bench(tmp_path, "hf", "--size", "tiny", "--seq-len", "16", "--batch", "2",
-                       "--vocab-size", "64", "--rounds", "1", "--iters", "1")
-    assert [r["impl"] for r in result["rows"]] == ["ours_jax", "hf_torch"]
-    assert result["comparisons"][0]["median"] > 0
-    assert "target" not in result["comparisons"][0]  # the target is stated at mini/128/32 only
+def test_hf_bench_with_torch_compile_and_an_unavailable_flax_port(tmp_path, capsys):
+    """Ours vs HF torch eager and torch.compile (the aot_eager backend: the same dynamo and
+    autograd capture as inductor, without its C++ build, which takes minutes on a CPU),
+    and the Flax port reported as not available when its Python cannot run."""
+    missing = tmp_path / "no-such-venv" / "python"
+    result = run_bench(tmp_path, "hf", "--shapes", "tiny/16/2", "tiny/32/1", "--vocab-size", "64",
+                       "--rounds", "1", "--iters", "1", "--peak-size", "128",
+                       "--torch-compile-backend", "aot_eager", "--flax-python", str(missing))
+    assert [(r["shape"], r["impl"]) for r in result["rows"]] == [
+        (shape, impl) for shape in ("tiny/16/2", "tiny/32/1") for impl in ("ours_jax", "hf_torch", "hf_torch_compile")]
+    ours = [r for r in result["rows"] if r["impl"] == "ours_jax"]
+    assert all(r["mfu"] > 0 and r["tokens_s"] > 0 for r in ours)
+    peers = [r for r in result["rows"] if r["impl"] != "ours_jax"]
+    assert all(r["ours_x"] > 0 and within(r, "ours_x") for r in peers)
+    assert [c["name"] for c in result["comparisons"]] == [
+        f"ours / {impl} tokens/s [{shape}]" for shape in ("tiny/16/2", "tiny/32/1")
+        for impl in ("hf_torch", "hf_torch_compile")]
+    flax = result["peers"]["hf_flax"]
+    assert flax["measured"] == [] and set(flax["not_available"]) == {"tiny/16/2", "tiny/32/1"}
+    assert "cannot start" in flax["not_available"]["tiny/16/2"]
+    assert result["peers"]["hf_torch_compile"]["measured"] == ["tiny/16/2", "tiny/32/1"]
+    assert "note: hf_flax not available at tiny/16/2" in capsys.readouterr().out
 
 
-def test_unknown_benchmark_is_rejected():
-    with pytest.raises(SystemExit):
+def test_flax_port_peer_reports_a_python_without_the_port(tmp_path, monkeypatch):
+    """transformers 5 has no FlaxRoFormerForMaskedLM: the subprocess answers with the import
+    error (simulated by a transformers package that fails to import) and the peer raises it."""
+    fake = tmp_path / "site" / "transformers"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('this transformers has no Flax models')\n")
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    from roformer.bench.workload import synthetic_batch
+    config = ModelConfig.from_preset("tiny", vocab_size=64)
+    with pytest.raises(RuntimeError, match="ImportError: this transformers has no Flax models"):
+        FlaxPortPeer(sys.executable, config, synthetic_batch(config, 2, 16))
+
+
+@pytest.mark.skipif(not FLAX_PYTHON.is_file(), reason=f"no transformers<5 Python at {FLAX_PYTHON} "
+                                                        f"(set {FLAX_PYTHON_ENV})")
+def test_hf_bench_runs_the_flax_port_in_its_own_python(tmp_path):
+    result = run_bench(tmp_path, "hf", "--shapes", "tiny/16/2", "--vocab-size", "64", "--rounds", "1",
+                       "--iters", "1", "--peak-size", "128", "--peers", "hf_flax",
+                       "--flax-python", str(FLAX_PYTHON))
+    assert [r["impl"] for r in result["rows"]] == ["ours_jax", "hf_flax"]
+    assert result["rows"][1]["ours_x"] > 0 and result["peers"]["hf_flax"]["measured"] == ["tiny/16/2"]
+    assert result["versions"]["hf_flax"]["transformers"].startswith("4.")
+
+
+def test_gpu_bench_refuses_a_cpu(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        bench_main.main(["gpu"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no GPU or TPU found" in err
+
+
+# Imported by none of the gpu benchmark's code: an accelerator host has jax, flax, optax and orbax only.
+NOT_ON_ACCELERATOR_HOSTS = ("ml_collections", "tqdm", "tokenizers", "datasets", "tensorflow_datasets",
+                            "tensorflow", "transformers", "torch", "scipy", "sklearn", "matplotlib",
+                            "tensorboardX", "tensorboard", "safetensors")
+DRY_RUN = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"{{name}} is not installed on an accelerator host")
+sys.meta_path.insert(0, Block())
+from roformer.bench.__main__ import main
+sys.exit(main({argv!r}))
+"""
+
+
+def test_gpu_bench_cpu_dry_run_needs_only_jax_flax_optax_orbax(tmp_path):
+    out = tmp_path / "gpu.json"
+    argv = ["gpu", "--cpu-dry-run", "--sizes", "tiny", "--seq-lens", "16", "--tokens", "32", "--vocab-size", "64",
+            "--rope-lengths", "16", "--rope-batch", "1", "--peak-size", "64", "--rounds", "1", "--iters", "1",
+            "--json", str(out)]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    done = subprocess.run([sys.executable, "-c", DRY_RUN.format(blocked=NOT_ON_ACCELERATOR_HOSTS, argv=argv)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [(r["size"], r["seq"], r["variant"], r["batch"]) for r in result["rows"]] == [
+        ("tiny", 16, "learned/xla", 2), ("tiny", 16, "rope/xla", 2)]   # no cuDNN on a CPU
+    assert all(r["mfu"] > 0 and r["tokens_s"] > 0 for r in result["rows"])
+    rope_rows = result["tables"]["RoPE kernel vs copy"]["rows"]
+    assert {(r["dtype"], r["pass"]) for r in rope_rows} == {
+        (d, p) for d in ("float32", "bfloat16") for p in ("fwd", "fwd+bwd")}
+    assert any("CPU dry run" in note for note in result["notes"])
+    assert {"jax", "flax", "optax"} <= set(result["versions"])
+
+
+def test_unknown_benchmark_is_rejected(capsys):
+    with pytest.raises(SystemExit) as stopped:
         bench_main.main(["nope"])
+    assert stopped.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err

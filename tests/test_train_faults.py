@@ -217,3 +217,21 @@ def test_resume_logs_each_step_once(finished_run, cache, tmp_path):
     assert [r["step"] for r in rows if "eval_loss" in r] == [4, 6]
     assert all(r.get("loss") != 99.0 for r in rows)
     assert json.loads((workdir / "summary.json").read_text())["final_step"] == 6
+
+
+def test_rbg_dropout_keys_resume_exactly(finished_run, cache, tmp_path):
+    """train.dropout_rng_impl=rbg: a run stopped at its step-4 checkpoint and extended to 6
+    (one 6-step schedule throughout) ends with the parameters of a straight 6-step run, and
+    its dropout masks are not threefry's."""
+    rbg = {"train.dropout_rng_impl": "rbg", "train.decay_steps": 6}
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train_and_evaluate(make_config(cache, **rbg, **{"train.steps": 6}), straight)
+    train_and_evaluate(make_config(cache, **rbg, **{"train.steps": 4}), resumed)
+    summary = train_and_evaluate(make_config(cache, **rbg, **{"train.steps": 6}), resumed)
+    assert summary["start_step"] == 4 and summary["final_step"] == 6
+    (ref_step, ref), (step, got) = latest_params(straight), latest_params(resumed)
+    assert ref_step == step == 6
+    for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    first_loss = lambda workdir: next(r["loss"] for r in read_metrics(workdir) if "loss" in r)  # noqa: E731
+    assert first_loss(straight) != first_loss(finished_run)   # same parameters, other masks

@@ -1,4 +1,5 @@
-"""Optimizer, schedules, gradient accumulation, configs, FLOPs/MFU and the metrics writer."""
+"""Optimizer, schedules, gradient accumulation, dropout keys, configs, FLOPs/MFU and the metrics writer."""
+import dataclasses
 import importlib
 import re
 import tomllib
@@ -17,7 +18,7 @@ from roformer.train.loop import check_same_model_config
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.config import TrainConfig
 from roformer.train.optim import decay_mask, make_optimizer, make_schedule
-from roformer.train.steps import make_train_step
+from roformer.train.steps import DROPOUT_RNG_IMPLS, make_train_step
 
 # config file -> the scheme it selects: every scheme's own file, plus a variant
 SCHEMES = {scheme.config_file: name for name, scheme in POSITION_SCHEMES.items()} | {"rotary_linear": "rope"}
@@ -82,6 +83,30 @@ def test_gradient_accumulation_equals_full_batch():
     np.testing.assert_allclose(accum[1]["grad_norm"], full[1]["grad_norm"], rtol=1e-4)
     for a, b in zip(jax.tree.leaves(accum[0]["params"]), jax.tree.leaves(full[0]["params"])):
         np.testing.assert_allclose(a, b, atol=1e-5)   # Adam step of size lr=1e-2
+
+
+def test_dropout_rng_impls_are_deterministic_and_distinct():
+    """Every dropout key implementation gives the same step twice from the same state (what
+    exact resume rests on), works with gradient accumulation, and draws its own masks."""
+    from test_train_sharding import TINY, synthetic_batch
+    config = dataclasses.replace(TINY, hidden_dropout=0.1, attention_dropout=0.1)
+    tx, schedule = optimizer(warmup_steps=0)
+    graphdef, params, rest = nnx.split(RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    params = nnx.to_pure_dict(params)
+    state = {"params": params, "opt_state": tx.init(params), "step": jnp.full((), 3, jnp.int32)}
+    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(0).items()}
+    losses = {}
+    for impl in DROPOUT_RNG_IMPLS:
+        step = jax.jit(make_train_step(graphdef, tx, schedule, seed=0, dropout_rng_impl=impl))
+        first, again = step(state, rest, batch), step(state, rest, batch)
+        for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(again)):
+            np.testing.assert_array_equal(a, b)
+        accum = jax.jit(make_train_step(graphdef, tx, schedule, seed=0, grad_accum=2, dropout_rng_impl=impl))
+        assert np.isfinite(accum(state, rest, batch)[1]["loss"])
+        losses[impl] = float(first[1]["loss"])
+    assert len(set(losses.values())) == len(DROPOUT_RNG_IMPLS)   # each draws its own masks
+    with pytest.raises(ValueError, match="dropout RNG implementation 'philox'"):
+        make_train_step(graphdef, tx, schedule, seed=0, dropout_rng_impl="philox")
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMES))

@@ -1,1 +1,1 @@
-"""Benchmarks: python -m roformer.bench <rope|step|hf|scaling|input> --json OUT."""
+"""Benchmarks: python -m roformer.bench <rope|step|hf|scaling|input|gpu> --json OUT."""

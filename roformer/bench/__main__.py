@@ -1,11 +1,14 @@
-"""python -m roformer.bench <rope|step|hf|scaling|input> [options] [--json OUT]
+"""python -m roformer.bench <rope|step|hf|scaling|input|gpu> [options] [--json OUT]
 
 Each benchmark is a module roformer/bench/<name>.py exposing add_args(parser) and
 run(args) -> dict with a "rows" list, plus anything else worth keeping: the
-alternating-run ratio summaries under "comparisons", and optionally "columns", the
-row keys to print when rows carry more than fits a table. This entry point prints
-the rows as a markdown table and the comparisons as lines, and writes the whole
-dict, with the machine it ran on and its load average, as JSON.
+alternating-run ratio summaries under "comparisons", "columns" (the row keys to
+print when rows carry more than fits a table), further tables under "tables"
+({title: {"rows", "columns"}}) and one-line "notes" (what could not be measured, and
+why). This entry point prints the rows as a markdown table, the other tables, the
+comparisons and the notes as lines, and writes the whole dict, with the machine it
+ran on and its load average, as JSON. Benchmarks report measured figures and ratios
+only; targets are judged in the dated result pages.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from pathlib import Path
 
 from roformer.bench.common import format_table, machine_info
 
-BENCHMARKS = ("rope", "step", "hf", "scaling", "input")
+BENCHMARKS = ("rope", "step", "hf", "scaling", "input", "gpu")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -48,8 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     machine = {**machine_info(), "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
     result = {"benchmark": args.benchmark, "machine": machine, **result}
     print(format_table(result.get("rows", []), result.get("columns")))
+    for title, table in result.get("tables", {}).items():
+        print(f"\n{title}\n" + format_table(table["rows"], table.get("columns")))
     for comparison in result.get("comparisons", []):
         print(_comparison_line(comparison))
+    for note in result.get("notes", []):
+        print(f"note: {note}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
@@ -58,12 +65,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _comparison_line(comparison: dict) -> str:
-    """One line per A/B comparison: 'A / B: median x (min .. max), target <= t: met'."""
-    line = (f"{comparison['name']}: median {comparison['median']:.3f}x "
+    """One line per A/B comparison: 'A / B: median x (min m, max M, n rounds)'."""
+    return (f"{comparison['name']}: median {comparison['median']:.3f}x "
             f"(min {comparison['min']:.3f}, max {comparison['max']:.3f}, {comparison['rounds']} rounds)")
-    if comparison.get("target") is not None:
-        line += f", target {comparison['target']}: {'met' if comparison['met'] else 'NOT met'}"
-    return line
 
 
 if __name__ == "__main__":

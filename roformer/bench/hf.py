@@ -1,44 +1,83 @@
-"""Our jitted train step vs transformers' PyTorch RoFormerForMaskedLM, same process.
+"""hf: our jitted train step vs the train steps a user would pick instead, per shape.
 
-Same model configuration (HF RoFormerConfig built from ours: vocabulary, sizes,
-dropout, gelu, rotary on q/k), same synthetic batch, 15% of positions masked, AdamW
-with the same hyper-parameters and global-norm clipping on both sides. HF runs
-eager PyTorch on all cores as shipped (it computes logits at every position and
-takes the loss at the masked ones via -100 labels; ours computes logits only at the
-masked positions - that is part of what is being compared). The two steps are timed
-in alternating rounds; the speed-up is the median of the per-round ratios
-torch time / our time (= our tokens/s over theirs), with min and max.
+Peers, each with the same model configuration (HF RoFormerConfig built from ours:
+vocabulary, sizes, dropout, gelu, rotary on q/k), the same synthetic batch with 15% of
+positions masked, AdamW with our hyper-parameters and global-norm clipping, and dropout
+as each ships:
+  hf_torch          transformers' PyTorch RoFormerForMaskedLM, eager, on all cores
+  hf_torch_compile  the same under torch.compile (--torch-compile-backend, inductor by
+                    default), the clipping + AdamW update compiled as well
+  hf_flax           transformers 4.x FlaxRoFormerForMaskedLM, the JAX port removed in
+                    transformers 5, jitted as in its run_mlm_flax.py example; it runs in a
+                    subprocess of the Python given by --flax-python (default: the
+                    ROFORMER_BENCH_FLAX_PYTHON environment variable, else this one), e.g.
+                    a venv with `pip install 'transformers<5' flax jax optax`
+The peers compute logits at every position and take the loss at the masked ones (labels
+-100 elsewhere); ours computes logits only at the masked positions, which is part of what
+is compared. A peer that cannot run (not installed, import or compile failure) is listed
+under "peers" with the reason and printed as a note; the others are still measured.
+
+Each shape (size/seq/batch) times ours, every available peer and a square f32 matmul in
+>= 5 alternating rounds. Per peer: ours_x = peer step time / our step time (= our tokens/s
+over theirs), the median of the per-round ratios with min and max. Ours also gets MFU
+against the matmul rate measured in the same rounds (as in `step`).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
 from roformer.attention import ATTENTION_IMPLEMENTATIONS
-from roformer.bench.common import alternate, ratio_stats
+from roformer.bench.common import ratio_stats
+from roformer.bench.step import default_peak_size, step_figures, time_with_matmul
 from roformer.bench.workload import build_train_workload, synthetic_batch, train_config
 from roformer.model import PRESETS, ModelConfig
 
-SPEEDUP_TARGET = 3.0  # at mini, seq 128, batch 32
+PEERS = ("hf_torch", "hf_torch_compile", "hf_flax")
+FLAX_PYTHON_ENV = "ROFORMER_BENCH_FLAX_PYTHON"
+TABLE_COLUMNS = ("shape", "impl", "ms_step", "tokens_s", "ours_x", "ours_x_min", "ours_x_max",
+                 "mfu", "mfu_min", "mfu_max", "mfu_best_peak")
+
+
+def shape_arg(text: str) -> tuple[str, int, int]:
+    """'mini/128/32' -> ('mini', 128, 32): model size preset / sequence length / batch."""
+    parts = text.split("/")
+    if len(parts) != 3 or parts[0] not in PRESETS or not all(p.isdigit() and int(p) > 0 for p in parts[1:]):
+        raise argparse.ArgumentTypeError(f"expected SIZE/SEQ/BATCH with SIZE in {list(PRESETS)}, got {text!r}")
+    return parts[0], int(parts[1]), int(parts[2])
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--size", default="mini", choices=list(PRESETS))
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--shapes", type=shape_arg, nargs="+",
+                        default=[shape_arg(s) for s in ("mini/128/32", "small/128/32", "mini/512/8")],
+                        help="SIZE/SEQ/BATCH of each comparison (default: mini/128/32 small/128/32 "
+                             "mini/512/8; the last keeps 4,096 tokens per step)")
+    parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
+    parser.add_argument("--flax-python", default=os.environ.get(FLAX_PYTHON_ENV) or sys.executable,
+                        help=f"Python with transformers<5, flax, jax, optax for hf_flax (default: "
+                             f"${FLAX_PYTHON_ENV}, else this interpreter)")
+    parser.add_argument("--torch-compile-backend", default="inductor",
+                        help="torch.compile backend of hf_torch_compile (inductor; aot_eager compiles fast)")
     parser.add_argument("--vocab-size", type=int, default=30522)
     parser.add_argument("--attention-impl", default="auto", choices=ATTENTION_IMPLEMENTATIONS)
+    parser.add_argument("--peak-size", type=int, default=0, help="matmul side for the MFU peak (0: auto)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=2)
     parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default (all cores)")
 
 
-def hf_config(config: ModelConfig):
-    from transformers import RoFormerConfig
-
-    return RoFormerConfig(
+def hf_config_dict(config: ModelConfig) -> dict:
+    """RoFormerConfig arguments describing our model (both transformers 4 and 5 take them)."""
+    return dict(
         vocab_size=config.vocab_size, embedding_size=config.embedding_size or config.hidden_size,
         hidden_size=config.hidden_size, num_hidden_layers=config.num_layers,
         num_attention_heads=config.num_heads, intermediate_size=config.intermediate_size,
@@ -49,8 +88,15 @@ def hf_config(config: ModelConfig):
         pad_token_id=config.pad_token_id, rotary_value=config.rotary_value)
 
 
-def torch_train_step(config: ModelConfig, batch: dict[str, np.ndarray]):
-    """A closure running one eager PyTorch AdamW step of HF RoFormerForMaskedLM on `batch`."""
+def hf_config(config: ModelConfig):
+    from transformers import RoFormerConfig
+
+    return RoFormerConfig(**hf_config_dict(config))
+
+
+def torch_train_step(config: ModelConfig, batch: dict[str, np.ndarray], compile_backend: str | None = None):
+    """A closure running one PyTorch AdamW step of HF RoFormerForMaskedLM on `batch`: eager,
+    or with the model and the clip + AdamW update under torch.compile(backend=compile_backend)."""
     import torch
     from transformers import RoFormerForMaskedLM as HFRoFormerForMaskedLM
 
@@ -66,39 +112,162 @@ def torch_train_step(config: ModelConfig, batch: dict[str, np.ndarray]):
     inputs = {"input_ids": input_ids, "token_type_ids": torch.from_numpy(batch["token_type_ids"]).long(),
               "attention_mask": torch.ones_like(input_ids), "labels": labels}
 
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        loss = model(**inputs).loss
-        loss.backward()
+    def update():
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip_norm)
         optimizer.step()
-        return None
+
+    forward = model
+    if compile_backend is not None:
+        forward, update = torch.compile(model, backend=compile_backend), torch.compile(update, backend=compile_backend)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        forward(**inputs).loss.backward()
+        update()
 
     return step
 
 
-def run(args: argparse.Namespace) -> dict:
-    import torch
-    import transformers
+class FlaxPortPeer:
+    """transformers 4.x FlaxRoFormerForMaskedLM's train step in a subprocess (hf_flax_peer.py).
+    Calling it runs one step there and returns when it has finished (one pipe round trip,
+    well under a millisecond, is timed with it). Raises RuntimeError if it cannot start."""
 
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
-    config = ModelConfig.from_preset(args.size, vocab_size=args.vocab_size)
-    ours = build_train_workload(config, batch_size=args.batch, seq_len=args.seq_len,
-                                attention_impl=args.attention_impl)
-    theirs = torch_train_step(config, synthetic_batch(config, args.batch, args.seq_len))
-    times = alternate({"ours_jax": ours.step, "hf_torch": theirs}, rounds=args.rounds, iters=args.iters, warmup=1)
-    tokens = args.batch * args.seq_len
-    speedup = ratio_stats(times["hf_torch"], times["ours_jax"])
-    rows = [{"impl": name, "size": args.size, "seq": args.seq_len, "batch": args.batch,
-             "ms_step": statistics.median(t) * 1e3, "tokens_s": tokens / statistics.median(t)}
-            for name, t in times.items()]
-    rows[0].update(speedup=speedup["median"], speedup_min=speedup["min"], speedup_max=speedup["max"])
-    comparison = {"name": f"ours / HF torch tokens/s [{args.size} seq {args.seq_len} batch {args.batch}]",
-                  "rounds": args.rounds, **speedup}
-    if (args.size, args.seq_len, args.batch) == ("mini", 128, 32):
-        comparison.update(target=f">= {SPEEDUP_TARGET}", met=speedup["median"] >= SPEEDUP_TARGET)
-    return {"rows": rows, "comparisons": [comparison],
-            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                         "torch_threads": torch.get_num_threads()},
-            "settings": {k: v for k, v in vars(args).items() if k != "json"}}
+    def __init__(self, python: str, config: ModelConfig, batch: dict[str, np.ndarray]):
+        self._dir = tempfile.TemporaryDirectory(prefix="roformer-bench-hf-flax-")
+        batch_file = Path(self._dir.name) / "batch.npz"
+        np.savez(batch_file, **batch)
+        self._stderr = open(Path(self._dir.name) / "stderr.txt", "w+")
+        request = {"hf_config": hf_config_dict(config), "batch_file": str(batch_file),
+                   "optimizer": dict(train_config())}
+        try:
+            self._proc = subprocess.Popen([python, str(Path(__file__).with_name("hf_flax_peer.py"))],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                          text=True)
+        except OSError as error:
+            self.close()
+            raise RuntimeError(f"cannot start {python}: {error}") from error
+        answer = self._ask(json.dumps(request))
+        if "error" in answer:
+            self.close()
+            raise RuntimeError(f"{python}: {answer['error']}")
+        self.versions = answer["versions"]
+
+    def _ask(self, line: str) -> dict:
+        try:
+            self._proc.stdin.write(line + "\n")
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            pass
+        answer = self._proc.stdout.readline()
+        if not answer:
+            self._proc.wait()
+            self._stderr.seek(0)
+            tail = self._stderr.read()[-1500:].strip()
+            return {"error": f"exited with code {self._proc.returncode}: {tail}"}
+        return {"ok": True} if answer.strip() == "ok" else json.loads(answer)
+
+    def __call__(self) -> None:
+        answer = self._ask("step")
+        if "error" in answer:
+            raise RuntimeError(f"hf_flax step failed: {answer['error']}")
+
+    def close(self) -> None:
+        proc = getattr(self, "_proc", None)
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.stdin.write("quit\n")
+                proc.stdin.close()
+            except (BrokenPipeError, ValueError):
+                pass
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._stderr.close()
+        self._dir.cleanup()
+
+
+def build_peers(names, config: ModelConfig, batch: dict[str, np.ndarray], args: argparse.Namespace):
+    """name -> step callable for every peer that could be built, and name -> reason for the others."""
+    steps, unavailable, closers = {}, {}, []
+    for name in names:
+        try:
+            if name == "hf_torch":
+                steps[name] = torch_train_step(config, batch)
+            elif name == "hf_torch_compile":
+                step = torch_train_step(config, batch, compile_backend=args.torch_compile_backend)
+                step()   # compiles now, so that a compiler failure is reported like the others
+                steps[name] = step
+            else:
+                peer = FlaxPortPeer(args.flax_python, config, batch)
+                steps[name] = peer
+                closers.append(peer.close)
+        except Exception as error:  # noqa: BLE001 - a peer that fails to build is reported, not fatal
+            unavailable[name] = f"{type(error).__name__}: {error}"
+    return steps, unavailable, closers
+
+
+def bench_shape(size: str, seq_len: int, batch_size: int, args: argparse.Namespace):
+    """Rows (ours first, then each measured peer) and comparisons of one shape, and the
+    peers that could not run with the reason."""
+    config = ModelConfig.from_preset(size, vocab_size=args.vocab_size, max_position_embeddings=max(512, seq_len))
+    shape = f"{size}/{seq_len}/{batch_size}"
+    ours = build_train_workload(config, batch_size=batch_size, seq_len=seq_len, attention_impl=args.attention_impl)
+    peers, unavailable, closers = build_peers(args.peers, config, synthetic_batch(config, batch_size, seq_len), args)
+    try:
+        # warm-up 2: torch.compile and AdamW's lazily created state can recompile on the second call
+        times, measured_peaks = time_with_matmul({"ours_jax": ours.step, **peers}, dtype="float32",
+                                                 peak_size=args.peak_size or default_peak_size(),
+                                                 rounds=args.rounds, iters=args.iters, warmup=2)
+    finally:
+        for close in closers:
+            close()
+    tokens = batch_size * seq_len
+    rows = [{"shape": shape, "impl": "ours_jax", **step_figures(ours, times["ours_jax"], measured_peaks,
+                                                               measured_peaks)}]
+    comparisons = []
+    for name in peers:
+        stats = ratio_stats(times[name], times["ours_jax"])
+        step_s = statistics.median(times[name])
+        rows.append({"shape": shape, "impl": name, "ms_step": step_s * 1e3, "tokens_s": tokens / step_s,
+                     "ours_x": stats["median"], "ours_x_min": stats["min"], "ours_x_max": stats["max"]})
+        comparisons.append({"name": f"ours / {name} tokens/s [{shape}]", "rounds": args.rounds, **stats})
+    versions = {name: peer.versions for name, peer in peers.items() if isinstance(peer, FlaxPortPeer)}
+    return rows, comparisons, unavailable, versions
+
+
+def installed_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def run(args: argparse.Namespace) -> dict:
+    versions = {"torch": installed_version("torch"), "transformers": installed_version("transformers")}
+    if any(name.startswith("hf_torch") for name in args.peers) and versions["torch"]:
+        import torch
+
+        if args.torch_threads > 0:
+            torch.set_num_threads(args.torch_threads)
+        versions["torch_threads"] = torch.get_num_threads()
+    rows, comparisons, notes = [], [], []
+    peers = {name: {"measured": [], "not_available": {}} for name in args.peers}
+    for size, seq_len, batch_size in args.shapes:
+        shape_rows, shape_comparisons, unavailable, flax_versions = bench_shape(size, seq_len, batch_size, args)
+        rows += shape_rows
+        comparisons += shape_comparisons
+        versions.update(flax_versions)
+        shape = shape_rows[0]["shape"]
+        for name in args.peers:
+            if name in unavailable:
+                peers[name]["not_available"][shape] = unavailable[name]
+                notes.append(f"{name} not available at {shape}: {unavailable[name]}")
+            else:
+                peers[name]["measured"].append(shape)
+    return {"rows": rows, "columns": TABLE_COLUMNS, "comparisons": comparisons, "notes": notes,
+            "peers": peers, "versions": versions,
+            "settings": {k: (["/".join(map(str, s)) for s in v] if k == "shapes" else v)
+                         for k, v in vars(args).items() if k != "json"}}

@@ -12,8 +12,11 @@ cost is reported in the `cis_table` row). Variants:
   real_interleaved  x0 cos - x1 sin, x0 sin + x1 cos on the (2j, 2j+1) pairs
   rotate_half       x cos + rotate_half(x) sin (GPT-NeoX / LLaMA form)
 The input is upcast to float32 for the product and cast back (bf16 input stays bf16
-in and out for every variant, copy included). With --backward every variant is
-timed as forward + backward (its VJP), as in a train step.
+in and out for every variant, copy included). One run covers every combination of
+--lengths, --batches, --passes (fwd; fwd+bwd = the VJP as in a train step) and
+--dtypes; each (shape, pass) times all variants in alternating rounds, and every row
+carries its time over the copy's (x_copy) and over the fastest real form's of that
+shape (x_real), medians of per-round ratios with min and max.
 """
 from __future__ import annotations
 
@@ -26,21 +29,22 @@ import numpy as np
 from roformer import rope
 from roformer.bench.common import alternate, ratio_stats
 
-TARGET_VS_COPY = 1.5
-TARGET_VS_REAL = 1.1
 REAL_FORMS = ("real_interleaved", "rotate_half")
+PASSES = ("fwd", "fwd+bwd")
+TABLE_COLUMNS = ("shape", "dtype", "pass", "variant", "ms", "GB/s", "x_copy", "x_copy_min", "x_copy_max",
+                 "x_real", "x_real_min", "x_real_max")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 1024, 4096],
+    parser.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096],
                         help="sequence lengths (tokens per row)")
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="rows per tensor")
+    parser.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    parser.add_argument("--backward", action="store_true", help="time forward + backward (VJP) instead")
-    parser.add_argument("--rounds", type=int, default=9, help="alternating rounds per shape")
-    parser.add_argument("--iters", type=int, default=10, help="calls per variant per round (median taken)")
+    parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
+    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds per shape")
+    parser.add_argument("--iters", type=int, default=5, help="calls per variant per round (median taken)")
 
 
 def scale_copy(x):
@@ -99,8 +103,8 @@ def timed(fn, x, tables, backward: bool, cotangent):
     return lambda: jitted(x, *tables)
 
 
-def bench_shape(batch, length, heads, head_dim, dtype, *, backward, rounds, iters):
-    """Alternating rounds of every variant on one shape; rows + comparisons."""
+def bench_shape(batch, length, heads, head_dim, dtype, *, backward, rounds, iters) -> list[dict]:
+    """Alternating rounds of every variant on one shape and pass; one row per variant."""
     x = jax.random.normal(jax.random.key(0), (batch, length, heads, head_dim), dtype=dtype)
     cotangent = jax.random.normal(jax.random.key(1), x.shape, dtype=dtype)
     positions, cis_fn, t = position_tables(batch, length, head_dim)
@@ -115,40 +119,27 @@ def bench_shape(batch, length, heads, head_dim, dtype, *, backward, rounds, iter
     }
     times = alternate(variants, rounds=rounds, iters=iters)
     moved = (4 if backward else 2) * x.size * x.dtype.itemsize  # read x (+ cotangent), write result(s)
-    shape = f"{batch}x{length}x{heads}x{head_dim}"
+    fastest_real = min(REAL_FORMS, key=lambda n: np.median(times[n]))
     rows = []
     for name, seconds in times.items():
         ms = float(np.median(seconds)) * 1e3
-        vs_copy = ratio_stats(seconds, times["copy"])
-        rows.append({"shape": shape, "tokens": batch * length, "dtype": dtype,
-                     "pass": "fwd+bwd" if backward else "fwd", "variant": name, "ms": ms,
-                     "GB/s": None if name == "cis_table" else moved / ms / 1e6,
-                     "x_copy": vs_copy["median"], "x_copy_min": vs_copy["min"], "x_copy_max": vs_copy["max"]})
-    fastest_real = min(REAL_FORMS, key=lambda n: np.median(times[n]))
-    label = f"[{shape} {dtype}{' fwd+bwd' if backward else ''}]"
-    comparisons = [
-        {"name": f"complex / copy {label}", "rounds": rounds, "kind": "vs_copy",
-         **ratio_stats(times["complex"], times["copy"])},
-        {"name": f"complex / {fastest_real} (fastest real) {label}", "rounds": rounds, "kind": "vs_real",
-         **ratio_stats(times["complex"], times[fastest_real])},
-    ]
-    return rows, comparisons
+        vs_copy, vs_real = ratio_stats(seconds, times["copy"]), ratio_stats(seconds, times[fastest_real])
+        rows.append({"shape": f"{batch}x{length}x{heads}x{head_dim}", "batch": batch, "length": length,
+                     "tokens": batch * length, "dtype": dtype, "pass": PASSES[backward], "variant": name,
+                     "ms": ms, "GB/s": None if name == "cis_table" else moved / ms / 1e6,
+                     "x_copy": vs_copy["median"], "x_copy_min": vs_copy["min"], "x_copy_max": vs_copy["max"],
+                     "fastest_real": fastest_real,
+                     "x_real": vs_real["median"], "x_real_min": vs_real["min"], "x_real_max": vs_real["max"]})
+    return rows
 
 
 def run(args: argparse.Namespace) -> dict:
-    rows, comparisons = [], []
-    largest = max(args.lengths)
+    rows = []
     for dtype in args.dtypes:
-        for length in args.lengths:
-            shape_rows, shape_comparisons = bench_shape(
-                args.batch, length, args.heads, args.head_dim, dtype, backward=args.backward,
-                rounds=args.rounds, iters=args.iters)
-            rows += shape_rows
-            if length == largest:  # the targets are stated on the largest shape
-                for comparison in shape_comparisons:
-                    target = TARGET_VS_COPY if comparison["kind"] == "vs_copy" else TARGET_VS_REAL
-                    comparison.update(target=f"<= {target}", met=comparison["median"] <= target)
-            comparisons += shape_comparisons
-    return {"rows": rows, "comparisons": comparisons,
-            "settings": {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim,
-                         "backward": args.backward, "rounds": args.rounds, "iters": args.iters}}
+        for batch in args.batches:
+            for length in args.lengths:
+                for pass_name in args.passes:
+                    rows += bench_shape(batch, length, args.heads, args.head_dim, dtype,
+                                        backward=pass_name == "fwd+bwd", rounds=args.rounds, iters=args.iters)
+    return {"rows": rows, "columns": TABLE_COLUMNS,
+            "settings": {k: v for k, v in vars(args).items() if k != "json"}}

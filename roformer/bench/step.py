@@ -4,9 +4,10 @@ Each (size, sequence length) group builds one train workload per scheme and time
 them in alternating rounds together with a square matmul, so every round has its
 own matmul-peak measurement: MFU = analytic FLOPs per step / step time / that peak
 (the median over rounds is reported; `mfu_best_peak` divides the median step by the
-best matmul rate of any round instead, the conservative figure the target is judged
-on). On an accelerator with a known peak (roformer.train.flops.PEAK_FLOPS) that
-vendor peak is used instead and the measured matmul rate is reported beside it. Ratios to learned absolute positions are medians of
+best matmul rate of any round instead, the conservative figure). On an accelerator
+with a known peak (roformer.train.flops.PEAK_FLOPS) that vendor peak is used instead
+and the measured matmul rate is reported beside it. Ratios to learned absolute
+positions (and, with several --dropout-rng-impls, to the first of them) are medians of
 per-round ratios with their min and max.
 """
 from __future__ import annotations
@@ -14,22 +15,22 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+from collections.abc import Callable
 
 import jax
 
 from roformer.attention import ATTENTION_IMPLEMENTATIONS
 from roformer.bench.common import alternate, matmul_probe, ratio_stats
-from roformer.bench.workload import build_train_workload
+from roformer.bench.workload import TrainWorkload, build_train_workload
 from roformer.model import PRESETS, ModelConfig
 from roformer.positions import POSITION_SCHEMES
 from roformer.train import flops as train_flops
+from roformer.train.steps import DROPOUT_RNG_IMPLS
 
 BASELINE = "learned"
-# Targets from the performance issue: (scheme, seq_len) -> max ratio to learned absolute.
-RATIO_TARGETS = {("rope", 512): 1.05, ("shaw", 512): 1.3, ("t5", 512): 1.3}
-MFU_TARGET = {"cpu": 0.5, "gpu": 0.4}  # base size: f32 on CPU, bf16 on an accelerator
-TABLE_COLUMNS = ("size", "seq", "scheme", "batch", "params_M", "ms_step", "tokens_s", "GFLOP_s",
-                 "peak_GFLOP_s", "mfu", "mfu_best_peak", "x_learned", "x_learned_min", "x_learned_max")
+TABLE_COLUMNS = ("size", "seq", "scheme", "dropout_rng", "batch", "params_M", "ms_step", "tokens_s",
+                 "GFLOP_s", "peak_GFLOP_s", "mfu", "mfu_best_peak", "x_learned", "x_learned_min",
+                 "x_learned_max", "x_dropout_ref")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +44,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-dropout", type=float, default=None,
                         help="override attention dropout (0 lets softmax attention use the fused kernel "
                              "in training; default: the model config's 0.1)")
+    parser.add_argument("--dropout-rng-impls", nargs="+", default=["threefry2x32"], choices=DROPOUT_RNG_IMPLS,
+                        help="dropout key implementations (train.dropout_rng_impl) to time side by side; "
+                             "x_dropout_ref is each one's step time over the first's")
     parser.add_argument("--vocab-size", type=int, default=30522)
     parser.add_argument("--peak-size", type=int, default=0,
                         help="side of the square matmul probing the peak (0: 2048 on CPU, 8192 otherwise)")
@@ -69,70 +73,77 @@ def vendor_peak(dtype: str) -> float | None:
     return None
 
 
+def default_peak_size() -> int:
+    return 2048 if jax.devices()[0].platform == "cpu" else 8192
+
+
+def time_with_matmul(steps: dict[str, Callable], *, dtype: str, peak_size: int, rounds: int, iters: int,
+                     warmup: int = 1) -> tuple[dict[str, list[float]], list[float]]:
+    """Alternating rounds of the given steps and a square matmul of `dtype`: per-round
+    seconds of each step, and the matmul's FLOP/s in each round (the MFU denominator on
+    devices without a vendor peak, measured under the same load)."""
+    variants = dict(steps)
+    variants["matmul"], matmul_flops = matmul_probe(peak_size, dtype)
+    times = alternate(variants, rounds=rounds, iters=iters, warmup=warmup)
+    return times, [matmul_flops / t for t in times.pop("matmul")]
+
+
+def step_figures(workload: TrainWorkload, seconds: list[float], peaks: list[float],
+                 measured_peaks: list[float]) -> dict:
+    """ms/step, tokens/s, achieved GFLOP/s and MFU (median, min, max over rounds; and the
+    median step against the best peak of any round) of one workload's per-round times."""
+    mfus = [workload.flops_per_step / t / p for t, p in zip(seconds, peaks)]
+    step_s = statistics.median(seconds)
+    return {"params_M": workload.num_params / 1e6, "ms_step": step_s * 1e3,
+            "tokens_s": workload.tokens_per_step / step_s,
+            "GFLOP_step": workload.flops_per_step / 1e9,
+            "GFLOP_s": workload.flops_per_step / step_s / 1e9,
+            "peak_GFLOP_s": statistics.median(peaks) / 1e9,
+            "matmul_GFLOP_s": statistics.median(measured_peaks) / 1e9,
+            "mfu": statistics.median(mfus), "mfu_min": min(mfus), "mfu_max": max(mfus),
+            "mfu_best_peak": workload.flops_per_step / step_s / max(peaks)}
+
+
 def bench_group(size: str, seq_len: int, batch: int, schemes, args: argparse.Namespace,
-                max_len: int | None = None) -> list[dict]:
-    """Time every scheme at one (size, seq_len) in alternating rounds with a matmul; one row
-    per scheme. `max_len` sizes the learned position table (scaling needs the longest)."""
+                max_len: int | None = None, dropout_rng_impls=("threefry2x32",)) -> list[dict]:
+    """Time every (scheme, dropout key implementation) at one (size, seq_len) in alternating
+    rounds with a matmul; one row each. `max_len` sizes the learned position table (scaling
+    needs the longest)."""
     workloads = {
-        scheme: build_train_workload(model_config(size, scheme, args, max_len or seq_len),
-                                     batch_size=batch, seq_len=seq_len,
-                                     attention_impl=args.attention_impl)
-        for scheme in schemes}
-    peak_size = args.peak_size or (2048 if jax.devices()[0].platform == "cpu" else 8192)
-    variants = {scheme: w.step for scheme, w in workloads.items()}
-    variants["matmul"], matmul_flops = matmul_probe(peak_size, args.dtype)
-    times = alternate(variants, rounds=args.rounds, iters=args.iters, warmup=1)
-    measured_peaks = [matmul_flops / t for t in times.pop("matmul")]
+        (scheme, impl): build_train_workload(model_config(size, scheme, args, max_len or seq_len),
+                                             batch_size=batch, seq_len=seq_len,
+                                             attention_impl=args.attention_impl, dropout_rng_impl=impl)
+        for scheme in schemes for impl in dropout_rng_impls}
+    labels = {key: "/".join(key) for key in workloads}
+    times, measured_peaks = time_with_matmul(
+        {labels[key]: w.step for key, w in workloads.items()}, dtype=args.dtype,
+        peak_size=args.peak_size or default_peak_size(), rounds=args.rounds, iters=args.iters)
     table_peak = vendor_peak(args.dtype)
+    reference_impl = dropout_rng_impls[0]
     rows = []
-    for scheme, workload in workloads.items():
-        seconds = times[scheme]
+    for (scheme, impl), workload in workloads.items():
+        seconds = times[labels[scheme, impl]]
         peaks = [table_peak] * len(seconds) if table_peak else measured_peaks
-        mfus = [workload.flops_per_step / t / p for t, p in zip(seconds, peaks)]
-        step_s = statistics.median(seconds)
-        row = {"size": size, "seq": seq_len, "scheme": scheme, "batch": batch,
-               "params_M": workload.num_params / 1e6, "ms_step": step_s * 1e3,
-               "tokens_s": workload.tokens_per_step / step_s,
-               "GFLOP_step": workload.flops_per_step / 1e9,
-               "GFLOP_s": workload.flops_per_step / step_s / 1e9,
-               "peak_GFLOP_s": statistics.median(peaks) / 1e9,
-               "matmul_GFLOP_s": statistics.median(measured_peaks) / 1e9,
-               "mfu": statistics.median(mfus), "mfu_min": min(mfus), "mfu_max": max(mfus),
-               # conservative: the median step against the best matmul rate seen in any round
-               "mfu_best_peak": workload.flops_per_step / step_s / max(peaks)}
-        if BASELINE in times:
-            stats = ratio_stats(seconds, times[BASELINE])
+        row = {"size": size, "seq": seq_len, "scheme": scheme, "dropout_rng": impl, "batch": batch,
+               **step_figures(workload, seconds, peaks, measured_peaks)}
+        if (BASELINE, impl) in workloads:
+            stats = ratio_stats(seconds, times[labels[BASELINE, impl]])
             row.update(x_learned=stats["median"], x_learned_min=stats["min"], x_learned_max=stats["max"])
+        if len(dropout_rng_impls) > 1:
+            stats = ratio_stats(seconds, times[labels[scheme, reference_impl]])
+            row.update(x_dropout_ref=stats["median"], x_dropout_ref_min=stats["min"],
+                       x_dropout_ref_max=stats["max"])
         rows.append(row)
-    del workloads, variants  # free this group's model and optimizer states before the next
+    del workloads  # free this group's model and optimizer states before the next
     gc.collect()
     return rows
-
-
-def targets(rows: list[dict], rounds: int) -> list[dict]:
-    """The issue's step targets that these rows can speak to."""
-    out = []
-    for row in rows:
-        target = RATIO_TARGETS.get((row["scheme"], row["seq"]))
-        if target is not None and "x_learned" in row:
-            out.append({"name": f"{row['scheme']} / learned step time [{row['size']} seq {row['seq']}]",
-                        "median": row["x_learned"], "min": row["x_learned_min"], "max": row["x_learned_max"],
-                        "rounds": rounds, "target": f"<= {target}", "met": row["x_learned"] <= target})
-        if row["size"] == "base" and row["seq"] == 128 and row["scheme"] == "rope":
-            platform = "cpu" if jax.devices()[0].platform == "cpu" else "gpu"
-            goal = MFU_TARGET[platform]
-            out.append({"name": f"MFU base seq 128 {row['scheme']} ({platform}; per-round peak, "
-                                f"vs best peak {row['mfu_best_peak']:.3f})", "median": row["mfu"],
-                        "min": row["mfu_min"], "max": row["mfu_max"], "rounds": rounds,
-                        "target": f">= {goal} (vs best peak)", "met": row["mfu_best_peak"] >= goal})
-    return out
 
 
 def run(args: argparse.Namespace) -> dict:
     rows = []
     for size in args.sizes:
         for seq_len in args.seq_lens:
-            group_rows = bench_group(size, seq_len, args.batch, args.schemes, args)
-            rows += group_rows
-    return {"rows": rows, "comparisons": targets(rows, args.rounds), "columns": TABLE_COLUMNS,
+            rows += bench_group(size, seq_len, args.batch, args.schemes, args,
+                                dropout_rng_impls=tuple(args.dropout_rng_impls))
+    return {"rows": rows, "columns": TABLE_COLUMNS,
             "settings": {k: v for k, v in vars(args).items() if k != "json"}}

@@ -11,7 +11,6 @@ import dataclasses
 from collections.abc import Callable
 
 import jax
-import ml_collections
 import numpy as np
 
 from roformer.model import ModelConfig
@@ -44,12 +43,11 @@ def synthetic_batch(config: ModelConfig, batch_size: int, seq_len: int, seed: in
     }
 
 
-def train_config(learning_rate: float = 1e-4) -> ml_collections.ConfigDict:
+def train_config(learning_rate: float = 1e-4) -> dict:
     """AdamW settings of configs/base.py (b1, b2, eps, weight decay, clip 1.0); the schedule
     length only shapes the learning rate, which does not change the step's cost."""
-    return ml_collections.ConfigDict(dict(
-        learning_rate=learning_rate, warmup_steps=100, total_steps=10_000, decay="linear",
-        weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0))
+    return dict(learning_rate=learning_rate, warmup_steps=100, total_steps=10_000, decay="linear",
+                weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0)
 
 
 @dataclasses.dataclass
@@ -78,13 +76,14 @@ class TrainWorkload:
 
 
 def build_train_workload(config: ModelConfig, *, batch_size: int, seq_len: int,
-                         attention_impl: str = "auto", seed: int = 0) -> TrainWorkload:
+                         attention_impl: str = "auto", seed: int = 0,
+                         dropout_rng_impl: str = "threefry2x32") -> TrainWorkload:
     """Initialise the model and AdamW state on one device (roformer.train's TrainSetup on a 1x1x1
     mesh), put a synthetic batch there and compile the train step, all outside any timing."""
+    config = dataclasses.replace(config, attention_impl=attention_impl)   # before the model is built
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
     tx, schedule = optim.make_optimizer(**train_config())
-    setup = TrainSetup(config, tx, schedule, mesh, seed=seed)
-    config = dataclasses.replace(config, attention_impl=attention_impl)
+    setup = TrainSetup(config, tx, schedule, mesh, seed=seed, dropout_rng_impl=dropout_rng_impl)
     with jax.set_mesh(mesh):
         state, rest_state = setup.init_state(), setup.init_rest()
         batch = sharding.global_batch(synthetic_batch(config, batch_size, seq_len, seed), mesh)

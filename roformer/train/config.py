@@ -32,6 +32,7 @@ class TrainConfig:
     clip_norm: float = 1.0
     grad_accum: int = 1              # micro-batches per optimizer step
     seed: int = 0
+    dropout_rng_impl: str = "threefry2x32"   # dropout keys: threefry2x32 | rbg | unsafe_rbg
     phases: str = ""                 # 'steps:seq_len:batch_size[:key=value...],...' phases run in
                                      # order (override steps/seq_len/batch_size), see parse_phases
     init_from: str = ""              # warm start (parameters only, step 0): a pretraining workdir, an

@@ -22,7 +22,9 @@ PEAK_FLOPS: tuple[tuple[str, tuple[float, float]], ...] = (
     ("TPU v3", (123e12, 123e12 / 4)),
     ("TPU v2", (45e12, 45e12 / 4)),
     ("H200", (989e12, 67e12)),
-    ("H100", (989e12, 67e12)),            # SXM; f32 = non-tensor-core
+    ("H100 PCIe", (756e12, 51e12)),
+    ("H100 NVL", (835e12, 60e12)),
+    ("H100", (989e12, 67e12)),            # SXM ("H100 80GB HBM3"); f32 = non-tensor-core
     ("A100", (312e12, 19.5e12)),
     ("L40S", (362e12, 91.6e12)),
     ("L4", (121e12, 30.3e12)),

@@ -163,7 +163,8 @@ def _train_phase(config, workdir: Path) -> dict:
             _write_run_files(workdir, config, model_cfg, data.tokenizer)
         # measured outside the mesh context: a CPU peak is timed on one local device
         peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
-        setup = TrainSetup(model_cfg, *_optimizer(tc), mesh, seed=tc.seed)
+        setup = TrainSetup(model_cfg, *_optimizer(tc), mesh, seed=tc.seed,
+                           dropout_rng_impl=tc.dropout_rng_impl)
         cleanup.enter_context(jax.set_mesh(mesh))
         rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step
         state, start_step, train_iter = _restore_or_init(setup, checkpointer, data, init_source, tc)

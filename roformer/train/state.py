@@ -38,6 +38,7 @@ class TrainSetup:
     schedule: optax.Schedule
     mesh: Mesh
     seed: int = 0
+    dropout_rng_impl: str = "threefry2x32"   # steps.DROPOUT_RNG_IMPLS
 
     def __post_init__(self):
         replicated = NamedSharding(self.mesh, P())
@@ -69,7 +70,8 @@ class TrainSetup:
         """`(state, rest, batch) -> (state, metrics)`, donating the old state."""
         return jax.jit(
             steps.make_train_step(self.graphdef, self.tx, self.schedule, seed=self.seed,
-                                  grad_accum=grad_accum, debug_nan_step=debug_nan_step),
+                                  grad_accum=grad_accum, debug_nan_step=debug_nan_step,
+                                  dropout_rng_impl=self.dropout_rng_impl),
             in_shardings=(self.state_shardings, self.rest_shardings, sharding.batch_sharding(self.mesh)),
             out_shardings=(self.state_shardings, self.replicated), donate_argnums=0)
 

@@ -17,6 +17,13 @@ from flax import nnx
 
 TrainState = dict[str, Any]
 Batch = dict[str, jax.Array]
+# jax's PRNG implementations for the dropout keys. threefry2x32 (jax's default) hashes a
+# counter per element; rbg and unsafe_rbg draw the mask bits from XLA's RngBitGenerator
+# (what MaxText and T5X use for dropout), usually cheaper on accelerators. Each is a
+# deterministic function of (seed, step) on one backend and mesh, so resumes stay exact
+# with any of them; the masks differ between them, and rbg's bits may also differ
+# between meshes.
+DROPOUT_RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 def mlm_sums(model, batch: Batch) -> dict[str, jax.Array]:
     """Sparse MLM loss: logits only at the masked positions, summed over real slots.
@@ -59,15 +66,20 @@ def _split_microbatches(batch: Batch, num: int) -> Batch:
 
 def make_train_step(graphdef, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, *, seed: int, grad_accum: int = 1,
-                    debug_nan_step: int = -1) -> Callable[..., tuple[TrainState, dict]]:
+                    debug_nan_step: int = -1,
+                    dropout_rng_impl: str = "threefry2x32") -> Callable[..., tuple[TrainState, dict]]:
     """Build `train_step(state, rest_state, batch) -> (state, metrics)` (not jitted).
 
     `rest_state` is the model's non-parameter state (RNG streams), passed in
-    unchanged: dropout keys are re-derived from (seed, step) every step.
+    unchanged: dropout keys are re-derived from (seed, step) every step, with the
+    PRNG implementation `dropout_rng_impl` (one of DROPOUT_RNG_IMPLS).
 
     `debug_nan_step` (>0) poisons the loss and gradients of that step, to test the
     non-finite-loss guard."""
-    base_key = jax.random.key(seed)
+    if dropout_rng_impl not in DROPOUT_RNG_IMPLS:
+        raise ValueError(f"unknown dropout RNG implementation {dropout_rng_impl!r}; "
+                         f"choose one of {DROPOUT_RNG_IMPLS}")
+    base_key = jax.random.key(seed, impl=dropout_rng_impl)
 
     def loss_fn(params, rest_state, micro_batch, dropout_key):
         model = nnx.merge(graphdef, nnx.State(params), reseeded(rest_state, dropout_key))

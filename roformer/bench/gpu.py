@@ -1,0 +1,148 @@
+"""gpu: one command for an accelerator host (GPU or TPU), in under 10 minutes.
+
+  train step  bf16 compute, tokens/s and MFU against the device's dense bf16 peak
+              (roformer.train.flops.PEAK_FLOPS; on a device not in that table, against
+              the bf16 matmul rate measured in the same rounds, with a note) for every
+              --sizes (tiny..base) at every --seq-lens (128, 512), --tokens per step.
+              Variants per (size, seq): learned and rope positions with fused attention
+              (jax.nn.dot_product_attention's cuDNN kernel, GPU only), and rope with XLA
+              attention (fused off). Attention dropout is 0 in all of them (the fused
+              kernel has none; hidden dropout stays 0.1), so on and off differ only in the
+              kernel. Each group runs in alternating rounds with a bf16 matmul; ratios are
+              to learned (x_learned) and to the fused rope step (x_fused).
+  rope        roformer.rope.apply_rope against a scale-copy and the real forms (the `rope`
+              benchmark's variants) at --rope-lengths, batch 8, f32 and bf16, forward
+              and forward+backward.
+Groups run largest first, so that --budget-s (default 9 minutes), which starts no group
+that the previous one's duration says would end past it, cuts the small sizes rather
+than base. Needs only jax, flax, optax, orbax and
+numpy besides the project. On a CPU it refuses to run (exit 2); --cpu-dry-run runs the
+same path there, for tests at tiny size.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.metadata
+import sys
+import time
+
+import jax
+
+from roformer.bench import rope as rope_bench
+from roformer.bench.common import ratio_stats
+from roformer.bench.step import default_peak_size, step_figures, time_with_matmul, vendor_peak
+from roformer.bench.workload import build_train_workload
+from roformer.model import PRESETS, ModelConfig
+
+DTYPE = "bfloat16"
+TABLE_COLUMNS = ("size", "seq", "variant", "batch", "ms_step", "tokens_s", "GFLOP_s", "peak_GFLOP_s", "mfu",
+                 "x_learned", "x_fused")
+ROPE_COLUMNS = ("shape", "dtype", "pass", "variant", "ms", "GB/s", "x_copy", "x_real")
+VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "mini", "small", "medium", "base"],
+                        choices=list(PRESETS))
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[128, 512])
+    parser.add_argument("--tokens", type=int, default=32768, help="tokens per step (batch = tokens / seq)")
+    parser.add_argument("--vocab-size", type=int, default=30522)
+    parser.add_argument("--rope-lengths", type=int, nargs="+", default=[512, 4096])
+    parser.add_argument("--rope-batch", type=int, default=8)
+    parser.add_argument("--peak-size", type=int, default=0, help="bf16 matmul side (0: 8192)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=10, help="steps per variant per round (median taken)")
+    parser.add_argument("--budget-s", type=float, default=540.0,
+                        help="start no group that would end (by the previous group's time) past this")
+    parser.add_argument("--cpu-dry-run", action="store_true",
+                        help="run on a CPU anyway (for tests, at tiny sizes; the figures mean nothing)")
+
+
+def attention_kernels(platform: str) -> tuple[list[str], list[str]]:
+    """The attention implementations to time on this platform (fused first), and notes."""
+    if platform == "gpu":
+        return ["cudnn", "xla"], []
+    return ["xla"], [f"fused attention (cuDNN) is GPU-only: on {platform} only XLA attention is timed"]
+
+
+def train_group(size: str, seq_len: int, kernels: list[str], args: argparse.Namespace,
+                table_peak: float | None) -> list[dict]:
+    """learned and rope on the first (fused) kernel, rope on the others; alternating rounds."""
+    batch = max(args.tokens // seq_len, 1)
+    variants = [("learned", kernels[0])] + [("rope", kernel) for kernel in kernels]
+    workloads = {}
+    for scheme, kernel in variants:
+        config = ModelConfig.from_preset(size, position=scheme, dtype=DTYPE, vocab_size=args.vocab_size,
+                                         max_position_embeddings=max(512, seq_len), attention_dropout=0.0)
+        workloads[f"{scheme}/{kernel}"] = build_train_workload(config, batch_size=batch, seq_len=seq_len,
+                                                               attention_impl=kernel)
+    times, measured_peaks = time_with_matmul({name: w.step for name, w in workloads.items()}, dtype=DTYPE,
+                                             peak_size=args.peak_size or default_peak_size(),
+                                             rounds=args.rounds, iters=args.iters)
+    learned, fused_rope = f"learned/{kernels[0]}", f"rope/{kernels[0]}"
+    rows = []
+    for name, workload in workloads.items():
+        seconds = times[name]
+        peaks = [table_peak] * len(seconds) if table_peak else measured_peaks
+        row = {"size": size, "seq": seq_len, "variant": name, "batch": batch,
+               **step_figures(workload, seconds, peaks, measured_peaks)}
+        for column, reference in (("x_learned", learned), ("x_fused", fused_rope)):
+            stats = ratio_stats(seconds, times[reference])
+            row.update({column: stats["median"], f"{column}_min": stats["min"], f"{column}_max": stats["max"]})
+        rows.append(row)
+    del workloads
+    gc.collect()
+    return rows
+
+
+def versions() -> dict:
+    found = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"] or ""
+        if name in VERSIONED or name.startswith(("jax-cuda", "jax_cuda", "nvidia-cudnn", "libtpu")):
+            found[name] = dist.version
+    return dict(sorted(found.items()))
+
+
+def run(args: argparse.Namespace) -> dict:
+    platform = jax.default_backend()
+    if platform == "cpu" and not args.cpu_dry_run:
+        print("roformer.bench gpu: no GPU or TPU found (jax backend: cpu); run it on an accelerator host",
+              file=sys.stderr)
+        raise SystemExit(2)
+    start = time.perf_counter()
+    kernels, notes = attention_kernels(platform)
+    if platform == "cpu":
+        notes.append("CPU dry run: the figures mean nothing")
+    table_peak = vendor_peak(DTYPE)
+    if table_peak is None:
+        notes.append(f"{jax.devices()[0].device_kind} has no bf16 peak in roformer.train.flops.PEAK_FLOPS: "
+                     "MFU is against the bf16 matmul rate measured in the same rounds")
+
+    rope_rows = []
+    for dtype in ("float32", "bfloat16"):
+        for length in args.rope_lengths:
+            for backward in (False, True):
+                rope_rows += rope_bench.bench_shape(args.rope_batch, length, 12, 64, dtype, backward=backward,
+                                                    rounds=args.rounds, iters=args.iters)
+
+    rows, skipped, last_group_s = [], [], 0.0
+    order = sorted(args.sizes, key=list(PRESETS).index, reverse=True)   # largest first
+    for size in order:
+        for seq_len in sorted(args.seq_lens, reverse=True):
+            # groups shrink as the run goes on, so the last one bounds the next one's time
+            if time.perf_counter() - start + last_group_s > args.budget_s:
+                skipped.append(f"{size}/{seq_len}")
+                continue
+            group_start = time.perf_counter()
+            rows += train_group(size, seq_len, kernels, args, table_peak)
+            last_group_s = time.perf_counter() - group_start
+    if skipped:
+        notes.append(f"not measured, over the {args.budget_s:.0f} s budget: {', '.join(skipped)}")
+    rows.sort(key=lambda r: (list(PRESETS).index(r["size"]), r["seq"]))
+    return {"rows": rows, "columns": TABLE_COLUMNS,
+            "tables": {"RoPE kernel vs copy": {"rows": rope_rows, "columns": ROPE_COLUMNS}},
+            "notes": notes, "peak_flops": table_peak, "wall_s": round(time.perf_counter() - start, 1),
+            "versions": versions(), "device_kinds": sorted({d.device_kind for d in jax.devices()}),
+            "settings": {k: v for k, v in vars(args).items() if k != "json"}}
