@@ -103,8 +103,8 @@ def torch_train_step(config: ModelConfig, batch: dict[str, np.ndarray], compile_
     torch.manual_seed(0)
     model = HFRoFormerForMaskedLM(hf_config(config)).train()
     tc = train_config()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.learning_rate, betas=(tc.b1, tc.b2),
-                                  eps=tc.eps, weight_decay=tc.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc["learning_rate"], betas=(tc["b1"], tc["b2"]),
+                                  eps=tc["eps"], weight_decay=tc["weight_decay"])
     input_ids = torch.from_numpy(batch["input_ids"]).long()
     labels = torch.full_like(input_ids, -100)
     rows = np.arange(input_ids.shape[0])[:, None]
@@ -113,7 +113,7 @@ def torch_train_step(config: ModelConfig, batch: dict[str, np.ndarray], compile_
               "attention_mask": torch.ones_like(input_ids), "labels": labels}
 
     def update():
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip_norm)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc["clip_norm"])
         optimizer.step()
 
     forward = model

@@ -50,7 +50,7 @@ def main() -> int:
     opt = request["optimizer"]
     schedule = optax.join_schedules(
         [optax.linear_schedule(0.0, opt["learning_rate"], opt["warmup_steps"]),
-         optax.linear_schedule(opt["learning_rate"], 0.0, opt["steps"] - opt["warmup_steps"])],
+         optax.linear_schedule(opt["learning_rate"], 0.0, opt["total_steps"] - opt["warmup_steps"])],
         [opt["warmup_steps"]])
     tx = optax.chain(optax.clip_by_global_norm(opt["clip_norm"]),
                      optax.adamw(schedule, b1=opt["b1"], b2=opt["b2"], eps=opt["eps"],

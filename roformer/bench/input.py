@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> dict:
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
         rows.append(_row("prepare (spawned processes)", f"{processes} x {done['threads_per_process']} threads",
-                         done["tokens"], done["seconds"], cpu, None))
+                         done["tokens"], done["seconds"], cpu))
 
     # The development machine is shared: the load average says how contended the cores were,
     # and tokens per CPU-second is the load-independent cost of each stage.
