@@ -362,12 +362,14 @@ def findings(result: Mapping) -> list[str]:
     ref = rows.get(reference)
     out = []
     if ref and ref.get("eval_loss"):
-        better, worse, same = [], [], []
+        better, worse, same, single = [], [], [], []
         for name, row in rows.items():
             d = (row.get("vs_reference") or {}).get("eval_loss")
             if name == reference or not d:
                 continue
-            if d.get("exceeds"):
+            if d.get("exceeds") is None:      # one common seed: no interval to judge by
+                single.append(f"{name} ({_diff(d)})")
+            elif d["exceeds"]:
                 (worse if d["diff"] > 0 else better).append(f"{name} ({_diff(d)} nats)")
             else:
                 same.append(f"{name} ({_diff(d)})")
@@ -381,6 +383,8 @@ def findings(result: Mapping) -> list[str]:
             out.append(f"Held-out MLM loss lower than {reference} beyond the seed spread: {', '.join(better)}.")
         if same:
             out.append(f"Not distinguishable from {reference} at {n} seeds (interval includes 0): {', '.join(same)}.")
+        if single:
+            out.append(f"One seed in common with {reference} so far, no interval yet: {', '.join(single)}.")
     threshold = result.get("order_threshold", 0.1)
     uses, never = [], []
     for name, row in rows.items():
