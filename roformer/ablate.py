@@ -43,6 +43,7 @@ from typing import Any, Callable
 import ml_collections
 
 from roformer import report
+from roformer.train.metrics import read_metrics
 from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.ablate")
@@ -350,17 +351,19 @@ def _run_ablation(config: ml_collections.ConfigDict, workdir: Path) -> dict:
         (workdir / "ablation_config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
 
     started = time.time()
+    vocab = pin_vocabulary(config, workdir)
     result = None
     try:
         for seed in range(config.seeds):
             for scheme in split_list(config.schemes):
-                _run_stages(state, workdir, f"{scheme}/seed{seed}", _scheme_stages(config, workdir, scheme, seed))
+                _run_stages(state, workdir, f"{scheme}/seed{seed}",
+                            _scheme_stages(config, workdir, scheme, seed, vocab))
                 result = _write_report(config, workdir, state)   # readable while the next run trains
         if config.extension.enabled:   # after the comparison itself, which it builds on
             for seed in range(extension_seeds(config)):
                 for method in split_list(config.extension.methods):
                     _run_stages(state, workdir, f"extension/{method}/seed{seed}",
-                                _extension_stages(config, workdir, method, seed))
+                                _extension_stages(config, workdir, method, seed, vocab))
                     result = _write_report(config, workdir, state)
     except Preempted as error:
         log.warning("%s; stopping the ablation (re-run the command to resume)", error)
@@ -368,11 +371,58 @@ def _run_ablation(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     return result if result is not None else _write_report(config, workdir, state)
 
 
-def _scheme_stages(config, workdir: Path, scheme: str, seed: int) -> list[tuple[str, str, Callable]]:
+PINNED_TOKENIZER = "tokenizer.json"
+
+
+def pin_vocabulary(config: ml_collections.ConfigDict, workdir: Path) -> str:
+    """The one vocabulary every run of the ablation reads: pretrain.data.vocab when set, else
+    WORKDIR/tokenizer.json, taken from a run that already trained (an older workdir) or from
+    the data pipeline on first use. WordPiece training is not deterministic (hash-map order
+    inside `tokenizers`, huggingface/tokenizers#1794) and its cache is keyed by the files'
+    paths, sizes and mtimes, so without a pin a resumed ablation on a new machine, or after
+    the text was re-copied, would give its remaining runs a different vocabulary."""
+    if config.pretrain.data.vocab:
+        return str(config.pretrain.data.vocab)
+    pinned = workdir / PINNED_TOKENIZER
+    if _is_main_process() and not pinned.is_file():
+        from roformer.train.checkpoint import PretrainWorkdir
+
+        trained = [PretrainWorkdir(p).tokenizer_file for p in sorted((workdir / "pretrain").glob("*/seed*"))
+                   if PretrainWorkdir.holds_run(p)]
+        trained = [f for f in trained if f.is_file()]
+        if trained:
+            text = trained[0].read_text()
+        else:
+            from roformer.data import DataConfig
+            from roformer.data.pipeline import resolve_tokenizer
+            from roformer.data.shards import default_cache_dir
+            from roformer.data.sources import make_source
+
+            data = DataConfig.from_mapping(config.pretrain.data)
+            tokenizer = resolve_tokenizer(data, make_source(data),
+                                          Path(data.cache_dir or default_cache_dir()).expanduser())
+            text = tokenizer.tokenizer.to_str()
+        staging = pinned.with_suffix(f".partial-{os.getpid()}")
+        staging.write_text(text)
+        os.replace(staging, pinned)
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("ablation vocabulary pinned")
+    return str(pinned)
+
+
+def _scheme_stages(config, workdir: Path, scheme: str, seed: int, vocab: str
+                   ) -> list[tuple[str, str, Callable]]:
     """(stage, fingerprint, call) for one scheme and seed."""
     pretrain_cfg = scheme_pretrain_config(config, scheme, seed)
     pretrain_dir = workdir / "pretrain" / scheme / f"seed{seed}"
+    # The pinned vocabulary is a property of the workdir, not of the config: fingerprints
+    # stay those of the config as written, so moving the workdir resumes it.
     fp = fingerprint(pretrain_cfg)
+    pretrain_cfg.data.vocab = vocab
     stages = [
         ("pretrain", fp, lambda: STAGE_RUNNERS["pretrain"](pretrain_cfg, pretrain_dir)),
         ("extrapolation", fingerprint(fp, config.extrapolation),
@@ -384,12 +434,14 @@ def _scheme_stages(config, workdir: Path, scheme: str, seed: int) -> list[tuple[
     return stages
 
 
-def _extension_stages(config, workdir: Path, method: str, seed: int) -> list[tuple[str, str, Callable]]:
+def _extension_stages(config, workdir: Path, method: str, seed: int, vocab: str
+                      ) -> list[tuple[str, str, Callable]]:
     source = workdir / "pretrain" / config.extension.scheme / f"seed{seed}"
     ext_cfg = extension_pretrain_config(config, method, seed, source)
     pretrain_cfg = scheme_pretrain_config(config, config.extension.scheme, seed)
     ext_dir = workdir / "extension" / method / f"seed{seed}"
     fp = fingerprint(fingerprint(pretrain_cfg), ext_cfg)
+    ext_cfg.data.vocab = pretrain_cfg.data.vocab = vocab
     return [
         ("extension", fp, lambda: STAGE_RUNNERS["extension"](ext_cfg, ext_dir)),
         ("extension_eval", fingerprint(fp, config.extrapolation),
@@ -491,7 +543,7 @@ def build_report(config: ml_collections.ConfigDict, workdir: Path, state: Ablati
             row: dict[str, Any] = {"scheme": scheme, "seed": seed, **_run_status(records, stages),
                                    "pretrain_workdir": f"pretrain/{name}", "glue_workdir": None}
             row["wall_s"] = round(sum(r.get("wall_s", 0.0) for r in records.values()), 1)
-            metrics = report.read_metrics(workdir / row["pretrain_workdir"] / "metrics.jsonl")
+            metrics = read_metrics(workdir / row["pretrain_workdir"] / "metrics.jsonl")
             row.update(report.pretrain_summary(metrics))
             row["curve"] = report.eval_curve(metrics, tokens_per_step)
             ext = records["extrapolation"].get("result") or {}
@@ -522,24 +574,20 @@ def build_report(config: ml_collections.ConfigDict, workdir: Path, state: Ablati
 
 
 def _unigram_loss(workdir: Path, config: ml_collections.ConfigDict) -> float | None:
-    """The corpus's context-free MLM loss under the runs' vocabulary (cached in the state
-    directory; computed once a pretraining run has written its tokenizer)."""
+    """The corpus's context-free MLM loss under the runs' (pinned) vocabulary, cached in the
+    workdir."""
     cache = workdir / "unigram_loss.json"
     fp = fingerprint(config.pretrain.data)
     if cache.exists():
         saved = json.loads(cache.read_text())
         if saved.get("fingerprint") == fp:
             return saved["unigram_loss"]
-    from roformer.train.checkpoint import PretrainWorkdir
-
-    runs = [PretrainWorkdir(p) for p in sorted((workdir / "pretrain").glob("*/seed*"))
-            if PretrainWorkdir.holds_run(p)]
-    run = next((r for r in runs if r.tokenizer_file.is_file()), None)
-    if run is None:
+    vocab = Path(config.pretrain.data.vocab or workdir / PINNED_TOKENIZER)
+    if not vocab.exists():
         return None
     from roformer.data import DataConfig, make_pretrain_data
 
-    data_cfg = dataclasses.replace(DataConfig.from_mapping(config.pretrain.data), vocab=str(run.tokenizer_file))
+    data_cfg = dataclasses.replace(DataConfig.from_mapping(config.pretrain.data), vocab=str(vocab))
     data = make_pretrain_data(data_cfg, seq_len=config.pretrain.train.seq_len, batch_size=1, seed=0,
                               show_progress=False)
     value = data.unigram_loss()

@@ -17,6 +17,7 @@ from scipy import stats
 
 from roformer import ablate, extrapolation, report
 from roformer.model import ModelConfig, RoFormerForMaskedLM
+from roformer.train.metrics import read_metrics
 
 
 def small_config(schemes="learned,rope", *, seeds=None, methods=None):
@@ -423,6 +424,42 @@ def test_paired_difference_exceeds_only_beyond_the_seed_spread():
     assert report.paired_difference({0: None}, {0: 1.0}) is None
 
 
+def test_every_run_reads_one_pinned_vocabulary_kept_in_the_workdir(tmp_path, monkeypatch, quick_figures):
+    """WordPiece training is not deterministic, so a vocabulary trained on the corpus is
+    pinned in the workdir once and every run (and a resumed ablation) reads that file;
+    fingerprints stay those of the config as written."""
+    from roformer.data.tokenizer import WordPieceTokenizer
+
+    stages = FakeStages()
+    stages.install(monkeypatch)
+    config = small_config("rope", seeds=1, methods="none")
+    config.pretrain.data.vocab = ""
+    config.pretrain.data.vocab_size = 300
+    config.pretrain.data.cache_dir = str(tmp_path / "cache")
+
+    # A fresh workdir trains the vocabulary through the data pipeline (cached) and pins it.
+    fresh = tmp_path / "fresh"
+    result = ablate.run_ablation(config, fresh)
+    pinned = fresh / ablate.PINNED_TOKENIZER
+    assert WordPieceTokenizer.from_tokenizer_json(pinned).vocab_size == 300
+    assert any((tmp_path / "cache" / "tokenizers").iterdir())
+    assert {cfg.data.vocab for cfg in stages.configs.values()} == {str(pinned)}
+    assert result["setup"]["unigram_loss"] > 0
+    state = (fresh / ablate.STATE_FILE).read_text()
+    assert ablate.fingerprint(ablate.scheme_pretrain_config(config, "rope", 0)) in state
+
+    # An older workdir whose first run trained its own vocabulary pins that one, not the
+    # cached one a new run would get.
+    older = tmp_path / "older"
+    run_dir = older / "pretrain" / "rope" / "seed0"
+    own = WordPieceTokenizer.train(["the first run trained its own small vocabulary"] * 20, vocab_size=120,
+                                   lowercase=True, show_progress=False)
+    own.save(run_dir)
+    (run_dir / "checkpoints").mkdir()
+    ablate.run_ablation(config, older)
+    assert (older / ablate.PINNED_TOKENIZER).read_text() == (run_dir / "tokenizer.json").read_text()
+
+
 def test_preempted_pretraining_stops_the_ablation_and_resumes(tmp_path, monkeypatch, quick_figures):
     stages = FakeStages(preempt={("learned/seed0", "pretrain")})
     stages.install(monkeypatch)
@@ -523,6 +560,15 @@ def test_findings_say_which_differences_exceed_the_seed_spread_and_who_ignores_w
                            baseline="learned")
     assert "Only one seed finished for rope: differences have no interval yet." in one["findings"]
     assert "(+0.500 (one seed))" in report.to_markdown(one)
+    assert not any(f.startswith("Not distinguishable") for f in one["findings"])
+    # An unfinished seed: a scheme with one seed in common is listed as such, not as
+    # "not distinguishable" at the reference's seed count.
+    partial_runs = [r for r in runs if (r["seed"] < 2 or r["scheme"] == "rope")
+                    and not (r["scheme"] == "none" and r["seed"] == 1)]
+    partial = report.summarize({"seeds": 3}, partial_runs, [], reference="rope", baseline="learned")
+    assert any(f.startswith("One seed in common with rope so far, no interval yet: none (")
+                                    for f in partial["findings"])
+    assert not any(f.startswith("Not distinguishable") and "none" in f for f in partial["findings"])
 
 
 def test_report_helpers():
@@ -561,8 +607,8 @@ def test_report_helpers():
 def test_read_metrics_ignores_a_torn_last_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
-    assert report.read_metrics(path) == [{"step": 1, "loss": 2.0}]
-    assert report.read_metrics(tmp_path / "missing.jsonl") == []
+    assert read_metrics(path) == [{"step": 1, "loss": 2.0}]
+    assert read_metrics(tmp_path / "missing.jsonl") == []
 
 
 def _batches(rng, batch_size, length, vocab, num_batches=1, predictions=6):

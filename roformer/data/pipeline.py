@@ -270,7 +270,7 @@ def resolve_tokenizer(data: DataConfig, source: TextSource, cache_dir: Path, *,
     tokenizer.save(staging)
     try:
         os.replace(staging, directory)
-    except OSError:  # another process finished first; theirs is identical
+    except OSError:  # another process finished first: use theirs, so all share one vocabulary
         shutil.rmtree(staging, ignore_errors=True)
     return WordPieceTokenizer.from_tokenizer_json(directory / "tokenizer.json")
 
