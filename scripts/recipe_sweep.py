@@ -22,6 +22,7 @@ and writes `speed.json`; the table then uses those figures instead of the sweep 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import statistics
@@ -174,7 +175,7 @@ def report(root: Path, variants: list[str]) -> str:
             r["summary"]["tokens_per_sec"] = speed[v]
             r["train_s"] = r["total"] / speed[v]
     budget_s = min(r["train_s"] for r in runs.values())
-    vocab_cache: dict[tuple, tuple[int, float]] = {}
+    vocab_cache: dict[str, tuple[int, float]] = {}
     source = (f"tokens/s measured alone, {SPEED_STEPS}-step runs (--speed)" if speed
               else "tokens/s of the sweep runs themselves")
     lines = [f"Equal wall time: {budget_s:.0f} s of training (the fastest run's whole budget; {source}).", "",
@@ -183,9 +184,12 @@ def report(root: Path, variants: list[str]) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for v, r in runs.items():
         s = r["summary"]
-        key = (r["settings"]["data.vocab"], r["settings"]["data.vocab_size"])
+        # The run's own vocabulary: retraining one is slow and gives a different one
+        # (WordPiece training is not deterministic).
+        settings = {**r["settings"], "data.vocab": str(root / v / "tokenizer.json")}
+        key = hashlib.sha256((root / v / "tokenizer.json").read_bytes()).hexdigest()
         if key not in vocab_cache:
-            vocab_cache[key] = unigram_loss(r["settings"])
+            vocab_cache[key] = unigram_loss(settings)
         vocab, uni = vocab_cache[key]
         at_budget = float(np.interp(budget_s * s["tokens_per_sec"], r["tokens"], r["losses"]))
         lines.append(f"| {v} | {vocab:,} | {uni:.2f} | {s['tokens_per_sec']:,.0f} | {s['eval_loss']:.3f} | "

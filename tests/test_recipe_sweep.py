@@ -1,7 +1,7 @@
 """scripts/recipe_sweep.py: its table compares variants at equal tokens and at equal wall time.
 
-The runs are synthetic workdirs (summary.json + metrics.jsonl, what `roformer.pretrain`
-writes); the vocabulary's unigram loss is stubbed (it tokenizes the corpus).
+The runs are synthetic workdirs (summary.json, metrics.jsonl and tokenizer.json, what
+`roformer.pretrain` writes); the vocabulary's unigram loss is stubbed (it tokenizes the corpus).
 """
 import importlib.util
 import json
@@ -26,6 +26,7 @@ def write_run(root, variant, tokens_per_sec, losses, tokens_per_step):
     workdir.mkdir(parents=True)
     rows = [{"step": 100 * (i + 1), "eval_loss": loss} for i, loss in enumerate(losses)]
     (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (workdir / "tokenizer.json").write_text(json.dumps({"vocabulary of": variant}))   # the run's own
     (workdir / "summary.json").write_text(json.dumps({
         "final_step": 700, "eval_loss": losses[-1], "eval_mlm_accuracy": 0.2, "tokens_per_sec": tokens_per_sec}))
 
