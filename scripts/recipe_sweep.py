@@ -129,6 +129,9 @@ def measure_speed(variant: str, root: Path) -> float:
     settings = {**settings, "train.steps": SPEED_STEPS, "train.warmup_steps": 0, "train.log_every": 10,
                 "train.eval_every": SPEED_STEPS, "train.eval_batches": 1,
                 "train.checkpoint_every": SPEED_STEPS}
+    own_vocab = root / variant / "tokenizer.json"
+    if own_vocab.is_file():   # the sweep run's vocabulary, not a new training of one
+        settings["data.vocab"] = str(own_vocab)
     cmd = [sys.executable, "-m", "roformer.pretrain", f"--config=configs/{config_file}.py",
            f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in settings.items()]
     subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
@@ -151,6 +154,11 @@ def unigram_loss(settings: dict) -> tuple[int, float]:
     data = make_pretrain_data(data_cfg, seq_len=settings["train.seq_len"], batch_size=1, seed=0,
                               show_progress=False)
     return data.vocab_size, data.unigram_loss()
+
+
+def _gap(value) -> str:
+    """Held-out loss increase when each window's tokens are shuffled (how much order is used)."""
+    return "" if value is None else f"{value:.2f}"
 
 
 def report(root: Path, variants: list[str]) -> str:
@@ -180,8 +188,8 @@ def report(root: Path, variants: list[str]) -> str:
               else "tokens/s of the sweep runs themselves")
     lines = [f"Equal wall time: {budget_s:.0f} s of training (the fastest run's whole budget; {source}).", "",
              "| variant | vocab | unigram loss | tokens/s | held-out loss | held-out acc | gain over unigram "
-             "| loss at equal wall time |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| loss at equal wall time | order gap |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for v, r in runs.items():
         s = r["summary"]
         # The run's own vocabulary: retraining one is slow and gives a different one
@@ -193,7 +201,8 @@ def report(root: Path, variants: list[str]) -> str:
         vocab, uni = vocab_cache[key]
         at_budget = float(np.interp(budget_s * s["tokens_per_sec"], r["tokens"], r["losses"]))
         lines.append(f"| {v} | {vocab:,} | {uni:.2f} | {s['tokens_per_sec']:,.0f} | {s['eval_loss']:.3f} | "
-                     f"{100 * s['eval_mlm_accuracy']:.1f}% | {uni - s['eval_loss']:.2f} | {at_budget:.3f} |")
+                     f"{100 * s['eval_mlm_accuracy']:.1f}% | {uni - s['eval_loss']:.2f} | {at_budget:.3f} | "
+                     f"{_gap(s.get('eval_order_gap'))} |")
     return "\n".join(lines) + "\n"
 
 

@@ -28,7 +28,8 @@ def write_run(root, variant, tokens_per_sec, losses, tokens_per_step):
     (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (workdir / "tokenizer.json").write_text(json.dumps({"vocabulary of": variant}))   # the run's own
     (workdir / "summary.json").write_text(json.dumps({
-        "final_step": 700, "eval_loss": losses[-1], "eval_mlm_accuracy": 0.2, "tokens_per_sec": tokens_per_sec}))
+        "final_step": 700, "eval_loss": losses[-1], "eval_mlm_accuracy": 0.2, "eval_order_gap": 1.234,
+        "tokens_per_sec": tokens_per_sec}))
 
 
 def table_rows(text):
@@ -45,6 +46,7 @@ def test_equal_wall_time_reads_each_curve_at_the_fastest_budget(sweep, tmp_path)
     # vocab_4000 finishes its 2.87M tokens in half of base's time: base is read at 350 steps.
     assert rows["base"][3] == "5.700" and rows["base"][6] == "6.100"
     assert rows["vocab_4000"][6] == "4.700"   # its whole budget
+    assert rows["base"][7] == "1.23"          # the word-order probe at the end
 
 
 def test_speed_measured_alone_replaces_the_sweep_runs_figures(sweep, tmp_path):
