@@ -18,6 +18,8 @@ Equal wall time needs each variant's throughput, and a sweep that shares the mac
 other work measures it badly. `--speed` times every variant alone for a short run
 (SPEED_STEPS steps, median of the logged intervals, compilation and evaluation excluded)
 and writes `speed.json`; the table then uses those figures instead of the sweep runs' own.
+Variants that differ only in learning rate, warmup or schedule (COST_FREE_KEYS) run the
+same step and share one timing.
 """
 from __future__ import annotations
 
@@ -119,6 +121,16 @@ def run_variant(variant: str, workdir: Path) -> None:
 
 SPEED_STEPS = 80
 SPEED_FILE = "speed.json"
+# Keys that change what a step computes on, not how long it takes: variants differing only
+# in these share one timing.
+COST_FREE_KEYS = ("train.learning_rate", "train.warmup_steps", "train.decay", "train.steps",
+                  "train.eval_every", "train.checkpoint_every")
+
+
+def cost_key(variant: str) -> str:
+    config_file, settings = overrides(variant)
+    return json.dumps([config_file, {k: v for k, v in settings.items() if k not in COST_FREE_KEYS}],
+                      sort_keys=True)
 
 
 def measure_speed(variant: str, root: Path) -> float:
@@ -222,9 +234,12 @@ def main() -> None:
     if args.speed:
         speed_path = args.workdir / SPEED_FILE
         speed = json.loads(speed_path.read_text()) if speed_path.exists() else {}
+        timed: dict[str, str] = {}   # cost key -> the variant timed for it
         for v in variants:
-            speed[v] = measure_speed(v, args.workdir)
-            print(f"{v}: {speed[v]:,.0f} tokens/s", flush=True)
+            twin = timed.get(cost_key(v))
+            speed[v] = speed[twin] if twin else measure_speed(v, args.workdir)
+            timed.setdefault(cost_key(v), v)
+            print(f"{v}: {speed[v]:,.0f} tokens/s" + (f" (as {twin}: same step)" if twin else ""), flush=True)
             speed_path.write_text(json.dumps(speed, indent=1))
     elif not args.report:
         for v in variants:

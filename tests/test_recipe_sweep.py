@@ -60,3 +60,16 @@ def test_speed_measured_alone_replaces_the_sweep_runs_figures(sweep, tmp_path):
     assert "measured alone" in text.splitlines()[0]
     rows = table_rows(text)
     assert rows["base"][2] == "15,000" and rows["base"][6] == "5.700" and rows["vocab_4000"][6] == "5.700"
+
+
+def test_speed_times_each_distinct_step_once(sweep, tmp_path, monkeypatch):
+    """Variants that change only the learning rate, warmup or schedule share one timing."""
+    timed = []
+    monkeypatch.setattr(sweep, "measure_speed", lambda v, root: timed.append(v) or 1000.0 * len(timed))
+    monkeypatch.setattr(sweep.sys, "argv", ["recipe_sweep.py", "--workdir", str(tmp_path), "--speed",
+                                            "--only", "base,lr_1e-3,cosine,batch_16,learned,learned_lr_4e-3"])
+    sweep.main()
+    assert timed == ["base", "batch_16", "learned"]
+    speed = json.loads((tmp_path / sweep.SPEED_FILE).read_text())
+    assert speed == {"base": 1000.0, "lr_1e-3": 1000.0, "cosine": 1000.0, "batch_16": 2000.0,
+                     "learned": 3000.0, "learned_lr_4e-3": 3000.0}
