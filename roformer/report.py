@@ -363,17 +363,19 @@ def findings(result: Mapping) -> list[str]:
     out = []
     if ref and ref.get("eval_loss"):
         better, worse, same, single = [], [], [], []
+        n = ref["eval_loss"]["n"]
         for name, row in rows.items():
             d = (row.get("vs_reference") or {}).get("eval_loss")
             if name == reference or not d:
                 continue
+            # A scheme with fewer finished seeds than the reference is paired over fewer.
+            seeds = "" if d["n"] == n else f", {d['n']} common seeds"
             if d.get("exceeds") is None:      # one common seed: no interval to judge by
                 single.append(f"{name} ({_diff(d)})")
             elif d["exceeds"]:
-                (worse if d["diff"] > 0 else better).append(f"{name} ({_diff(d)} nats)")
+                (worse if d["diff"] > 0 else better).append(f"{name} ({_diff(d)} nats{seeds})")
             else:
-                same.append(f"{name} ({_diff(d)})")
-        n = ref["eval_loss"]["n"]
+                same.append(f"{name} ({_diff(d)}{seeds})")
         if n < 2:
             out.append(f"Only one seed finished for {reference}: differences have no interval yet.")
         if worse:

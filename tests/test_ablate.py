@@ -569,6 +569,8 @@ def test_findings_say_which_differences_exceed_the_seed_spread_and_who_ignores_w
     assert any(f.startswith("One seed in common with rope so far, no interval yet: none (")
                                     for f in partial["findings"])
     assert not any(f.startswith("Not distinguishable") and "none" in f for f in partial["findings"])
+    # learned has 2 seeds in common with rope's 3: its pairing says so.
+    assert any("learned (+" in f and ", 2 common seeds)" in f for f in partial["findings"])
 
 
 def test_report_helpers():
