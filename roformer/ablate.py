@@ -394,14 +394,9 @@ def pin_vocabulary(config: ml_collections.ConfigDict, workdir: Path) -> str:
             text = trained[0].read_text()
         else:
             from roformer.data import DataConfig
-            from roformer.data.pipeline import resolve_tokenizer
-            from roformer.data.shards import default_cache_dir
-            from roformer.data.sources import make_source
+            from roformer.data.pipeline import corpus_tokenizer
 
-            data = DataConfig.from_mapping(config.pretrain.data)
-            tokenizer = resolve_tokenizer(data, make_source(data),
-                                          Path(data.cache_dir or default_cache_dir()).expanduser())
-            text = tokenizer.tokenizer.to_str()
+            text = corpus_tokenizer(DataConfig.from_mapping(config.pretrain.data)).tokenizer.to_str()
         staging = pinned.with_suffix(f".partial-{os.getpid()}")
         staging.write_text(text)
         os.replace(staging, pinned)

@@ -236,9 +236,10 @@ def main() -> None:
         speed = json.loads(speed_path.read_text()) if speed_path.exists() else {}
         timed: dict[str, str] = {}   # cost key -> the variant timed for it
         for v in variants:
-            twin = timed.get(cost_key(v))
+            key = cost_key(v)
+            twin = timed.get(key)
             speed[v] = speed[twin] if twin else measure_speed(v, args.workdir)
-            timed.setdefault(cost_key(v), v)
+            timed.setdefault(key, v)
             print(f"{v}: {speed[v]:,.0f} tokens/s" + (f" (as {twin}: same step)" if twin else ""), flush=True)
             speed_path.write_text(json.dumps(speed, indent=1))
     elif not args.report:

@@ -275,6 +275,16 @@ def resolve_tokenizer(data: DataConfig, source: TextSource, cache_dir: Path, *,
     return WordPieceTokenizer.from_tokenizer_json(directory / "tokenizer.json")
 
 
+def cache_directory(data: DataConfig) -> Path:
+    """Where data's tokenizers and token shards are cached."""
+    return Path(data.cache_dir or shards_lib.default_cache_dir()).expanduser()
+
+
+def corpus_tokenizer(data: DataConfig, *, show_progress: bool = True) -> WordPieceTokenizer:
+    """The tokenizer a run on `data` uses: data.vocab, or the one trained on its source (cached)."""
+    return resolve_tokenizer(data, make_source(data), cache_directory(data), show_progress=show_progress)
+
+
 def prepare_corpus(data: DataConfig, *, process_index: int = 0, process_count: int = 1,
                    show_progress: bool = True) -> tuple[WordPieceTokenizer, shards_lib.TokenCorpus]:
     """The tokenizer and token shards of data's corpus, built into the cache if missing.
@@ -284,7 +294,7 @@ def prepare_corpus(data: DataConfig, *, process_index: int = 0, process_count: i
     if not isinstance(data, DataConfig):
         raise TypeError(f"expected a DataConfig, got {type(data).__name__}: convert a config's data "
                         "section with DataConfig.from_mapping(config.data)")
-    cache_dir = Path(data.cache_dir or shards_lib.default_cache_dir()).expanduser()
+    cache_dir = cache_directory(data)
     source = make_source(data)
     tokenizer = resolve_tokenizer(data, source, cache_dir, show_progress=show_progress)
     corpus = shards_lib.load_or_build(source, tokenizer, cache_dir, process_index=process_index,
