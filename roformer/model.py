@@ -29,7 +29,9 @@ from roformer.positions import POSITION_SCHEMES, make_position_scheme
 from roformer.rope import ROPE_LAYOUTS, ROPE_SCALINGS
 
 ACTIVATIONS = {
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # exact erf gelu, as HF "gelu"
+    # Exact gelu written as HF/torch do, x/2 (1 + erf(x/sqrt2)): on XLA:CPU erf is one
+    # rational polynomial, jax.nn.gelu's erfc form two branches (~2% of a mini train step).
+    "gelu": lambda x: 0.5 * x * (1.0 + jax.lax.erf(x * (2.0 ** -0.5))),
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
     "relu": jax.nn.relu,
     "silu": jax.nn.silu,
@@ -282,6 +284,35 @@ class RoFormerPredictionHeadTransform(nnx.Module):
         return self.LayerNorm(self.act(self.dense(x)))
 
 
+@jax.custom_vjp
+def tied_decoder(x: jax.Array, table: jax.Array, bias: jax.Array) -> jax.Array:
+    """float32 logits x @ table.T + bias: [..., E] x [V, E] -> [..., V].
+
+    Its gradients are what autodiff gives, written out so that the bias gradient is a
+    matrix-vector product (ones @ d_logits) rather than a reduction over the [N, V]
+    cotangent, and the table gradient contracts d_logits over rows directly: on XLA:CPU
+    that makes a mini train step ~6% faster (docs/performance.md). Reverse mode only
+    (grad of grad works; jvp through the MLM head does not)."""
+    return jnp.einsum("...e,ve->...v", x, table, preferred_element_type=jnp.float32) + bias
+
+
+def _tied_decoder_fwd(x, table, bias):
+    return tied_decoder(x, table, bias), (x, table)
+
+
+def _tied_decoder_bwd(residuals, d_logits):
+    x, table = residuals
+    rows = d_logits.reshape(-1, d_logits.shape[-1])
+    d_x = jnp.einsum("...v,ve->...e", d_logits.astype(table.dtype), table, preferred_element_type=jnp.float32)
+    d_table = jnp.einsum("nv,ne->ve", rows.astype(x.dtype), x.reshape(-1, x.shape[-1]),
+                         preferred_element_type=jnp.float32)
+    d_bias = jnp.ones(rows.shape[:1], rows.dtype) @ rows
+    return d_x.astype(x.dtype), d_table.astype(table.dtype), d_bias
+
+
+tied_decoder.defvjp(_tied_decoder_fwd, _tied_decoder_bwd)
+
+
 class RoFormerLMPredictionHead(nnx.Module):
     """transform -> decoder tied to the word embeddings, plus its own bias."""
 
@@ -292,8 +323,7 @@ class RoFormerLMPredictionHead(nnx.Module):
     def __call__(self, x, word_embeddings: nnx.Embed):
         x = self.transform(x)
         table = word_embeddings.embedding[...].astype(x.dtype)
-        logits = jnp.einsum("...e,ve->...v", x, table, preferred_element_type=jnp.float32)
-        return logits + self.bias[...]
+        return tied_decoder(x, table, self.bias[...])
 
 
 class RoFormerOnlyMLMHead(nnx.Module):
