@@ -82,6 +82,50 @@ def test_step_and_scaling_bench(tmp_path):
     assert result["rows"][0]["growth"] == 1.0 and result["rows"][0]["ms_per_1k_tokens"] > 0
 
 
+def test_profile_bench_splits_a_traced_step_by_kind(tmp_path):
+    result = run_bench(tmp_path, "profile", "--size", "tiny", "--seq-len", "16", "--batch", "2",
+                       "--vocab-size", "64", "--steps", "1", "--top", "5", "--trace-dir", str(tmp_path / "trace"))
+    kinds = {row["kind"]: row for row in result["rows"]}
+    assert list(kinds) == ["matmul", "layout copy", "reduction", "random bits", "elementwise and other"]
+    assert kinds["matmul"]["ms_step"] > 0 and kinds["random bits"]["ms_step"] > 0   # dots; dropout masks
+    assert abs(sum(row["share"] for row in result["rows"]) - 1.0) < 1e-9
+    top = result["tables"]["most expensive ops"]["rows"]
+    assert len(top) == 5 and all(row["ms_step"] > 0 and row["kind"] in kinds for row in top)
+    assert result["step_ms"] > 0 and result["traced_ms"] > 0
+    assert list((tmp_path / "trace").rglob("*.xplane.pb"))   # kept for TensorBoard / Perfetto
+
+
+def test_parse_program_kinds_of_instructions():
+    from roformer.bench.profile import parse_program
+    hlo = """HloModule m
+
+%fused_dot (p0: f32[4,4], p1: f32[4,4]) -> f32[4,4] {
+  %p0 = f32[4,4]{1,0} parameter(0)
+  %p1 = f32[4,4]{1,0} parameter(1)
+  ROOT %dot.1 = f32[4,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%fused_transpose (p0: f32[4,4]) -> f32[16] {
+  %p0 = f32[4,4]{1,0} parameter(0)
+  %transpose.1 = f32[4,4]{0,1} transpose(%p0), dimensions={1,0}
+  ROOT %bitcast.1 = f32[16]{0} bitcast(%transpose.1)
+}
+
+ENTRY %main (a: f32[4,4], b: f32[4,4]) -> f32[4,4] {
+  %a = f32[4,4]{1,0} parameter(0)
+  %b = f32[4,4]{1,0} parameter(1)
+  %mm = f32[4,4]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused_dot, metadata={op_name="jit(f)/dot_general"}
+  %tr = f32[16]{0} fusion(%mm), kind=kLoop, calls=%fused_transpose, metadata={op_name="jit(f)/transpose"}
+  %bits = u32[4,4]{1,0} add(%a, %b), metadata={op_name="jit(f)/jit(_bernoulli)/jit(_uniform)/add"}
+  ROOT %out = f32[4,4]{1,0} multiply(%a, %b), metadata={op_name="jit(f)/mul"}
+}
+"""
+    program = parse_program(hlo)
+    assert {name: program[name]["kind"] for name in ("mm", "tr", "bits", "out")} == {
+        "mm": "matmul", "tr": "layout copy", "bits": "random bits", "out": "elementwise and other"}
+    assert program["mm"]["op"] == "jit(f)/dot_general"
+
+
 def test_hf_bench_with_torch_compile_and_an_unavailable_flax_port(tmp_path, capsys):
     """Ours vs HF torch eager and torch.compile (the aot_eager backend: the same dynamo and
     autograd capture as inductor, without its C++ build, which takes minutes on a CPU),

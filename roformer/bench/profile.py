@@ -1,0 +1,167 @@
+"""Where one train step's time goes: the jax profiler's per-op times, grouped by kind.
+
+Traces a few steps of the `step` benchmark's workload (one size, length, batch and scheme),
+matches every traced op to its instruction in the compiled program, and sums the time by
+kind: matmul (a fusion or op containing a dot or convolution), layout copy (a fusion whose
+result is a transpose or copy), reduction, random bits (dropout masks) and the remaining
+elementwise work. A second table lists the most expensive ops with the jax operation each
+comes from. On XLA:CPU the ops of a step mostly run one after another, so the kinds add up
+to about the step time measured outside the trace; where ops overlap they add up to more.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+
+from roformer.bench import step as step_bench
+from roformer.bench.workload import build_train_workload
+from roformer.model import PRESETS
+from roformer.positions import POSITION_SCHEMES
+
+KINDS = ("matmul", "layout copy", "reduction", "random bits", "elementwise and other")
+_INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%(\S+) = (.+?) ([a-z][a-z0-9\-]*)\((.*)$")
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%(\S+) .*\{\s*$")
+_RANDOM = ("random_bits", "_bernoulli", "threefry", "rng_bit_generator", "_uniform")
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--size", default="mini", choices=list(PRESETS))
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=32, help="sequences per step")
+    parser.add_argument("--scheme", default="rope", choices=sorted(POSITION_SCHEMES))
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--vocab-size", type=int, default=30522)
+    parser.add_argument("--attention-dropout", type=float, default=None,
+                        help="override attention dropout (default: the model config's 0.1)")
+    parser.add_argument("--steps", type=int, default=3, help="traced steps (after 3 untraced)")
+    parser.add_argument("--top", type=int, default=25, help="rows of the most expensive ops")
+    parser.add_argument("--trace-dir", type=Path, default=None,
+                        help="keep the trace here (TensorBoard/Perfetto); default: a temporary directory")
+
+
+def parse_program(hlo_text: str) -> dict[str, dict]:
+    """Instruction name -> {kind, shape, op} for every instruction of a compiled HLO module."""
+    bodies: dict[str, list[tuple]] = {}
+    current = None
+    for line in hlo_text.splitlines():
+        header = _COMPUTATION.match(line)
+        if header and not line.startswith(" "):
+            current = bodies.setdefault(header.group(1), [])
+            continue
+        match = _INSTRUCTION.match(line)
+        if match and current is not None:
+            current.append((bool(match.group(1)), match.group(2), match.group(3), match.group(4), match.group(5)))
+
+    def contents(computation: str, seen: set) -> set[str]:
+        """Opcodes of a computation and of everything it calls."""
+        if computation in seen:
+            return set()
+        seen.add(computation)
+        opcodes = set()
+        for _, _, _, opcode, rest in bodies.get(computation, ()):
+            opcodes.add(opcode)
+            for called in re.findall(r"(?:calls|to_apply|body|condition)=%([\w.\-]+)", rest):
+                opcodes |= contents(called, seen)
+        return opcodes
+
+    def root_opcode(computation: str) -> str:
+        """The opcode that makes a computation's result, looking through bitcasts and reshapes."""
+        by_name = {name: (opcode, rest) for _, name, _, opcode, rest in bodies.get(computation, ())}
+        roots = [name for is_root, name, _, _, _ in bodies.get(computation, ()) if is_root]
+        name = roots[0] if roots else None
+        while name in by_name and by_name[name][0] in ("bitcast", "reshape"):
+            operand = re.match(r"%([\w.\-]+)", by_name[name][1])
+            name = operand.group(1) if operand else None
+        return by_name[name][0] if name in by_name else ""
+
+    program = {}
+    for instructions in bodies.values():
+        for _, name, shape, opcode, rest in instructions:
+            op_name = re.search(r'op_name="([^"]*)"', rest)
+            op_name = op_name.group(1) if op_name else ""
+            called = re.search(r"calls=%([\w.\-]+)", rest)
+            opcodes = {opcode} | (contents(called.group(1), set()) if called else set())
+            root = root_opcode(called.group(1)) if called else opcode
+            if opcodes & {"dot", "convolution"} or ("custom-call" in opcodes and re.search(r"gemm|matmul|cublas", rest)):
+                kind = "matmul"
+            elif any(marker in op_name for marker in _RANDOM) or "rng-bit-generator" in opcodes:
+                kind = "random bits"
+            elif root in ("transpose", "copy"):
+                kind = "layout copy"
+            elif root == "reduce" or (root == "tuple" and "reduce" in opcodes):
+                kind = "reduction"
+            else:
+                kind = "elementwise and other"
+            program[name] = {"kind": kind, "shape": shape, "op": op_name}
+    return program
+
+
+def op_seconds(trace_dir: Path) -> dict[str, float]:
+    """Total traced seconds per event name, from the newest *.trace.json.gz under trace_dir."""
+    traces = sorted(trace_dir.rglob("*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
+    if not traces:
+        raise RuntimeError(f"the jax profiler wrote no *.trace.json.gz under {trace_dir}")
+    with gzip.open(traces[-1]) as f:
+        events = json.load(f)["traceEvents"]
+    seconds: dict[str, float] = collections.defaultdict(float)
+    for event in events:
+        if event.get("ph") == "X" and "name" in event:
+            seconds[event["name"]] += event.get("dur", 0) / 1e6
+    return seconds
+
+
+def _short_op(op_name: str) -> str:
+    """The jax operation an instruction comes from, without the jit(...) prefix."""
+    first = op_name.split(";")[0]
+    return re.sub(r"^jit\([^)]*\)/", "", first)
+
+
+def run(args: argparse.Namespace) -> dict:
+    config = step_bench.model_config(args.size, args.scheme, args, args.seq_len)
+    workload = build_train_workload(config, batch_size=args.batch, seq_len=args.seq_len)
+    for _ in range(3):
+        jax.block_until_ready(workload.step())
+    wall = []
+    for _ in range(max(args.steps, 3)):
+        start = time.perf_counter()
+        jax.block_until_ready(workload.step())
+        wall.append(time.perf_counter() - start)
+    with tempfile.TemporaryDirectory() as scratch:
+        trace_dir = args.trace_dir or Path(scratch)
+        with jax.profiler.trace(str(trace_dir)):
+            for _ in range(args.steps):
+                jax.block_until_ready(workload.step())
+        seconds = op_seconds(trace_dir)
+    program = parse_program(workload.step_fn.as_text())
+
+    per_kind = dict.fromkeys(KINDS, 0.0)
+    ops = []
+    for name, total in seconds.items():
+        if name in program:
+            entry = program[name]
+            per_kind[entry["kind"]] += total / args.steps
+            ops.append((total / args.steps, name, entry))
+    traced = sum(per_kind.values())
+    step_ms = statistics.median(wall) * 1e3
+    rows = [{"kind": kind, "ms_step": per_kind[kind] * 1e3, "share": per_kind[kind] / traced if traced else 0.0}
+            for kind in KINDS]
+    top = [{"op": name, "kind": entry["kind"], "ms_step": s * 1e3, "shape": entry["shape"][:40],
+            "from": _short_op(entry["op"])[-70:]}
+           for s, name, entry in sorted(ops, key=lambda item: item[0], reverse=True)[:args.top]]
+    notes = [f"{args.size}/{args.seq_len}/{args.batch} {args.scheme} {args.dtype}: "
+             f"{step_ms:.1f} ms per step untraced (median of {len(wall)}), {traced * 1e3:.1f} ms of ops "
+             f"in the trace, {workload.flops_per_step / 1e9:.1f} GFLOP per step"]
+    if args.trace_dir:
+        notes.append(f"trace kept in {args.trace_dir} (TensorBoard profile plugin or Perfetto)")
+    return {"rows": rows, "tables": {"most expensive ops": {"rows": top}},
+            "step_ms": step_ms, "traced_ms": traced * 1e3, "notes": notes,
+            "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}}
