@@ -18,7 +18,7 @@ from roformer.train.loop import check_same_model_config
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.config import TrainConfig
 from roformer.train.optim import decay_mask, make_optimizer, make_schedule
-from roformer.train.steps import DROPOUT_RNG_IMPLS, make_train_step
+from roformer.train.steps import DROPOUT_RNG_IMPLS, make_train_step, mlm_sums
 
 # config file -> the scheme it selects: every scheme's own file, plus a variant
 SCHEMES = {scheme.config_file: name for name, scheme in POSITION_SCHEMES.items()} | {"rotary_linear": "rope"}
@@ -34,6 +34,28 @@ def optimizer(**overrides):
     settings = dict(learning_rate=1e-2, warmup_steps=2, total_steps=10, decay=tc.decay, weight_decay=tc.weight_decay,
                     b1=tc.b1, b2=tc.b2, eps=tc.eps, clip_norm=tc.clip_norm)
     return make_optimizer(**{**settings, **overrides})
+
+
+def test_mlm_sums_are_optax_cross_entropy_and_argmax_accuracy():
+    """The step's loss is optax's cross-entropy at the masked slots and its accuracy is
+    argmax == label (computed from the loss's max), both weighted by the real slots."""
+    import optax
+    logits = jax.random.normal(jax.random.key(0), (3, 5, 50)) * 4
+    labels = jax.random.randint(jax.random.key(1), (3, 5), 0, 50)
+    labels = labels.at[0, :3].set(jnp.argmax(logits[0, :3], -1))     # some slots predicted
+    weights = (jnp.arange(5) < jnp.array([[5], [4], [2]])).astype(jnp.float32)
+
+    class Model:
+        def __call__(self, input_ids, **unused):
+            return logits
+
+    sums = mlm_sums(Model(), {"input_ids": None, "token_type_ids": None, "positions": None, "segment_ids": None,
+                              "masked_positions": None, "masked_labels": labels, "masked_weights": weights})
+    expected_loss = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, labels) * weights)
+    expected_correct = jnp.sum((jnp.argmax(logits, -1) == labels) * weights)
+    np.testing.assert_allclose(sums["loss_sum"], expected_loss, rtol=1e-6)
+    assert float(sums["correct_sum"]) == float(expected_correct) >= 3
+    assert float(sums["weight_sum"]) == 11
 
 
 def test_schedule_warms_up_then_decays_linear_and_cosine():

@@ -34,8 +34,13 @@ def mlm_sums(model, batch: Batch) -> dict[str, jax.Array]:
                    masked_positions=batch["masked_positions"])
     labels = batch["masked_labels"]
     weights = batch["masked_weights"].astype(jnp.float32)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
-    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    logits = logits.astype(jnp.float32)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    # A label is predicted when its logit is the maximum (argmax == label, except that a tie
+    # with the maximum counts): XLA shares this max with the loss's, where an argmax is a
+    # second, variadic reduction over the vocabulary (4% of a mini train step on CPU).
+    label_logits = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    correct = (label_logits >= jnp.max(logits, axis=-1)).astype(jnp.float32)
     return {"loss_sum": jnp.sum(losses * weights), "correct_sum": jnp.sum(correct * weights),
             "weight_sum": jnp.sum(weights)}
 
