@@ -288,11 +288,11 @@ class RoFormerPredictionHeadTransform(nnx.Module):
 def tied_decoder(x: jax.Array, table: jax.Array, bias: jax.Array) -> jax.Array:
     """float32 logits x @ table.T + bias: [..., E] x [V, E] -> [..., V].
 
-    Its gradients are what autodiff gives, written out so that the bias gradient is a
-    matrix-vector product (ones @ d_logits) rather than a reduction over the [N, V]
-    cotangent, and the table gradient contracts d_logits over rows directly: on XLA:CPU
-    that makes a mini train step ~6% faster (docs/performance.md). Reverse mode only
-    (grad of grad works; jvp through the MLM head does not)."""
+    Its gradients are autodiff's, written out so that the bias gradient is a matrix-vector
+    product (ones @ d_logits) rather than a reduction over the [N, V] cotangent, which
+    XLA:CPU runs slowly: a mini train step is ~6% faster
+    (docs/results/2026-11-25-train-step-profile-cpu.md). Reverse mode only (grad of grad
+    works; jvp through the MLM head does not)."""
     return jnp.einsum("...e,ve->...v", x, table, preferred_element_type=jnp.float32) + bias
 
 

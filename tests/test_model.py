@@ -258,8 +258,10 @@ def test_tied_decoder_gradients_are_autodiffs_to_every_order():
     for ours, theirs in zip(jax.grad(loss(tied_decoder), argnums=(0, 1, 2))(x, table, bias),
                             jax.grad(loss(reference), argnums=(0, 1, 2))(x, table, bias)):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
-    second = lambda decoder: jax.grad(lambda b: jnp.sum(jax.grad(loss(decoder), argnums=1)(x, table, b) ** 2))  # noqa: E731
-    np.testing.assert_allclose(second(tied_decoder)(bias), second(reference)(bias), rtol=1e-4, atol=1e-5)
+    def second(decoder):   # d/d bias of |d loss / d table|^2: reverse over reverse
+        return jax.grad(lambda b: jnp.sum(jax.grad(loss(decoder), argnums=1)(x, table, b) ** 2))(bias)
+
+    np.testing.assert_allclose(second(tied_decoder), second(reference), rtol=1e-4, atol=1e-5)
 
 
 def test_gelu_is_the_exact_erf_form():

@@ -91,7 +91,8 @@ def parse_program(hlo_text: str) -> dict[str, dict]:
             called = re.search(r"calls=%([\w.\-]+)", rest)
             opcodes = {opcode} | (contents(called.group(1), set()) if called else set())
             root = root_opcode(called.group(1)) if called else opcode
-            if opcodes & {"dot", "convolution"} or ("custom-call" in opcodes and re.search(r"gemm|matmul|cublas", rest)):
+            library_matmul = "custom-call" in opcodes and re.search(r"gemm|matmul|cublas", rest)
+            if opcodes & {"dot", "convolution"} or library_matmul:
                 kind = "matmul"
             elif any(marker in op_name for marker in _RANDOM) or "rng-bit-generator" in opcodes:
                 kind = "random bits"
