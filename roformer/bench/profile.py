@@ -15,14 +15,13 @@ import collections
 import gzip
 import json
 import re
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import jax
 
 from roformer.bench import step as step_bench
+from roformer.bench.common import time_call, warm_up
 from roformer.bench.workload import build_train_workload
 from roformer.model import PRESETS
 from roformer.positions import POSITION_SCHEMES
@@ -129,13 +128,9 @@ def _short_op(op_name: str) -> str:
 def run(args: argparse.Namespace) -> dict:
     config = step_bench.model_config(args.size, args.scheme, args, args.seq_len)
     workload = build_train_workload(config, batch_size=args.batch, seq_len=args.seq_len)
-    for _ in range(3):
-        jax.block_until_ready(workload.step())
-    wall = []
-    for _ in range(max(args.steps, 3)):
-        start = time.perf_counter()
-        jax.block_until_ready(workload.step())
-        wall.append(time.perf_counter() - start)
+    warm_up({"step": workload.step}, 3)
+    untraced_steps = max(args.steps, 3)
+    step_ms = time_call(workload.step, untraced_steps) * 1e3
     with tempfile.TemporaryDirectory() as scratch:
         trace_dir = args.trace_dir or Path(scratch)
         with jax.profiler.trace(str(trace_dir)):
@@ -152,14 +147,13 @@ def run(args: argparse.Namespace) -> dict:
             per_kind[entry["kind"]] += total / args.steps
             ops.append((total / args.steps, name, entry))
     traced = sum(per_kind.values())
-    step_ms = statistics.median(wall) * 1e3
     rows = [{"kind": kind, "ms_step": per_kind[kind] * 1e3, "share": per_kind[kind] / traced if traced else 0.0}
             for kind in KINDS]
     top = [{"op": name, "kind": entry["kind"], "ms_step": s * 1e3, "shape": entry["shape"][:40],
             "from": _short_op(entry["op"])[-70:]}
            for s, name, entry in sorted(ops, key=lambda item: item[0], reverse=True)[:args.top]]
     notes = [f"{args.size}/{args.seq_len}/{args.batch} {args.scheme} {args.dtype}: "
-             f"{step_ms:.1f} ms per step untraced (median of {len(wall)}), {traced * 1e3:.1f} ms of ops "
+             f"{step_ms:.1f} ms per step untraced (median of {untraced_steps}), {traced * 1e3:.1f} ms of ops "
              f"in the trace, {workload.flops_per_step / 1e9:.1f} GFLOP per step"]
     if args.trace_dir:
         notes.append(f"trace kept in {args.trace_dir} (TensorBoard profile plugin or Perfetto)")
