@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from roformer.axes import EMBED, HEADS, declare
+from roformer.axes import EMBED, HEADS
+from roformer.dense import dense
 from roformer.positions import PositionScheme
 
 ATTENTION_KINDS = ("softmax", "linear")
@@ -149,13 +150,11 @@ class RoFormerSelfAttention(nnx.Module):
         self.head_dim = hidden // config.num_heads
         self.kind = config.attention
         self.implementation = config.attention_impl
-        dense = lambda: nnx.Linear(  # noqa: E731
-            hidden, hidden, dtype=config.jnp_dtype, param_dtype=jnp.float32,
-            kernel_init=nnx.initializers.normal(config.initializer_range),
-            kernel_metadata=declare(EMBED, HEADS), bias_metadata=declare(None), rngs=rngs)
-        self.query = dense()
-        self.key = dense()
-        self.value = dense()
+        projection = lambda: dense(hidden, hidden, (EMBED, HEADS), dtype=config.jnp_dtype,  # noqa: E731
+                                   initializer_range=config.initializer_range, rngs=rngs)
+        self.query = projection()
+        self.key = projection()
+        self.value = projection()
         self.dropout = nnx.Dropout(config.attention_dropout, rngs=rngs)
 
     def __call__(self, x, *, scheme: PositionScheme, context, key_mask, segment_ids, layer: int):

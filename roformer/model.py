@@ -25,6 +25,7 @@ from flax import nnx
 
 from roformer.attention import ATTENTION_IMPLEMENTATIONS, ATTENTION_KINDS, RoFormerSelfAttention
 from roformer.axes import EMBED, EMBEDDING, HEADS, MLP, NORM, VOCAB, declare
+from roformer.dense import dense
 from roformer.positions import POSITION_SCHEMES, make_position_scheme
 from roformer.rope import ROPE_LAYOUTS, ROPE_SCALINGS
 
@@ -143,10 +144,8 @@ class ModelConfig:
 
 def _dense(config: ModelConfig, in_features: int, out_features: int,
            axes: tuple[str | None, str | None], rngs: nnx.Rngs) -> nnx.Linear:
-    """HF-initialised Linear whose kernel [in, out] has logical `axes`; the bias stays replicated."""
-    return nnx.Linear(in_features, out_features, dtype=config.jnp_dtype, param_dtype=jnp.float32,
-                      kernel_init=nnx.initializers.normal(config.initializer_range),
-                      kernel_metadata=declare(*axes), bias_metadata=declare(None), rngs=rngs)
+    return dense(in_features, out_features, axes, dtype=config.jnp_dtype,
+                 initializer_range=config.initializer_range, rngs=rngs)
 
 
 def _layer_norm(config: ModelConfig, features: int, rngs: nnx.Rngs) -> nnx.LayerNorm:

@@ -277,6 +277,28 @@ def test_gelu_is_the_exact_erf_form():
                                atol=1e-6)
 
 
+def test_token_matmul_is_nnx_linears_product_on_flattened_tokens():
+    """Dense layers' dot_general: the same values and gradients as jax.lax.dot_general on
+    [B, L, in] inputs (computed as [B*L, in] @ [in, out]); shapes it does not flatten
+    (2-D input, other contractions) go to jax.lax.dot_general unchanged."""
+    from roformer.dense import dense, token_matmul
+    x = jax.random.normal(jax.random.key(0), (3, 5, 8))
+    w = jax.random.normal(jax.random.key(1), (8, 6))
+    dims = (((2,), (0,)), ((), ()))
+    np.testing.assert_allclose(token_matmul(x, w, dims), jax.lax.dot_general(x, w, dims), rtol=1e-6, atol=1e-6)
+    grads = [jax.grad(lambda x, w: jnp.sum(jnp.sin(f(x, w, dims))), argnums=(0, 1))(x, w)
+             for f in (token_matmul, jax.lax.dot_general)]
+    for ours, reference in zip(*grads):
+        np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-5)
+    batch_dims = (((2,), (1,)), ((0,), (0,)))
+    y = jax.random.normal(jax.random.key(2), (3, 8, 4))
+    np.testing.assert_array_equal(token_matmul(x, y, batch_dims), jax.lax.dot_general(x, y, batch_dims))
+    layer = dense(8, 6, (None, None), dtype=jnp.float32, initializer_range=0.02, rngs=nnx.Rngs(0))
+    assert layer.dot_general is token_matmul
+    np.testing.assert_allclose(layer(x), x @ layer.kernel[...] + layer.bias[...], rtol=1e-6, atol=1e-6)
+    assert layer(x[0]).shape == (5, 6)
+
+
 # ---------------------------------------------------------------- linear attention
 
 def rotation_matrix(position, dim, base=10000.0):
