@@ -292,11 +292,15 @@ def tied_decoder(x: jax.Array, table: jax.Array, bias: jax.Array) -> jax.Array:
     XLA:CPU runs slowly: a mini train step is ~6% faster
     (docs/results/2026-11-25-train-step-profile-cpu.md). Reverse mode only (grad of grad
     works; jvp through the MLM head does not)."""
+    return _tied_logits(x, table, bias)
+
+
+def _tied_logits(x, table, bias):
     return jnp.einsum("...e,ve->...v", x, table, preferred_element_type=jnp.float32) + bias
 
 
 def _tied_decoder_fwd(x, table, bias):
-    return tied_decoder(x, table, bias), (x, table)
+    return _tied_logits(x, table, bias), (x, table)
 
 
 def _tied_decoder_bwd(residuals, d_logits):

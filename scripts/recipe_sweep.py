@@ -133,6 +133,11 @@ def cost_key(variant: str) -> str:
                       sort_keys=True)
 
 
+def run_vocab(root: Path, variant: str) -> Path:
+    """The vocabulary a sweep run trained (and reused by its speed run and unigram loss)."""
+    return root / variant / "tokenizer.json"
+
+
 def measure_speed(variant: str, root: Path) -> float:
     """Median training tokens/s of `variant` over a short run of its own (scratch workdir)."""
     config_file, settings = overrides(variant)
@@ -141,7 +146,7 @@ def measure_speed(variant: str, root: Path) -> float:
     settings = {**settings, "train.steps": SPEED_STEPS, "train.warmup_steps": 0, "train.log_every": 10,
                 "train.eval_every": SPEED_STEPS, "train.eval_batches": 1,
                 "train.checkpoint_every": SPEED_STEPS}
-    own_vocab = root / variant / "tokenizer.json"
+    own_vocab = run_vocab(root, variant)
     if own_vocab.is_file():   # the sweep run's vocabulary, not a new training of one
         settings["data.vocab"] = str(own_vocab)
     cmd = [sys.executable, "-m", "roformer.pretrain", f"--config=configs/{config_file}.py",
@@ -206,8 +211,9 @@ def report(root: Path, variants: list[str]) -> str:
         s = r["summary"]
         # The run's own vocabulary: retraining one is slow and gives a different one
         # (WordPiece training is not deterministic).
-        settings = {**r["settings"], "data.vocab": str(root / v / "tokenizer.json")}
-        key = hashlib.sha256((root / v / "tokenizer.json").read_bytes()).hexdigest()
+        vocab_file = run_vocab(root, v)
+        settings = {**r["settings"], "data.vocab": str(vocab_file)}
+        key = hashlib.sha256(vocab_file.read_bytes()).hexdigest()
         if key not in vocab_cache:
             vocab_cache[key] = unigram_loss(settings)
         vocab, uni = vocab_cache[key]
