@@ -119,6 +119,9 @@ def run(main: Callable[[list[str]], object], *, doc: str, default_config: str | 
     `help_config` is the file `--help` lists when neither is given."""
     from absl import app
 
+    from roformer.host_memory import retain_host_memory
+
+    retain_host_memory()   # before jax runs anything; see host_memory.py
     if default_config is not None and _config_spec(sys.argv) is None:
         sys.argv.insert(1, f"--config={default_config}")   # the config flag reads sys.argv itself
     parse = functools.partial(_parse_flags, doc=doc, help_config=help_config)

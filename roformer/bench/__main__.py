@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from roformer.bench.common import format_table, machine_info
+from roformer.host_memory import retain_host_memory
 
 BENCHMARKS = ("rope", "step", "profile", "hf", "scaling", "input", "gpu")
 
@@ -43,12 +44,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    host_memory_retained = retain_host_memory()   # as the training commands do; before jax runs
     args = parse_args(argv)
     module = importlib.import_module(f"roformer.bench.{args.benchmark}")
     load_before = os.getloadavg()[0]
     result = module.run(args)
     # The load average says how contended the (shared) cores were during the run.
-    machine = {**machine_info(), "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+    machine = {**machine_info(), "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+               "host_memory_retained": host_memory_retained}
     result = {"benchmark": args.benchmark, "machine": machine, **result}
     print(format_table(result.get("rows", []), result.get("columns")))
     for title, table in result.get("tables", {}).items():
