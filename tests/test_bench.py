@@ -13,7 +13,7 @@ import pytest
 
 from roformer.bench import __main__ as bench_main
 from roformer.bench.common import alternate, format_table, ratio_stats
-from roformer.bench.hf import FLAX_PYTHON_ENV, FlaxPortPeer
+from roformer.bench.hf import FLAX_PYTHON_ENV, flax_port_peer
 from roformer.model import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,6 +148,28 @@ def test_hf_bench_with_torch_compile_and_an_unavailable_flax_port(tmp_path, caps
     assert "cannot start" in flax["not_available"]["tiny/16/2"]
     assert result["peers"]["hf_torch_compile"]["measured"] == ["tiny/16/2", "tiny/32/1"]
     assert "note: hf_flax not available at tiny/16/2" in capsys.readouterr().out
+    # the PyTorch peers ran in processes of their own (hf_torch_peer.py), which report their versions
+    for name in ("hf_torch", "hf_torch_compile"):
+        assert result["versions"][name]["torch"] == result["versions"]["torch"]
+        assert result["versions"][name]["torch_threads"] >= 1
+
+
+def test_hf_bench_can_keep_the_torch_peer_in_this_process(tmp_path):
+    result = run_bench(tmp_path, "hf", "--shapes", "tiny/16/2", "--vocab-size", "64", "--rounds", "1",
+                       "--iters", "1", "--peak-size", "128", "--peers", "hf_torch", "--torch-process", "this")
+    assert [r["impl"] for r in result["rows"]] == ["ours_jax", "hf_torch"]
+    assert result["rows"][1]["ours_x"] > 0
+    assert "hf_torch" not in result["versions"] and result["versions"]["torch_threads"] >= 1
+
+
+def test_a_torch_peer_process_that_fails_to_build_is_reported(tmp_path):
+    """A peer process whose build fails (here: an unknown size preset in its request) is
+    reported with the end of its stderr, as a peer that is not available."""
+    from roformer.bench.hf import ChildPeer
+    with pytest.raises(RuntimeError, match="(?s)exited with code 1: .*unknown model size .no-such-size."):
+        ChildPeer([sys.executable, "-m", "roformer.bench.hf_torch_peer"],
+                  {"size": "no-such-size", "seq_len": 16, "batch": 2, "vocab_size": 64,
+                   "max_position_embeddings": 512, "compile_backend": None, "torch_threads": 0})
 
 
 def test_flax_port_peer_reports_a_python_without_the_port(tmp_path, monkeypatch):
@@ -160,7 +182,7 @@ def test_flax_port_peer_reports_a_python_without_the_port(tmp_path, monkeypatch)
     from roformer.bench.workload import synthetic_batch
     config = ModelConfig.from_preset("tiny", vocab_size=64)
     with pytest.raises(RuntimeError, match="ImportError: this transformers has no Flax models"):
-        FlaxPortPeer(sys.executable, config, synthetic_batch(config, 2, 16))
+        flax_port_peer(sys.executable, config, synthetic_batch(config, 2, 16))
 
 
 @pytest.mark.skipif(not FLAX_PYTHON.is_file(), reason=f"no transformers<5 Python at {FLAX_PYTHON} "

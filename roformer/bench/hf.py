@@ -12,6 +12,10 @@ as each ships:
                     subprocess of the Python given by --flax-python (default: the
                     ROFORMER_BENCH_FLAX_PYTHON environment variable, else this one), e.g.
                     a venv with `pip install 'transformers<5' flax jax optax`
+Every peer runs in a process of its own, as it ships: the PyTorch ones in another process of
+this Python (hf_torch_peer.py; --torch-process this keeps them in this process, where they
+run with the malloc settings our commands make on CPU, roformer.host_memory), the Flax port
+in the Python given by --flax-python.
 The peers compute logits at every position and take the loss at the masked ones (labels
 -100 elsewhere); ours computes logits only at the masked positions, which is part of what
 is compared. A peer that cannot run (not installed, import or compile failure) is listed
@@ -73,6 +77,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=2)
     parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default (all cores)")
+    parser.add_argument("--torch-process", choices=("own", "this"), default="own",
+                        help="run the PyTorch peers in a process of their own, as they ship (own), or in "
+                             "this one, with the malloc settings of roformer.host_memory (this)")
 
 
 def hf_config_dict(config: ModelConfig) -> dict:
@@ -128,29 +135,24 @@ def torch_train_step(config: ModelConfig, batch: dict[str, np.ndarray], compile_
     return step
 
 
-class FlaxPortPeer:
-    """transformers 4.x FlaxRoFormerForMaskedLM's train step in a subprocess (hf_flax_peer.py).
-    Calling it runs one step there and returns when it has finished (one pipe round trip,
-    well under a millisecond, is timed with it). Raises RuntimeError if it cannot start."""
+class ChildPeer:
+    """A peer's train step in a process of its own (hf_flax_peer.py's JSON-lines protocol):
+    `command` starts it, `request` builds the step there. Calling the peer runs one step there
+    and returns when it has finished (one pipe round trip, well under a millisecond, is timed
+    with it). Raises RuntimeError if it cannot start or build."""
 
-    def __init__(self, python: str, config: ModelConfig, batch: dict[str, np.ndarray]):
-        self._dir = tempfile.TemporaryDirectory(prefix="roformer-bench-hf-flax-")
-        batch_file = Path(self._dir.name) / "batch.npz"
-        np.savez(batch_file, **batch)
-        self._stderr = open(Path(self._dir.name) / "stderr.txt", "w+")
-        request = {"hf_config": hf_config_dict(config), "batch_file": str(batch_file),
-                   "optimizer": dict(train_config())}
+    def __init__(self, command: list[str], request: dict):
+        self._stderr = tempfile.TemporaryFile("w+")
         try:
-            self._proc = subprocess.Popen([python, str(Path(__file__).with_name("hf_flax_peer.py"))],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                                          text=True)
+            self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=self._stderr, text=True)
         except OSError as error:
             self.close()
-            raise RuntimeError(f"cannot start {python}: {error}") from error
+            raise RuntimeError(f"cannot start {command[0]}: {error}") from error
         answer = self._ask(json.dumps(request))
         if "error" in answer:
             self.close()
-            raise RuntimeError(f"{python}: {answer['error']}")
+            raise RuntimeError(f"{command[0]}: {answer['error']}")
         self.versions = answer["versions"]
 
     def _ask(self, line: str) -> dict:
@@ -170,7 +172,7 @@ class FlaxPortPeer:
     def __call__(self) -> None:
         answer = self._ask("step")
         if "error" in answer:
-            raise RuntimeError(f"hf_flax step failed: {answer['error']}")
+            raise RuntimeError(f"peer step failed: {answer['error']}")
 
     def close(self) -> None:
         proc = getattr(self, "_proc", None)
@@ -186,24 +188,48 @@ class FlaxPortPeer:
                 proc.kill()
                 proc.wait()
         self._stderr.close()
-        self._dir.cleanup()
 
 
-def build_peers(names, config: ModelConfig, batch: dict[str, np.ndarray], args: argparse.Namespace):
-    """name -> step callable for every peer that could be built, and name -> reason for the others."""
+def flax_port_peer(python: str, config: ModelConfig, batch: dict[str, np.ndarray]) -> ChildPeer:
+    """transformers 4.x FlaxRoFormerForMaskedLM's train step, run by `python` (hf_flax_peer.py)."""
+    with tempfile.TemporaryDirectory(prefix="roformer-bench-hf-flax-") as scratch:
+        batch_file = Path(scratch) / "batch.npz"
+        np.savez(batch_file, **batch)
+        request = {"hf_config": hf_config_dict(config), "batch_file": str(batch_file),
+                   "optimizer": dict(train_config())}
+        # the peer has read the batch once it answers
+        return ChildPeer([python, str(Path(__file__).with_name("hf_flax_peer.py"))], request)
+
+
+def torch_process_peer(size: str, seq_len: int, batch_size: int, config: ModelConfig, args: argparse.Namespace,
+                       compile_backend: str | None = None) -> ChildPeer:
+    """HF PyTorch's train step (eager, or under torch.compile) in its own process of this Python
+    (hf_torch_peer.py), as it ships: without this process's malloc settings."""
+    request = {"size": size, "seq_len": seq_len, "batch": batch_size, "vocab_size": config.vocab_size,
+               "max_position_embeddings": config.max_position_embeddings,
+               "compile_backend": compile_backend, "torch_threads": args.torch_threads}
+    return ChildPeer([sys.executable, "-m", "roformer.bench.hf_torch_peer"], request)
+
+
+def build_peers(names, shape: tuple[str, int, int], config: ModelConfig, batch: dict[str, np.ndarray],
+                args: argparse.Namespace):
+    """name -> step callable for every peer that could be built, name -> reason for the
+    others, and the closers of the peers' processes."""
     steps, unavailable, closers = {}, {}, []
     for name in names:
         try:
-            if name == "hf_torch":
-                steps[name] = torch_train_step(config, batch)
-            elif name == "hf_torch_compile":
-                step = torch_train_step(config, batch, compile_backend=args.torch_compile_backend)
-                step()   # compiles now, so that a compiler failure is reported like the others
-                steps[name] = step
+            if name == "hf_flax":
+                steps[name] = flax_port_peer(args.flax_python, config, batch)
             else:
-                peer = FlaxPortPeer(args.flax_python, config, batch)
-                steps[name] = peer
-                closers.append(peer.close)
+                backend = args.torch_compile_backend if name == "hf_torch_compile" else None
+                if args.torch_process == "own":
+                    steps[name] = torch_process_peer(*shape, config, args, compile_backend=backend)
+                else:
+                    steps[name] = torch_train_step(config, batch, compile_backend=backend)
+                    if backend is not None:
+                        steps[name]()   # compiles now, so that a compiler failure is reported like the others
+            if isinstance(steps[name], ChildPeer):
+                closers.append(steps[name].close)
         except Exception as error:  # noqa: BLE001 - a peer that fails to build is reported, not fatal
             unavailable[name] = f"{type(error).__name__}: {error}"
     return steps, unavailable, closers
@@ -215,7 +241,8 @@ def bench_shape(size: str, seq_len: int, batch_size: int, args: argparse.Namespa
     config = ModelConfig.from_preset(size, vocab_size=args.vocab_size, max_position_embeddings=max(512, seq_len))
     shape = f"{size}/{seq_len}/{batch_size}"
     ours = build_train_workload(config, batch_size=batch_size, seq_len=seq_len, attention_impl=args.attention_impl)
-    peers, unavailable, closers = build_peers(args.peers, config, synthetic_batch(config, batch_size, seq_len), args)
+    peers, unavailable, closers = build_peers(args.peers, (size, seq_len, batch_size), config,
+                                              synthetic_batch(config, batch_size, seq_len), args)
     try:
         # warm-up 2: torch.compile and AdamW's lazily created state can recompile on the second call
         times = alternate({"ours_jax": ours.step, **peers}, rounds=args.rounds, iters=args.iters, warmup=2)
@@ -239,7 +266,7 @@ def bench_shape(size: str, seq_len: int, batch_size: int, args: argparse.Namespa
         rows.append({"shape": shape, "impl": name, "ms_step": step_s * 1e3, "tokens_s": tokens / step_s,
                      "ours_x": stats["median"], "ours_x_min": stats["min"], "ours_x_max": stats["max"]})
         comparisons.append({"name": f"ours / {name} tokens/s [{shape}]", "rounds": args.rounds, **stats})
-    versions = {name: peer.versions for name, peer in peers.items() if isinstance(peer, FlaxPortPeer)}
+    versions = {name: peer.versions for name, peer in peers.items() if isinstance(peer, ChildPeer)}
     return rows, comparisons, unavailable, versions
 
 
@@ -252,7 +279,7 @@ def installed_version(package: str) -> str | None:
 
 def run(args: argparse.Namespace) -> dict:
     versions = {"torch": installed_version("torch"), "transformers": installed_version("transformers")}
-    if any(name.startswith("hf_torch") for name in args.peers) and versions["torch"]:
+    if args.torch_process == "this" and any(name.startswith("hf_torch") for name in args.peers) and versions["torch"]:
         import torch
 
         if args.torch_threads > 0:
@@ -261,10 +288,10 @@ def run(args: argparse.Namespace) -> dict:
     rows, comparisons, notes = [], [], []
     peers = {name: {"measured": [], "not_available": {}} for name in args.peers}
     for size, seq_len, batch_size in args.shapes:
-        shape_rows, shape_comparisons, unavailable, flax_versions = bench_shape(size, seq_len, batch_size, args)
+        shape_rows, shape_comparisons, unavailable, peer_versions = bench_shape(size, seq_len, batch_size, args)
         rows += shape_rows
         comparisons += shape_comparisons
-        versions.update(flax_versions)
+        versions.update(peer_versions)
         shape = shape_rows[0]["shape"]
         for name in args.peers:
             if name in unavailable:

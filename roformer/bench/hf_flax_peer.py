@@ -2,20 +2,24 @@
 
 Run as a script by another Python environment (transformers < 5, which still ships the
 Flax models, with jax, flax and optax), so it imports nothing from this project. It
-speaks JSON lines: it reads one request (HF config, batch file, AdamW settings), builds
-and compiles the step, answers {"ready": true, "versions": ...} or {"error": ...}; then
-each "step" line runs one optimizer step to completion and answers "ok", and "quit"
-ends it. The step is the one transformers' run_mlm_flax.py example trains with:
-logits at every position, cross-entropy at the masked ones (labels -100 elsewhere),
-dropout from a per-step key; AdamW with global-norm clipping and no weight decay on
-biases and LayerNorm scales, as in our step.
+speaks JSON lines (`serve`, also used by hf_torch_peer.py): it reads one request (HF
+config, batch file, AdamW settings), builds and compiles the step, answers
+{"ready": true, "versions": ...} or {"error": ...}; then each "step" line runs one
+optimizer step to completion and answers "ok", and "quit" ends it. The step is the one
+transformers' run_mlm_flax.py example trains with: logits at every position,
+cross-entropy at the masked ones (labels -100 elsewhere), dropout from a per-step key;
+AdamW with global-norm clipping and no weight decay on biases and LayerNorm scales, as in
+our step.
 """
 import json
 import os
 import sys
 
 
-def main() -> int:
+def serve(build) -> int:
+    """The peer side of the protocol. `build(request)` returns (step, versions), where step()
+    runs one optimizer step to completion, or raises ImportError when the peer cannot run
+    in this Python."""
     # Protocol replies go to the original stdout; anything a library prints goes to stderr.
     channel = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -25,18 +29,27 @@ def main() -> int:
 
     request = json.loads(sys.stdin.readline())
     try:
-        import transformers
-        from transformers import FlaxRoFormerForMaskedLM, RoFormerConfig
-        import flax
-        import jax
-        import jax.numpy as jnp
-        import numpy as np
-        import optax
-    except Exception as error:  # noqa: BLE001 - any import failure means "not available here"
+        step, versions = build(request)
+    except ImportError as error:
         version = sys.modules.get("transformers")
         reply({"error": f"{type(error).__name__}: {error}"
                         + (f" (transformers {version.__version__})" if version else "")})
         return 0
+    reply({"ready": True, "versions": {**versions, "python": sys.executable}})
+    while sys.stdin.readline().strip() not in ("quit", ""):
+        step()
+        reply("ok")
+    return 0
+
+
+def build_flax_step(request):
+    import flax
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    import transformers
+    from transformers import FlaxRoFormerForMaskedLM, RoFormerConfig
 
     model = FlaxRoFormerForMaskedLM(RoFormerConfig(**request["hf_config"]), seed=0, dtype=jnp.float32)
     arrays = np.load(request["batch_file"])
@@ -71,16 +84,15 @@ def main() -> int:
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, step + 1
 
-    state = (model.params, tx.init(model.params), jnp.zeros((), jnp.int32))
-    step_fn = jax.jit(train_step, donate_argnums=0).lower(state).compile()
-    reply({"ready": True, "versions": {"transformers": transformers.__version__, "flax": flax.__version__,
-                                       "jax": jax.__version__, "optax": optax.__version__,
-                                       "python": sys.executable}})
-    while sys.stdin.readline().strip() not in ("quit", ""):
-        state = jax.block_until_ready(step_fn(state))
-        reply("ok")
-    return 0
+    state = [(model.params, tx.init(model.params), jnp.zeros((), jnp.int32))]
+    step_fn = jax.jit(train_step, donate_argnums=0).lower(state[0]).compile()
+
+    def step():
+        state[0] = jax.block_until_ready(step_fn(state[0]))
+
+    return step, {"transformers": transformers.__version__, "flax": flax.__version__,
+                  "jax": jax.__version__, "optax": optax.__version__}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(build_flax_step))

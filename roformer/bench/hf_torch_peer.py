@@ -1,0 +1,37 @@
+"""transformers' PyTorch RoFormerForMaskedLM train step in a process of its own, served to
+`python -m roformer.bench hf` with hf_flax_peer.py's protocol.
+
+Run as `python -m roformer.bench.hf_torch_peer`: the step runs as it ships, in a Python
+process that has not changed anything for our step (roformer.host_memory's malloc settings
+are made only by our command lines). The request names the shape (size, seq_len, batch,
+vocab_size, max_position_embeddings), the torch.compile backend (none: eager) and the
+number of torch threads (0: torch's default); the model, batch and optimizer are built by
+roformer.bench.hf exactly as for the in-process peers.
+"""
+import sys
+
+from roformer.bench.hf_flax_peer import serve
+
+
+def build_torch_step(request):
+    import torch
+    import transformers
+
+    from roformer.bench.hf import torch_train_step
+    from roformer.bench.workload import synthetic_batch
+    from roformer.model import ModelConfig
+
+    if request["torch_threads"] > 0:
+        torch.set_num_threads(request["torch_threads"])
+    config = ModelConfig.from_preset(request["size"], vocab_size=request["vocab_size"],
+                                     max_position_embeddings=request["max_position_embeddings"])
+    batch = synthetic_batch(config, request["batch"], request["seq_len"])
+    step = torch_train_step(config, batch, compile_backend=request["compile_backend"])
+    if request["compile_backend"] is not None:
+        step()   # compiles now, before "ready"
+    return step, {"torch": torch.__version__, "transformers": transformers.__version__,
+                  "torch_threads": torch.get_num_threads()}
+
+
+if __name__ == "__main__":
+    sys.exit(serve(build_torch_step))
