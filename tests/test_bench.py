@@ -5,12 +5,14 @@ end to end through `python -m roformer.bench`'s main and reports what it should.
 """
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from roformer import host_memory
 from roformer.bench import __main__ as bench_main
 from roformer.bench.common import alternate, format_table, ratio_stats
 from roformer.bench.hf import FLAX_PYTHON_ENV, flax_port_peer
@@ -28,6 +30,9 @@ def run_bench(tmp_path, *argv):
     result = json.loads(out.read_text())
     assert result["benchmark"] == argv[0]
     assert result["machine"]["platform"] == "cpu"
+    # like the training commands, the benchmark process kept freed host memory (glibc, CPU only)
+    expected = platform.libc_ver()[0] == "glibc" and os.environ.get(host_memory.ENV) != "0"
+    assert result["machine"]["host_memory_retained"] is expected
     assert result["rows"]
     assert "target" not in out.read_text()   # benchmarks report figures; targets live in the docs
     return result
