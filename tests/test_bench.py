@@ -97,6 +97,10 @@ def test_profile_bench_splits_a_traced_step_by_kind(tmp_path):
     top = result["tables"]["most expensive ops"]["rows"]
     assert len(top) == 5 and all(row["ms_step"] > 0 and row["kind"] in kinds for row in top)
     assert result["step_ms"] > 0 and result["traced_ms"] > 0
+    kernel = result["kernel"]
+    assert kernel["page_faults_per_step"] >= 0 and kernel["user_cpu_ms_per_step"] > 0
+    assert kernel["system_cpu_ms_per_step"] >= 0
+    assert any(note.startswith("per untraced step: ") for note in result["notes"])
     assert list((tmp_path / "trace").rglob("*.xplane.pb"))   # kept for TensorBoard / Perfetto
 
 

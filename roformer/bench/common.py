@@ -27,6 +27,12 @@ def time_call(fn: Callable[[], Any], iters: int) -> float:
     return statistics.median(times)
 
 
+# Calls of a train step before any is timed. On CPU the process's heap reaches the step's
+# peak only after a few steps (roformer.host_memory keeps it there); until then each step
+# page-faults its buffers in.
+TRAIN_STEP_WARMUP = 5
+
+
 def warm_up(fns: Mapping[str, Callable[[], Any]], warmup: int) -> None:
     """Compile and run every variant `warmup` times so no round pays for compilation."""
     for fn in fns.values():

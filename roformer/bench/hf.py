@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from roformer.attention import ATTENTION_IMPLEMENTATIONS
-from roformer.bench.common import alternate, ratio_stats
+from roformer.bench.common import TRAIN_STEP_WARMUP, alternate, ratio_stats
 from roformer.bench.step import default_peak_size, step_figures, time_with_matmul
 from roformer.bench.workload import build_train_workload, synthetic_batch, train_config
 from roformer.model import PRESETS, ModelConfig
@@ -244,8 +244,9 @@ def bench_shape(size: str, seq_len: int, batch_size: int, args: argparse.Namespa
     peers, unavailable, closers = build_peers(args.peers, (size, seq_len, batch_size), config,
                                               synthetic_batch(config, batch_size, seq_len), args)
     try:
-        # warm-up 2: torch.compile and AdamW's lazily created state can recompile on the second call
-        times = alternate({"ours_jax": ours.step, **peers}, rounds=args.rounds, iters=args.iters, warmup=2)
+        # torch.compile and AdamW's lazily created state can recompile on the second call
+        times = alternate({"ours_jax": ours.step, **peers}, rounds=args.rounds, iters=args.iters,
+                          warmup=TRAIN_STEP_WARMUP)
     finally:
         for close in closers:
             close()

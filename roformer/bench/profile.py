@@ -7,6 +7,8 @@ result is a transpose or copy), reduction, random bits (dropout masks) and the r
 elementwise work. A second table lists the most expensive ops with the jax operation each
 comes from. On XLA:CPU the ops of a step mostly run one after another, so the kinds add up
 to about the step time measured outside the trace; where ops overlap they add up to more.
+The untraced steps also report the process's minor page faults and system / user CPU time
+per step (getrusage): time the kernel spends faulting in buffers shows up inside the ops.
 """
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ import collections
 import gzip
 import json
 import re
+import resource
 import tempfile
 from pathlib import Path
 
 import jax
 
 from roformer.bench import step as step_bench
-from roformer.bench.common import time_call, warm_up
+from roformer.bench.common import TRAIN_STEP_WARMUP, time_call, warm_up
 from roformer.bench.workload import build_train_workload
 from roformer.model import PRESETS
 from roformer.positions import POSITION_SCHEMES
@@ -128,9 +131,16 @@ def _short_op(op_name: str) -> str:
 def run(args: argparse.Namespace) -> dict:
     config = step_bench.model_config(args.size, args.scheme, args, args.seq_len)
     workload = build_train_workload(config, batch_size=args.batch, seq_len=args.seq_len)
-    warm_up({"step": workload.step}, 3)
+    warm_up({"step": workload.step}, TRAIN_STEP_WARMUP)
     untraced_steps = max(args.steps, 3)
+    before = resource.getrusage(resource.RUSAGE_SELF)
     step_ms = time_call(workload.step, untraced_steps) * 1e3
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    # Kernel time is part of a step too: page faults of freshly mapped buffers land inside
+    # whichever op first touches them (docs/results/2026-11-25-host-memory-cpu.md).
+    kernel = {"page_faults_per_step": (after.ru_minflt - before.ru_minflt) / untraced_steps,
+              "system_cpu_ms_per_step": (after.ru_stime - before.ru_stime) * 1e3 / untraced_steps,
+              "user_cpu_ms_per_step": (after.ru_utime - before.ru_utime) * 1e3 / untraced_steps}
     with tempfile.TemporaryDirectory() as scratch:
         trace_dir = args.trace_dir or Path(scratch)
         with jax.profiler.trace(str(trace_dir)):
@@ -154,9 +164,11 @@ def run(args: argparse.Namespace) -> dict:
            for s, name, entry in sorted(ops, key=lambda item: item[0], reverse=True)[:args.top]]
     notes = [f"{args.size}/{args.seq_len}/{args.batch} {args.scheme} {args.dtype}: "
              f"{step_ms:.1f} ms per step untraced (median of {untraced_steps}), {traced * 1e3:.1f} ms of ops "
-             f"in the trace, {workload.flops_per_step / 1e9:.1f} GFLOP per step"]
+             f"in the trace, {workload.flops_per_step / 1e9:.1f} GFLOP per step",
+             f"per untraced step: {kernel['page_faults_per_step']:,.0f} minor page faults, "
+             f"{kernel['system_cpu_ms_per_step']:.0f} ms system CPU, {kernel['user_cpu_ms_per_step']:.0f} ms user CPU"]
     if args.trace_dir:
         notes.append(f"trace kept in {args.trace_dir} (TensorBoard profile plugin or Perfetto)")
     return {"rows": rows, "tables": {"most expensive ops": {"rows": top}},
-            "step_ms": step_ms, "traced_ms": traced * 1e3, "notes": notes,
+            "step_ms": step_ms, "traced_ms": traced * 1e3, "kernel": kernel, "notes": notes,
             "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}}

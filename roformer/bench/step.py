@@ -20,7 +20,7 @@ from collections.abc import Callable
 import jax
 
 from roformer.attention import ATTENTION_IMPLEMENTATIONS
-from roformer.bench.common import alternate, matmul_probe, ratio_stats
+from roformer.bench.common import TRAIN_STEP_WARMUP, alternate, matmul_probe, ratio_stats
 from roformer.bench.workload import TrainWorkload, build_train_workload
 from roformer.model import PRESETS, ModelConfig
 from roformer.positions import POSITION_SCHEMES
@@ -78,7 +78,7 @@ def default_peak_size() -> int:
 
 
 def time_with_matmul(steps: dict[str, Callable], *, dtype: str, peak_size: int, rounds: int, iters: int,
-                     warmup: int = 1) -> tuple[dict[str, list[float]], list[float]]:
+                     warmup: int = TRAIN_STEP_WARMUP) -> tuple[dict[str, list[float]], list[float]]:
     """Alternating rounds of the given steps and a square matmul of `dtype`: per-round
     seconds of each step, and the matmul's FLOP/s in each round (the MFU denominator on
     devices without a vendor peak, measured under the same load)."""
