@@ -177,8 +177,8 @@ def test_a_torch_peer_process_that_fails_to_build_is_reported(tmp_path):
     from roformer.bench.hf import ChildPeer
     with pytest.raises(RuntimeError, match="(?s)exited with code 1: .*unknown model size .no-such-size."):
         ChildPeer([sys.executable, "-m", "roformer.bench.hf_torch_peer"],
-                  {"size": "no-such-size", "seq_len": 16, "batch": 2, "vocab_size": 64,
-                   "max_position_embeddings": 512, "compile_backend": None, "torch_threads": 0})
+                  {"config": {"size": "no-such-size"}, "seq_len": 16, "batch": 2,
+                   "compile_backend": None, "torch_threads": 0})
 
 
 def test_flax_port_peer_reports_a_python_without_the_port(tmp_path, monkeypatch):

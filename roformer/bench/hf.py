@@ -103,7 +103,8 @@ def hf_config(config: ModelConfig):
 
 def torch_train_step(config: ModelConfig, batch: dict[str, np.ndarray], compile_backend: str | None = None):
     """A closure running one PyTorch AdamW step of HF RoFormerForMaskedLM on `batch`: eager,
-    or with the model and the clip + AdamW update under torch.compile(backend=compile_backend)."""
+    or with the model and the clip + AdamW update under torch.compile(backend=compile_backend).
+    A compiled step has run once when it is returned, so a compiler failure raises here."""
     import torch
     from transformers import RoFormerForMaskedLM as HFRoFormerForMaskedLM
 
@@ -132,6 +133,8 @@ def torch_train_step(config: ModelConfig, batch: dict[str, np.ndarray], compile_
         forward(**inputs).loss.backward()
         update()
 
+    if compile_backend is not None:
+        step()
     return step
 
 
@@ -201,20 +204,19 @@ def flax_port_peer(python: str, config: ModelConfig, batch: dict[str, np.ndarray
         return ChildPeer([python, str(Path(__file__).with_name("hf_flax_peer.py"))], request)
 
 
-def torch_process_peer(size: str, seq_len: int, batch_size: int, config: ModelConfig, args: argparse.Namespace,
+def torch_process_peer(config: ModelConfig, seq_len: int, batch_size: int, args: argparse.Namespace,
                        compile_backend: str | None = None) -> ChildPeer:
     """HF PyTorch's train step (eager, or under torch.compile) in its own process of this Python
     (hf_torch_peer.py), as it ships: without this process's malloc settings."""
-    request = {"size": size, "seq_len": seq_len, "batch": batch_size, "vocab_size": config.vocab_size,
-               "max_position_embeddings": config.max_position_embeddings,
+    request = {"config": config.to_dict(), "seq_len": seq_len, "batch": batch_size,
                "compile_backend": compile_backend, "torch_threads": args.torch_threads}
     return ChildPeer([sys.executable, "-m", "roformer.bench.hf_torch_peer"], request)
 
 
-def build_peers(names, shape: tuple[str, int, int], config: ModelConfig, batch: dict[str, np.ndarray],
-                args: argparse.Namespace):
+def build_peers(names, config: ModelConfig, seq_len: int, batch_size: int, args: argparse.Namespace):
     """name -> step callable for every peer that could be built, name -> reason for the
     others, and the closers of the peers' processes."""
+    batch = synthetic_batch(config, batch_size, seq_len)
     steps, unavailable, closers = {}, {}, []
     for name in names:
         try:
@@ -223,11 +225,9 @@ def build_peers(names, shape: tuple[str, int, int], config: ModelConfig, batch: 
             else:
                 backend = args.torch_compile_backend if name == "hf_torch_compile" else None
                 if args.torch_process == "own":
-                    steps[name] = torch_process_peer(*shape, config, args, compile_backend=backend)
+                    steps[name] = torch_process_peer(config, seq_len, batch_size, args, compile_backend=backend)
                 else:
                     steps[name] = torch_train_step(config, batch, compile_backend=backend)
-                    if backend is not None:
-                        steps[name]()   # compiles now, so that a compiler failure is reported like the others
             if isinstance(steps[name], ChildPeer):
                 closers.append(steps[name].close)
         except Exception as error:  # noqa: BLE001 - a peer that fails to build is reported, not fatal
@@ -241,10 +241,9 @@ def bench_shape(size: str, seq_len: int, batch_size: int, args: argparse.Namespa
     config = ModelConfig.from_preset(size, vocab_size=args.vocab_size, max_position_embeddings=max(512, seq_len))
     shape = f"{size}/{seq_len}/{batch_size}"
     ours = build_train_workload(config, batch_size=batch_size, seq_len=seq_len, attention_impl=args.attention_impl)
-    peers, unavailable, closers = build_peers(args.peers, (size, seq_len, batch_size), config,
-                                              synthetic_batch(config, batch_size, seq_len), args)
+    peers, unavailable, closers = build_peers(args.peers, config, seq_len, batch_size, args)
     try:
-        # torch.compile and AdamW's lazily created state can recompile on the second call
+        # (the warm-up also covers torch.compile and AdamW's lazy state recompiling on the 2nd call)
         times = alternate({"ours_jax": ours.step, **peers}, rounds=args.rounds, iters=args.iters,
                           warmup=TRAIN_STEP_WARMUP)
     finally:

@@ -3,9 +3,9 @@
 
 Run as `python -m roformer.bench.hf_torch_peer`: the step runs as it ships, in a Python
 process that has not changed anything for our step (roformer.host_memory's malloc settings
-are made only by our command lines). The request names the shape (size, seq_len, batch,
-vocab_size, max_position_embeddings), the torch.compile backend (none: eager) and the
-number of torch threads (0: torch's default); the model, batch and optimizer are built by
+are made only by our command lines). The request carries our ModelConfig (as a dict), the
+sequence length and batch size, the torch.compile backend (none: eager) and the number of
+torch threads (0: torch's default); the model, batch and optimizer are built by
 roformer.bench.hf exactly as for the in-process peers.
 """
 import sys
@@ -23,12 +23,9 @@ def build_torch_step(request):
 
     if request["torch_threads"] > 0:
         torch.set_num_threads(request["torch_threads"])
-    config = ModelConfig.from_preset(request["size"], vocab_size=request["vocab_size"],
-                                     max_position_embeddings=request["max_position_embeddings"])
+    config = ModelConfig.from_dict(request["config"])
     batch = synthetic_batch(config, request["batch"], request["seq_len"])
     step = torch_train_step(config, batch, compile_backend=request["compile_backend"])
-    if request["compile_backend"] is not None:
-        step()   # compiles now, before "ready"
     return step, {"torch": torch.__version__, "transformers": transformers.__version__,
                   "torch_threads": torch.get_num_threads()}
 
