@@ -101,7 +101,37 @@ def test_profile_bench_splits_a_traced_step_by_kind(tmp_path):
     assert kernel["page_faults_per_step"] >= 0 and kernel["user_cpu_ms_per_step"] > 0
     assert kernel["system_cpu_ms_per_step"] >= 0
     assert any(note.startswith("per untraced step: ") for note in result["notes"])
+    # the union of the ops' intervals: at most the per-kind sum, which counts overlaps twice
+    assert 0 < result["busy_ms"] <= result["traced_ms"] + 1e-6
+    assert 0 <= result["concurrent_ms"] <= result["busy_ms"]
+    assert any(note.startswith("ops running: ") for note in result["notes"])
+    matmuls = {row["matmul"]: row for row in result["tables"]["the step's matmul shapes alone"]["rows"]}
+    assert list(matmuls) == ["q/k/v/output projection", "feed-forward in", "feed-forward out",
+                             "attention scores (batched)", "attention values (batched)",
+                             "MLM decoder (masked positions)", "2,048^2 matmul"]
+    assert all(row["ms"] > 0 and row["GFLOP/s"] > 0 and row["cpu_per_wall"] > 0 for row in matmuls.values())
     assert list((tmp_path / "trace").rglob("*.xplane.pb"))   # kept for TensorBoard / Perfetto
+
+
+def test_busy_and_concurrent_time_of_intervals():
+    from roformer.bench.profile import busy_and_concurrent
+    # [0, 4) and [1, 3) overlap for 2 s; [5, 6) alone; a gap [4, 5) counts for neither
+    busy, concurrent = busy_and_concurrent([(0.0, 4.0), (1.0, 3.0), (5.0, 6.0)])
+    assert (busy, concurrent) == (5.0, 2.0)
+    busy, concurrent = busy_and_concurrent([(0.0, 2.0), (0.5, 1.0), (0.75, 3.0)])   # three deep at 0.75-1
+    assert (busy, concurrent) == (3.0, 1.5)
+    assert busy_and_concurrent([]) == (0.0, 0.0)
+
+
+def test_matmul_shapes_of_a_step():
+    from roformer.bench.profile import matmul_shapes
+    config = ModelConfig.from_preset("mini", vocab_size=1000)
+    shapes = matmul_shapes(config, batch=2, seq_len=16)
+    assert shapes["q/k/v/output projection"][:2] == ((32, 256), (256, 256))
+    assert shapes["feed-forward out"][:2] == ((32, 1024), (1024, 256))
+    assert shapes["attention scores (batched)"][:2] == ((8, 16, 64), (8, 16, 64))   # batch x heads
+    assert shapes["attention values (batched)"][:2] == ((8, 16, 16), (8, 16, 64))
+    assert shapes["MLM decoder (masked positions)"][:2] == ((2 * 3, 256), (1000, 256))   # round(0.15 x 16) + 1
 
 
 def test_parse_program_kinds_of_instructions():

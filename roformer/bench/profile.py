@@ -5,10 +5,14 @@ matches every traced op to its instruction in the compiled program, and sums the
 kind: matmul (a fusion or op containing a dot or convolution), layout copy (a fusion whose
 result is a transpose or copy), reduction, random bits (dropout masks) and the remaining
 elementwise work. A second table lists the most expensive ops with the jax operation each
-comes from. On XLA:CPU the ops of a step mostly run one after another, so the kinds add up
-to about the step time measured outside the trace; where ops overlap they add up to more.
-The untraced steps also report the process's minor page faults and system / user CPU time
-per step (getrusage): time the kernel spends faulting in buffers shows up inside the ops.
+comes from. XLA:CPU runs independent ops of a step at the same time on different threads
+now and then, so the kinds add up to more than the time any op was running; the notes give
+both (`busy_ms`: the union of the ops' intervals, `concurrent_ms`: time with two or more
+ops running). The untraced steps also report the process's minor page faults and system /
+user CPU time per step (getrusage): time the kernel spends faulting in buffers shows up
+inside the ops. A third table times the step's matmul shapes alone, with the CPU time they
+take per wall-clock second (2 = both cores of a 2-core machine busy): it shows which
+products run below the rate of a large square matmul, and whether they use every core.
 """
 from __future__ import annotations
 
@@ -19,13 +23,15 @@ import json
 import re
 import resource
 import tempfile
+import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 
 from roformer.bench import step as step_bench
-from roformer.bench.common import TRAIN_STEP_WARMUP, time_call, warm_up
-from roformer.bench.workload import build_train_workload
+from roformer.bench.common import TRAIN_STEP_WARMUP, matmul_probe, time_call, warm_up
+from roformer.bench.workload import build_train_workload, num_predictions
 from roformer.model import PRESETS
 from roformer.positions import POSITION_SCHEMES
 
@@ -108,18 +114,73 @@ def parse_program(hlo_text: str) -> dict[str, dict]:
     return program
 
 
-def op_seconds(trace_dir: Path) -> dict[str, float]:
-    """Total traced seconds per event name, from the newest *.trace.json.gz under trace_dir."""
+def op_events(trace_dir: Path) -> list[tuple[str, float, float]]:
+    """(name, start, end) in seconds of every complete event in the newest *.trace.json.gz
+    under trace_dir."""
     traces = sorted(trace_dir.rglob("*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
     if not traces:
         raise RuntimeError(f"the jax profiler wrote no *.trace.json.gz under {trace_dir}")
     with gzip.open(traces[-1]) as f:
         events = json.load(f)["traceEvents"]
-    seconds: dict[str, float] = collections.defaultdict(float)
-    for event in events:
-        if event.get("ph") == "X" and "name" in event:
-            seconds[event["name"]] += event.get("dur", 0) / 1e6
-    return seconds
+    return [(event["name"], event["ts"] / 1e6, (event["ts"] + event.get("dur", 0)) / 1e6)
+            for event in events if event.get("ph") == "X" and "name" in event]
+
+
+def busy_and_concurrent(intervals: list[tuple[float, float]]) -> tuple[float, float]:
+    """Seconds covered by at least one interval, and by at least two at once."""
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    busy = concurrent = 0.0
+    running, last = 0, None
+    for moment, change in edges:
+        if last is not None:
+            busy += (moment - last) if running >= 1 else 0.0
+            concurrent += (moment - last) if running >= 2 else 0.0
+        running, last = running + change, moment
+    return busy, concurrent
+
+
+def matmul_shapes(config, batch: int, seq_len: int) -> dict[str, tuple[tuple, tuple, str]]:
+    """The forward products of a train step: name -> (lhs shape, rhs shape, einsum). The
+    backward pass multiplies the same shapes transposed."""
+    tokens, heads, head_dim = batch * seq_len, config.num_heads, config.head_dim
+    hidden, inner = config.hidden_size, config.intermediate_size
+    return {
+        "q/k/v/output projection": ((tokens, hidden), (hidden, hidden), "te,ef->tf"),
+        "feed-forward in": ((tokens, hidden), (hidden, inner), "te,ef->tf"),
+        "feed-forward out": ((tokens, inner), (inner, hidden), "te,ef->tf"),
+        "attention scores (batched)": ((batch * heads, seq_len, head_dim), (batch * heads, seq_len, head_dim),
+                                       "nqd,nkd->nqk"),
+        "attention values (batched)": ((batch * heads, seq_len, seq_len), (batch * heads, seq_len, head_dim),
+                                       "nqk,nkd->nqd"),
+        "MLM decoder (masked positions)": ((batch * num_predictions(seq_len), config.embedding_size or hidden),
+                                           (config.vocab_size, config.embedding_size or hidden), "ne,ve->nv"),
+    }
+
+
+def time_matmuls(config, batch: int, seq_len: int, dtype: str, iters: int = 10) -> list[dict]:
+    """Each of the step's matmul shapes alone (and a 2,048^2 one): ms, GFLOP/s and CPU seconds
+    per wall-clock second over the timed calls."""
+    calls = {}
+    for name, (lhs_shape, rhs_shape, spec) in matmul_shapes(config, batch, seq_len).items():
+        lhs = jax.random.normal(jax.random.key(0), lhs_shape, dtype=dtype)
+        rhs = jax.random.normal(jax.random.key(1), rhs_shape, dtype=dtype)
+        product = jax.jit(lambda a, b, spec=spec: jnp.einsum(spec, a, b))
+        contracted = lhs_shape[-1]
+        flops = 2.0 * contracted * jax.eval_shape(product, lhs, rhs).size
+        calls[name] = ((lambda product=product, lhs=lhs, rhs=rhs: product(lhs, rhs)), flops)
+    calls["2,048^2 matmul"] = matmul_probe(2048, dtype)
+    rows = []
+    for name, (call, flops) in calls.items():
+        warm_up({name: call}, 3)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        wall_start = time.perf_counter()
+        seconds = time_call(call, iters)
+        wall = time.perf_counter() - wall_start
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        rows.append({"matmul": name, "ms": seconds * 1e3, "GFLOP/s": flops / seconds / 1e9,
+                     "cpu_per_wall": cpu / wall})
+    return rows
 
 
 def _short_op(op_name: str) -> str:
@@ -146,9 +207,13 @@ def run(args: argparse.Namespace) -> dict:
         with jax.profiler.trace(str(trace_dir)):
             for _ in range(args.steps):
                 jax.block_until_ready(workload.step())
-        seconds = op_seconds(trace_dir)
+        events = op_events(trace_dir)
     program = parse_program(workload.step_fn.as_text())
 
+    seconds: dict[str, float] = collections.defaultdict(float)
+    for name, start, end in events:
+        seconds[name] += end - start
+    busy, concurrent = busy_and_concurrent([(start, end) for name, start, end in events if name in program])
     per_kind = dict.fromkeys(KINDS, 0.0)
     ops = []
     for name, total in seconds.items():
@@ -166,9 +231,14 @@ def run(args: argparse.Namespace) -> dict:
              f"{step_ms:.1f} ms per step untraced (median of {untraced_steps}), {traced * 1e3:.1f} ms of ops "
              f"in the trace, {workload.flops_per_step / 1e9:.1f} GFLOP per step",
              f"per untraced step: {kernel['page_faults_per_step']:,.0f} minor page faults, "
-             f"{kernel['system_cpu_ms_per_step']:.0f} ms system CPU, {kernel['user_cpu_ms_per_step']:.0f} ms user CPU"]
+             f"{kernel['system_cpu_ms_per_step']:.0f} ms system CPU, {kernel['user_cpu_ms_per_step']:.0f} ms user CPU",
+             f"ops running: {busy / args.steps * 1e3:.1f} ms per step (union of the traced ops), "
+             f"{concurrent / args.steps * 1e3:.1f} ms of it with two or more at once (counted twice by the kinds)"]
+    matmuls = time_matmuls(config, args.batch, args.seq_len, args.dtype)
     if args.trace_dir:
         notes.append(f"trace kept in {args.trace_dir} (TensorBoard profile plugin or Perfetto)")
-    return {"rows": rows, "tables": {"most expensive ops": {"rows": top}},
-            "step_ms": step_ms, "traced_ms": traced * 1e3, "kernel": kernel, "notes": notes,
+    return {"rows": rows, "tables": {"most expensive ops": {"rows": top},
+                                     "the step's matmul shapes alone": {"rows": matmuls}},
+            "step_ms": step_ms, "traced_ms": traced * 1e3, "busy_ms": busy / args.steps * 1e3,
+            "concurrent_ms": concurrent / args.steps * 1e3, "kernel": kernel, "notes": notes,
             "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}}
