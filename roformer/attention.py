@@ -16,8 +16,11 @@ from roformer.dense import dense
 from roformer.positions import PositionScheme
 
 ATTENTION_KINDS = ("softmax", "linear")
-# jax.nn.dot_product_attention kernels: "auto" lets jax choose, "xla" is the portable
-# one, "cudnn" the fused GPU kernel (bf16/fp16 only).
+# "xla" and "cudnn" are jax.nn.dot_product_attention's kernels (the portable one, the fused
+# GPU one for bf16/fp16). "auto" lets jax choose, except on CPU, where jax would choose its
+# XLA kernel and the explicit path below computes the same thing faster (head-major
+# operands; ~5% of a train step without attention dropout,
+# docs/results/2026-11-25-attention-dots-cpu.md).
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 
 
@@ -36,15 +39,18 @@ def softmax_attention(q, k, v, *, bias=None, mask=None, dropout: nnx.Dropout | N
     """Scaled dot-product attention; q, k, v [B, L, H, D] -> [B, L, H, D].
 
     Goes through jax.nn.dot_product_attention (fused / cuDNN kernels) unless attention
-    dropout is active: the kernel has no dropout on probabilities, so training with
-    attention_dropout > 0 (HF's behaviour) takes the explicit path below.
+    dropout is active (the kernel has no dropout on probabilities, so training with
+    attention_dropout > 0, HF's behaviour, takes the explicit path below) or the
+    implementation is "auto" on CPU (the explicit path is jax's XLA kernel, faster there).
     """
     # The bias stays float32: the XLA kernel adds it to float32 logits, and ALiBi's large
     # distances would lose their resolution in bf16.
-    if dropout is None or dropout.deterministic or dropout.rate == 0.0:
-        return jax.nn.dot_product_attention(
-            q, k, v, bias=bias, mask=mask, implementation=None if implementation == "auto" else implementation)
-    return explicit_softmax_attention(q, k, v, bias=bias, mask=mask, dropout=dropout)
+    if dropout is not None and not dropout.deterministic and dropout.rate > 0.0:
+        return explicit_softmax_attention(q, k, v, bias=bias, mask=mask, dropout=dropout)
+    if implementation == "auto" and jax.default_backend() == "cpu":
+        return explicit_softmax_attention(q, k, v, bias=bias, mask=mask)
+    return jax.nn.dot_product_attention(
+        q, k, v, bias=bias, mask=mask, implementation=None if implementation == "auto" else implementation)
 
 
 def _masked_probs(logits, mask):

@@ -220,13 +220,31 @@ def test_softmax_attention_uses_dot_product_attention(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
-    trace(eval_mlm(position="alibi"), random_ids((1, 8)))
+    trace(eval_mlm(position="alibi", attention_impl="xla"), random_ids((1, 8)))
     assert calls == [True]  # with the ALiBi bias
-    model = RoFormerModel(config(attention_dropout=0.5), rngs=nnx.Rngs(0))
+    model = RoFormerModel(config(attention_dropout=0.5, attention_impl="xla"), rngs=nnx.Rngs(0))
     calls.clear()
     model.train()  # attention dropout on probabilities needs the explicit path
     trace(model, random_ids((1, 8)))
     assert calls == []
+
+
+def test_auto_attention_on_cpu_is_the_explicit_path_with_the_same_values(monkeypatch):
+    ids = random_ids((2, 8))
+    mask = jnp.asarray([[1] * 8, [1] * 5 + [0] * 3])
+    outputs = {impl: np.asarray(forward(eval_mlm(position="alibi", attention_impl=impl), ids,
+                                        {"attention_mask": mask}))
+               for impl in ("auto", "xla")}
+    np.testing.assert_allclose(outputs["auto"], outputs["xla"], atol=2e-6)
+
+    calls = []
+    real = jax.nn.dot_product_attention
+    monkeypatch.setattr(jax.nn, "dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    trace(eval_mlm(position="alibi"), ids)
+    assert jax.default_backend() == "cpu" and calls == []     # auto on CPU: explicit path
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    trace(eval_mlm(position="alibi"), ids)
+    assert calls == [1]                                       # elsewhere jax chooses the kernel
 
 
 def test_gradients_are_finite():
@@ -389,7 +407,8 @@ def test_attention_implementation_is_a_config_choice(monkeypatch):
         dataclasses.replace(config, attention_impl="flash")
 
     # Which kernel each setting asks jax.nn.dot_product_attention for (on CPU every request
-    # runs as XLA, so the outputs above cannot tell them apart): "auto" lets jax choose.
+    # runs as XLA, so the outputs above cannot tell them apart): "auto" lets jax choose
+    # (off CPU; on CPU it takes the explicit path, tested above).
     fused = jax.nn.dot_product_attention
     requested = []
 
@@ -398,6 +417,7 @@ def test_attention_implementation_is_a_config_choice(monkeypatch):
         return fused(*args, **kwargs)
 
     monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     for impl, expected in (("auto", None), ("xla", "xla"), ("cudnn", "cudnn")):
         requested.clear()
         model = RoFormerModel(dataclasses.replace(config, attention_impl=impl, attention_dropout=0.1),
