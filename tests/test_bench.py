@@ -55,7 +55,7 @@ def test_rope_bench_covers_lengths_batches_and_passes(tmp_path, capsys):
     result = run_bench(tmp_path, "rope", "--lengths", "8", "16", "--batches", "1", "2", "--heads", "2",
                        "--head-dim", "8", "--rounds", "2", "--iters", "1")
     variants = {"copy", "complex", "complex_half", "complex_stack", "real_interleaved", "rotate_half",
-                "cis_table"}
+                "cis_table", "call"}
     rows = result["rows"]
     assert {(r["batch"], r["length"], r["pass"]) for r in rows} == {
         (b, n, p) for b in (1, 2) for n in (8, 16) for p in ("fwd", "fwd+bwd")}

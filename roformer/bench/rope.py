@@ -11,6 +11,8 @@ cost is reported in the `cis_table` row). Variants:
                     back on the pair axis, autodiff backward (apply_rope before its tuning)
   real_interleaved  x0 cos - x1 sin, x0 sin + x1 cos on the (2j, 2j+1) pairs
   rotate_half       x cos + rotate_half(x) sin (GPT-NeoX / LLaMA form)
+  call              a jitted call that reads and writes almost nothing (one element): what
+                    every row pays per call for dispatch, so small shapes can be read
 The input is upcast to float32 for the product and cast back (bf16 input stays bf16
 in and out for every variant, copy included). One run covers every combination of
 --lengths, --batches, --passes (fwd; fwd+bwd = the VJP as in a train step) and
@@ -49,6 +51,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def scale_copy(x):
     return x * jnp.asarray(1.0001, x.dtype)
+
+
+def call_only(x):
+    """One element of x, scaled: a call's fixed cost without the data (same in both passes)."""
+    return x[:1, :1, :1, :1] * jnp.asarray(1.0001, x.dtype)
 
 
 def complex_interleaved(x, cis):
@@ -116,6 +123,7 @@ def bench_shape(batch, length, heads, head_dim, dtype, *, backward, rounds, iter
         "real_interleaved": timed(real_interleaved, x, (t["cos"], t["sin"]), backward, cotangent),
         "rotate_half": timed(rotate_half, x, (t["cos_full"], t["sin_full"]), backward, cotangent),
         "cis_table": lambda: cis_fn(positions),
+        "call": timed(call_only, x, (), False, cotangent),
     }
     times = alternate(variants, rounds=rounds, iters=iters)
     moved = (4 if backward else 2) * x.size * x.dtype.itemsize  # read x (+ cotangent), write result(s)
@@ -126,7 +134,7 @@ def bench_shape(batch, length, heads, head_dim, dtype, *, backward, rounds, iter
         vs_copy, vs_real = ratio_stats(seconds, times["copy"]), ratio_stats(seconds, times[fastest_real])
         rows.append({"shape": f"{batch}x{length}x{heads}x{head_dim}", "batch": batch, "length": length,
                      "tokens": batch * length, "dtype": dtype, "pass": PASSES[backward], "variant": name,
-                     "ms": ms, "GB/s": None if name == "cis_table" else moved / ms / 1e6,
+                     "ms": ms, "GB/s": None if name in ("cis_table", "call") else moved / ms / 1e6,
                      "x_copy": vs_copy["median"], "x_copy_min": vs_copy["min"], "x_copy_max": vs_copy["max"],
                      "fastest_real": fastest_real,
                      "x_real": vs_real["median"], "x_real_min": vs_real["min"], "x_real_max": vs_real["max"]})
