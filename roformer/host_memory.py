@@ -10,7 +10,8 @@ docs/results/2026-11-25-host-memory-cpu.md).
 `retain_host_memory()` sets glibc's malloc to serve every thread from the main heap
 (M_ARENA_MAX 1), never with mmap (M_MMAP_MAX 0), and never to give the heap's free top back
 (M_TRIM_THRESHOLD at its maximum): after the first steps, a step's buffers are memory the
-process already owns, and its resident memory stays at its peak. The same settings as
+process already owns, and its resident memory stays at its peak (which heap fragmentation
+makes a few times what a step holds otherwise; docs/pretraining.md). The same settings as
     GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647
 and, like them, they bind arenas not created yet: call it before jax runs anything (the
 command lines do so first thing). It does nothing where jax may run on an accelerator (an
