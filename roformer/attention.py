@@ -1,9 +1,10 @@
 """Self-attention: softmax (jax.nn.dot_product_attention) and linear (elu + 1) attention.
 
 q, k, v and outputs are [batch, length, heads, head_dim] (what dot_product_attention
-takes); the explicit path multiplies head-major [batch, heads, length, head_dim] copies.  Masks are given as
-optional `key_mask` [B, L] (True = real token) and optional `segment_ids` [B, L] (packed
-documents 1..n, 0 = padding; attention stays inside a document).
+takes); the explicit path multiplies head-major [batch, heads, length, head_dim] copies.
+Masks are given as optional `key_mask` [B, L] (True = real token) and optional
+`segment_ids` [B, L] (packed documents 1..n, 0 = padding; attention stays inside a
+document).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ ATTENTION_KINDS = ("softmax", "linear")
 # "xla" and "cudnn" are jax.nn.dot_product_attention's kernels (the portable one, the fused
 # GPU one for bf16/fp16). "auto" lets jax choose, except on CPU, where jax would choose its
 # XLA kernel and the explicit path below computes the same thing faster (head-major
-# operands; ~5% of a train step without attention dropout,
+# operands; ~4% of a train step without attention dropout,
 # docs/results/2026-11-25-attention-dots-cpu.md).
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 
