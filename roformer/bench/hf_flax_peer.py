@@ -84,11 +84,12 @@ def build_flax_step(request):
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, step + 1
 
-    state = [(model.params, tx.init(model.params), jnp.zeros((), jnp.int32))]
-    step_fn = jax.jit(train_step, donate_argnums=0).lower(state[0]).compile()
+    state = (model.params, tx.init(model.params), jnp.zeros((), jnp.int32))
+    step_fn = jax.jit(train_step, donate_argnums=0).lower(state).compile()
 
     def step():
-        state[0] = jax.block_until_ready(step_fn(state[0]))
+        nonlocal state
+        state = jax.block_until_ready(step_fn(state))
 
     return step, {"transformers": transformers.__version__, "flax": flax.__version__,
                   "jax": jax.__version__, "optax": optax.__version__}
