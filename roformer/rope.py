@@ -120,8 +120,8 @@ def apply_rope(x: jax.Array, cis: jax.Array, layout: str = "interleaved") -> jax
     rotary_dim = 2 * half
     if rotary_dim > x.shape[-1]:
         raise ValueError(f"rotary dim {rotary_dim} exceeds head dim {x.shape[-1]}")
-    # Interleaving (Re, Im) back by a select lowers to vectorised code on XLA:CPU for f32
-    # input (a stack on the size-2 pair axis becomes a per-element branch, ~1.6x slower);
+    # Interleaving (Re, Im) back by a select is the faster form on XLA:CPU for f32 input
+    # (a stack on the size-2 pair axis becomes a per-element branch, ~1.6x slower);
     # with bf16 input fused in, the select loop is the slow one, so those keep the stack.
     interleave = "select" if x.dtype == jnp.float32 else "stack"
     out = _rotate(x[..., :rotary_dim].astype(jnp.float32), cis, layout, interleave).astype(x.dtype)
@@ -137,11 +137,23 @@ def _complex_product(x: jax.Array, cis: jax.Array, layout: str, interleave: str)
         z = jax.lax.complex(x[..., :half], x[..., half:]) * cis[..., None, :]
         return jnp.concatenate([z.real, z.imag], axis=-1)
     pairs = x.reshape(*x.shape[:-1], half, 2)
+    if interleave == "select":
+        return rotate_pairs(pairs, cis).reshape(x.shape)
     z = jax.lax.complex(pairs[..., 0], pairs[..., 1]) * cis[..., None, :]
-    if interleave == "stack":
-        return jnp.stack([z.real, z.imag], axis=-1).reshape(x.shape)
-    is_real_slot = jax.lax.broadcasted_iota(jnp.int32, (*z.shape, 2), z.ndim) == 0
-    return jnp.where(is_real_slot, z.real[..., None], z.imag[..., None]).reshape(x.shape)
+    return jnp.stack([z.real, z.imag], axis=-1).reshape(x.shape)
+
+
+def rotate_pairs(pairs: jax.Array, cis: jax.Array) -> jax.Array:
+    """pairs [..., H, R/2, 2] float32, each (Re, Im) one complex number, times cis [..., R/2]
+    (shared over heads), returned as pairs. apply_rope's interleaved product for f32 input.
+
+    On XLA:CPU this loop vectorises (about a copy's time) when its result stays [..., R/2, 2];
+    flattened to [..., R] in the same fusion, as apply_rope returns it, the loop runs over
+    features with the pair index recomputed per element and about doubles
+    (docs/results/2026-11-25-rope-pairs-cpu.md)."""
+    z = jax.lax.complex(pairs[..., 0], pairs[..., 1]) * cis[..., None, :]
+    is_real_slot = jax.lax.broadcasted_iota(jnp.int32, pairs.shape, pairs.ndim - 1) == 0
+    return jnp.where(is_real_slot, z.real[..., None], z.imag[..., None])
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))

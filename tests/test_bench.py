@@ -10,10 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 
-from roformer import host_memory
+from roformer import host_memory, rope
 from roformer.bench import __main__ as bench_main
+from roformer.bench import rope as rope_bench
 from roformer.bench.common import alternate, format_table, ratio_stats
 from roformer.bench.hf import FLAX_PYTHON_ENV, flax_port_peer
 from roformer.model import ModelConfig
@@ -54,8 +57,8 @@ def test_ratio_stats_and_alternate():
 def test_rope_bench_covers_lengths_batches_and_passes(tmp_path, capsys):
     result = run_bench(tmp_path, "rope", "--lengths", "8", "16", "--batches", "1", "2", "--heads", "2",
                        "--head-dim", "8", "--rounds", "2", "--iters", "1")
-    variants = {"copy", "complex", "complex_half", "complex_stack", "real_interleaved", "rotate_half",
-                "cis_table", "call"}
+    variants = {"copy", "complex", "complex_half", "complex_stack", "complex_pairs", "real_interleaved",
+                "rotate_half", "cis_table", "call"}
     rows = result["rows"]
     assert {(r["batch"], r["length"], r["pass"]) for r in rows} == {
         (b, n, p) for b in (1, 2) for n in (8, 16) for p in ("fwd", "fwd+bwd")}
@@ -67,6 +70,20 @@ def test_rope_bench_covers_lengths_batches_and_passes(tmp_path, capsys):
             assert row["x_copy" if row["variant"] == "copy" else "x_real"] == 1.0
     printed = capsys.readouterr().out
     assert "| variant |" in printed and "| complex |" in printed and "| x_real |" in printed
+
+
+def test_rope_bench_pairs_variant_is_the_models_product_and_its_vjp():
+    x = jax.random.normal(jax.random.key(0), (2, 8, 3, 16))
+    cotangent = jax.random.normal(jax.random.key(1), x.shape)
+    inv_freq, _ = rope.rope_frequencies(16)
+    cis = rope.rope_cis(jax.numpy.broadcast_to(jax.numpy.arange(8), (2, 8)), inv_freq)
+    as_pairs = (2, 8, 3, 8, 2)
+    out, vjp = jax.vjp(lambda p: rope_bench.complex_pairs(p, cis), x.reshape(as_pairs))
+    ref, ref_vjp = jax.vjp(lambda x: rope.apply_rope(x, cis), x)
+    assert out.shape == as_pairs
+    np.testing.assert_allclose(out.reshape(x.shape), ref, atol=1e-6)
+    np.testing.assert_allclose(vjp(cotangent.reshape(as_pairs))[0].reshape(x.shape), ref_vjp(cotangent)[0],
+                               atol=1e-6)
 
 
 def test_step_and_scaling_bench(tmp_path):

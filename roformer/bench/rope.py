@@ -9,6 +9,11 @@ cost is reported in the `cis_table` row). Variants:
   complex_half      roformer.rope.apply_rope, split-half pairs (planar complex layout)
   complex_stack     the same complex64 product written the obvious way: (Re, Im) stacked
                     back on the pair axis, autodiff backward (apply_rope before its tuning)
+  complex_pairs     the f32 product of `complex` (roformer.rope.rotate_pairs) on x given and
+                    returned as [..., head_dim / 2, 2] pairs, not flattened to head_dim;
+                    backward: the product by conj(cis). What the product costs when XLA
+                    does not flatten its result in the same loop (apply_rope's result is
+                    flattened, as attention needs it)
   real_interleaved  x0 cos - x1 sin, x0 sin + x1 cos on the (2j, 2j+1) pairs
   rotate_half       x cos + rotate_half(x) sin (GPT-NeoX / LLaMA form)
   call              a jitted call that reads and writes almost nothing (one element): what
@@ -72,6 +77,23 @@ def complex_stack(x, cis):
     return jnp.stack([z.real, z.imag], axis=-1).reshape(x.shape).astype(x.dtype)
 
 
+@jax.custom_vjp
+def complex_pairs(pairs, cis):
+    return rope.rotate_pairs(pairs.astype(jnp.float32), cis).astype(pairs.dtype)
+
+
+def _complex_pairs_fwd(pairs, cis):
+    return complex_pairs(pairs, cis), cis
+
+
+def _complex_pairs_bwd(cis, cotangent):
+    """A rotation's transpose is the rotation by the conjugate."""
+    return complex_pairs(cotangent, jnp.conj(cis)), jnp.zeros_like(cis)
+
+
+complex_pairs.defvjp(_complex_pairs_fwd, _complex_pairs_bwd)
+
+
 def real_interleaved(x, cos, sin):
     """Real-arithmetic rotation of pairs (2j, 2j+1); cos/sin [B, L, D/2]."""
     pairs = x.astype(jnp.float32).reshape(*x.shape[:-1], x.shape[-1] // 2, 2)
@@ -115,11 +137,14 @@ def bench_shape(batch, length, heads, head_dim, dtype, *, backward, rounds, iter
     x = jax.random.normal(jax.random.key(0), (batch, length, heads, head_dim), dtype=dtype)
     cotangent = jax.random.normal(jax.random.key(1), x.shape, dtype=dtype)
     positions, cis_fn, t = position_tables(batch, length, head_dim)
+    as_pairs = (batch, length, heads, head_dim // 2, 2)
     variants = {
         "copy": timed(scale_copy, x, (), backward, cotangent),
         "complex": timed(complex_interleaved, x, (t["cis"],), backward, cotangent),
         "complex_half": timed(complex_half, x, (t["cis"],), backward, cotangent),
         "complex_stack": timed(complex_stack, x, (t["cis"],), backward, cotangent),
+        "complex_pairs": timed(complex_pairs, x.reshape(as_pairs), (t["cis"],), backward,
+                               cotangent.reshape(as_pairs)),
         "real_interleaved": timed(real_interleaved, x, (t["cos"], t["sin"]), backward, cotangent),
         "rotate_half": timed(rotate_half, x, (t["cos_full"], t["sin_full"]), backward, cotangent),
         "cis_table": lambda: cis_fn(positions),
