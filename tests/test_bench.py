@@ -113,6 +113,7 @@ def test_profile_bench_splits_a_traced_step_by_kind(tmp_path):
     assert abs(sum(row["share"] for row in result["rows"]) - 1.0) < 1e-9
     top = result["tables"]["most expensive ops"]["rows"]
     assert len(top) == 5 and all(row["ms_step"] > 0 and row["kind"] in kinds for row in top)
+    assert all((row["GFLOP/s"] is None) == (row["kind"] != "matmul") for row in top)
     assert result["step_ms"] > 0 and result["traced_ms"] > 0
     kernel = result["kernel"]
     assert kernel["page_faults_per_step"] >= 0 and kernel["user_cpu_ms_per_step"] > 0
@@ -170,7 +171,10 @@ def test_parse_program_kinds_of_instructions():
 ENTRY %main (a: f32[4,4], b: f32[4,4]) -> f32[4,4] {
   %a = f32[4,4]{1,0} parameter(0)
   %b = f32[4,4]{1,0} parameter(1)
+  %a3 = f32[2,5,4]{2,1,0} parameter(2)
+  %b3 = f32[2,5,3]{2,1,0} parameter(3)
   %mm = f32[4,4]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused_dot, metadata={op_name="jit(f)/dot_general"}
+  %bmm = f32[2,4,3]{2,1,0} dot(%a3, %b3), lhs_batch_dims={0}, lhs_contracting_dims={1}, rhs_batch_dims={0}, rhs_contracting_dims={1}
   %tr = f32[16]{0} fusion(%mm), kind=kLoop, calls=%fused_transpose, metadata={op_name="jit(f)/transpose"}
   %bits = u32[4,4]{1,0} add(%a, %b), metadata={op_name="jit(f)/jit(_bernoulli)/jit(_uniform)/add"}
   ROOT %out = f32[4,4]{1,0} multiply(%a, %b), metadata={op_name="jit(f)/mul"}
@@ -180,6 +184,19 @@ ENTRY %main (a: f32[4,4], b: f32[4,4]) -> f32[4,4] {
     assert {name: program[name]["kind"] for name in ("mm", "tr", "bits", "out")} == {
         "mm": "matmul", "tr": "layout copy", "bits": "random bits", "out": "elementwise and other"}
     assert program["mm"]["op"] == "jit(f)/dot_general"
+    # 2 x outputs x contracted size; a fusion counts the dots it calls
+    assert program["mm"]["flops"] == 2 * 16 * 4 and program["bmm"]["flops"] == 2 * 24 * 5
+    assert program["tr"]["flops"] == program["out"]["flops"] == 0
+
+
+def test_early_returns_names_matmuls_traced_faster_than_the_probe():
+    from roformer.bench.profile import early_returns
+    program = {"slow": {"flops": 4e9}, "fast": {"flops": 2e9}, "faster": {"flops": 1e9}}
+    rate = {"slow": 100.0, "fast": 1000.0, "faster": 400.0}
+    note, = early_returns(rate, program, probe_gflops=200.0)
+    assert note.startswith("2 matmul op(s) traced above 1.5x the 200 GFLOP/s probe, e.g. fast (2.00 GFLOP")
+    assert "faster (1.00 GFLOP at 400 GFLOP/s)" in note and "slow" not in note
+    assert early_returns({"slow": 100.0}, program, probe_gflops=200.0) == []
 
 
 def test_hf_bench_with_torch_compile_and_an_unavailable_flax_port(tmp_path, capsys):

@@ -5,7 +5,9 @@ matches every traced op to its instruction in the compiled program, and sums the
 kind: matmul (a fusion or op containing a dot or convolution), layout copy (a fusion whose
 result is a transpose or copy), reduction, random bits (dropout masks) and the remaining
 elementwise work. A second table lists the most expensive ops with the jax operation each
-comes from. XLA:CPU runs independent ops of a step at the same time on different threads
+comes from, and for those with dots the GFLOP/s their traced time implies; a note names the
+matmul ops traced faster than a large square matmul runs, which return before their
+product is done (their time lands in the ops traced meanwhile). XLA:CPU runs independent ops of a step at the same time on different threads
 now and then, so the kinds add up to more than the time any op was running; the notes give
 both (`busy_ms`: the union of the ops' intervals, `concurrent_ms`: time with two or more
 ops running). The untraced steps also report the process's minor page faults and system /
@@ -38,6 +40,7 @@ from roformer.positions import POSITION_SCHEMES
 KINDS = ("matmul", "layout copy", "reduction", "random bits", "elementwise and other")
 _INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%(\S+) = (.+?) ([a-z][a-z0-9\-]*)\((.*)$")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%(\S+) .*\{\s*$")
+PROBE_ROW = "2,048^2 matmul"
 _RANDOM = ("random_bits", "_bernoulli", "threefry", "rng_bit_generator", "_uniform")
 
 
@@ -56,8 +59,30 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="keep the trace here (TensorBoard/Perfetto); default: a temporary directory")
 
 
+def _dims(shape: str) -> list[int]:
+    """[640, 30522] from an array shape such as 'f32[640,30522]{1,0}' ([] for scalars, tuples)."""
+    match = re.match(r"^[a-z0-9]+\[([\d,]*)\]", shape)
+    return [int(d) for d in match.group(1).split(",") if d] if match else []
+
+
+def _dot_flops(shape: str, rest: str, shapes: dict[str, str]) -> float:
+    """2 x output elements x contracted size of one dot instruction."""
+    lhs = re.match(r"%([\w.\-]+)", rest)
+    contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
+    lhs_dims = _dims(shapes.get(lhs.group(1), "")) if lhs else []
+    contracted = 1
+    for d in (contracting.group(1).split(",") if contracting else []):
+        if d and int(d) < len(lhs_dims):
+            contracted *= lhs_dims[int(d)]
+    outputs = 1
+    for d in _dims(shape):
+        outputs *= d
+    return 2.0 * outputs * contracted
+
+
 def parse_program(hlo_text: str) -> dict[str, dict]:
-    """Instruction name -> {kind, shape, op} for every instruction of a compiled HLO module."""
+    """Instruction name -> {kind, shape, op, flops} for every instruction of a compiled HLO
+    module; flops counts the dots in the instruction (and in what it calls)."""
     bodies: dict[str, list[tuple]] = {}
     current = None
     for line in hlo_text.splitlines():
@@ -81,6 +106,21 @@ def parse_program(hlo_text: str) -> dict[str, dict]:
                 opcodes |= contents(called, seen)
         return opcodes
 
+    def dot_flops(computation: str, seen: set) -> float:
+        """FLOPs of the dots in a computation and in everything it calls."""
+        if computation in seen:
+            return 0.0
+        seen.add(computation)
+        instructions = bodies.get(computation, ())
+        shapes = {name: shape for _, name, shape, _, _ in instructions}
+        total = 0.0
+        for _, _, shape, opcode, rest in instructions:
+            if opcode == "dot":
+                total += _dot_flops(shape, rest, shapes)
+            for called in re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", rest):
+                total += dot_flops(called, seen)
+        return total
+
     def root_opcode(computation: str) -> str:
         """The opcode that makes a computation's result, looking through bitcasts and reshapes."""
         by_name = {name: (opcode, rest) for _, name, _, opcode, rest in bodies.get(computation, ())}
@@ -93,6 +133,7 @@ def parse_program(hlo_text: str) -> dict[str, dict]:
 
     program = {}
     for instructions in bodies.values():
+        shapes = {name: shape for _, name, shape, _, _ in instructions}
         for _, name, shape, opcode, rest in instructions:
             op_name = re.search(r'op_name="([^"]*)"', rest)
             op_name = op_name.group(1) if op_name else ""
@@ -110,7 +151,10 @@ def parse_program(hlo_text: str) -> dict[str, dict]:
                 kind = "reduction"
             else:
                 kind = "elementwise and other"
-            program[name] = {"kind": kind, "shape": shape, "op": op_name}
+            flops = _dot_flops(shape, rest, shapes) if opcode == "dot" else 0.0
+            if called:
+                flops += dot_flops(called.group(1), set())
+            program[name] = {"kind": kind, "shape": shape, "op": op_name, "flops": flops}
     return program
 
 
@@ -168,7 +212,7 @@ def time_matmuls(config, batch: int, seq_len: int, dtype: str, iters: int = 10) 
         contracted = lhs_shape[-1]
         flops = 2.0 * contracted * jax.eval_shape(product, lhs, rhs).size
         calls[name] = ((lambda product=product, lhs=lhs, rhs=rhs: product(lhs, rhs)), flops)
-    calls["2,048^2 matmul"] = matmul_probe(2048, dtype)
+    calls[PROBE_ROW] = matmul_probe(2048, dtype)
     rows = []
     for name, (call, flops) in calls.items():
         warm_up({name: call}, 3)
@@ -181,6 +225,22 @@ def time_matmuls(config, batch: int, seq_len: int, dtype: str, iters: int = 10) 
         rows.append({"matmul": name, "ms": seconds * 1e3, "GFLOP/s": flops / seconds / 1e9,
                      "cpu_per_wall": cpu / wall})
     return rows
+
+
+def early_returns(rate: dict[str, float], program: dict[str, dict], probe_gflops: float,
+                  margin: float = 1.5) -> list[str]:
+    """A note on the traced matmul ops whose time implies more than `margin` x the probe's
+    rate: they returned before their product was done (XLA:CPU runs some dots, e.g. those it
+    hands to Eigen, on its thread pool after the op's event ends), so their time is counted
+    in the ops traced while they finish, which look slower than they are."""
+    fast = sorted((name for name, gflops in rate.items() if gflops > margin * probe_gflops),
+                  key=lambda name: program[name]["flops"], reverse=True)
+    if not fast:
+        return []
+    listed = ", ".join(f"{name} ({program[name]['flops'] / 1e9:.2f} GFLOP at {rate[name]:,.0f} GFLOP/s)"
+                       for name in fast[:4])
+    return [f"{len(fast)} matmul op(s) traced above {margin}x the {probe_gflops:.0f} GFLOP/s probe, e.g. {listed}: "
+            f"they finish after their trace event ends, and their time is counted in the ops traced meanwhile"]
 
 
 def _short_op(op_name: str) -> str:
@@ -211,8 +271,10 @@ def run(args: argparse.Namespace) -> dict:
     program = parse_program(workload.step_fn.as_text())
 
     seconds: dict[str, float] = collections.defaultdict(float)
+    calls: dict[str, int] = collections.Counter()
     for name, start, end in events:
         seconds[name] += end - start
+        calls[name] += 1
     busy, concurrent = busy_and_concurrent([(start, end) for name, start, end in events if name in program])
     per_kind = dict.fromkeys(KINDS, 0.0)
     ops = []
@@ -224,8 +286,10 @@ def run(args: argparse.Namespace) -> dict:
     traced = sum(per_kind.values())
     rows = [{"kind": kind, "ms_step": per_kind[kind] * 1e3, "share": per_kind[kind] / traced if traced else 0.0}
             for kind in KINDS]
-    top = [{"op": name, "kind": entry["kind"], "ms_step": s * 1e3, "shape": entry["shape"][:40],
-            "from": _short_op(entry["op"])[-70:]}
+    rate = {name: entry["flops"] * calls[name] / seconds[name] / 1e9
+            for _, name, entry in ops if entry["flops"] and seconds[name] > 0}
+    top = [{"op": name, "kind": entry["kind"], "ms_step": s * 1e3, "GFLOP/s": rate.get(name),
+            "shape": entry["shape"][:40], "from": _short_op(entry["op"])[-70:]}
            for s, name, entry in sorted(ops, key=lambda item: item[0], reverse=True)[:args.top]]
     notes = [f"{args.size}/{args.seq_len}/{args.batch} {args.scheme} {args.dtype}: "
              f"{step_ms:.1f} ms per step untraced (median of {untraced_steps}), {traced * 1e3:.1f} ms of ops "
@@ -235,6 +299,8 @@ def run(args: argparse.Namespace) -> dict:
              f"ops running: {busy / args.steps * 1e3:.1f} ms per step (union of the traced ops), "
              f"{concurrent / args.steps * 1e3:.1f} ms of it with two or more at once (counted twice by the kinds)"]
     matmuls = time_matmuls(config, args.batch, args.seq_len, args.dtype)
+    probe = next(row for row in matmuls if row["matmul"] == PROBE_ROW)
+    notes += early_returns(rate, program, probe_gflops=probe["GFLOP/s"])
     if args.trace_dir:
         notes.append(f"trace kept in {args.trace_dir} (TensorBoard profile plugin or Perfetto)")
     return {"rows": rows, "tables": {"most expensive ops": {"rows": top},
