@@ -7,8 +7,9 @@ result is a transpose or copy), reduction, random bits (dropout masks) and the r
 elementwise work. A second table lists the most expensive ops with the jax operation each
 comes from, and for those with dots the GFLOP/s their traced time implies; a note names the
 matmul ops traced faster than a large square matmul runs, which return before their
-product is done (their time lands in the ops traced meanwhile). XLA:CPU runs independent ops of a step at the same time on different threads
-now and then, so the kinds add up to more than the time any op was running; the notes give
+product is done (their time lands in the ops traced meanwhile). XLA:CPU runs independent
+ops of a step at the same time on different threads now and then, so the kinds add up to
+more than the time any op was running; the notes give
 both (`busy_ms`: the union of the ops' intervals, `concurrent_ms`: time with two or more
 ops running). The untraced steps also report the process's minor page faults and system /
 user CPU time per step (getrusage): time the kernel spends faulting in buffers shows up
@@ -38,9 +39,9 @@ from roformer.model import PRESETS
 from roformer.positions import POSITION_SCHEMES
 
 KINDS = ("matmul", "layout copy", "reduction", "random bits", "elementwise and other")
+PROBE_ROW = "2,048^2 matmul"
 _INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%(\S+) = (.+?) ([a-z][a-z0-9\-]*)\((.*)$")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%(\S+) .*\{\s*$")
-PROBE_ROW = "2,048^2 matmul"
 _RANDOM = ("random_bits", "_bernoulli", "threefry", "rng_bit_generator", "_uniform")
 
 
