@@ -309,8 +309,47 @@ def test_gpu_bench_cpu_dry_run_needs_only_jax_flax_optax_orbax(tmp_path):
     rope_rows = result["tables"]["RoPE kernel vs copy"]["rows"]
     assert {(r["dtype"], r["pass"]) for r in rope_rows} == {
         (d, p) for d in ("float32", "bfloat16") for p in ("fwd", "fwd+bwd")}
-    assert any("CPU dry run" in note for note in result["notes"])
+    assert any("CPU dry run" in note for note in result["notes"]) and result["partial"] is False
     assert {"jax", "flax", "optax"} <= set(result["versions"])
+
+
+def test_gpu_bench_keeps_what_it_has_when_a_group_fails(tmp_path, monkeypatch):
+    """A group whose fused kernel fails is timed again with XLA attention; one that fails
+    anyway becomes a note; the JSON so far is on disk while later groups run."""
+    from roformer.bench import gpu
+    out = tmp_path / "gpu.json"
+    calls, on_disk = [], {}
+
+    def fake_group(size, seq_len, kernels, args, table_peak):
+        calls.append((size, tuple(kernels)))
+        if out.exists():
+            on_disk[size] = json.loads(out.read_text())
+        if size == "mini" and "cudnn" in kernels:
+            raise RuntimeError("cuDNN refused this shape\nsecond line")
+        if size == "small":
+            raise MemoryError()
+        return [{"size": size, "seq": seq_len, "variant": f"rope/{kernels[0]}"}]
+
+    monkeypatch.setattr(gpu, "train_group", fake_group)
+    monkeypatch.setattr(gpu, "attention_kernels", lambda platform: (["cudnn", "xla"], []))
+    monkeypatch.setattr(gpu.rope_bench, "bench_shape", lambda *a, **k: [{"shape": "8x16", "variant": "copy"}])
+    args = bench_main.parse_args(["gpu", "--cpu-dry-run", "--sizes", "tiny", "mini", "small", "--seq-lens", "16",
+                                  "--rope-lengths", "16", "--json", str(out)])
+    result = gpu.run(args)
+    assert calls == [("small", ("cudnn", "xla")), ("small", ("xla",)), ("mini", ("cudnn", "xla")),
+                     ("mini", ("xla",)), ("tiny", ("cudnn", "xla"))]   # largest first
+    assert [(r["size"], r["variant"]) for r in result["rows"]] == [("tiny", "rope/cudnn"), ("mini", "rope/xla")]
+    failures = [n for n in result["notes"] if "attention failed" in n]
+    assert failures == [
+        "small/16 with cudnn+xla attention failed (MemoryError: ); timed again with XLA attention alone",
+        "small/16 with xla attention failed (MemoryError: )",
+        "mini/16 with cudnn+xla attention failed (RuntimeError: cuDNN refused this shape); "
+        "timed again with XLA attention alone"]
+    assert result["partial"] is False
+    # written after the RoPE table and after each group: what tiny's group found on disk
+    assert on_disk["small"]["partial"] and on_disk["small"]["rows"] == []
+    assert on_disk["tiny"]["tables"]["RoPE kernel vs copy"]["rows"] == [{"shape": "8x16", "variant": "copy"}] * 4
+    assert [r["size"] for r in on_disk["tiny"]["rows"]] == ["mini"] and on_disk["tiny"]["machine"]["platform"]
 
 
 def test_unknown_benchmark_is_rejected(capsys):

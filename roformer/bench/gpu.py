@@ -15,22 +15,26 @@
               and forward+backward.
 Groups run largest first, so that --budget-s (default 9 minutes), which starts no group
 that the previous one's duration says would end past it, cuts the small sizes rather
-than base. Needs only jax, flax, optax, orbax and
-numpy besides the project. On a CPU it refuses to run (exit 2); --cpu-dry-run runs the
-same path there, for tests at tiny size.
+than base. Accelerator time is scarce, so a run keeps what it has: a group whose fused
+kernel fails is timed again with XLA attention alone, any other failure is a note and the
+run goes on, and with --json the result so far is written after every group (marked
+"partial" until the run ends), so a run stopped from outside still leaves its figures.
+Needs only jax, flax, optax, orbax and numpy besides the project. On a CPU it refuses to
+run (exit 2); --cpu-dry-run runs the same path there, for tests at tiny size.
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import importlib.metadata
+import json
 import sys
 import time
 
 import jax
 
 from roformer.bench import rope as rope_bench
-from roformer.bench.common import ratio_stats
+from roformer.bench.common import machine_info, ratio_stats
 from roformer.bench.step import default_peak_size, step_figures, time_with_matmul, vendor_peak
 from roformer.bench.workload import build_train_workload
 from roformer.model import PRESETS, ModelConfig
@@ -120,14 +124,24 @@ def run(args: argparse.Namespace) -> dict:
         notes.append(f"{jax.devices()[0].device_kind} has no bf16 peak in roformer.train.flops.PEAK_FLOPS: "
                      "MFU is against the bf16 matmul rate measured in the same rounds")
 
-    rope_rows = []
+    rope_rows, rows = [], []
+
+    def result(partial: bool) -> dict:
+        return {"rows": sorted(rows, key=lambda r: (list(PRESETS).index(r["size"]), r["seq"])),
+                "columns": TABLE_COLUMNS,
+                "tables": {"RoPE kernel vs copy": {"rows": rope_rows, "columns": ROPE_COLUMNS}},
+                "notes": list(notes), "peak_flops": table_peak, "wall_s": round(time.perf_counter() - start, 1),
+                "versions": versions(), "device_kinds": sorted({d.device_kind for d in jax.devices()}),
+                "partial": partial, "settings": {k: v for k, v in vars(args).items() if k != "json"}}
+
     for dtype in ("float32", "bfloat16"):
         for length in args.rope_lengths:
             for backward in (False, True):
                 rope_rows += rope_bench.bench_shape(args.rope_batch, length, 12, 64, dtype, backward=backward,
                                                     rounds=args.rounds, iters=args.iters)
+    write_partial(args, result(partial=True))
 
-    rows, skipped, last_group_s = [], [], 0.0
+    skipped, last_group_s = [], 0.0
     order = sorted(args.sizes, key=list(PRESETS).index, reverse=True)   # largest first
     for size in order:
         for seq_len in sorted(args.seq_lens, reverse=True):
@@ -136,13 +150,35 @@ def run(args: argparse.Namespace) -> dict:
                 skipped.append(f"{size}/{seq_len}")
                 continue
             group_start = time.perf_counter()
-            rows += train_group(size, seq_len, kernels, args, table_peak)
+            rows += timed_group(size, seq_len, kernels, args, table_peak, notes)
             last_group_s = time.perf_counter() - group_start
+            write_partial(args, result(partial=True))
     if skipped:
         notes.append(f"not measured, over the {args.budget_s:.0f} s budget: {', '.join(skipped)}")
-    rows.sort(key=lambda r: (list(PRESETS).index(r["size"]), r["seq"]))
-    return {"rows": rows, "columns": TABLE_COLUMNS,
-            "tables": {"RoPE kernel vs copy": {"rows": rope_rows, "columns": ROPE_COLUMNS}},
-            "notes": notes, "peak_flops": table_peak, "wall_s": round(time.perf_counter() - start, 1),
-            "versions": versions(), "device_kinds": sorted({d.device_kind for d in jax.devices()}),
-            "settings": {k: v for k, v in vars(args).items() if k != "json"}}
+    return result(partial=False)
+
+
+def timed_group(size: str, seq_len: int, kernels: list[str], args: argparse.Namespace,
+                table_peak: float | None, notes: list[str]) -> list[dict]:
+    """train_group, falling back to XLA attention alone when a group with the fused kernel
+    fails, and to a note when that fails too."""
+    tried = [kernels] + ([["xla"]] if kernels != ["xla"] else [])
+    for attempt in tried:
+        try:
+            return train_group(size, seq_len, attempt, args, table_peak)
+        except Exception as error:   # noqa: BLE001 (any failure of one group must not end the run)
+            message = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+            retry = "; timed again with XLA attention alone" if attempt != tried[-1] else ""
+            notes.append(f"{size}/{seq_len} with {'+'.join(attempt)} attention failed "
+                         f"({type(error).__name__}: {message}){retry}")
+        gc.collect()   # the failed group's buffers, now that its traceback is gone
+    return []
+
+
+def write_partial(args: argparse.Namespace, result: dict) -> None:
+    """The result so far, where --json will put the whole one."""
+    if args.json is None:
+        return
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"benchmark": "gpu", "machine": machine_info(), **result},
+                                    indent=2, default=str) + "\n")
