@@ -315,7 +315,8 @@ def test_gpu_bench_cpu_dry_run_needs_only_jax_flax_optax_orbax(tmp_path):
 
 def test_gpu_bench_keeps_what_it_has_when_a_group_fails(tmp_path, monkeypatch):
     """A group whose fused kernel fails is timed again with XLA attention; one that fails
-    anyway becomes a note; the JSON so far is on disk while later groups run."""
+    anyway, or a RoPE shape that fails, becomes a note; the JSON so far is on disk while
+    later groups run."""
     from roformer.bench import gpu
     out = tmp_path / "gpu.json"
     calls, on_disk = [], {}
@@ -332,7 +333,12 @@ def test_gpu_bench_keeps_what_it_has_when_a_group_fails(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gpu, "train_group", fake_group)
     monkeypatch.setattr(gpu, "attention_kernels", lambda platform: (["cudnn", "xla"], []))
-    monkeypatch.setattr(gpu.rope_bench, "bench_shape", lambda *a, **k: [{"shape": "8x16", "variant": "copy"}])
+    def fake_rope(batch, length, heads, head_dim, dtype, *, backward, rounds, iters):
+        if dtype == "bfloat16" and backward:
+            raise ValueError("no bf16 backward here")
+        return [{"shape": "8x16", "variant": "copy"}]
+
+    monkeypatch.setattr(gpu.rope_bench, "bench_shape", fake_rope)
     args = bench_main.parse_args(["gpu", "--cpu-dry-run", "--sizes", "tiny", "mini", "small", "--seq-lens", "16",
                                   "--rope-lengths", "16", "--json", str(out)])
     result = gpu.run(args)
@@ -345,10 +351,11 @@ def test_gpu_bench_keeps_what_it_has_when_a_group_fails(tmp_path, monkeypatch):
         "small/16 with xla attention failed (MemoryError: )",
         "mini/16 with cudnn+xla attention failed (RuntimeError: cuDNN refused this shape); "
         "timed again with XLA attention alone"]
+    assert "RoPE bfloat16 8x16 fwd+bwd failed (ValueError: no bf16 backward here)" in result["notes"]
     assert result["partial"] is False
     # written after the RoPE table and after each group: what tiny's group found on disk
     assert on_disk["small"]["partial"] and on_disk["small"]["rows"] == []
-    assert on_disk["tiny"]["tables"]["RoPE kernel vs copy"]["rows"] == [{"shape": "8x16", "variant": "copy"}] * 4
+    assert on_disk["tiny"]["tables"]["RoPE kernel vs copy"]["rows"] == [{"shape": "8x16", "variant": "copy"}] * 3
     assert [r["size"] for r in on_disk["tiny"]["rows"]] == ["mini"] and on_disk["tiny"]["machine"]["platform"]
 
 

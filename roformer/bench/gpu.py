@@ -16,8 +16,8 @@
 Groups run largest first, so that --budget-s (default 9 minutes), which starts no group
 that the previous one's duration says would end past it, cuts the small sizes rather
 than base. Accelerator time is scarce, so a run keeps what it has: a group whose fused
-kernel fails is timed again with XLA attention alone, any other failure is a note and the
-run goes on, and with --json the result so far is written after every group (marked
+kernel fails is timed again with XLA attention alone, any other failure (of a group or a
+RoPE shape) is a note and the run goes on, and with --json the result so far is written after every group (marked
 "partial" until the run ends), so a run stopped from outside still leaves its figures.
 Needs only jax, flax, optax, orbax and numpy besides the project. On a CPU it refuses to
 run (exit 2); --cpu-dry-run runs the same path there, for tests at tiny size.
@@ -137,8 +137,12 @@ def run(args: argparse.Namespace) -> dict:
     for dtype in ("float32", "bfloat16"):
         for length in args.rope_lengths:
             for backward in (False, True):
-                rope_rows += rope_bench.bench_shape(args.rope_batch, length, 12, 64, dtype, backward=backward,
-                                                    rounds=args.rounds, iters=args.iters)
+                try:
+                    rope_rows += rope_bench.bench_shape(args.rope_batch, length, 12, 64, dtype, backward=backward,
+                                                        rounds=args.rounds, iters=args.iters)
+                except Exception as error:   # noqa: BLE001 (the train step groups still run)
+                    notes.append(f"RoPE {dtype} {args.rope_batch}x{length} {'fwd+bwd' if backward else 'fwd'} "
+                                 f"failed ({failure(error)})")
     write_partial(args, result(partial=True))
 
     skipped, last_group_s = [], 0.0
@@ -167,12 +171,16 @@ def timed_group(size: str, seq_len: int, kernels: list[str], args: argparse.Name
         try:
             return train_group(size, seq_len, attempt, args, table_peak)
         except Exception as error:   # noqa: BLE001 (any failure of one group must not end the run)
-            message = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
             retry = "; timed again with XLA attention alone" if attempt != tried[-1] else ""
-            notes.append(f"{size}/{seq_len} with {'+'.join(attempt)} attention failed "
-                         f"({type(error).__name__}: {message}){retry}")
+            notes.append(f"{size}/{seq_len} with {'+'.join(attempt)} attention failed ({failure(error)}){retry}")
         gc.collect()   # the failed group's buffers, now that its traceback is gone
     return []
+
+
+def failure(error: Exception) -> str:
+    """'Type: first line of the message' (at most 200 characters of it)."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
 
 
 def write_partial(args: argparse.Namespace, result: dict) -> None:
