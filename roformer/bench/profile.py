@@ -23,6 +23,7 @@ import argparse
 import collections
 import gzip
 import json
+import math
 import re
 import resource
 import tempfile
@@ -71,14 +72,8 @@ def _dot_flops(shape: str, rest: str, shapes: dict[str, str]) -> float:
     lhs = re.match(r"%([\w.\-]+)", rest)
     contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
     lhs_dims = _dims(shapes.get(lhs.group(1), "")) if lhs else []
-    contracted = 1
-    for d in (contracting.group(1).split(",") if contracting else []):
-        if d and int(d) < len(lhs_dims):
-            contracted *= lhs_dims[int(d)]
-    outputs = 1
-    for d in _dims(shape):
-        outputs *= d
-    return 2.0 * outputs * contracted
+    axes = [int(d) for d in contracting.group(1).split(",") if d] if contracting else []
+    return 2.0 * math.prod(_dims(shape)) * math.prod(lhs_dims[a] for a in axes if a < len(lhs_dims))
 
 
 def parse_program(hlo_text: str) -> dict[str, dict]:
@@ -107,19 +102,16 @@ def parse_program(hlo_text: str) -> dict[str, dict]:
                 opcodes |= contents(called, seen)
         return opcodes
 
-    def dot_flops(computation: str, seen: set) -> float:
-        """FLOPs of the dots in a computation and in everything it calls."""
-        if computation in seen:
-            return 0.0
-        seen.add(computation)
-        instructions = bodies.get(computation, ())
-        shapes = {name: shape for _, name, shape, _, _ in instructions}
-        total = 0.0
-        for _, _, shape, opcode, rest in instructions:
-            if opcode == "dot":
-                total += _dot_flops(shape, rest, shapes)
-            for called in re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", rest):
-                total += dot_flops(called, seen)
+    def instruction_flops(instruction: tuple, shapes: dict[str, str], seen: set) -> float:
+        """FLOPs of an instruction's own dot and of the dots in the computations it calls."""
+        _, _, shape, opcode, rest = instruction
+        total = _dot_flops(shape, rest, shapes) if opcode == "dot" else 0.0
+        for called in re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", rest):
+            if called not in seen:
+                seen.add(called)
+                callee = bodies.get(called, ())
+                callee_shapes = {name: shape for _, name, shape, _, _ in callee}
+                total += sum(instruction_flops(inner, callee_shapes, seen) for inner in callee)
         return total
 
     def root_opcode(computation: str) -> str:
@@ -135,7 +127,8 @@ def parse_program(hlo_text: str) -> dict[str, dict]:
     program = {}
     for instructions in bodies.values():
         shapes = {name: shape for _, name, shape, _, _ in instructions}
-        for _, name, shape, opcode, rest in instructions:
+        for instruction in instructions:
+            _, name, shape, opcode, rest = instruction
             op_name = re.search(r'op_name="([^"]*)"', rest)
             op_name = op_name.group(1) if op_name else ""
             called = re.search(r"calls=%([\w.\-]+)", rest)
@@ -152,10 +145,8 @@ def parse_program(hlo_text: str) -> dict[str, dict]:
                 kind = "reduction"
             else:
                 kind = "elementwise and other"
-            flops = _dot_flops(shape, rest, shapes) if opcode == "dot" else 0.0
-            if called:
-                flops += dot_flops(called.group(1), set())
-            program[name] = {"kind": kind, "shape": shape, "op": op_name, "flops": flops}
+            program[name] = {"kind": kind, "shape": shape, "op": op_name,
+                             "flops": instruction_flops(instruction, shapes, set())}
     return program
 
 
