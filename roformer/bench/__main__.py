@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 from pathlib import Path
 
-from roformer.bench.common import format_table, machine_info
+from roformer.bench.common import format_table, machine_info, write_json
 from roformer.host_memory import retain_host_memory
 
 BENCHMARKS = ("rope", "step", "profile", "hf", "scaling", "input", "gpu")
@@ -61,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in result.get("notes", []):
         print(f"note: {note}")
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        write_json(args.json, result)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 

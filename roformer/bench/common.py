@@ -1,4 +1,4 @@
-"""Shared benchmark helpers: blocked timing, alternating A/B runs, matmul peak, tables.
+"""Shared benchmark helpers: blocked timing, alternating A/B runs, matmul peak, tables, JSON.
 
 The CPU this project is developed on is shared and noisy, so comparisons are
 measured as alternating rounds (A B A B ...) and summarised by the median of the
@@ -7,11 +7,13 @@ per-round ratios with their min and max, never by one long run of each side.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -92,6 +94,12 @@ def machine_info() -> dict[str, Any]:
         "jax": jax.__version__,
         "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
     }
+
+
+def write_json(path: Path, result: Mapping[str, Any]) -> None:
+    """A benchmark's result as indented JSON (values JSON lacks, such as paths, as text)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
 
 
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:

@@ -17,8 +17,9 @@ Groups run largest first, so that --budget-s (default 9 minutes), which starts n
 that the previous one's duration says would end past it, cuts the small sizes rather
 than base. Accelerator time is scarce, so a run keeps what it has: a group whose fused
 kernel fails is timed again with XLA attention alone, any other failure (of a group or a
-RoPE shape) is a note and the run goes on, and with --json the result so far is written after every group (marked
-"partial" until the run ends), so a run stopped from outside still leaves its figures.
+RoPE shape) is a note and the run goes on, and with --json the result so far is written
+after every group (marked "partial" until the run ends), so a run stopped from outside
+still leaves its figures.
 Needs only jax, flax, optax, orbax and numpy besides the project. On a CPU it refuses to
 run (exit 2); --cpu-dry-run runs the same path there, for tests at tiny size.
 """
@@ -27,14 +28,13 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.metadata
-import json
 import sys
 import time
 
 import jax
 
 from roformer.bench import rope as rope_bench
-from roformer.bench.common import machine_info, ratio_stats
+from roformer.bench.common import machine_info, ratio_stats, write_json
 from roformer.bench.step import default_peak_size, step_figures, time_with_matmul, vendor_peak
 from roformer.bench.workload import build_train_workload
 from roformer.model import PRESETS, ModelConfig
@@ -125,14 +125,15 @@ def run(args: argparse.Namespace) -> dict:
                      "MFU is against the bf16 matmul rate measured in the same rounds")
 
     rope_rows, rows = [], []
+    fixed = {"columns": TABLE_COLUMNS, "peak_flops": table_peak, "versions": versions(),
+             "device_kinds": sorted({d.device_kind for d in jax.devices()}),
+             "settings": {k: v for k, v in vars(args).items() if k != "json"}}
 
     def result(partial: bool) -> dict:
         return {"rows": sorted(rows, key=lambda r: (list(PRESETS).index(r["size"]), r["seq"])),
-                "columns": TABLE_COLUMNS,
                 "tables": {"RoPE kernel vs copy": {"rows": rope_rows, "columns": ROPE_COLUMNS}},
-                "notes": list(notes), "peak_flops": table_peak, "wall_s": round(time.perf_counter() - start, 1),
-                "versions": versions(), "device_kinds": sorted({d.device_kind for d in jax.devices()}),
-                "partial": partial, "settings": {k: v for k, v in vars(args).items() if k != "json"}}
+                "notes": list(notes), "wall_s": round(time.perf_counter() - start, 1), "partial": partial,
+                **fixed}
 
     for dtype in ("float32", "bfloat16"):
         for length in args.rope_lengths:
@@ -185,8 +186,5 @@ def failure(error: Exception) -> str:
 
 def write_partial(args: argparse.Namespace, result: dict) -> None:
     """The result so far, where --json will put the whole one."""
-    if args.json is None:
-        return
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"benchmark": "gpu", "machine": machine_info(), **result},
-                                    indent=2, default=str) + "\n")
+    if args.json is not None:
+        write_json(args.json, {"benchmark": "gpu", "machine": machine_info(), **result})
