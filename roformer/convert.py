@@ -455,7 +455,7 @@ def load_converted(our_dir: str | Path, **overrides) -> tuple[ModelConfig, AnyMo
         raise ValueError(f"no {OUR_CONFIG_FILE} in {our_dir}; expected a directory written by "
                          f"`python -m roformer.convert from-hf` or save_converted()")
     meta = json.loads(meta_path.read_text())
-    config = ModelConfig.from_dict({**meta["model"], **overrides})
+    config = ModelConfig.from_dict({**ModelConfig.saved_fields(meta["model"]), **overrides})
     model = build_model(config, meta["head"], num_labels=meta.get("num_labels"))
     abstract = nnx.state(model, nnx.Param)
     with ocp.StandardCheckpointer() as checkpointer:

@@ -78,6 +78,7 @@ class ModelConfig:
     shaw_max_distance: int = 16           # Shaw clip k
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
+    sinusoidal_scaling: str = "scaled"    # scaled|vaswani|unscaled (positions.SinusoidalAbsolute)
     dtype: str = "float32"                # compute dtype: float32|bfloat16
     pad_token_id: int = 0
 
@@ -141,6 +142,16 @@ class ModelConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    @staticmethod
+    def saved_fields(d: Mapping) -> dict:
+        """A model config as a checkpoint or converted model saved it, with the fields it
+        predates filled in as they were then: sinusoidal positions were unscaled before
+        `sinusoidal_scaling` existed."""
+        d = dict(d)
+        if d.get("position") == "sinusoidal":
+            d.setdefault("sinusoidal_scaling", "unscaled")
+        return d
+
 
 def _dense(config: ModelConfig, in_features: int, out_features: int,
            axes: tuple[str | None, str | None], rngs: nnx.Rngs) -> nnx.Linear:
@@ -169,8 +180,11 @@ class RoFormerEmbeddings(nnx.Module):
         self.LayerNorm = _layer_norm(config, size, rngs)
         self.dropout = nnx.Dropout(config.hidden_dropout, rngs=rngs)
 
-    def __call__(self, input_ids, token_type_ids, position_embeddings=None):
-        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+    def __call__(self, input_ids, token_type_ids, position_embeddings=None, token_scale: float = 1.0):
+        x = self.word_embeddings(input_ids)
+        if token_scale != 1.0:
+            x = x * token_scale
+        x = x + self.token_type_embeddings(token_type_ids)
         if position_embeddings is not None:
             x = x + position_embeddings
         return self.dropout(self.LayerNorm(x))
@@ -263,7 +277,8 @@ class RoFormerModel(nnx.Module):
             key_mask = real if key_mask is None else key_mask & real
 
         x = self.embeddings(input_ids, token_type_ids,
-                            self.position.embed(positions, self.config.jnp_dtype))
+                            self.position.embed(positions, self.config.jnp_dtype),
+                            token_scale=self.position.token_scale)
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)
         # Position-only work (cis table, relative bias) is done once and shared by all layers.

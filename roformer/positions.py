@@ -42,6 +42,8 @@ class PositionScheme(nnx.Module):
     # The scheme is rotary under ModelConfig's rope_* settings: length extension by
     # rope_scaling / rope_base applies, and its q/k features rotate in rope_layout pairs.
     rope_scaling: bool = False
+    # Factor on the word embeddings before the position embeddings are added (1: none).
+    token_scale: float = 1.0
 
     def __init__(self, config, *, rngs: nnx.Rngs):
         del config, rngs
@@ -112,25 +114,46 @@ class LearnedAbsolute(PositionScheme):
 
 
 class SinusoidalAbsolute(PositionScheme):
-    """`sinusoidal`: Vaswani et al.'s fixed sin/cos embeddings (sin at 2i, cos at 2i+1)."""
+    """`sinusoidal`: Vaswani et al.'s fixed sin/cos table (sin at 2i, cos at 2i+1), in the form
+    `sinusoidal_scaling` names:
+
+      scaled    the table times a learnable scalar initialised to 1/sqrt(d): Cramming's "scaled
+                sinusoidal" (Geiping & Goldstein 2022, arXiv 2212.14034), the default
+      vaswani   token embeddings multiplied by sqrt(d), the table as it is (Vaswani et al. 2017,
+                section 3.4)
+      unscaled  the table as it is, added to token embeddings of std `initializer_range`: a row
+                norm of sqrt(d/2) against ~0.02 sqrt(d), so after the embedding LayerNorm the
+                tokens are a few percent of the signal. Kept only as a named variant.
+    """
 
     config_file = "sinusoidal"
+    SCALINGS = ("scaled", "vaswani", "unscaled")
 
     @classmethod
     def validate(cls, config) -> None:
         size = config.embedding_size or config.hidden_size
         if size % 2:
             raise ValueError(f"sinusoidal positions need an even embedding size, got {size}")
+        if config.sinusoidal_scaling not in cls.SCALINGS:
+            raise ValueError(f"unknown sinusoidal_scaling {config.sinusoidal_scaling!r}; "
+                             f"choose one of {list(cls.SCALINGS)}")
 
     def __init__(self, config, *, rngs: nnx.Rngs):
         size = config.embedding_size or config.hidden_size
+        self.scaling = config.sinusoidal_scaling
         # Host float64 constants kept as a tuple so NNX treats them as static, not state.
         self.inv_freq = tuple(rope.rope_frequencies(size, 10000.0)[0].tolist())
+        if self.scaling == "scaled":
+            self.scale = nnx.Param(jnp.asarray(size ** -0.5, jnp.float32), **declare())
+        if self.scaling == "vaswani":
+            self.token_scale = math.sqrt(size)
 
     def embed(self, positions, dtype):
         angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(self.inv_freq, jnp.float32)
-        table = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)
-        return table.reshape(*positions.shape, -1).astype(dtype)
+        table = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, -1)
+        if self.scaling == "scaled":
+            table = table * self.scale[...]
+        return table.astype(dtype)
 
 
 class Rotary(PositionScheme):

@@ -88,12 +88,46 @@ def test_t5_table_is_shared_by_all_layers():
     assert model.position.relative_attention_bias.embedding.shape == (32, 4)
 
 
-def test_sinusoidal_matches_vaswani():
-    scheme = positions.SinusoidalAbsolute(ModelConfig(**TINY, position="sinusoidal"), rngs=nnx.Rngs(0))
-    table = np.asarray(scheme.embed(jnp.arange(50)[None], jnp.float32))[0]
+def sinusoidal_table(scaling: str) -> tuple[positions.SinusoidalAbsolute, np.ndarray]:
+    config = ModelConfig(**TINY, position="sinusoidal", sinusoidal_scaling=scaling)
+    scheme = positions.SinusoidalAbsolute(config, rngs=nnx.Rngs(0))
+    return scheme, np.asarray(scheme.embed(jnp.arange(50)[None], jnp.float32))[0]
+
+
+@pytest.mark.parametrize("scaling", ["unscaled", "vaswani", "scaled"])
+def test_sinusoidal_table_is_vaswanis_times_the_forms_scale(scaling):
+    scheme, table = sinusoidal_table(scaling)
+    scale = 32 ** -0.5 if scaling == "scaled" else 1.0   # Cramming's scalar starts at 1/sqrt(d)
     pos, i = 37, 5
-    assert table[pos, 2 * i] == pytest.approx(math.sin(pos / 10000 ** (2 * i / 32)), abs=1e-5)
-    assert table[pos, 2 * i + 1] == pytest.approx(math.cos(pos / 10000 ** (2 * i / 32)), abs=1e-5)
+    assert table[pos, 2 * i] == pytest.approx(scale * math.sin(pos / 10000 ** (2 * i / 32)), abs=1e-5)
+    assert table[pos, 2 * i + 1] == pytest.approx(scale * math.cos(pos / 10000 ** (2 * i / 32)), abs=1e-5)
+    assert scheme.token_scale == (math.sqrt(32) if scaling == "vaswani" else 1.0)
+    params = nnx.state(scheme, nnx.Param)
+    assert (len(jax.tree.leaves(params)) == 1) == (scaling == "scaled")   # the learnable scalar
+
+
+def test_sinusoidal_default_is_the_scaled_form_and_unknown_forms_are_refused():
+    assert ModelConfig(**TINY, position="sinusoidal").sinusoidal_scaling == "scaled"
+    with pytest.raises(ValueError, match="unknown sinusoidal_scaling 'half'"):
+        ModelConfig(**TINY, position="sinusoidal", sinusoidal_scaling="half")
+
+
+def test_vaswani_form_multiplies_the_word_embeddings_by_sqrt_d():
+    config = ModelConfig(**TINY, position="sinusoidal", sinusoidal_scaling="vaswani")
+    model = RoFormerModel(config, rngs=nnx.Rngs(0))
+    ids = jnp.array([[5, 6, 7]])
+    emb = model.embeddings
+    scaled = emb.word_embeddings(ids) * math.sqrt(32) + emb.token_type_embeddings(jnp.zeros_like(ids))
+    expected = emb.LayerNorm(scaled + model.position.embed(jnp.arange(3)[None], jnp.float32))
+    got = emb(ids, jnp.zeros_like(ids), model.position.embed(jnp.arange(3)[None], jnp.float32),
+              token_scale=model.position.token_scale)
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+def test_a_saved_sinusoidal_config_without_the_form_is_the_unscaled_table_it_was_trained_with():
+    saved = {**TINY, "position": "sinusoidal"}
+    assert ModelConfig.from_dict(ModelConfig.saved_fields(saved)).sinusoidal_scaling == "unscaled"
+    assert "sinusoidal_scaling" not in ModelConfig.saved_fields({**TINY, "position": "rope"})
 
 
 def adds_absolute_embeddings(position: str) -> bool:

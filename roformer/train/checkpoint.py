@@ -226,7 +226,7 @@ class PretrainWorkdir:
         step = self.resolve_step(step)
         with self._manager() as manager:
             saved = manager.restore(step, args=ocp.args.Composite(model_config=ocp.args.JsonRestore()))
-        return ModelConfig.from_dict(dict(saved["model_config"]))
+        return ModelConfig.from_dict(ModelConfig.saved_fields(saved["model_config"]))
 
     def params(self, step: int = -1, *, encoder_only: bool = False) -> tuple[Any, dict]:
         """(ModelConfig, parameters as a pure nested dict on one local device) of `step`.

@@ -55,7 +55,7 @@ def check_same_model_config(saved: dict | None, current: dict, workdir: Path) ->
     if saved is None:
         return
     defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-    saved, current = {**defaults, **saved}, {**defaults, **current}
+    saved, current = {**defaults, **ModelConfig.saved_fields(saved)}, {**defaults, **current}
     keys = sorted((set(saved) | set(current)) - set(RESUMABLE_ACROSS))
     diffs = [f"{k}: checkpoint={saved.get(k)!r} config={current.get(k)!r}"
              for k in keys if saved.get(k) != current.get(k)]
