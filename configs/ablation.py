@@ -15,6 +15,8 @@ then SST-2 and MRPC with 3 seeds. Variants (`configs/ablation.py:<arg>`):
          docs/ablation.md, 2-3 hours on a 2-core CPU
   smoke  tiny model, 2 schemes, 40 steps on the embedded corpus (BERT vocab), MRPC on
          256 examples: a CPU check of the whole pipeline in a few minutes
+  onset  the reference recipe for 20,000 steps (41M tokens), 3 seeds (5 for rope, learned
+         and none), each scheme at its own learning rate: the onset study in docs/ablation.md
 Any key can be changed on the command line, e.g. `--config.schemes=rope,learned
 --config.pretrain.model.size=tiny --config.budget_tokens=2000000 --config.glue.task=mrpc`.
 """
@@ -37,6 +39,11 @@ def get_config(arg=None):
     # masking; every scheme of one seed sees the same). Differences to `reference` get a 95%
     # interval over the seeds.
     c.seeds = 1
+    # Per-scheme exceptions, "scheme=value,...": more seeds for some schemes (e.g. "rope=5,none=5";
+    # the others run `seeds`), and each scheme's own learning rate (e.g. "learned=1e-3"; the
+    # others use pretrain.train.learning_rate), as chosen by scripts/lr_sweep.py.
+    c.scheme_seeds = ""
+    c.scheme_learning_rates = ""
     c.reference = "rope"
     # RoFormer's convergence claim (Fig. 3) compares the reference with this scheme's curves
     # (BERT's learned absolute positions); "" or a scheme not run skips it.
@@ -129,40 +136,57 @@ def get_config(arg=None):
         x.eval_every = 5
         x.warmup_steps = 2
     elif arg == "reference":
-        # The reference comparison: every scheme and the `none` control, 3 seeds, a budget
-        # at which the schemes separate, 2-3 hours on a 2-core CPU. The recipe is the
-        # small-budget one measured in docs/ablation.md (no dropout, a vocabulary sized to
-        # the model, batch 16 at a high learning rate); it applies to every scheme alike.
-        c.schemes = "learned,sinusoidal,shaw,t5,alibi,rope,none"
-        c.seeds = 3
-        pre.model.size = "tiny"
-        pre.model.hidden_dropout = 0.0
-        pre.model.attention_dropout = 0.0
-        pre.data.vocab = ""              # a WordPiece vocabulary trained on the corpus ...
-        pre.data.vocab_size = 8_000      # ... sized to a 2-layer, 128-wide model
-        pre.train.batch_size = 16
-        pre.train.learning_rate = 2e-3
-        pre.train.warmup_steps = 200
-        pre.train.eval_every = 200
-        pre.train.eval_batches = 16
-        pre.train.checkpoint_every = 500
-        pre.train.progress_bar = False
-        c.budget_tokens = 2_000 * 16 * 128   # 2,000 steps, 4.1M tokens (~0.45 passes)
-        # SST-2 is the GLUE task that leaves its majority class (50.9) at this budget: 2,000
-        # training rows, one fine-tuning seed per pretraining seed.
-        g.task = "sst2"
-        g.seeds = 1
-        g.max_train_examples = 2_000
-        g.num_epochs = 3.0
-        g.max_seq_len = 64
-        g.learning_rate = 1e-3
-        x.enabled = True
-        x.seeds = 1                  # seed 0's rope model; the time goes to the 3-seed comparison
-        x.factor = 4
-        x.steps = 100
-        x.eval_every = 25
-        x.learning_rate = 5e-4
-        x.warmup_steps = 10
+        _reference(c)
+    elif arg == "onset":
+        # The onset study: the reference recipe run 10x longer (20,000 steps, 41M tokens), to where
+        # BERT-style models are known to start using word order, with more seeds for the schemes
+        # whose onset varies most; each scheme at its own best learning rate from the sweep
+        # (docs/ablation.md#learning-rate-per-scheme). About 12 CPU-hours on 2 cores.
+        _reference(c)
+        c.scheme_seeds = "rope=5,learned=5,none=5"
+        c.budget_tokens = 20_000 * 16 * 128
+        pre.train.eval_every = 250
+        pre.train.checkpoint_every = 1_000
     elif arg:
-        raise ValueError(f"unknown configs/ablation.py variant {arg!r}; choose 'smoke', 'reference' or nothing")
+        raise ValueError(f"unknown configs/ablation.py variant {arg!r}; choose 'smoke', 'reference', 'onset' "
+                         "or nothing")
     return c
+
+
+def _reference(c):
+    """The reference comparison (configs/ablation.py:reference)."""
+    pre, g, x = c.pretrain, c.glue, c.extension
+    # The reference comparison: every scheme and the `none` control, 3 seeds, a budget
+    # at which the schemes separate, 2-3 hours on a 2-core CPU. The recipe is the
+    # small-budget one measured in docs/ablation.md (no dropout, a vocabulary sized to
+    # the model, batch 16 at a high learning rate); it applies to every scheme alike.
+    c.schemes = "learned,sinusoidal,shaw,t5,alibi,rope,none"
+    c.seeds = 3
+    pre.model.size = "tiny"
+    pre.model.hidden_dropout = 0.0
+    pre.model.attention_dropout = 0.0
+    pre.data.vocab = ""              # a WordPiece vocabulary trained on the corpus ...
+    pre.data.vocab_size = 8_000      # ... sized to a 2-layer, 128-wide model
+    pre.train.batch_size = 16
+    pre.train.learning_rate = 2e-3
+    pre.train.warmup_steps = 200
+    pre.train.eval_every = 200
+    pre.train.eval_batches = 16
+    pre.train.checkpoint_every = 500
+    pre.train.progress_bar = False
+    c.budget_tokens = 2_000 * 16 * 128   # 2,000 steps, 4.1M tokens (~0.45 passes)
+    # SST-2 is the GLUE task that leaves its majority class (50.9) at this budget: 2,000
+    # training rows, one fine-tuning seed per pretraining seed.
+    g.task = "sst2"
+    g.seeds = 1
+    g.max_train_examples = 2_000
+    g.num_epochs = 3.0
+    g.max_seq_len = 64
+    g.learning_rate = 1e-3
+    x.enabled = True
+    x.seeds = 1                  # seed 0's rope model; the time goes to the 3-seed comparison
+    x.factor = 4
+    x.steps = 100
+    x.eval_every = 25
+    x.learning_rate = 5e-4
+    x.warmup_steps = 10

@@ -113,12 +113,43 @@ def pretrain_steps(config: ml_collections.ConfigDict) -> int:
     return int(train.steps)
 
 
+def parse_scheme_values(value: str, key: str, kind: type) -> dict[str, Any]:
+    """'rope=5,learned=3' -> {'rope': 5, 'learned': 3} (`key` names the setting in errors)."""
+    out = {}
+    for item in split_list(value):
+        scheme, sep, text = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[scheme.strip()] = kind(text)
+        except ValueError:
+            raise ValueError(f"config.{key}: item {item!r} is not scheme={kind.__name__}") from None
+    return out
+
+
+def scheme_seeds(config: ml_collections.ConfigDict, scheme: str) -> int:
+    """How many pretraining seeds (0, 1, ...) `scheme` runs: config.scheme_seeds, else config.seeds."""
+    return parse_scheme_values(config.get("scheme_seeds", ""), "scheme_seeds", int).get(scheme, config.seeds)
+
+
+def planned_runs(config: ml_collections.ConfigDict) -> list[tuple[str, int]]:
+    """(scheme, seed) of every pretraining run, every scheme of seed 0 first: an interrupted
+    ablation already compares all schemes."""
+    schemes = split_list(config.schemes)
+    most = max([scheme_seeds(config, s) for s in schemes], default=0)
+    return [(scheme, seed) for seed in range(most) for scheme in schemes if seed < scheme_seeds(config, scheme)]
+
+
 def scheme_pretrain_config(config: ml_collections.ConfigDict, scheme: str, seed: int = 0
                            ) -> ml_collections.ConfigDict:
-    """config.pretrain with the scheme's model keys, the shared step budget and the seed."""
+    """config.pretrain with the scheme's model keys and learning rate (config.scheme_learning_rates),
+    the shared step budget and the seed."""
     cfg = ml_collections.ConfigDict(config.pretrain.to_dict())
     for key, value in scheme_model_keys(scheme).items():
         cfg.model[key] = value
+    rates = parse_scheme_values(config.get("scheme_learning_rates", ""), "scheme_learning_rates", float)
+    if scheme in rates:
+        cfg.train.learning_rate = rates[scheme]
     cfg.train.steps = pretrain_steps(config)
     cfg.train.seed = int(seed)
     if cfg.model.get("max_position_embeddings") is None:
@@ -199,6 +230,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
             problems.append(str(error))
     if not isinstance(config.seeds, int) or isinstance(config.seeds, bool) or config.seeds < 1:
         problems.append(f"config.seeds={config.seeds!r}: give the number of pretraining seeds (>= 1)")
+    for key, kind in (("scheme_seeds", int), ("scheme_learning_rates", float)):
+        try:
+            values = parse_scheme_values(config.get(key, ""), key, kind)
+        except ValueError as error:
+            problems.append(str(error))
+            continue
+        if sorted(set(values) - set(schemes)):
+            problems.append(f"config.{key} names {sorted(set(values) - set(schemes))}, not in config.schemes "
+                            f"{schemes}")
+        if any(v <= 0 for v in values.values()):
+            problems.append(f"config.{key}={config.get(key)!r}: every value must be > 0")
     if config.reference not in schemes:
         problems.append(f"config.reference={config.reference!r} is not one of config.schemes {schemes}")
     factors = split_list(config.extrapolation.factors)
@@ -241,10 +283,26 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ValueError("ablation config: " + "; ".join(problems))
 
 
+# Train settings that watch a run rather than decide what it computes: changing them never
+# reruns a finished stage (a guard that fires stops the run, which is then not done anyway).
+WATCH_ONLY_TRAIN_KEYS = ("progress_bar",)
+WATCH_ONLY_TRAIN_PREFIXES = ("divergence_",)
+
+
+def _fingerprinted(part: Any) -> Any:
+    if not isinstance(part, ml_collections.ConfigDict):
+        return part
+    data = part.to_dict()
+    train = data.get("train")
+    if isinstance(train, dict):
+        data["train"] = {k: v for k, v in train.items()
+                         if k not in WATCH_ONLY_TRAIN_KEYS and not k.startswith(WATCH_ONLY_TRAIN_PREFIXES)}
+    return data
+
+
 def fingerprint(*parts: Any) -> str:
     """Stable hash of JSON-able parts: a stage reruns when its inputs change."""
-    text = json.dumps([p.to_dict() if isinstance(p, ml_collections.ConfigDict) else p for p in parts],
-                      sort_keys=True, default=str)
+    text = json.dumps([_fingerprinted(p) for p in parts], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -354,11 +412,9 @@ def _run_ablation(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     vocab = pin_vocabulary(config, workdir)
     result = None
     try:
-        for seed in range(config.seeds):
-            for scheme in split_list(config.schemes):
-                _run_stages(state, workdir, f"{scheme}/seed{seed}",
-                            _scheme_stages(config, workdir, scheme, seed, vocab))
-                result = _write_report(config, workdir, state)   # readable while the next run trains
+        for scheme, seed in planned_runs(config):
+            _run_stages(state, workdir, f"{scheme}/seed{seed}", _scheme_stages(config, workdir, scheme, seed, vocab))
+            result = _write_report(config, workdir, state)   # readable while the next run trains
         if config.extension.enabled:   # after the comparison itself, which it builds on
             for seed in range(extension_seeds(config)):
                 for method in split_list(config.extension.methods):
@@ -521,7 +577,7 @@ def build_report(config: ml_collections.ConfigDict, workdir: Path, state: Ablati
         "batch_size": pre.train.batch_size,
         "steps": steps,
         "tokens": steps * tokens_per_step,
-        "seeds": config.seeds,
+        "seeds": _seeds_text(config),
         "glue": (f"{config.glue.task} (median of {config.glue.seeds} fine-tuning seed"
                  f"{'s' if config.glue.seeds > 1 else ''} per pretrained model)" if glue_tasks else "skipped"),
         "machine": _machine(),
@@ -531,24 +587,24 @@ def build_report(config: ml_collections.ConfigDict, workdir: Path, state: Ablati
         setup["unigram_loss"] = unigram
     stages = [s for s in RUN_STAGES if s != "glue" or glue_tasks]
     runs = []
-    for seed in range(config.seeds):
-        for scheme in split_list(config.schemes):
-            name = f"{scheme}/seed{seed}"
-            records = {s: state.get(name, s) for s in stages}
-            row: dict[str, Any] = {"scheme": scheme, "seed": seed, **_run_status(records, stages),
-                                   "pretrain_workdir": f"pretrain/{name}", "glue_workdir": None}
-            row["wall_s"] = round(sum(r.get("wall_s", 0.0) for r in records.values()), 1)
-            metrics = read_metrics(workdir / row["pretrain_workdir"] / "metrics.jsonl")
-            row.update(report.pretrain_summary(metrics))
-            row["curve"] = report.eval_curve(metrics, tokens_per_step)
-            ext = records["extrapolation"].get("result") or {}
-            row["params"] = ext.get("params")
-            row["extrapolation"] = ext.get("extrapolation")
-            if records.get("glue", {}).get("status") == "done":
-                row["glue_workdir"] = f"glue/{name}"
-                results = workdir / row["glue_workdir"] / "glue_results.json"
-                row["glue"] = report.glue_summary(json.loads(results.read_text())) if results.exists() else None
-            runs.append(row)
+    for scheme, seed in planned_runs(config):
+        name = f"{scheme}/seed{seed}"
+        records = {s: state.get(name, s) for s in stages}
+        row: dict[str, Any] = {"scheme": scheme, "seed": seed, **_run_status(records, stages),
+                               "pretrain_workdir": f"pretrain/{name}", "glue_workdir": None,
+                               "learning_rate": scheme_pretrain_config(config, scheme, seed).train.learning_rate}
+        row["wall_s"] = round(sum(r.get("wall_s", 0.0) for r in records.values()), 1)
+        metrics = read_metrics(workdir / row["pretrain_workdir"] / "metrics.jsonl")
+        row.update(report.pretrain_summary(metrics))
+        row["curve"] = report.eval_curve(metrics, tokens_per_step)
+        ext = records["extrapolation"].get("result") or {}
+        row["params"] = ext.get("params")
+        row["extrapolation"] = ext.get("extrapolation")
+        if records.get("glue", {}).get("status") == "done":
+            row["glue_workdir"] = f"glue/{name}"
+            results = workdir / row["glue_workdir"] / "glue_results.json"
+            row["glue"] = report.glue_summary(json.loads(results.read_text())) if results.exists() else None
+        runs.append(row)
     extension = []
     if config.extension.enabled:
         for seed in range(extension_seeds(config)):
@@ -564,8 +620,39 @@ def build_report(config: ml_collections.ConfigDict, workdir: Path, state: Ablati
                               f"{config.extension.steps} steps, lr {config.extension.learning_rate}, "
                               f"pretraining seed{'s' if extension_seeds(config) > 1 else ''} "
                               f"{', '.join(map(str, range(extension_seeds(config))))}")
-    return report.summarize(setup, runs, extension, reference=config.reference, baseline=config.baseline,
-                            order_threshold=config.order_threshold)
+    result = report.summarize(setup, runs, extension, reference=config.reference, baseline=config.baseline,
+                              order_threshold=config.order_threshold)
+    result["position_signal"] = _position_signals(workdir, config)
+    return result
+
+
+def _seeds_text(config: ml_collections.ConfigDict) -> int | str:
+    """config.seeds, or per scheme when config.scheme_seeds makes them differ."""
+    counts = {scheme: scheme_seeds(config, scheme) for scheme in split_list(config.schemes)}
+    if len(set(counts.values())) <= 1:
+        return config.seeds
+    return " / ".join(f"{scheme} {n}" for scheme, n in counts.items())
+
+
+def _position_signals(workdir: Path, config: ml_collections.ConfigDict) -> dict[str, dict]:
+    """Per scheme, the position / token signal ratios at initialisation
+    (roformer.position_signal), at the pretraining length, cached in the workdir."""
+    from roformer.position_signal import position_signals
+    from roformer.train.loop import build_model_config
+
+    cache = workdir / "position_signal.json"
+    configs = {scheme: scheme_pretrain_config(config, scheme) for scheme in split_list(config.schemes)}
+    fp = fingerprint({s: c.model.to_dict() for s, c in configs.items()}, config.pretrain.data.vocab_size)
+    if cache.exists():
+        saved = json.loads(cache.read_text())
+        if saved.get("fingerprint") == fp:
+            return saved["ratios"]
+    # The ratios do not depend on which ids the vocabulary holds, only on the parameters.
+    models = {s: build_model_config(c.model, vocab_size=config.pretrain.data.vocab_size) for s, c in configs.items()}
+    ratios = position_signals(models, seed=0, length=config.pretrain.train.seq_len)
+    if _is_main_process():
+        cache.write_text(json.dumps({"fingerprint": fp, "ratios": ratios}) + "\n")
+    return ratios
 
 
 def _unigram_loss(workdir: Path, config: ml_collections.ConfigDict) -> float | None:

@@ -524,6 +524,13 @@ def to_markdown(result: Mapping) -> str:
             "—" if s["scheme"] == reference else _diff(vs.get("eval_order_gap")),
         ])
     lines.append(_table(header, body))
+    if result.get("position_signal"):
+        lines += ["", "Position signal at initialisation (roformer/position_signal.py): RMS of the position "
+                  "embeddings / RMS of the token embeddings they are added to (absolute schemes), and RMS of "
+                  "the change the scheme makes to layer 0's attention logits / RMS of those logits without it.",
+                  "", _table(["scheme", "input: position / token", "layer-0 logits: change / content"],
+                             [[scheme, _fmt(r.get("input"), 2), _fmt(r.get("logits"), 2)]
+                              for scheme, r in result["position_signal"].items()])]
     unigram = setup.get("unigram_loss")
     if unigram:
         lines += ["", f"Unigram loss of the vocabulary (a model that ignores context): {unigram:.3f} nats."]

@@ -664,3 +664,38 @@ def test_extrapolation_evaluate_learned_na_and_rope_scalings():
     assert extrapolation.count_params(params) == sum(np.size(x) for x in jax.tree.leaves(params))
     with pytest.raises(ValueError, match="choose from"):
         extrapolation.evaluate(config, params, batches, seq_len, scalings=("yarnish",))
+
+
+def test_scheme_seeds_and_learning_rates_are_per_scheme_exceptions():
+    config = small_config("learned,rope,none", seeds=2)
+    config.scheme_seeds = "rope=3,none=1"
+    config.scheme_learning_rates = "learned=1e-3"
+    ablate.validate(config)
+    # Every scheme of seed 0 first, then seed 1 of the schemes that have it, ...
+    assert ablate.planned_runs(config) == [("learned", 0), ("rope", 0), ("none", 0), ("learned", 1), ("rope", 1),
+                                           ("rope", 2)]
+    assert ablate.scheme_pretrain_config(config, "learned").train.learning_rate == 1e-3
+    assert ablate.scheme_pretrain_config(config, "rope").train.learning_rate == config.pretrain.train.learning_rate
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("scheme_seeds", "rope:3", r"config.scheme_seeds: item 'rope:3' is not scheme=int"),
+    ("scheme_seeds", "t5=2", r"config.scheme_seeds names \['t5'\], not in config.schemes"),
+    ("scheme_learning_rates", "rope=fast", r"item 'rope=fast' is not scheme=float"),
+    ("scheme_learning_rates", "rope=0", r"config.scheme_learning_rates='rope=0': every value must be > 0"),
+])
+def test_per_scheme_settings_are_checked_before_any_training(key, value, message):
+    config = small_config()
+    config[key] = value
+    with pytest.raises(ValueError, match=message):
+        ablate.validate(config)
+
+
+def test_fingerprint_ignores_settings_that_only_watch_a_run():
+    cfg = ablate.scheme_pretrain_config(small_config(), "rope")
+    fp = ablate.fingerprint(cfg)
+    cfg.train.progress_bar = not cfg.train.progress_bar
+    cfg.train.divergence_factor = 3.0
+    assert ablate.fingerprint(cfg) == fp
+    cfg.train.learning_rate *= 2
+    assert ablate.fingerprint(cfg) != fp

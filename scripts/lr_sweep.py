@@ -1,0 +1,104 @@
+"""Learning rate per position scheme: the reference comparison at a few rates, one seed.
+
+    python scripts/lr_sweep.py --workdir ~/runs/lr_sweep                    # 1e-3, 2e-3, 4e-3
+    python scripts/lr_sweep.py --workdir ~/runs/lr_sweep --rates 5e-4,1e-3 --report
+
+Each rate is an ordinary `python -m roformer.ablate --config=configs/ablation.py:reference`
+in <workdir>/lr_<rate> with one seed and neither GLUE nor the context extension (resumable
+like any ablation: finished runs are skipped). Extra `--config.*` flags go to every one.
+The table gives, per scheme and rate, the final held-out MLM loss and order gap, marks
+each scheme's best rate (lowest held-out loss) and prints the `scheme_learning_rates`
+value that runs every scheme at its best; lr_sweep.json and lr_sweep.md hold the same.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_RATES = "1e-3,2e-3,4e-3"
+
+
+def rate_workdir(root: Path, rate: str) -> Path:
+    return root / f"lr_{float(rate):g}"
+
+
+def run_rate(root: Path, rate: str, extra: list[str]) -> int:
+    command = [sys.executable, "-m", "roformer.ablate", "--config=configs/ablation.py:reference",
+               f"--workdir={rate_workdir(root, rate)}", f"--config.pretrain.train.learning_rate={float(rate)}",
+               "--config.seeds=1", "--config.scheme_seeds=", "--config.glue.task=",
+               "--config.extension.enabled=False", *extra]
+    print("+", " ".join(command), flush=True)
+    return subprocess.call(command, cwd=REPO)
+
+
+def collect(root: Path, rates: list[str]) -> dict:
+    """{"rates": [...], "schemes": {scheme: {rate: {"eval_loss", "eval_order_gap", "status"}}}, "best": {...}}."""
+    table: dict[str, dict[str, dict]] = {}
+    for rate in rates:
+        path = rate_workdir(root, rate) / "ablation.json"
+        if not path.is_file():
+            continue
+        for row in json.loads(path.read_text())["runs"]:
+            table.setdefault(row["scheme"], {})[rate] = {
+                "eval_loss": row.get("eval_loss"), "eval_order_gap": row.get("eval_order_gap"),
+                "status": row.get("status")}
+    best = {}
+    for scheme, by_rate in table.items():
+        done = {r: v["eval_loss"] for r, v in by_rate.items() if v["status"] == "done" and v["eval_loss"] is not None}
+        if len(done) == len(rates):
+            best[scheme] = min(done, key=done.get)
+    return {"rates": rates, "schemes": table, "best": best,
+            "scheme_learning_rates": ",".join(f"{s}={float(r):g}" for s, r in best.items())}
+
+
+def to_markdown(result: dict) -> str:
+    rates = result["rates"]
+    lines = ["| scheme | " + " | ".join(f"lr {float(r):g}: loss / order gap" for r in rates) + " | best |",
+             "|---" * (len(rates) + 2) + "|"]
+    for scheme, by_rate in result["schemes"].items():
+        cells = []
+        for rate in rates:
+            v = by_rate.get(rate)
+            if v is None or v["eval_loss"] is None:
+                cells.append(v["status"] if v else "not run")
+                continue
+            mark = "**" if result["best"].get(scheme) == rate else ""
+            gap = "n/a" if v["eval_order_gap"] is None else f"{v['eval_order_gap']:+.3f}"
+            cells.append(f"{mark}{v['eval_loss']:.3f}{mark} / {gap}")
+        best = result["best"].get(scheme)
+        lines.append(f"| {scheme} | " + " | ".join(cells) + f" | {'-' if best is None else f'{float(best):g}'} |")
+    lines += ["", f"--config.scheme_learning_rates={result['scheme_learning_rates']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", required=True, type=Path)
+    parser.add_argument("--rates", default=DEFAULT_RATES, help=f"comma list (default {DEFAULT_RATES})")
+    parser.add_argument("--report", action="store_true", help="only collect and print the table")
+    args, extra = parser.parse_known_args()
+    bad = [a for a in extra if not a.startswith("--config.")]
+    if bad:
+        parser.error(f"unexpected arguments {bad}; only --config.* flags pass through to roformer.ablate")
+    try:
+        rates = [f"{float(r):g}" for r in args.rates.split(",") if r.strip()]
+    except ValueError:
+        parser.error(f"--rates={args.rates!r}: a comma list of numbers")
+    failed = 0
+    if not args.report:
+        for rate in rates:
+            failed |= run_rate(args.workdir.expanduser().resolve(), rate, extra) != 0
+    result = collect(args.workdir.expanduser().resolve(), rates)
+    text = to_markdown(result)
+    (args.workdir / "lr_sweep.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.workdir / "lr_sweep.md").write_text(text)
+    print(text)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
