@@ -1,0 +1,116 @@
+"""Capability check (roformer.capability): corpus rules, probes, bounds, the whole check at smoke size."""
+import json
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from roformer import ablate, capability
+from roformer.data.tokenizer import WordPieceTokenizer
+from roformer.model import ModelConfig, RoFormerForMaskedLM
+
+
+def smoke_config():
+    return ablate.load_config_file("capability", "smoke")
+
+
+def test_direction_rule_is_one_cycle_so_forward_and_backward_answers_differ():
+    world = capability.World.draw(0, 64, 8)
+    seen, x = [], 0
+    for _ in range(64):
+        seen.append(x)
+        x = world.cycle[x]
+    assert sorted(seen) == list(range(64)) and x == 0   # a single cycle through every symbol
+    inverse = np.argsort(world.cycle)
+    assert np.all(world.cycle != inverse)               # g(c) != g^-1(c): no 2-cycles
+    assert sorted(world.pair_map) == list(range(64))    # f is a bijection
+
+
+def test_documents_follow_the_rules_and_name_their_probe_slots():
+    config = smoke_config()
+    world = capability.World.draw(0, config.corpus.num_symbols, config.corpus.num_fillers)
+    rng = np.random.default_rng(0)
+    for task, words, slots in capability.documents(rng, world, config.corpus, 40):
+        if task == "pairs":
+            assert len(slots) == config.corpus.pairs_per_doc
+            for slot in slots:
+                key = int(words[slot - 1][1:])
+                assert words[slot] == f"v{world.pair_map[key]}"
+        else:
+            x, y = slots
+            assert words[x + 1] == "q" and words[y] == f"d{world.cycle[int(words[x][1:])]}"
+            assert all(w.startswith("w") for i, w in enumerate(words) if i not in (x, x + 1, y))
+
+
+@pytest.fixture(scope="module")
+def probe_setup(tmp_path_factory):
+    config = smoke_config()
+    vocab, _ = capability.write_corpus(config, tmp_path_factory.mktemp("corpus"))
+    tokenizer = WordPieceTokenizer.from_vocab_file(vocab)
+    return config, tokenizer, capability.probe_batches(config, tokenizer, 64)
+
+
+def test_probes_mask_every_value_of_a_pairs_document_and_one_end_of_each_direction_triple(probe_setup):
+    config, tokenizer, batches = probe_setup
+    pairs, direction = batches["pairs"], batches["direction"]
+    assert (pairs["input_ids"] == tokenizer.mask_id).sum(axis=1).tolist() == [config.corpus.pairs_per_doc] * len(
+        pairs["input_ids"])
+    assert (direction["input_ids"] == tokenizer.mask_id).sum(axis=1).tolist() == [1] * len(direction["input_ids"])
+    q = tokenizer.encode_ids(["q"])[0][0]
+    slots = direction["masked_positions"][:, 0]
+    rows = np.arange(len(slots))
+    # Even documents mask x (q follows it), odd ones y (q precedes it).
+    assert np.all(direction["input_ids"][rows[::2], slots[::2] + 1] == q)
+    assert np.all(direction["input_ids"][rows[1::2], slots[1::2] - 1] == q)
+
+
+def test_a_model_without_positions_cannot_beat_one_in_n_on_pairs(probe_setup):
+    config, tokenizer, batches = probe_setup
+    model_config = ModelConfig.from_preset("tiny", vocab_size=tokenizer.vocab_size, position="none",
+                                           hidden_dropout=0.0, attention_dropout=0.0)
+    params = nnx.state(RoFormerForMaskedLM(model_config, rngs=nnx.Rngs(3)), nnx.Param)
+    batch = batches["pairs"]
+    predictions = np.asarray(capability._predict(model_config)(params, batch["input_ids"], batch["masked_positions"]))
+    assert np.all(predictions == predictions[:, :1])   # the same prediction at every [MASK] of a document
+    assert capability.probe_accuracy(model_config, params, batch) <= capability.bag_of_words_bound(config)["pairs"]
+
+
+def test_an_oracle_scores_one_so_the_probe_can_be_passed(probe_setup, monkeypatch):
+    _, _, batches = probe_setup
+    batch = batches["pairs"]
+    answers = {ids.tobytes(): row for ids, row in zip(batch["input_ids"], batch["answers"])}
+    monkeypatch.setattr(capability, "_predict", lambda _: lambda params, ids, slots: np.stack(
+        [answers[row.tobytes()] for row in ids]))
+    assert capability.probe_accuracy(None, None, batch) == 1.0
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: setattr(c, "schemes", "rope,rotery"), "unknown scheme 'rotery'"),
+    (lambda c: setattr(c, "expect_fail", "alibi:order"), "config.expect_fail item 'alibi:order'"),
+    (lambda c: setattr(c, "threshold", 1.5), "config.threshold=1.5"),
+    (lambda c: setattr(c.pretrain.train, "seq_len", 32), "pretrain.train.seq_len=32 is shorter"),
+])
+def test_a_bad_config_is_refused_before_anything_is_written(tmp_path, change, message):
+    config = smoke_config()
+    change(config)
+    with pytest.raises(ValueError, match=message):
+        capability.run_capability(config, tmp_path / "check")
+    assert not (tmp_path / "check").exists()
+
+
+@pytest.mark.slow
+def test_the_whole_check_at_smoke_size_writes_its_table_and_resumes(tmp_path, monkeypatch):
+    config = smoke_config()
+    result = capability.run_capability(config, tmp_path / "check")
+    saved = json.loads((tmp_path / "check" / capability.RESULT_JSON).read_text())
+    assert [r["scheme"] for r in saved["schemes"]] == ["rope", "none"]
+    for row in saved["schemes"]:
+        assert [p["step"] for p in row["curve"]] == [10, 20]
+        assert all(0.0 <= p[t] <= 1.0 for p in row["curve"] for t in capability.TASKS)
+    none = saved["schemes"][1]
+    assert none["expected_pass"] == {"pairs": False, "direction": False}
+    assert none["accuracy"]["pairs"] <= 1 / config.corpus.pairs_per_doc
+    assert "| rope |" in (tmp_path / "check" / capability.RESULT_MD).read_text()
+    # A rerun trains nothing and probes nothing again.
+    monkeypatch.setattr(capability, "probe_accuracy", lambda *a, **k: pytest.fail("probed again"))
+    assert capability.run_capability(config, tmp_path / "check")["schemes"] == result["schemes"]
