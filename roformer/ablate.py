@@ -285,7 +285,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 # Train settings that watch a run rather than decide what it computes: changing them never
 # reruns a finished stage (a guard that fires stops the run, which is then not done anyway).
-WATCH_ONLY_TRAIN_KEYS = ("progress_bar",)
+WATCH_ONLY_TRAIN_KEYS = ("progress_bar", "eval_attention_stats")
 WATCH_ONLY_TRAIN_PREFIXES = ("divergence_",)
 
 

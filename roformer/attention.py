@@ -73,31 +73,43 @@ def explicit_softmax_attention(q, k, v, *, bias=None, mask=None, dropout=None, r
     term could be passed as a bias, but the value term needs the probabilities, which the
     kernel does not return.
     """
-    scale = q.shape[-1] ** -0.5
     # Head-major operands: the batched dots then see [B x H] plain matrices, which XLA:CPU's
-    # dot library multiplies faster than the head-interleaved layout (~1% of a mini train
-    # step, docs/results/2026-11-25-attention-dots-cpu.md); one transpose in, one out.
+    # dot library multiplies faster than the head-interleaved layout
+    # (docs/results/2026-11-25-attention-dots-cpu.md); one transpose in, one out.
     q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))   # [B, H, L, D]
-    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
-    if relative is not None:
-        index, key_table, value_table = relative
-        q_rel = jnp.einsum("bhqd,rd->bhqr", q, key_table.astype(q.dtype),
-                           preferred_element_type=jnp.float32)
-        logits = logits + _per_head(_gather_row)(q_rel, index)
-    logits = logits * scale
-    if bias is not None:
-        logits = logits + bias
-    probs = _masked_probs(logits, mask)
+    probs = _masked_probs(_head_major_logits(q, k, bias=bias, relative=relative), mask)
     if dropout is not None:
         probs = dropout(probs)
     out = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
     if relative is not None:
+        index, _, value_table = relative
         # Sum the probabilities landing on each clipped distance r (a scatter-add), then
         # mix the value table: [B, H, L, 2k+1] x [2k+1, D].
         num_rel = value_table.shape[0]
         probs_per_distance = _per_head(lambda p, i: jnp.zeros(num_rel, p.dtype).at[i].add(p))(probs, index)
         out = out + jnp.einsum("bhqr,rd->bhqd", probs_per_distance, value_table.astype(jnp.float32))
     return jnp.swapaxes(out, 1, 2).astype(q.dtype)
+
+
+def _head_major_logits(q, k, *, bias=None, relative=None):
+    """Scaled float32 logits [B, H, Lq, Lk] of head-major q, k [B, H, L, D], with the
+    scheme's logit bias and Shaw's relative key term (relative as in
+    explicit_softmax_attention)."""
+    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
+    if relative is not None:
+        index, key_table, _ = relative
+        q_rel = jnp.einsum("bhqd,rd->bhqr", q, key_table.astype(q.dtype),
+                           preferred_element_type=jnp.float32)
+        logits = logits + _per_head(_gather_row)(q_rel, index)
+    logits = logits * q.shape[-1] ** -0.5
+    return logits if bias is None else logits + bias
+
+
+def attention_probabilities(q, k, *, bias=None, mask=None, relative=None):
+    """The softmax attention probabilities [B, H, Lq, Lk] (float32) that
+    explicit_softmax_attention applies to v; q, k [B, L, H, D]."""
+    q, k = (jnp.swapaxes(t, 1, 2) for t in (q, k))
+    return _masked_probs(_head_major_logits(q, k, bias=bias, relative=relative), mask)
 
 
 def _gather_row(values, index):
@@ -168,10 +180,15 @@ class RoFormerSelfAttention(nnx.Module):
         self.value = projection()
         self.dropout = nnx.Dropout(config.attention_dropout, rngs=rngs)
 
-    def __call__(self, x, *, scheme: PositionScheme, context, key_mask, segment_ids, layer: int):
+    def _heads(self, x):
+        """q, k, v [B, L, H, D] of x [B, L, hidden]."""
         batch, length, _ = x.shape
         split = lambda t: t.reshape(batch, length, self.num_heads, self.head_dim)  # noqa: E731
-        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        return split(self.query(x)), split(self.key(x)), split(self.value(x))
+
+    def __call__(self, x, *, scheme: PositionScheme, context, key_mask, segment_ids, layer: int):
+        batch, length, _ = x.shape
+        q, k, v = self._heads(x)
         if self.kind == "linear":
             out = linear_attention(q, k, v, scheme=scheme, context=context, key_mask=key_mask,
                                    segment_ids=segment_ids)
@@ -186,3 +203,13 @@ class RoFormerSelfAttention(nnx.Module):
                 out = softmax_attention(q, k, v, bias=scheme.logit_bias(context), mask=mask,
                                         dropout=self.dropout, implementation=self.implementation)
         return out.reshape(batch, length, self.num_heads * self.head_dim)
+
+    def probabilities(self, x, *, scheme: PositionScheme, context, key_mask, segment_ids, layer: int):
+        """The softmax attention probabilities [B, H, L, L] this layer applies to x (for
+        analysis; linear attention forms none and raises)."""
+        if self.kind == "linear":
+            raise ValueError("linear attention forms no attention probabilities")
+        q, k, v = scheme.rotate(*self._heads(x), context)
+        relative = (context, *scheme.relative_tables(layer)) if scheme.relative_kv else None
+        return attention_probabilities(q, k, bias=scheme.logit_bias(context),
+                                       mask=attention_mask(key_mask, segment_ids), relative=relative)

@@ -221,6 +221,12 @@ class RoFormerLayer(nnx.Module):
         self.intermediate = RoFormerIntermediate(config, rngs=rngs)
         self.output = RoFormerOutput(config, config.intermediate_size, MLP, rngs=rngs)
 
+    def attention_probabilities(self, x, **attention_inputs):
+        """The attention probabilities [B, H, L, L] this layer forms from its input x."""
+        if self.pre_layer_norm:
+            x = self.attention.output.LayerNorm(x)
+        return self.attention.self.probabilities(x, **attention_inputs)
+
     def __call__(self, x, **attention_inputs):
         attn_out, mlp_out = self.attention.output, self.output
         if self.pre_layer_norm:
@@ -263,6 +269,14 @@ class RoFormerModel(nnx.Module):
 
     def __call__(self, input_ids, *, token_type_ids=None, positions=None, attention_mask=None,
                  segment_ids=None) -> jax.Array:
+        x, attention_inputs = self.embed_inputs(input_ids, token_type_ids=token_type_ids, positions=positions,
+                                                attention_mask=attention_mask, segment_ids=segment_ids)
+        return self.encoder(x, **attention_inputs)
+
+    def embed_inputs(self, input_ids, *, token_type_ids=None, positions=None, attention_mask=None,
+                     segment_ids=None) -> tuple[jax.Array, dict]:
+        """(the first layer's input [B, L, hidden], the keyword arguments every layer's
+        attention takes: scheme, position context, key mask, segment ids)."""
         input_ids = jnp.asarray(input_ids)
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
@@ -283,8 +297,7 @@ class RoFormerModel(nnx.Module):
             x = self.embeddings_project(x)
         # Position-only work (cis table, relative bias) is done once and shared by all layers.
         context = self.position.prepare(positions)
-        return self.encoder(x, scheme=self.position, context=context, key_mask=key_mask,
-                            segment_ids=segment_ids)
+        return x, dict(scheme=self.position, context=context, key_mask=key_mask, segment_ids=segment_ids)
 
 
 class RoFormerPredictionHeadTransform(nnx.Module):

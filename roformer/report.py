@@ -21,11 +21,14 @@ from typing import Any, Iterable, Mapping
 # leaves a notebook's backend alone.
 from matplotlib.figure import Figure
 
+from roformer import attention_stats
+
 REPORT_JSON = "ablation.json"
 REPORT_MD = "ablation.md"
 LOSS_CURVES_PNG = "loss_curves.png"
 EXTRAPOLATION_PNG = "extrapolation.png"
 EXTENSION_PNG = "extension.png"
+ATTENTION_PNG = "attention.png"
 
 # Length-extrapolation variants: the plain model, and rotary with the length-extension
 # scalings applied only at evaluation time.
@@ -40,6 +43,8 @@ EXTENSION_LABELS = {"none": "plain extrapolation", "linear": "position interpola
 # Final metrics aggregated over seeds; the first three are compared with the reference.
 RUN_METRICS = ("eval_loss", "eval_mlm_accuracy", "eval_order_gap", "train_loss", "tokens_per_sec")
 COMPARED = ("eval_loss", "eval_mlm_accuracy", "eval_order_gap")
+# Per-evaluation curves aggregated over seeds (the last two from roformer.attention_stats).
+CURVES = ("eval_loss", "eval_order_gap", "nearest_head_distance", "last_hidden_cosine")
 
 
 def _finite(x: Any) -> bool:
@@ -73,9 +78,16 @@ def eval_curve(rows: Iterable[Mapping], tokens_per_step: int) -> list[dict]:
     by_step: dict[int, dict] = {}
     for row in rows:
         if isinstance(row.get("step"), int) and _finite(row.get("eval_loss")):
-            by_step[row["step"]] = {
+            point = by_step[row["step"]] = {
                 "step": row["step"], "tokens": row["step"] * tokens_per_step, "eval_loss": row["eval_loss"],
                 "eval_mlm_accuracy": row.get("eval_mlm_accuracy"), "eval_order_gap": row.get("eval_order_gap")}
+            stats = attention_stats.from_metrics(row)
+            if stats is not None:
+                point.update(stats)
+                # One number each for the curves: how close the most local head looks, and
+                # how alike the positions are at the encoder's output.
+                point["nearest_head_distance"] = min(min(heads) for heads in stats["attention_distance"])
+                point["last_hidden_cosine"] = stats["hidden_cosine"][-1]
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -235,8 +247,7 @@ def _scheme_row(scheme: str, runs: list[dict], ref_runs: Mapping[int, dict], ref
         key: paired_difference({r["seed"]: r.get(key) for r in done},
                                {s: r.get(key) for s, r in ref_runs.items()}) for key in COMPARED}
     curves = [r.get("curve") or [] for r in done]
-    row["curve"] = {"eval_loss": _curve_stats(curves, "eval_loss"),
-                    "eval_order_gap": _curve_stats(curves, "eval_order_gap")}
+    row["curve"] = {key: _curve_stats(curves, key) for key in CURVES}
     onset = next((p for p in row["curve"]["eval_order_gap"] if p["mean"] >= order_threshold), None)
     row["order_onset_tokens"] = None if onset is None else onset["tokens"]
     row["extrapolation"] = _extrapolation_stats([r.get("extrapolation") for r in done])
@@ -524,6 +535,14 @@ def to_markdown(result: Mapping) -> str:
             "—" if s["scheme"] == reference else _diff(vs.get("eval_order_gap")),
         ])
     lines.append(_table(header, body))
+    attention_rows = [[s["scheme"], _pm((s.get("curve") or {}).get("nearest_head_distance", [None])[-1], 2),
+                       _pm((s.get("curve") or {}).get("last_hidden_cosine", [None])[-1], 3)]
+                      for s in schemes if (s.get("curve") or {}).get("nearest_head_distance")]
+    if attention_rows:
+        lines += ["", "Attention at the last evaluation (roformer/attention_stats.py; over training in "
+                  f"{ATTENTION_PNG}): the mean distance (tokens) the most local head looks, and the mean cosine "
+                  "similarity of two positions' hidden states at the encoder's output (near 1: collapsed).", "",
+                  _table(["scheme", "nearest head's distance", "hidden-state cosine"], attention_rows)]
     if result.get("position_signal"):
         lines += ["", "Position signal at initialisation (roformer/position_signal.py): RMS of the position "
                   "embeddings / RMS of the token embeddings they are added to (absolute schemes), and RMS of "
@@ -672,6 +691,30 @@ def plot_extension(result: Mapping, out_path: str | Path | None = None):
     return fig
 
 
+def plot_attention(result: Mapping, out_path: str | Path | None = None):
+    """Over training, mean ± std over seeds per scheme: the mean distance the most local head
+    looks, and the hidden states' cosine similarity across positions (roformer.attention_stats)."""
+    fig = Figure(figsize=(11, 4))
+    ax_distance, ax_cosine = fig.subplots(1, 2)
+    for s in result["schemes"]:
+        curve = s.get("curve") or {}
+        if curve.get("nearest_head_distance"):
+            _band(ax_distance, curve["nearest_head_distance"], "tokens", s["scheme"], marker="o", ms=2)
+        if curve.get("last_hidden_cosine"):
+            _band(ax_cosine, curve["last_hidden_cosine"], "tokens", s["scheme"], marker="o", ms=2)
+    ax_distance.set(title="most local head: mean attention distance", xlabel="tokens (M)", ylabel="tokens")
+    ax_cosine.set(title="hidden states: cosine similarity across positions", xlabel="tokens (M)",
+                  ylabel="cosine")
+    for ax in (ax_distance, ax_cosine):
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    if out_path is not None:
+        fig.savefig(out_path, dpi=120)
+    return fig
+
+
 def write_report(result: Mapping, report_dir: str | Path) -> None:
     """Write ablation.json, ablation.md and the figures into report_dir."""
     report_dir = Path(report_dir)
@@ -684,6 +727,8 @@ def write_report(result: Mapping, report_dir: str | Path) -> None:
     plot_extrapolation(result, report_dir / EXTRAPOLATION_PNG)
     if (result.get("extension") or {}).get("methods"):
         plot_extension(result, report_dir / EXTENSION_PNG)
+    if any((s.get("curve") or {}).get("nearest_head_distance") for s in result["schemes"]):
+        plot_attention(result, report_dir / ATTENTION_PNG)
 
 
 def load_report(report_dir: str | Path) -> dict:

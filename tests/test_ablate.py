@@ -86,9 +86,12 @@ class FakeStages:
             for step in sorted(set(range(every, steps + 1, every)) | {steps}):
                 frac = step / steps
                 loss, gap = final["eval_loss"] + (1 - frac), final["eval_order_gap"] * frac
+                # Attention stats as the loop logs them: a local head forms, positions decollapse.
+                stats = {"eval_attention_distance_l0h0": 10.0 - 8 * frac, "eval_attention_distance_l0h1": 12.0,
+                         "eval_hidden_cosine_l0": 0.5, "eval_hidden_cosine_l1": 0.9 - 0.5 * frac}
                 f.write(json.dumps({"step": step, "eval_loss": loss,
                                     "eval_mlm_accuracy": final["eval_mlm_accuracy"] * frac,
-                                    "eval_shuffled_loss": loss + gap, "eval_order_gap": gap}) + "\n")
+                                    "eval_shuffled_loss": loss + gap, "eval_order_gap": gap, **stats}) + "\n")
         return {"steps": steps}
 
     def extrapolation(self, config, pretrain_cfg, pretrain_dir):
@@ -146,7 +149,7 @@ def stub_figures(monkeypatch):
                 Path(out_path).write_bytes(b"png")
         return plot
 
-    for name in ("plot_loss_curves", "plot_extrapolation", "plot_extension"):
+    for name in ("plot_loss_curves", "plot_extrapolation", "plot_extension", "plot_attention"):
         monkeypatch.setattr(report, name, stub(name))
     return drawn
 
@@ -282,7 +285,8 @@ def test_run_writes_report_skips_finished_and_reports_failures(tmp_path, monkeyp
     assert rows["rope"]["glue"]["tasks"] == {
         "MRPC f1": {"mean": pytest.approx(80.0), "std": pytest.approx(0.0), "n": 2},
         "MRPC accuracy": {"mean": pytest.approx(70.0), "std": pytest.approx(0.0), "n": 2}}
-    for name in (report.REPORT_JSON, report.REPORT_MD, report.LOSS_CURVES_PNG, report.EXTRAPOLATION_PNG):
+    for name in (report.REPORT_JSON, report.REPORT_MD, report.LOSS_CURVES_PNG, report.EXTRAPOLATION_PNG,
+                 report.ATTENTION_PNG):
         assert (tmp_path / name).stat().st_size > 0
     assert not (tmp_path / report.EXTENSION_PNG).exists()        # no context extension in this ablation
     assert json.loads((tmp_path / report.REPORT_JSON).read_text()) == json.loads(json.dumps(result))
@@ -368,7 +372,12 @@ def test_seeds_run_in_turn_and_the_report_aggregates_them(tmp_path, monkeypatch,
         assert row["curve"]["eval_loss"][-1]["mean"] == pytest.approx(np.mean(loss[scheme]))
         assert [p["step"] for p in row["curve"]["eval_order_gap"]] == [20, 40]
         assert row["order_onset_tokens"] == 20 * 16 * 64   # gap at step 20 (0.15 / 0.25) >= 0.1
+        # The attention stats over training: the most local head, the output layer's cosine.
+        assert [p["mean"] for p in row["curve"]["nearest_head_distance"]] == pytest.approx([6.0, 2.0])
+        assert [p["mean"] for p in row["curve"]["last_hidden_cosine"]] == pytest.approx([0.65, 0.4])
     assert rows["rope"]["vs_reference"] == {}
+    assert runs[0]["curve"][-1]["attention_distance"] == [[2.0, 12.0]]
+    assert "| rope | 2.00 ± 0.00 | 0.400 ± 0.000 |" in report.to_markdown(result)
 
     def interval(diffs):
         diffs = np.asarray(diffs)

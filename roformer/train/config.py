@@ -44,6 +44,8 @@ class TrainConfig:
     eval_batches: int = 20
     eval_shuffled: bool = True       # also evaluate with each document's tokens shuffled: the loss
                                      # increase (eval_order_gap) says how much the model uses word order
+    eval_attention_stats: bool = True   # also log each head's mean attention distance and the hidden
+                                     # states' cosine similarity across positions (roformer.attention_stats)
     checkpoint_every: int = 2_000
     keep_checkpoints: int = 3
     async_checkpoints: bool = True

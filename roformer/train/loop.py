@@ -21,6 +21,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
+from roformer import attention_stats
 from roformer.model import ModelConfig
 from roformer.train import flops, sharding, steps, warm_start
 from roformer.train.checkpoint import CHECKPOINTS, Checkpointer, PretrainWorkdir
@@ -171,6 +172,9 @@ def _train_phase(config, workdir: Path) -> dict:
         eval_batches = _eval_batches(data, tc, mesh)
         train_step = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
         eval_step = setup.jit_eval_step()
+        # Linear attention forms no probabilities to measure.
+        stats_step = (setup.jit_attention_stats_step() if tc.eval_attention_stats and model_cfg.attention == "softmax"
+                      else None)
         writer = cleanup.enter_context(contextlib.closing(MetricsWriter(workdir, resume_step=start_step)))
         stop = cleanup.enter_context(StopFlag())
         bar = cleanup.enter_context(tqdm(total=tc.steps, initial=start_step, desc="pretrain", unit="step",
@@ -184,6 +188,9 @@ def _train_phase(config, workdir: Path) -> dict:
 
         def evaluate(step: int) -> dict:
             row = _evaluate(eval_step, state["params"], rest, eval_batches)
+            if stats_step is not None:
+                row.update(attention_stats.as_metrics(jax.device_get(
+                    stats_step(state["params"], rest, eval_batches[""][0]))))
             train_log.write(step, row)
             return row
 

@@ -75,6 +75,10 @@ class TrainSetup:
             in_shardings=(self.state_shardings, self.rest_shardings, sharding.batch_sharding(self.mesh)),
             out_shardings=(self.state_shardings, self.replicated), donate_argnums=0)
 
+    def jit_attention_stats_step(self):
+        """`(params, rest, batch) -> roformer.attention_stats` (attention distance, hidden cosine)."""
+        return jax.jit(steps.make_attention_stats_step(self.graphdef), out_shardings=self.replicated)
+
     def jit_eval_step(self):
         """`(params, rest, batch) -> sums of loss, correct and weight`."""
         return jax.jit(steps.make_eval_step(self.graphdef), out_shardings=self.replicated)

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from roformer.attention_stats import attention_stats
+
 TrainState = dict[str, Any]
 Batch = dict[str, jax.Array]
 # jax's PRNG implementations for the dropout keys. threefry2x32 (jax's default) hashes a
@@ -134,6 +136,17 @@ def make_eval_step(graphdef) -> Callable[..., dict]:
         model.eval()
         return mlm_sums(model, batch)
     return eval_step
+
+
+def make_attention_stats_step(graphdef) -> Callable[..., dict]:
+    """`stats_step(params, rest_state, batch) -> roformer.attention_stats` of the encoder,
+    dropout off."""
+    def stats_step(params, rest_state, batch: Batch):
+        model = nnx.merge(graphdef, nnx.State(params), reseeded(rest_state, jax.random.key(0)))
+        model.eval()
+        return attention_stats(model.roformer, batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                               positions=batch["positions"], segment_ids=batch["segment_ids"])
+    return stats_step
 
 
 def summarize_eval(sums: dict[str, float], prefix: str = "eval_") -> dict[str, float]:
