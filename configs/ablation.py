@@ -20,14 +20,17 @@ then SST-2 and MRPC with 3 seeds. Variants (`configs/ablation.py:<arg>`):
 Any key can be changed on the command line, e.g. `--config.schemes=rope,learned
 --config.pretrain.model.size=tiny --config.budget_tokens=2000000 --config.glue.task=mrpc`.
 """
+import os
 from pathlib import Path
 
 import ml_collections
 
 from configs import base, glue
 
-# ../shared/data beside the repository (the project's shared-data convention).
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# ../shared/data beside the repository (the project's shared-data convention), or where
+# ROFORMER_SHARED_DATA points (as for the tests).
+SHARED_DATA = Path(os.environ.get("ROFORMER_SHARED_DATA",
+                                  Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
 
 def get_config(arg=None):
