@@ -152,6 +152,7 @@ def test_warm_start_from_a_workdir_begins_at_its_held_out_loss(tmp_path, cache, 
     with pytest.raises(ValueError, match="another architecture.*hidden_size"):
         train_and_evaluate(make_config(cache, **{"train.init_from": str(source), "model.hidden_size": 64}),
                            tmp_path / "wide")
+    assert not (tmp_path / "other").exists() and not (tmp_path / "wide").exists()   # refused before writing
 
 
 @pytest.mark.slow
