@@ -383,6 +383,20 @@ def _check_hf_dir(hf_dir: Path) -> None:
         raise ValueError(f"no config.json in {hf_dir} (expected {HF_DIR_EXPECTED})")
 
 
+def read_model_config(path: str | Path) -> ModelConfig:
+    """The ModelConfig of an HF RoFormer directory or a `save_converted` output, read without
+    its weights (what a warm start checks a run's settings against)."""
+    path = Path(path)
+    kind = checkpoint_kind(path)
+    if kind == "hf":
+        return hf_config_to_model_config(json.loads((path / "config.json").read_text()))
+    if kind == "converted":
+        meta = json.loads((path / OUR_CONFIG_FILE).read_text())
+        return ModelConfig.from_dict(ModelConfig.saved_fields(meta["model"]))
+    raise ValueError(f"{path} is a pretraining workdir, not an HF RoFormer directory or a roformer.convert "
+                     "output (PretrainWorkdir reads it)")
+
+
 def load_hf(hf_dir: str | Path, *, head: str | None = None, num_labels: int | None = None,
             seed: int = 0, **overrides) -> tuple[ModelConfig, AnyModel]:
     """Read an HF RoFormer directory into (ModelConfig, our model).

@@ -4,14 +4,17 @@
     python -m roformer.pretrain --config=configs/rotary.py:size=base --workdir=runs/base \\
         --config.train.steps=1000
 
-Re-running with the same --workdir resumes from its latest checkpoint.
+Re-running with the same --workdir resumes from its latest checkpoint. A warm start
+(--config.train.init_from) takes the architecture from its checkpoint: only the
+--config.model.* keys given on this command line (and size= in --config=FILE:size=...)
+must agree with it; the config file's preset and defaults do not count.
 """
 import jax
 from absl import flags
 from ml_collections import config_flags
 
 from roformer import cli
-from roformer.train import train_and_evaluate
+from roformer.train import train_and_evaluate, warm_start
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Pretraining config file (configs/*.py[:arg]).",
@@ -30,9 +33,22 @@ def next_steps(summary: dict, workdir: str) -> str:
             f"--config.task=<task|all> --config.init={workdir} --workdir={workdir.rstrip('/')}_glue")
 
 
+def given_model_keys() -> set[str]:
+    """The model keys this command line sets: --config.model.KEY=... and size=... in the
+    --config argument. The others hold the config file's values."""
+    overrides = config_flags.get_override_values(FLAGS["config"])
+    given = {key.split(".", 1)[1] for key in overrides if key.startswith("model.")}
+    _, _, arg = config_flags.get_config_filename(FLAGS["config"]).partition(":")
+    if any(item.split("=", 1)[0].strip() == "size" for item in arg.split(",")):
+        given.add("size")
+    return given
+
+
 def main(argv):
     if len(argv) > 1:
         raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.config.train.init_from:
+        warm_start.unset_architecture(FLAGS.config.model, given_model_keys())
     summary = train_and_evaluate(FLAGS.config, FLAGS.workdir)
     if jax.process_index() == 0:
         print(next_steps(summary, FLAGS.workdir), flush=True)

@@ -6,12 +6,15 @@ writing the same checkpoints and metrics. A lock left by a process that died on 
 host (SIGKILL, OOM, a crash) is taken over with a warning; one held on another host
 cannot be checked from here and is refused. In a multi-host run only process 0 takes
 it: every process of that run shares the workdir. The same process may take it again
-(nested runs); it is released when the outermost `with` exits, and a workdir the
-lock created is removed again if the run left it empty (e.g. refused a bad config).
+(nested runs); it is released when the outermost `with` exits, and the directories the
+lock created are removed again if the run left them empty (e.g. refused a bad config).
+A workdir that cannot hold a run (a regular file, not creatable, not writable) is refused
+before anything is written (`WorkdirUnusable`).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -27,8 +30,16 @@ LOCK_FILE = "workdir.lock"
 _depth: dict[Path, int] = {}   # locks this process holds -> nesting depth
 
 
-class WorkdirBusy(RuntimeError):
+class WorkdirError(RuntimeError):
+    """The workdir cannot be used for this run: the user's to fix (roformer.cli)."""
+
+
+class WorkdirBusy(WorkdirError):
     """Another live process holds the workdir."""
+
+
+class WorkdirUnusable(WorkdirError):
+    """The workdir is a regular file, cannot be created or cannot be written."""
 
 
 def _read(path: Path) -> dict | None:
@@ -85,12 +96,15 @@ def workdir_lock(workdir: str | Path) -> Iterator[None]:
         yield
         return
     path = Path(workdir).expanduser().resolve() / LOCK_FILE
-    created = False
+    created = None
     if path not in _depth:
-        created = not path.parent.exists()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _acquire(path, {"host": socket.gethostname(), "pid": os.getpid(),
-                        "since": time.strftime("%Y-%m-%d %H:%M:%S")})
+        created = _make_workdir(path.parent)
+        try:
+            _acquire(path, {"host": socket.gethostname(), "pid": os.getpid(),
+                            "since": time.strftime("%Y-%m-%d %H:%M:%S")})
+        except OSError as error:   # read-only file system, no write permission
+            _remove_if_empty(path.parent, created)
+            raise WorkdirUnusable(f"workdir {path.parent} is not writable: {_reason(error)}") from None
     _depth[path] = _depth.get(path, 0) + 1
     try:
         yield
@@ -104,8 +118,45 @@ def workdir_lock(workdir: str | Path) -> Iterator[None]:
             _remove_if_empty(path.parent, created)
 
 
-def _remove_if_empty(directory: Path, created: bool) -> None:
-    """A run refused before it wrote anything leaves no directory it made for the lock."""
-    if created:
-        with contextlib.suppress(OSError):   # not empty: the run wrote into it
-            directory.rmdir()
+def _make_workdir(directory: Path) -> Path | None:
+    """Create `directory` (and missing parents); returns the topmost directory it created
+    (None: it existed). What stops it is the user's to fix, named in one line."""
+    if directory.is_dir():
+        return None
+    if directory.exists() or directory.is_symlink():
+        raise WorkdirUnusable(f"workdir {directory} is a file, not a directory; give a directory "
+                              "(it is created if missing)")
+    top = directory
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
+    try:
+        directory.mkdir(parents=True)
+    except FileExistsError:   # another process made it meanwhile
+        return _make_workdir(directory)
+    except OSError as error:
+        _remove_if_empty(directory, top)   # parents made before the failure
+        blocker = next((p for p in directory.parents if p.exists() and not p.is_dir()), None)
+        reason = f"{blocker} is a file, not a directory" if blocker else _reason(error)
+        raise WorkdirUnusable(f"workdir {directory} cannot be created: {reason}") from None
+    return top
+
+
+def _reason(error: OSError) -> str:
+    where = f" ({error.filename})" if error.filename else ""
+    return f"{error.strerror or os.strerror(error.errno or errno.EIO)}{where}"
+
+
+def _remove_if_empty(directory: Path, created: Path | None) -> None:
+    """A run refused before it wrote anything leaves none of the directories made for the lock:
+    `directory` and its parents up to `created`, the topmost one made."""
+    if created is None:
+        return
+    for path in (directory, *directory.parents):
+        if not path.is_relative_to(created):
+            return
+        try:
+            path.rmdir()
+        except FileNotFoundError:   # a creation that failed part-way: its parents may be there
+            continue
+        except OSError:   # not empty: the run wrote into it
+            return

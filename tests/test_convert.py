@@ -322,3 +322,17 @@ def test_from_hf_names_a_missing_directory_and_a_pretraining_workdir(tmp_path, c
                      r"model.safetensors.* to-hf .*run OUT_DIR", refused(capsys, ["from-hf", str(workdir),
                                                                                 str(tmp_path / "out")]))
     assert not (tmp_path / "out").exists()
+
+
+def test_read_model_config_reads_the_architecture_without_the_weights(tmp_path):
+    """What a warm start checks a run's settings against: the same ModelConfig the loaders
+    build, for an HF directory and for our format; a pretraining workdir is named as one."""
+    transformers.RoFormerForMaskedLM(hf_config(True, intermediate_size=48)).save_pretrained(tmp_path / "hf")
+    config, model = convert.load_hf(tmp_path / "hf")
+    assert convert.read_model_config(tmp_path / "hf") == config
+    assert config.intermediate_size == 48 and config.rotary_value
+    convert.save_converted(model, tmp_path / "ours")
+    assert convert.read_model_config(tmp_path / "ours") == config
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ValueError, match="is a pretraining workdir"):
+        convert.read_model_config(tmp_path / "run")

@@ -224,3 +224,60 @@ def test_init_from_hf_roformer_dir(tmp_path, vocab):
     converted = load_init(str(tmp_path / "ours"))
     assert converted.kind == "converted"
     jax.tree.map(np.testing.assert_allclose, converted.encoder_params, init.encoder_params)
+
+
+def test_refused_settings_leave_no_workdir(shared_data, tmp_path, vocab):
+    """Protocol settings no fine-tuning can run with are refused before anything is read or
+    written; a refusal found in the data (no training rows) comes before the first metrics
+    row, so it leaves no config.json or empty metrics.jsonl either."""
+    from roformer.glue import run_glue
+
+    def config(**overrides):
+        c = glue_config.get_config()
+        c.task, c.vocab, c.data_dir, c.seeds, c.model.size = "wnli", vocab, str(shared_data / "glue"), 1, "tiny"
+        c.update(overrides)
+        return c
+
+    for overrides, message in [
+            ({"max_seq_len": 4}, "GLUE protocol of wnli: max_seq_len must be at least 8, got 4"),
+            ({"batch_size": 0}, "GLUE protocol of wnli: batch_size must be at least 1, got 0"),
+            ({"num_epochs": 0.0}, "GLUE protocol of wnli: no training steps: num_epochs=0.0, max_steps=0"),
+            ({"decay": "step"}, "GLUE protocol of wnli: decay must be 'linear' or 'cosine', got 'step'")]:
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            run_glue(config(**overrides), tmp_path / "out")
+        assert not (tmp_path / "out").exists()
+    data = tmp_path / "glue" / "WNLI"
+    data.mkdir(parents=True)
+    shutil.copy(shared_data / "glue" / "WNLI" / "dev.tsv", data / "dev.tsv")
+    header = (shared_data / "glue" / "WNLI" / "train.tsv").read_text().splitlines()[0]
+    (data / "train.tsv").write_text(header + "\n")   # no training rows
+    with pytest.raises(ValueError, match="no training steps: 0 training examples"):
+        run_glue(config(data_dir=str(tmp_path / "glue")), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_hf_dir_without_tokenizer_uses_the_named_vocabulary_of_its_size(tmp_path, vocab):
+    """As in pretraining: config.vocab names the vocabulary of a checkpoint saved without
+    one, the architecture is the checkpoint's, and a vocabulary of another size is refused
+    with both sizes."""
+    import torch
+    import transformers
+
+    from roformer.data.tokenizer import load_tokenizer
+
+    torch.manual_seed(0)
+    for name, vocab_size in (("hf", 30522), ("hf_small", 500)):
+        transformers.RoFormerForMaskedLM(transformers.RoFormerConfig(
+            vocab_size=vocab_size, embedding_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+            intermediate_size=48, max_position_embeddings=64)).save_pretrained(tmp_path / name)
+    tokens = load_tokenizer(vocab).vocab_size
+    init = load_init(str(tmp_path / "hf"))
+    assert init.vocab is None and init.tokenizer() is None
+    model_cfg = glue_config.get_config().model
+    assert resolve_model_config(model_cfg, init, tokens).intermediate_size == 48
+    with pytest.raises(ValueError, match=f"the tokenizer has {tokens} tokens but init checkpoint .*hf_small has "
+                                         "vocab_size 500"):
+        resolve_model_config(model_cfg, load_init(str(tmp_path / "hf_small")), tokens)
+    model_cfg.size = "tiny"   # set, and not the checkpoint's: refused
+    with pytest.raises(ValueError, match="intermediate_size: config.model.size='tiny' has 512, checkpoint has 48"):
+        resolve_model_config(model_cfg, init, tokens)

@@ -152,6 +152,7 @@ def test_warm_start_from_a_workdir_begins_at_its_held_out_loss(tmp_path, cache, 
     with pytest.raises(ValueError, match="another architecture.*hidden_size"):
         train_and_evaluate(make_config(cache, **{"train.init_from": str(source), "model.hidden_size": 64}),
                            tmp_path / "wide")
+    assert not (tmp_path / "other").exists() and not (tmp_path / "wide").exists()   # refused before writing
 
 
 @pytest.mark.slow
@@ -202,6 +203,94 @@ def test_warm_start_from_an_hf_directory_begins_at_its_held_out_loss(tmp_path, c
     own = extrapolation.mlm_loss(model_config, nnx.to_pure_dict(nnx.state(model, nnx.Param)), data.eval_batches(1))
     assert start["eval_loss"] == pytest.approx(own["eval_loss"], rel=1e-5)
     assert json.loads((warm / "config.json").read_text())["train"]["init_from"] == str(hf_dir)
+
+
+def save_hf_roformer(hf_dir: Path, **sizes) -> Path:
+    """A small HF RoFormer MLM saved as people often save one: weights and config, no tokenizer."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = {"vocab_size": 500, "embedding_size": 32, "hidden_size": 32, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "intermediate_size": 48, "max_position_embeddings": 128,
+              "hidden_act": "gelu", **sizes}
+    transformers.RoFormerForMaskedLM(transformers.RoFormerConfig(**config)).save_pretrained(hf_dir)
+    return hf_dir
+
+
+def test_warm_start_takes_the_architecture_from_the_checkpoint_and_a_named_vocabulary(tmp_path, cache,
+                                                                                      shared_data):
+    """An HF directory without tokenizer files is warm-started with the vocabulary the run names,
+    and with the checkpoint's architecture (intermediate_size 48, not the config's 64) once the
+    architecture keys are unset, as the command line does with the keys it does not give."""
+    from roformer.train import warm_start
+
+    vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
+    hf_dir = save_hf_roformer(tmp_path / "hf", vocab_size=30522)
+    config = make_config(cache, **{"train.steps": 1, "train.init_from": str(hf_dir), "data.vocab": str(vocab)})
+    warm_start.unset_architecture(config.model)
+    warm = tmp_path / "warm"
+    assert train_and_evaluate(config, warm)["final_step"] == 1
+    resolved = json.loads((warm / "config.json").read_text())["resolved_model"]
+    assert (resolved["intermediate_size"], resolved["vocab_size"], resolved["max_position_embeddings"]) == (
+        48, 30522, 128)
+    assert (warm / "vocab.txt").read_text() == vocab.read_text()
+
+
+def test_warm_start_refusals_name_the_conflict_and_leave_nothing(tmp_path, cache, shared_data):
+    from roformer.train import warm_start
+
+    vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
+    hf_dir = save_hf_roformer(tmp_path / "hf", vocab_size=30522)
+    other = save_hf_roformer(tmp_path / "hf_other_vocab")   # 500 rows
+    refusals = [
+        ({"train.init_from": str(hf_dir)}, (),
+         f"^train.init_from={hf_dir}: no tokenizer.json or vocab.txt beside the weights; name the vocabulary "
+         "it was trained with: --config.data.vocab=VOCAB$"),
+        ({"train.init_from": str(other), "data.vocab": str(vocab)}, (),
+         f"^train.init_from={other}: its embedding table has 500 rows but this run's vocabulary has 30522 "
+         "tokens"),
+        # a key the user set (here the config's intermediate_size 64) must agree with the checkpoint
+        ({"train.init_from": str(hf_dir), "data.vocab": str(vocab)}, ("intermediate_size",),
+         f"^train.init_from={hf_dir} is another architecture than this run's model settings: "
+         r"intermediate_size: checkpoint 48, model.intermediate_size 64 \(a warm start takes"),
+        ({"train.init_from": str(hf_dir), "data.vocab": str(vocab), "model.size": "mini"}, ("size", "hidden_size"),
+         "num_layers: checkpoint 2, model.size='mini' 4; num_heads: checkpoint 2, model.size='mini' 4; "
+         "intermediate_size: checkpoint 48, model.size='mini' 1024"),
+    ]
+    for overrides, given, message in refusals:
+        config = make_config(cache, **overrides)
+        warm_start.unset_architecture(config.model, given)
+        with pytest.raises(ValueError, match=message):
+            train_and_evaluate(config, tmp_path / "run")
+        assert not (tmp_path / "run").exists()   # refused before anything was written
+
+
+def test_command_line_warm_start_checks_only_the_model_keys_it_gives(tmp_path, cache, shared_data):
+    """configs/tiny.py's preset (intermediate_size 512) yields to the checkpoint's 48; the same
+    key given on the command line is refused in one line, before anything is written."""
+    import subprocess
+    import sys
+
+    hf_dir = save_hf_roformer(tmp_path / "hf", vocab_size=30522)
+    command = [sys.executable, "-m", "roformer.pretrain", "--config=configs/tiny.py",
+               f"--config.train.init_from={hf_dir}",
+               f"--config.data.vocab={shared_data / 'vocab' / 'bert-base-uncased-vocab.txt'}",
+               f"--config.data.cache_dir={cache}", "--config.train.steps=1", "--config.train.batch_size=4",
+               "--config.train.seq_len=32", "--config.train.eval_batches=1", "--config.train.progress_bar=false",
+               "--config.mesh.num_devices=1"]
+    refused = subprocess.run([*command, f"--workdir={tmp_path / 'refused'}", "--config.model.intermediate_size=512"],
+                             cwd=REPO, capture_output=True, text=True)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr   # after the tokenizer's progress:
+    assert refused.stderr.splitlines()[-1:] == [
+        f"error: train.init_from={hf_dir} is another architecture than this run's model settings: intermediate_size: "
+        "checkpoint 48, model.intermediate_size 512 (a warm start takes the architecture from its checkpoint: "
+        "leave these keys unset)"], refused.stderr[-3000:]
+    assert not (tmp_path / "refused").exists()
+    done = subprocess.run([*command, f"--workdir={tmp_path / 'warm'}"], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    resolved = json.loads((tmp_path / "warm" / "config.json").read_text())["resolved_model"]
+    assert (resolved["hidden_size"], resolved["intermediate_size"], resolved["num_layers"]) == (32, 48, 2)
 
 
 def test_learned_table_grows_only_when_asked(tmp_path):

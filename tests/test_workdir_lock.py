@@ -146,3 +146,70 @@ def test_ablation_stages_lock_their_own_workdirs_under_the_ablation_lock(tmp_pat
     ablate.run_ablation(config, tmp_path)
     assert seen and all(seen_ == (True, True) for seen_ in seen)
     assert not list(tmp_path.rglob(LOCK_FILE))
+
+
+@pytest.mark.parametrize("command, config", [
+    ("roformer.pretrain", "configs/tiny.py"), ("roformer.glue", "configs/glue.py"),
+    ("roformer.ablate", "configs/ablation.py:smoke")])
+def test_a_workdir_that_is_a_file_or_under_one_is_one_line(tmp_path, command, config):
+    (tmp_path / "file").write_text("mine\n")
+    for workdir, expected in [
+            (tmp_path / "file", f"error: workdir {tmp_path / 'file'} is a file, not a directory; give a "
+                                "directory (it is created if missing)"),
+            (tmp_path / "file" / "run", f"error: workdir {tmp_path / 'file' / 'run'} cannot be created: "
+                                        f"{tmp_path / 'file'} is a file, not a directory")]:
+        proc = subprocess.run([sys.executable, "-m", command, f"--config={config}", f"--workdir={workdir}"],
+                              cwd=REPO, capture_output=True, text=True)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert proc.stderr.splitlines() == [expected]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "mine\n"
+
+
+def test_a_workdir_that_cannot_be_created_or_written_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """Root may write into a chmod 555 directory, so read-only is simulated where the OS
+    answers: creating the lock file (a read-only mount, no permission) or the directory."""
+    import errno
+
+    from roformer.workdir_lock import WorkdirUnusable
+
+    real_open, real_mkdir = os.open, os.mkdir
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+
+    def open_(path, *args, **kwargs):
+        if Path(path).parent == readonly:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, *args, **kwargs)
+
+    def mkdir(path, *args, **kwargs):
+        if Path(path).name == "denied":
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    runs = [lambda w: train_and_evaluate(tiny.get_config(), w), lambda w: run_glue(glue_config.get_config(), w),
+            lambda w: ablate.run_ablation(ablate.load_config_file("ablation", "smoke"), w)]
+    for run in runs:
+        with pytest.raises(WorkdirUnusable, match=f"^workdir {readonly} is not writable: Permission denied"):
+            run(readonly)
+        with pytest.raises(WorkdirUnusable, match=f"^workdir {tmp_path}/new/denied cannot be created: "
+                                                  "Read-only file system"):
+            run(tmp_path / "new" / "denied")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["readonly"] and not any(readonly.iterdir())
+    # ...and on the command line it is one line, exit status 2
+    from roformer import cli
+    with pytest.raises(SystemExit) as exited, cli.user_errors():
+        runs[0](readonly)
+    assert exited.value.code == 2
+
+
+def test_directories_made_for_a_refused_run_are_removed(tmp_path):
+    with pytest.raises(RuntimeError, match="refused"):
+        with workdir_lock(tmp_path / "a" / "b" / "c"):
+            raise RuntimeError("refused")
+    assert not any(tmp_path.iterdir())
+    (tmp_path / "a").mkdir()
+    with workdir_lock(tmp_path / "a" / "b" / "c"):
+        (tmp_path / "a" / "b" / "note").write_text("")   # the run wrote beside its workdir
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["a", "a/b", "a/b/note"]

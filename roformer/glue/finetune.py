@@ -47,6 +47,18 @@ class Protocol:
             values[field.name] = config[field.name] if value is None else value
         return cls(**values)
 
+    def check(self, task: str) -> None:
+        """Refuse settings no fine-tuning can run with; run_glue asks before it writes anything."""
+        where = f"GLUE protocol of {task}:"
+        if self.max_seq_len < 8:
+            raise ValueError(f"{where} max_seq_len must be at least 8, got {self.max_seq_len}")
+        if self.batch_size < 1:
+            raise ValueError(f"{where} batch_size must be at least 1, got {self.batch_size}")
+        if self.num_epochs <= 0 and self.max_steps <= 0:
+            raise ValueError(f"{where} no training steps: num_epochs={self.num_epochs}, max_steps={self.max_steps}")
+        if self.decay not in ("linear", "cosine"):
+            raise ValueError(f"{where} decay must be 'linear' or 'cosine', got {self.decay!r}")
+
     def total_steps(self, num_train: int) -> int:
         steps = math.ceil(self.num_epochs * math.ceil(num_train / self.batch_size))
         if self.max_steps > 0:

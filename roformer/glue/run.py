@@ -32,17 +32,23 @@ log = logging.getLogger("roformer.glue")
 
 class RunLog:
     """metrics.jsonl rows tagged with task/seed, mirrored to one TensorBoard run per
-    task and seed so they can be compared side by side."""
+    task and seed so they can be compared side by side. The files (and `config.json`,
+    given as `run_config`) are written with the first row, so a run refused while it
+    reads and featurizes its data leaves none."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, run_config: dict):
         from tensorboardX import SummaryWriter
 
         self._summary_writer = SummaryWriter
         self._workdir = workdir
-        self._file = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
+        self._run_config = run_config
+        self._file = None
         self._writers = {}
 
     def write(self, task: str, seed: int, step: int, scalars: dict) -> None:
+        if self._file is None:
+            (self._workdir / "config.json").write_text(json.dumps(self._run_config, indent=2, default=str))
+            self._file = open(self._workdir / "metrics.jsonl", "a", encoding="utf-8")
         row = {"task": task, "seed": seed, "step": step, **scalars}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
@@ -54,7 +60,8 @@ class RunLog:
                 self._writers[run].add_scalar(name, value, step)
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         for w in self._writers.values():
             w.close()
 
@@ -212,6 +219,8 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     if config.seeds < 1:
         raise ValueError(f"config.seeds must be >= 1, got {config.seeds}")
     check_local_files(tasks, config)
+    for name in tasks:   # before anything is read or written
+        Protocol.from_config(config, name).check(name)
 
     init = load_init(config.init, step=config.init_step)
     if config.vocab:
@@ -229,11 +238,9 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
 
     header = {"init": {"kind": init.kind, "path": init.path, "step": init.step},
               "vocab": str(vocab), "model": model_config.to_dict()}
-    (workdir / "config.json").write_text(json.dumps(
-        {"config": config.to_dict(), **header}, indent=2, default=str))
     submission_dir = workdir / "submission" if config.predict_test else None
     results = {**header, "seeds": config.seeds, "tasks": {}, "glue": glue_scores({})}
-    run_log = RunLog(workdir)
+    run_log = RunLog(workdir, {"config": config.to_dict(), **header})
     try:
         for name in tasks:
             results["tasks"][name] = run_task(

@@ -148,7 +148,15 @@ def _train_phase(config, workdir: Path) -> dict:
     mesh = _make_mesh(config.mesh, tc)
     init_source = warm_start.find_init_checkpoint(tc.init_from, tc.init_step) if tc.init_from else None
     data = _make_data(config.data, tc, init_source)
-    model_cfg = build_model_config(config.model, vocab_size=data.vocab_size, pad_token_id=data.pad_id)
+    if init_source is None:
+        model_cfg = build_model_config(config.model, vocab_size=data.vocab_size, pad_token_id=data.pad_id)
+    else:   # the checkpoint's architecture; checked before anything is written, so a refusal leaves no files
+        model_cfg = warm_start.resolve_model_config(config.model, init_source, vocab_size=data.vocab_size,
+                                                    pad_token_id=data.pad_id, tokenizer_hash=data.tokenizer.hash)
+    init_params = None
+    if init_source is not None and not PretrainWorkdir.holds_run(workdir):   # a fresh start will use them
+        init_params = warm_start.load_init_params(init_source, model_cfg, warm_start.abstract_params(model_cfg),
+                                                  data.tokenizer.hash, grow_positions=tc.init_grow_positions)
     is_main = jax.process_index() == 0
 
     with contextlib.ExitStack() as cleanup:   # closes the progress bar, signal handler, logs, checkpoints
@@ -168,7 +176,8 @@ def _train_phase(config, workdir: Path) -> dict:
                            dropout_rng_impl=tc.dropout_rng_impl)
         cleanup.enter_context(jax.set_mesh(mesh))
         rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step
-        state, start_step, train_iter = _restore_or_init(setup, checkpointer, data, init_source, tc)
+        state, start_step, train_iter = _restore_or_init(setup, checkpointer, data, init_source, tc, init_params)
+        del init_params   # on the device now
         eval_batches = _eval_batches(data, tc, mesh)
         train_step = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
         eval_step = setup.jit_eval_step()
@@ -275,15 +284,17 @@ def _make_data(data_cfg, tc: TrainConfig, init_source):
                               seed=tc.seed, process_index=jax.process_index(), process_count=jax.process_count())
 
 
-def _restore_or_init(setup: TrainSetup, checkpointer: Checkpointer, data, init_source, tc: TrainConfig):
+def _restore_or_init(setup: TrainSetup, checkpointer: Checkpointer, data, init_source, tc: TrainConfig,
+                     init_params: dict | None = None):
     """(state, start step, train iterator) from the newest readable checkpoint, else a fresh
-    state (with a warm start's parameters) at step 0."""
+    state (with a warm start's parameters, `init_params` when already loaded) at step 0."""
     restored = checkpointer.restore_latest(setup.sharded_abstract_state())
     if restored is None:
         state, start_step, data_state = setup.init_state(), 0, None
         if init_source is not None:
-            params = warm_start.load_init_params(init_source, setup.model_cfg, setup.abstract_state["params"],
-                                                 data.tokenizer.hash, grow_positions=tc.init_grow_positions)
+            params = init_params if init_params is not None else warm_start.load_init_params(
+                init_source, setup.model_cfg, setup.abstract_state["params"], data.tokenizer.hash,
+                grow_positions=tc.init_grow_positions)
             state["params"] = jax.device_put(params, setup.state_shardings["params"])
     else:
         start_step, state, data_state = restored
