@@ -4,8 +4,9 @@
   without a traceback. They are: a mistyped flag or config key (with a did-you-mean), a
   config file that does not exist, a value refused by the project's own checks (a
   `ValueError`, such as `GlueDataError`, thrown by a `raise` statement in roformer/ or
-  configs/), a missing input file (`FileNotFoundError`) and a workdir in use
-  (`WorkdirBusy`). Anything else is a bug and keeps its traceback; `ROFORMER_TRACEBACK=1`
+  configs/), a missing input file (`FileNotFoundError`), a workdir in use
+  (`WorkdirBusy`) and a training run that stopped itself (`TrainingStopped`: its loss
+  diverged, a checkpoint could not be written). Anything else is a bug and keeps its traceback; `ROFORMER_TRACEBACK=1`
   in the environment shows the traceback of user errors too.
 - **Logging:** the project's own progress lines (INFO of the `roformer` loggers) show;
   library INFO lines (jax, orbax, absl) do not, unless `--verbosity`/`-v` is given:
@@ -44,9 +45,11 @@ def is_user_error(error: BaseException) -> bool:
     """Whether `error` is the user's to fix (see the module doc); False means a bug."""
     from absl import app, flags
 
+    from roformer.train.guard import TrainingStopped
     from roformer.workdir_lock import WorkdirBusy
 
-    if isinstance(error, (UsageError, app.UsageError, flags.Error, WorkdirBusy, FileNotFoundError)):
+    if isinstance(error, (UsageError, app.UsageError, flags.Error, WorkdirBusy, FileNotFoundError,
+                          TrainingStopped)):
         return True
     return isinstance(error, ValueError) and _raised_by_project_check(error)
 
