@@ -47,7 +47,7 @@ class TrainConfig:
     eval_shuffled: bool = True       # also evaluate with each document's tokens shuffled: the loss
                                      # increase (eval_order_gap) says how much the model uses word order
     checkpoint_every: int = 2_000
-    keep_checkpoints: int = 3
+    keep_checkpoints: int = 3        # the newest; the one with the lowest held-out loss stays too
     async_checkpoints: bool = True
     peak_flops_per_device: float = 0.0   # 0 -> table (TPU/GPU) or a measured matmul peak (CPU)
     progress_bar: bool = True
