@@ -270,12 +270,13 @@ def test_nan_before_the_first_checkpoint_says_so_on_one_line(tmp_path, cache):
 
 
 @pytest.mark.slow
-def test_finite_divergence_stops_on_one_line_and_keeps_the_last_good_checkpoint(tmp_path, cache):
+def test_finite_divergence_stops_on_one_line_and_keeps_the_last_good_checkpoint(tmp_path, cache, caplog):
     """A finished 8-step run resumed with a learning rate 1e6 times larger: the loss stays
     finite but explodes. The resume says the learning rate changed, the guard stops it on
     one `error:` line naming the step and the last good checkpoint (8), later checkpoints
     are moved aside so the same workdir resumes from 8, and the resumed run's summary
-    keeps the run's first loss."""
+    keeps the run's first loss and compares its settings with the checkpoint's (not with
+    those of the diverged attempt)."""
     workdir = tmp_path / "run"
     train_and_evaluate(make_config(cache, **{"train.steps": 8}), workdir)
     first_loss = next(r["loss"] for r in read_metrics(workdir) if "loss" in r)
@@ -295,7 +296,11 @@ def test_finite_divergence_stops_on_one_line_and_keeps_the_last_good_checkpoint(
     assert latest_params(workdir)[0] == 8
     assert all(int(p.name) > 8 for p in (workdir / "diverged_checkpoints").iterdir())
 
-    summary = train_and_evaluate(make_config(cache, **{"train.steps": 10}), workdir)
+    with caplog.at_level(logging.WARNING, logger="roformer.train"):
+        summary = train_and_evaluate(make_config(cache, **{"train.steps": 10}), workdir)
+    changed = [r.getMessage() for r in caplog.records if "changed optimizer settings" in r.getMessage()]
+    assert changed == ["resuming from step 8 with changed optimizer settings: learning-rate schedule length "
+                       "8 -> 10 steps (train.decay_steps keeps it)"]
     assert summary["start_step"] == 8 and summary["final_step"] == 10
     assert summary["first_loss"] == first_loss    # the run's, not the resumed attempt's
 
@@ -306,9 +311,11 @@ def test_retention_keeps_the_best_checkpoint_by_held_out_loss(tmp_path):
     checkpointer = Checkpointer(tmp_path / "checkpoints", max_to_keep=2)
     state = {"w": jax.numpy.ones(4)}
     for step, loss in [(1, None), (2, 1.0), (3, None), (4, 3.0), (5, 1e9), (6, None), (7, None)]:
-        checkpointer.save(step, state, {}, {}, metrics=None if loss is None else {"eval_loss": loss})
+        checkpointer.save(step, state, {}, {}, metrics=None if loss is None else {"eval_loss": loss},
+                          optimizer={"learning_rate": step / 10})
         checkpointer.wait()
     assert checkpointer.best_step() == 2
+    assert checkpointer.saved_optimizer(7) == {"learning_rate": 0.7}   # what a resume compares with
     checkpointer.close()
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [2, 6, 7]
 

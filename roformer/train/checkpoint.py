@@ -193,9 +193,10 @@ class Checkpointer:
             return None
 
     def save(self, step: int, state, data_state: dict, model_config: dict, *,
-             metrics: dict | None = None) -> None:
+             metrics: dict | None = None, optimizer: dict | None = None) -> None:
         """Start an async save (collective: every process calls it). `metrics` (the held-out
-        loss at this step, when evaluated) rank it for retention. On a nearly full disk the
+        loss at this step, when evaluated) rank it for retention; `optimizer` (the settings
+        the state was trained with) goes into the step's metadata. On a nearly full disk the
         save is waited for; a failure raises CheckpointSaveFailed."""
         self.wait()   # the previous save's outcome first (orbax would wait for it too)
         data_states = {f"process_{i}": s for i, s in enumerate(_allgather_json(data_state))}
@@ -204,7 +205,9 @@ class Checkpointer:
         self._begin(step, needed, free)
         try:
             # {} without an evaluation: ranked last (orbax warns about a save without metrics)
-            self.manager.save(step, force=True, metrics=metrics or {}, args=ocp.args.Composite(
+            self.manager.save(step, force=True, metrics=metrics or {},
+                              custom_metadata={"optimizer": optimizer} if optimizer else None,
+                              args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state),
                 data=ocp.args.JsonSave(data_states),
                 model_config=ocp.args.JsonSave(model_config)))
@@ -212,6 +215,13 @@ class Checkpointer:
                 self.manager.wait_until_finished()
         except Exception as error:  # noqa: BLE001 - any failed write stops the run, said once
             self._failed(error)
+
+    def saved_optimizer(self, step: int) -> dict | None:
+        """The optimizer settings saved with `step` (None for checkpoints that predate them)."""
+        try:
+            return dict(self.manager.metadata(step).custom_metadata.get("optimizer") or {}) or None
+        except Exception:  # noqa: BLE001 - unreadable metadata: nothing to compare with
+            return None
 
     def check(self) -> None:
         """Raise CheckpointSaveFailed if the last save failed; does not wait for one in flight.

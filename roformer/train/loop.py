@@ -163,7 +163,7 @@ def _train_phase(config, workdir: Path) -> dict:
             return finished
         if is_main:
             if checkpointer.latest_step() is not None:
-                _say_changed_optimizer(workdir, tc, checkpointer.latest_step())
+                _say_changed_optimizer(checkpointer, workdir, tc, checkpointer.latest_step())
             _write_run_files(workdir, config, model_cfg, data.tokenizer)
         # measured outside the mesh context: a CPU peak is timed on one local device
         peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
@@ -204,7 +204,8 @@ def _train_phase(config, workdir: Path) -> dict:
 
         def save(step: int) -> None:
             metrics = {"eval_loss": evaluated[step]} if step in evaluated else None
-            checkpointer.save(step, state, train_iter.get_state(), model_cfg.to_dict(), metrics=metrics)
+            checkpointer.save(step, state, train_iter.get_state(), model_cfg.to_dict(), metrics=metrics,
+                              optimizer=_optimizer_settings(tc))
 
         wall_start, step, preempted, last_eval = time.perf_counter(), start_step, False, {}
         if step == 0 and tc.init_from:   # the warm start's own held-out loss, before any update
@@ -251,18 +252,27 @@ def _write_run_files(workdir: Path, config, model_cfg: ModelConfig, tokenizer) -
     tokenizer.save(workdir)
 
 
-def _say_changed_optimizer(workdir: Path, tc: TrainConfig, step: int) -> None:
+def _optimizer_settings(tc: TrainConfig) -> dict:
+    """The optimizer settings a checkpoint's state was trained with (saved with it)."""
+    return {**{key: getattr(tc, key) for key in OPTIMIZER_KEYS}, "schedule_steps": tc.schedule_steps}
+
+
+def _say_changed_optimizer(checkpointer: Checkpointer, workdir: Path, tc: TrainConfig, step: int) -> None:
     """One warning line when a resume changes an optimizer or schedule setting the
-    checkpoint's run was trained with (config.json of that run); a phase declares its
-    own learning rate and warmup (train.phases), which this does not report."""
-    before = PretrainWorkdir(workdir).run_config().get("train") or {}
-    changes = [f"train.{key} {before[key]!r} -> {getattr(tc, key)!r}" for key in OPTIMIZER_KEYS
-               if key in before and before[key] != getattr(tc, key)]
-    if "steps" in before:
-        length = before.get("decay_steps") or before["steps"]
-        if length != tc.schedule_steps:
-            changes.append(f"learning-rate schedule length {length} -> {tc.schedule_steps} steps "
-                           "(train.decay_steps keeps it)")
+    checkpoint was trained with (saved with it; for older checkpoints, config.json of the
+    last attempt); a phase declares its own learning rate and warmup (train.phases),
+    which this does not report."""
+    before = checkpointer.saved_optimizer(step)
+    if before is None:
+        before = PretrainWorkdir(workdir).run_config().get("train") or {}
+        if "steps" in before:
+            before["schedule_steps"] = before.get("decay_steps") or before["steps"]
+    now = _optimizer_settings(tc)
+    changes = [f"train.{key} {before[key]!r} -> {now[key]!r}" for key in OPTIMIZER_KEYS
+               if key in before and before[key] != now[key]]
+    if before.get("schedule_steps", now["schedule_steps"]) != now["schedule_steps"]:
+        changes.append(f"learning-rate schedule length {before['schedule_steps']} -> {now['schedule_steps']} "
+                       "steps (train.decay_steps keeps it)")
     if changes:
         log.warning("resuming from step %d with changed optimizer settings: %s", step, "; ".join(changes))
 
