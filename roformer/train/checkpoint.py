@@ -203,14 +203,12 @@ class Checkpointer:
         needed = sum(leaf.nbytes for leaf in jax.tree.leaves(state) if hasattr(leaf, "nbytes"))
         free = shutil.disk_usage(self.directory).free
         self._begin(step, needed, free)
+        items = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_states),
+                                   model_config=ocp.args.JsonSave(model_config))
         try:
             # {} without an evaluation: ranked last (orbax warns about a save without metrics)
-            self.manager.save(step, force=True, metrics=metrics or {},
-                              custom_metadata={"optimizer": optimizer} if optimizer else None,
-                              args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                data=ocp.args.JsonSave(data_states),
-                model_config=ocp.args.JsonSave(model_config)))
+            self.manager.save(step, force=True, args=items, metrics=metrics or {},
+                              custom_metadata={"optimizer": optimizer} if optimizer else None)
             if free < self.NEARLY_FULL * needed:
                 self.manager.wait_until_finished()
         except Exception as error:  # noqa: BLE001 - any failed write stops the run, said once
@@ -249,12 +247,14 @@ class Checkpointer:
         _SAVE_ERRORS.pending -= 1 if pending else 0
         step = pending.get("step")
         self._remove_partial(step)
-        latest = self.latest_step()
+        latest, why = self.latest_step(), _why(error)
+        fix = "free some space" if why == "no space left on device" else "fix that"
         raise CheckpointSaveFailed(
-            f"could not save the checkpoint at step {step} in {self.directory}: {_why(error)} (it needs about "
+            f"could not save the checkpoint at step {step} in {self.directory}: {why} (it needs about "
             f"{_megabytes(pending.get('needed', 0))}; {_megabytes(pending.get('free', 0))} were free); stopping. "
-            + (f"The last good checkpoint is step {latest}; free some space and run the same command again "
-               "to resume from it" if latest is not None else "No checkpoint was saved before it")) from error
+            + (f"The last good checkpoint is step {latest}; {fix} and run the same command again to resume "
+               "from it" if latest is not None else f"No checkpoint was saved before it; {fix} and start again")
+        ) from error
 
     def _remove_partial(self, step: int | None) -> None:
         """Remove what the failed save of `step` left (orbax's temporary directory), so the
