@@ -4,10 +4,11 @@
   without a traceback. They are: a mistyped flag or config key (with a did-you-mean), a
   config file that does not exist, a value refused by the project's own checks (a
   `ValueError`, such as `GlueDataError`, thrown by a `raise` statement in roformer/ or
-  configs/), a missing input file (`FileNotFoundError`) and a workdir that cannot be
-  used (`WorkdirError`: in use by another run, a regular file, not creatable or not
-  writable). Anything else is a bug and keeps its traceback; `ROFORMER_TRACEBACK=1`
-  in the environment shows the traceback of user errors too.
+  configs/), a missing input file (`FileNotFoundError`), a workdir that cannot be used
+  (`WorkdirError`: in use by another run, a regular file, not creatable or not writable)
+  and a training run that stopped itself (`TrainingStopped`: its loss diverged, a
+  checkpoint could not be written). Anything else is a bug and keeps its traceback;
+  `ROFORMER_TRACEBACK=1` in the environment shows the traceback of user errors too.
 - **Logging:** the project's own progress lines (INFO of the `roformer` loggers) show;
   library INFO lines (jax, orbax, absl) do not, unless `--verbosity`/`-v` is given:
   0 shows INFO, 1 DEBUG, -1 warnings only (for every logger).
@@ -45,9 +46,11 @@ def is_user_error(error: BaseException) -> bool:
     """Whether `error` is the user's to fix (see the module doc); False means a bug."""
     from absl import app, flags
 
+    from roformer.train.guard import TrainingStopped
     from roformer.workdir_lock import WorkdirError
 
-    if isinstance(error, (UsageError, app.UsageError, flags.Error, WorkdirError, FileNotFoundError)):
+    if isinstance(error, (UsageError, app.UsageError, flags.Error, WorkdirError, FileNotFoundError,
+                          TrainingStopped)):
         return True
     return isinstance(error, ValueError) and _raised_by_project_check(error)
 

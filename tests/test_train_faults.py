@@ -1,8 +1,10 @@
 """Checkpoint/resume and fault handling of the pretraining loop.
 
-Exact resume after SIGTERM (save + exit 0) and SIGKILL, the non-finite-loss guard,
-fallback from a corrupt newest checkpoint, and refusal of a changed model config.
+Exact resume after SIGTERM (save + exit 0) and SIGKILL, the divergence guard (non-finite
+and finite), checkpoint retention, a full disk, fallback from a corrupt newest
+checkpoint, and refusal of a changed model config.
 """
+import errno
 import json
 import logging
 import os
@@ -21,6 +23,7 @@ import pytest
 from configs import tiny
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.checkpoint import Checkpointer
+from roformer.train.guard import CheckpointSaveFailed, TrainingDiverged
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 24
@@ -257,3 +260,97 @@ def test_rbg_dropout_keys_resume_exactly(finished_run, cache, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     first_loss = lambda workdir: next(r["loss"] for r in read_metrics(workdir) if "loss" in r)  # noqa: E731
     assert first_loss(straight) != first_loss(finished_run)   # same parameters, other masks
+
+
+def test_nan_before_the_first_checkpoint_says_so_on_one_line(tmp_path, cache):
+    with pytest.raises(TrainingDiverged) as error:
+        train_and_evaluate(make_config(cache, **{"train.debug_nan_step": 3, "train.steps": 4}), tmp_path / "run")
+    assert str(error.value) == ("training diverged at step 3: non-finite training loss nan; stopping. "
+                                "No checkpoint was saved before it; a new run starts from step 0")
+
+
+@pytest.mark.slow
+def test_finite_divergence_stops_on_one_line_and_keeps_the_last_good_checkpoint(tmp_path, cache, caplog):
+    """A finished 8-step run resumed with a learning rate 1e6 times larger: the loss stays
+    finite but explodes. The resume says the learning rate changed, the guard stops it on
+    one `error:` line naming the step and the last good checkpoint (8), later checkpoints
+    are moved aside so the same workdir resumes from 8, and the resumed run's summary
+    keeps the run's first loss and compares its settings with the checkpoint's (not with
+    those of the diverged attempt)."""
+    workdir = tmp_path / "run"
+    train_and_evaluate(make_config(cache, **{"train.steps": 8}), workdir)
+    first_loss = next(r["loss"] for r in read_metrics(workdir) if "loss" in r)
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
+    proc = subprocess.run(cli(workdir, cache, **{"train.steps": 16, "train.learning_rate": 1000.0,
+                                                  "train.checkpoint_every": 1}),
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert "resuming from step 8 with changed optimizer settings: train.learning_rate 0.001 -> 1000.0" in proc.stderr
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: training diverged at step "), error
+    assert f"The last good checkpoint is step 8 in {workdir}/checkpoints" in error
+    assert "train.divergence_factor=0 turns this check off" in error
+    stopped = int(error.split("at step ")[1].split(":")[0])
+    assert 10 <= stopped <= 13   # three logged steps after the first exploded one
+    assert latest_params(workdir)[0] == 8
+    assert all(int(p.name) > 8 for p in (workdir / "diverged_checkpoints").iterdir())
+
+    with caplog.at_level(logging.WARNING, logger="roformer.train"):
+        summary = train_and_evaluate(make_config(cache, **{"train.steps": 10}), workdir)
+    changed = [r.getMessage() for r in caplog.records if "changed optimizer settings" in r.getMessage()]
+    assert changed == ["resuming from step 8 with changed optimizer settings: learning-rate schedule length "
+                       "8 -> 10 steps (train.decay_steps keeps it)"]
+    assert summary["start_step"] == 8 and summary["final_step"] == 10
+    assert summary["first_loss"] == first_loss    # the run's, not the resumed attempt's
+
+
+def test_retention_keeps_the_best_checkpoint_by_held_out_loss(tmp_path):
+    """keep_checkpoints=2 keeps the two newest checkpoints and the one with the lowest held-out
+    loss, however old; checkpoints saved without an evaluation never count as the best."""
+    checkpointer = Checkpointer(tmp_path / "checkpoints", max_to_keep=2)
+    state = {"w": jax.numpy.ones(4)}
+    for step, loss in [(1, None), (2, 1.0), (3, None), (4, 3.0), (5, 1e9), (6, None), (7, None)]:
+        checkpointer.save(step, state, {}, {}, metrics=None if loss is None else {"eval_loss": loss},
+                          optimizer={"learning_rate": step / 10})
+        checkpointer.wait()
+    assert checkpointer.best_step() == 2
+    assert checkpointer.saved_optimizer(7) == {"learning_rate": 0.7}   # what a resume compares with
+    checkpointer.close()
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [2, 6, 7]
+
+
+@pytest.mark.parametrize("nearly_full", [False, True])
+def test_full_disk_stops_at_the_failing_save_on_one_line(tmp_path, cache, monkeypatch, caplog, nearly_full):
+    """The array writes of the step-8 checkpoint fail with ENOSPC: the run stops with one
+    CheckpointSaveFailed naming step 8, at that save (nearly full disk: the save is waited
+    for) or as soon as the background write has failed; orbax's own tracebacks are not
+    echoed, step 4 stays and no partial step-8 directory is left."""
+    from orbax.checkpoint._src.serialization import serialization
+
+    real_write = serialization.async_serialize_from_host
+
+    async def full_disk(rslices, tensorstore_spec, **kwargs):
+        if "/8.orbax-checkpoint-tmp" in json.dumps(tensorstore_spec, default=str):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return await real_write(rslices, tensorstore_spec, **kwargs)
+
+    monkeypatch.setattr(serialization, "async_serialize_from_host", full_disk)
+    if nearly_full:
+        real_usage = shutil.disk_usage
+        monkeypatch.setattr(shutil, "disk_usage", lambda path: real_usage(path)._replace(free=100_000))
+    workdir = tmp_path / "run"
+    with caplog.at_level(logging.INFO), pytest.raises(CheckpointSaveFailed) as error:
+        train_and_evaluate(make_config(cache, **{"train.steps": 16, "train.keep_checkpoints": 5}), workdir)
+    message = str(error.value)
+    assert message.startswith(f"could not save the checkpoint at step 8 in {workdir}/checkpoints: "
+                              "no space left on device (it needs about "), message
+    assert message.endswith("The last good checkpoint is step 4; free some space and run the same command "
+                            "again to resume from it")
+    assert "\n" not in message and isinstance(error.value, OSError)
+    stopped = max(r["step"] for r in read_metrics(workdir) if "loss" in r)
+    # nearly full: at the failing save; else at the first log row that finds it failed, at the
+    # latest when the next save (step 12) waits for it
+    assert (stopped == 8) if nearly_full else (8 <= stopped <= 12), stopped
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["4"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR and "orbax" in r.pathname]

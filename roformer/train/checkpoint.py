@@ -1,16 +1,23 @@
 """Orbax checkpoints of the training state, data-iterator state and model config.
 
-Layout: `workdir/checkpoints/<step>/{state,data,model_config}`. Saves are async and
-keep the last K; restore walks back from the newest step, so a corrupt or partial
-newest checkpoint is moved aside with a warning and the previous one is used; when
-none is readable, training starts from step 0 with a warning that says so.
+Layout: `workdir/checkpoints/<step>/{state,data,model_config[,metrics]}`. Saves are
+async and keep the last K, plus the one with the lowest held-out loss (`metrics`, saved
+with a checkpoint taken right after an evaluation), so a run that diverged cannot rotate
+its best checkpoint away. A save that fails (a full disk) stops the run at that save, or
+at the first log row after it, with one line; its partial step directory is removed.
+Restore walks back from the newest step, so a corrupt or partial newest checkpoint is
+moved aside with a warning and the previous one is used; when none is readable,
+training starts from step 0 with a warning that says so.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import math
 import shutil
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +25,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
+
+from roformer.train.guard import CheckpointSaveFailed
 
 log = logging.getLogger("roformer.train")
 
@@ -100,26 +109,164 @@ def _quiet_failed_restores() -> None:
     sys.unraisablehook = hook
 
 
+class _PendingSaveErrors(logging.Filter):
+    """Drops orbax's own ERROR logs (tracebacks from its background threads) while a save
+    of ours is pending: `Checkpointer` reports that save's failure itself, on one line."""
+
+    def __init__(self):
+        super().__init__()
+        self.pending = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.pending and record.levelno >= logging.ERROR and "orbax/checkpoint" in record.pathname)
+
+
+_SAVE_ERRORS = _PendingSaveErrors()
+_SAVE_ERRORS_LOCK = threading.Lock()
+
+
+def _install_save_error_filter() -> None:
+    absl_log = logging.getLogger("absl")   # orbax logs through absl
+    with _SAVE_ERRORS_LOCK:
+        if _SAVE_ERRORS not in absl_log.filters:
+            absl_log.addFilter(_SAVE_ERRORS)
+
+
+def _eval_loss(metrics) -> float:
+    """Rank of a checkpoint's metrics for retention: its held-out loss (lower is better)."""
+    loss = float((metrics or {}).get("eval_loss", math.inf))
+    return loss if math.isfinite(loss) else math.inf
+
+
+def _why(error: BaseException) -> str:
+    """A failed save's cause in a few words: 'no space left on device', else the first
+    line of the innermost error."""
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    for item in chain:
+        if getattr(item, "errno", None) == errno.ENOSPC or "No space left on device" in str(item) \
+                or f"os_error_code='{errno.ENOSPC}'" in str(item):
+            return "no space left on device"
+    innermost = chain[-1]
+    first = (str(innermost).strip().splitlines() or [""])[0][:300]
+    return f"{type(innermost).__name__}: {first}" if first else type(innermost).__name__
+
+
+def _megabytes(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
 class Checkpointer:
     """Thin wrapper over `ocp.CheckpointManager` for this training loop."""
 
+    # A save with less free space than this many times its size is waited for, so that a
+    # full disk stops the run at the save that hit it.
+    NEARLY_FULL = 2.0
+
     def __init__(self, directory: str | Path, *, max_to_keep: int, async_save: bool = True):
         self.directory = Path(directory).resolve()
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                               enable_async_checkpointing=async_save)
+        CM = ocp.checkpoint_managers
+        # The newest `max_to_keep`, and the lowest held-out loss among those saved with one.
+        retention = CM.AnyPreservationPolicy([
+            CM.LatestN(n=max_to_keep),
+            CM.BestN(get_metric_fn=_eval_loss, reverse=True, n=1, keep_checkpoints_without_metrics=False)])
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=retention, best_fn=_eval_loss, best_mode="min",   # best_fn: metrics are saved
+            create=True, enable_async_checkpointing=async_save)
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
         self._closed = False
+        self._pending: dict | None = None   # the save in flight: step, bytes, free space
+        _install_save_error_filter()
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, step: int, state, data_state: dict, model_config: dict) -> None:
-        """Start an async save (collective: every process calls it)."""
+    def best_step(self) -> int | None:
+        """The checkpoint with the lowest held-out loss among those saved with one."""
+        try:
+            step = self.manager.best_step()
+            return step if step is not None and _eval_loss(self.manager.metrics(step)) < math.inf else None
+        except Exception:  # noqa: BLE001 - an unreadable metrics file ranks nothing
+            return None
+
+    def save(self, step: int, state, data_state: dict, model_config: dict, *,
+             metrics: dict | None = None, optimizer: dict | None = None) -> None:
+        """Start an async save (collective: every process calls it). `metrics` (the held-out
+        loss at this step, when evaluated) rank it for retention; `optimizer` (the settings
+        the state was trained with) goes into the step's metadata. On a nearly full disk the
+        save is waited for; a failure raises CheckpointSaveFailed."""
+        self.wait()   # the previous save's outcome first (orbax would wait for it too)
         data_states = {f"process_{i}": s for i, s in enumerate(_allgather_json(data_state))}
-        self.manager.save(step, force=True, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
-            data=ocp.args.JsonSave(data_states),
-            model_config=ocp.args.JsonSave(model_config)))
+        needed = sum(leaf.nbytes for leaf in jax.tree.leaves(state) if hasattr(leaf, "nbytes"))
+        free = shutil.disk_usage(self.directory).free
+        self._begin(step, needed, free)
+        items = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_states),
+                                   model_config=ocp.args.JsonSave(model_config))
+        try:
+            # {} without an evaluation: ranked last (orbax warns about a save without metrics)
+            self.manager.save(step, force=True, args=items, metrics=metrics or {},
+                              custom_metadata={"optimizer": optimizer} if optimizer else None)
+            if free < self.NEARLY_FULL * needed:
+                self.manager.wait_until_finished()
+        except Exception as error:  # noqa: BLE001 - any failed write stops the run, said once
+            self._failed(error)
+
+    def saved_optimizer(self, step: int) -> dict | None:
+        """The optimizer settings saved with `step` (None for checkpoints that predate them)."""
+        try:
+            return dict(self.manager.metadata(step).custom_metadata.get("optimizer") or {}) or None
+        except Exception:  # noqa: BLE001 - unreadable metadata: nothing to compare with
+            return None
+
+    def check(self) -> None:
+        """Raise CheckpointSaveFailed if the last save failed; does not wait for one in flight.
+        (One process only: processes could see the save's end at different times, and a
+        multi-process run learns of a failure at its next save.)"""
+        if self._pending is None or jax.process_count() > 1 or self.manager.is_saving_in_progress():
+            return
+        try:
+            self.manager.wait_until_finished()   # finished: returns at once, or raises its error
+        except Exception as error:  # noqa: BLE001
+            self._failed(error)
+        self._end()
+
+    def _begin(self, step: int, needed: int, free: int) -> None:
+        self._pending = {"step": step, "needed": needed, "free": free}
+        _SAVE_ERRORS.pending += 1
+
+    def _end(self) -> None:
+        if self._pending is not None:
+            self._pending = None
+            _SAVE_ERRORS.pending -= 1
+
+    def _failed(self, error: Exception) -> None:
+        pending, self._pending = self._pending or {}, None
+        _SAVE_ERRORS.pending -= 1 if pending else 0
+        step = pending.get("step")
+        self._remove_partial(step)
+        latest, why = self.latest_step(), _why(error)
+        fix = "free some space" if why == "no space left on device" else "fix that"
+        raise CheckpointSaveFailed(
+            f"could not save the checkpoint at step {step} in {self.directory}: {why} (it needs about "
+            f"{_megabytes(pending.get('needed', 0))}; {_megabytes(pending.get('free', 0))} were free); stopping. "
+            + (f"The last good checkpoint is step {latest}; {fix} and run the same command again to resume "
+               "from it" if latest is not None else f"No checkpoint was saved before it; {fix} and start again")
+        ) from error
+
+    def _remove_partial(self, step: int | None) -> None:
+        """Remove what the failed save of `step` left (orbax's temporary directory), so the
+        next run neither trips on it nor counts it as a checkpoint."""
+        if step is None or jax.process_index() != 0:
+            return
+        for path in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+            shutil.rmtree(path, ignore_errors=True)
+        finished = self.directory / str(step)
+        if finished.exists() and step not in self.manager.all_steps():
+            shutil.rmtree(finished, ignore_errors=True)
+        self.manager.reload()
 
     def saved_model_config(self) -> dict | None:
         """Model config of the newest readable checkpoint, or None when there is none."""
@@ -159,25 +306,47 @@ class Checkpointer:
         log.warning("checkpoint at step %d in %s is unreadable (%s: %s); moving it to %s%s", step,
                     self.directory, type(error).__name__, str(error).splitlines()[0][:200], aside,
                     "" if next_step is None else f" and trying step {next_step}")
+        self.set_aside([step], "corrupt_checkpoints")
+
+    def set_aside(self, steps: list[int], folder: str) -> Path:
+        """Move the checkpoints of `steps` to `workdir/<folder>/<step>` (collective), so the
+        next run resumes from an earlier one; returns that folder."""
+        aside = self.directory.parent / folder
         if jax.process_index() == 0:
-            aside.parent.mkdir(parents=True, exist_ok=True)
-            if aside.exists():
-                shutil.rmtree(aside)
-            shutil.move(str(self.directory / str(step)), str(aside))
+            for step in steps:
+                aside.mkdir(parents=True, exist_ok=True)
+                if (aside / str(step)).exists():
+                    shutil.rmtree(aside / str(step))
+                shutil.move(str(self.directory / str(step)), str(aside / str(step)))
         if jax.process_count() > 1:
-            multihost_utils.sync_global_devices(f"roformer_move_aside_{step}")
+            multihost_utils.sync_global_devices(f"roformer_set_aside_{folder}_{'_'.join(map(str, steps))}")
         self.manager.reload()
+        return aside
+
+    def steps_after(self, step: int) -> list[int]:
+        return [s for s in self.manager.all_steps() if s > step]
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Wait for the save in flight; CheckpointSaveFailed if it failed."""
+        if self._pending is None:
+            self.manager.wait_until_finished()
+            return
+        try:
+            self.manager.wait_until_finished()
+        except Exception as error:  # noqa: BLE001
+            self._failed(error)
+        self._end()
 
     def close(self) -> None:
-        """Waits for pending saves and stops orbax's background workers; safe to call twice."""
+        """Waits for pending saves and stops orbax's background workers; safe to call twice.
+        A save that failed in the meantime is reported (CheckpointSaveFailed)."""
         if self._closed:
             return
         self._closed = True
-        self.manager.wait_until_finished()
-        self.manager.close()
+        try:
+            self.wait()
+        finally:
+            self.manager.close()
 
 
 # --------------------------------------------------------------------------- reading a run

@@ -13,6 +13,8 @@ import math
 # Keys earlier versions had in the `train` section -> the key that replaced them. They stay
 # in the section as unset placeholders, so `--config.train.<old>=...` reaches the refusal.
 RETIRED_KEYS = {"dtype": "model.dtype"}
+# The optimizer's settings: a resume that changes one says so (roformer.train.loop).
+OPTIMIZER_KEYS = ("learning_rate", "warmup_steps", "decay", "weight_decay", "b1", "b2", "eps", "clip_norm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,11 +49,17 @@ class TrainConfig:
     eval_attention_stats: bool = True   # also log each head's mean attention distance and the hidden
                                      # states' cosine similarity across positions (roformer.attention_stats)
     checkpoint_every: int = 2_000
-    keep_checkpoints: int = 3
+    keep_checkpoints: int = 3        # the newest; the one with the lowest held-out loss stays too
     async_checkpoints: bool = True
     peak_flops_per_device: float = 0.0   # 0 -> table (TPU/GPU) or a measured matmul peak (CPU)
     progress_bar: bool = True
     debug_nan_step: int = -1         # testing aid: poison the loss at this step
+    # The divergence guard (roformer.train.guard, docs/pretraining.md): after warmup, a logged
+    # loss above factor x the median of the last `window` logged losses for `patience` logs in
+    # a row, or a held-out loss above factor x the best one, stops the run. 0 turns it off.
+    divergence_factor: float = 3.0
+    divergence_patience: int = 3
+    divergence_window: int = 20
 
     @classmethod
     def from_section(cls, section) -> "TrainConfig":

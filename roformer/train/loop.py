@@ -1,7 +1,8 @@
 """`train_and_evaluate(config, workdir)`: the MLM pretraining loop.
 
 Owns the run: mesh, sharded state, data iterator, jitted steps, evaluation,
-logging, checkpoints, resume, preemption (SIGTERM) and the non-finite-loss guard.
+logging, checkpoints, resume, preemption (SIGTERM) and the divergence guard (a
+non-finite loss, or a finite one far above its recent level: roformer.train.guard).
 """
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ from tqdm.auto import tqdm
 from roformer import attention_stats
 from roformer.model import ModelConfig
 from roformer.train import flops, sharding, steps, warm_start
-from roformer.train.checkpoint import CHECKPOINTS, Checkpointer, PretrainWorkdir
-from roformer.train.config import TrainConfig, parse_phases, phase_schedule_factors
+from roformer.train.checkpoint import CHECKPOINTS, Checkpointer, PretrainWorkdir, _allgather_json
+from roformer.train.config import OPTIMIZER_KEYS, TrainConfig, parse_phases, phase_schedule_factors
 from roformer.train.distributed import initialize_distributed
-from roformer.train.metrics import MetricsWriter, ThroughputTimer
+from roformer.train.guard import DivergenceGuard, TrainingDiverged
+from roformer.train.metrics import MetricsWriter, ThroughputTimer, read_metrics
 from roformer.train.optim import make_optimizer
 from roformer.train.state import TrainSetup
 from roformer.workdir_lock import workdir_lock
@@ -169,6 +171,8 @@ def _train_phase(config, workdir: Path) -> dict:
                      workdir, finished["final_step"], tc.steps)
             return finished
         if is_main:
+            if checkpointer.latest_step() is not None:
+                _say_changed_optimizer(checkpointer, workdir, tc, checkpointer.latest_step())
             _write_run_files(workdir, config, model_cfg, data.tokenizer)
         # measured outside the mesh context: a CPU peak is timed on one local device
         peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
@@ -192,8 +196,14 @@ def _train_phase(config, workdir: Path) -> dict:
                                                 num_predictions=data.masker.max_predictions)
         timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,
                                 peak_flops=peak_flops, num_devices=jax.device_count())
-        train_log = TrainLog(writer, timer, bar, checkpointer,
+        logged = _logged_history(workdir, start_step, tc.divergence_window) if is_main else None
+        logged = logged if jax.process_count() == 1 else _allgather_json(logged)[0]   # one guard everywhere
+        guard = DivergenceGuard(tc.divergence_factor, tc.divergence_patience, tc.divergence_window,
+                                after_step=tc.warmup_steps, history=logged["losses"], best_eval=logged["best_eval"],
+                                last_good_step=start_step, last_good_eval_step=start_step, resumed_step=start_step)
+        train_log = TrainLog(writer, timer, bar, checkpointer, guard, first_loss=logged["first_loss"],
                              mark={"phase": train_iter.phase, "seq_len": tc.seq_len})   # on every metrics row
+        evaluated: dict = {}   # step -> held-out loss, for the checkpoint saved at that step
 
         def evaluate(step: int) -> dict:
             row = _evaluate(eval_step, state["params"], rest, eval_batches)
@@ -201,10 +211,17 @@ def _train_phase(config, workdir: Path) -> dict:
                 row.update(attention_stats.as_metrics(jax.device_get(
                     stats_step(state["params"], rest, eval_batches[""][0]))))
             train_log.write(step, row)
+            evaluated.update({step: row["eval_loss"]})
+            reason = guard.check_eval(step, row["eval_loss"])
+            if reason:
+                train_log.stop(reason, step, min(guard.last_good_eval_step, guard.good_checkpoint_step()),
+                               guard_check=math.isfinite(row["eval_loss"]))
             return row
 
         def save(step: int) -> None:
-            checkpointer.save(step, state, train_iter.get_state(), model_cfg.to_dict())
+            metrics = {"eval_loss": evaluated[step]} if step in evaluated else None
+            checkpointer.save(step, state, train_iter.get_state(), model_cfg.to_dict(), metrics=metrics,
+                              optimizer=_optimizer_settings(tc))
 
         wall_start, step, preempted, last_eval = time.perf_counter(), start_step, False, {}
         if step == 0 and tc.init_from:   # the warm start's own held-out loss, before any update
@@ -224,12 +241,14 @@ def _train_phase(config, workdir: Path) -> dict:
             with timer.paused():
                 if step % tc.eval_every == 0 or step == tc.steps:
                     last_eval = evaluate(step)
-                if checkpoint_due:
+                if checkpoint_due and guard.suspicious and step < tc.steps:
+                    log.warning("step %d: checkpoint postponed while the training loss is out of range", step)
+                elif checkpoint_due:
                     save(step)
         if not preempted and step == start_step:   # nothing left to train: report eval only
             last_eval = evaluate(step)
 
-    summary = {
+    summary = {   # first_loss: the run's, also after a resume (read back from metrics.jsonl)
         "workdir": str(workdir), "final_step": int(step), "start_step": int(start_step),
         "preempted": preempted, "first_loss": train_log.first_loss, "final_loss": train_log.last_loss,
         **last_eval, **timer.medians(), "wall_time_s": time.perf_counter() - wall_start,
@@ -247,6 +266,42 @@ def _write_run_files(workdir: Path, config, model_cfg: ModelConfig, tokenizer) -
     (workdir / "config.json").write_text(json.dumps(
         {**config.to_dict(), "resolved_model": model_cfg.to_dict()}, indent=2, default=str))
     tokenizer.save(workdir)
+
+
+def _optimizer_settings(tc: TrainConfig) -> dict:
+    """The optimizer settings a checkpoint's state was trained with (saved with it)."""
+    return {**{key: getattr(tc, key) for key in OPTIMIZER_KEYS}, "schedule_steps": tc.schedule_steps}
+
+
+def _say_changed_optimizer(checkpointer: Checkpointer, workdir: Path, tc: TrainConfig, step: int) -> None:
+    """One warning line when a resume changes an optimizer or schedule setting the
+    checkpoint was trained with (saved with it; for older checkpoints, config.json of the
+    last attempt); a phase declares its own learning rate and warmup (train.phases),
+    which this does not report."""
+    before = checkpointer.saved_optimizer(step)
+    if before is None:
+        before = PretrainWorkdir(workdir).run_config().get("train") or {}
+        if "steps" in before:
+            before["schedule_steps"] = before.get("decay_steps") or before["steps"]
+    now = _optimizer_settings(tc)
+    changes = [f"train.{key} {before[key]!r} -> {now[key]!r}" for key in OPTIMIZER_KEYS
+               if key in before and before[key] != now[key]]
+    if before.get("schedule_steps", now["schedule_steps"]) != now["schedule_steps"]:
+        changes.append(f"learning-rate schedule length {before['schedule_steps']} -> {now['schedule_steps']} "
+                       "steps (train.decay_steps keeps it)")
+    if changes:
+        log.warning("resuming from step %d with changed optimizer settings: %s", step, "; ".join(changes))
+
+
+def _logged_history(workdir: Path, start_step: int, window: int) -> dict:
+    """What metrics.jsonl says about the run before `start_step`: its last `window` training
+    losses and best held-out loss (the divergence guard's reference) and its first loss."""
+    rows = [r for r in read_metrics(workdir) if r.get("step", 0) <= start_step]
+    losses = [float(r["loss"]) for r in rows if isinstance(r.get("loss"), (int, float))]
+    evals = [float(r["eval_loss"]) for r in rows if isinstance(r.get("eval_loss"), (int, float))]
+    finite = [x for x in losses if math.isfinite(x)]
+    return {"losses": finite[-window:], "first_loss": losses[0] if losses else None,
+            "best_eval": min((x for x in evals if math.isfinite(x)), default=None)}
 
 
 def _write_summary(workdir: Path, summary: dict) -> None:
@@ -333,10 +388,11 @@ class TrainLog:
     the throughput and the phase mark."""
 
     def __init__(self, writer: MetricsWriter, timer: ThroughputTimer, bar, checkpointer: Checkpointer,
-                 *, mark: dict):
+                 guard: DivergenceGuard, *, mark: dict, first_loss: float | None = None):
         self.writer, self.timer, self.bar, self.checkpointer, self.mark = writer, timer, bar, checkpointer, mark
+        self.guard = guard
         self.pending: list[tuple[int, dict]] = []
-        self.first_loss: float | None = None
+        self.first_loss: float | None = first_loss   # the run's, when resumed
         self.last_loss: float | None = None
 
     def add(self, step: int, metrics: dict) -> None:
@@ -354,13 +410,39 @@ class TrainLog:
         self.pending.clear()
         for s, m in fetched:
             if not math.isfinite(float(m["loss"])):
-                self.checkpointer.wait()
-                raise FloatingPointError(
-                    f"non-finite training loss {float(m['loss'])} at step {s}; stopping. The last good "
-                    f"checkpoint is step {self.checkpointer.latest_step()} in {self.checkpointer.directory}")
+                # the loss at step s is that of the parameters after step s - 1
+                self.stop(f"non-finite training loss {float(m['loss'])}", s,
+                          min(self.guard.good_checkpoint_step(), s - 2))
         row = {name: float(np.mean([m[name] for _, m in fetched])) for name in ("loss", "mlm_accuracy", "grad_norm")}
         row["learning_rate"] = float(fetched[-1][1]["learning_rate"])
         self.write(step, {**row, **self.timer.read()})
+        self.checkpointer.check()   # a save that failed since the last row stops the run here
+        reason = self.guard.check_loss(step, row["loss"], [(s, float(m["loss"])) for s, m in fetched])
+        if reason:
+            self.stop(reason, step, self.guard.good_checkpoint_step(), guard_check=True)
+        if self.guard.suspicious:
+            log.warning("step %d: training loss %.4g is above %g x its recent median (%d of "
+                        "train.divergence_patience=%d)", step, row["loss"], self.guard.factor, self.guard.strikes,
+                        self.guard.patience)
         self.first_loss = self.first_loss if self.first_loss is not None else row["loss"]
         self.last_loss = row["loss"]
         self.bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['mlm_accuracy']:.3f}")
+
+    def stop(self, reason: str, step: int, good_step: int, *, guard_check: bool = False) -> None:
+        """Stop the run for a diverged loss: checkpoints saved after `good_step` (the newest
+        step whose loss was in range) are moved to diverged_checkpoints/, so the same
+        command resumes from the last good one; raises TrainingDiverged, one line."""
+        self.bar.close()
+        self.checkpointer.wait()
+        later = self.checkpointer.steps_after(good_step)
+        aside = self.checkpointer.set_aside(later, "diverged_checkpoints") if later else None
+        latest, best = self.checkpointer.latest_step(), self.checkpointer.best_step()
+        if latest is None:
+            where = "No checkpoint was saved before it; a new run starts from step 0"
+        else:
+            where = (f"The last good checkpoint is step {latest} in {self.checkpointer.directory}"
+                     + (f" (later ones moved to {aside})" if aside else "")
+                     + (f"; the lowest held-out loss is step {best}'s" if best not in (None, latest) else "")
+                     + "; the same command resumes from it, e.g. with a lower train.learning_rate")
+        off = " (train.divergence_factor=0 turns this check off)" if guard_check else ""
+        raise TrainingDiverged(f"training diverged at step {step}: {reason}; stopping. {where}{off}")
