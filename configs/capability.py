@@ -20,10 +20,11 @@ def get_config(arg=None):
     c.threshold = 0.8                   # accuracy every order-aware scheme must reach
     c.seed = 0                          # the world's rules, the corpus, initialisation, data order
     corpus = c.corpus = ml_collections.ConfigDict()
-    corpus.num_symbols = 64             # keys, values and direction symbols: 64 of each
-    corpus.num_fillers = 64
+    corpus.num_symbols = 16             # keys, values and direction symbols: 16 of each
+    corpus.num_fillers = 16
     corpus.pairs_per_doc = 8            # `none` can be right at most 1/8 of the time on pairs
     corpus.max_filler = 24              # filler words on each side of `x q y`: 0..24, independently
+    corpus.direction_per_pairs = 1      # direction documents after each pairs document
     corpus.train_docs = 24_000
     corpus.probe_docs = 500             # held-out documents per task
     pre = c.pretrain

@@ -38,8 +38,8 @@ def test_documents_follow_the_rules_and_name_their_probe_slots():
                 assert words[slot] == f"v{world.pair_map[key]}"
         else:
             x, y = slots
-            assert words[x + 1] == "q" and words[y] == f"d{world.cycle[int(words[x][1:])]}"
-            assert all(w.startswith("w") for i, w in enumerate(words) if i not in (x, x + 1, y))
+            assert y == x + 1 and words[y] == f"d{world.cycle[int(words[x][1:])]}"
+            assert all(w.startswith("w") for i, w in enumerate(words) if i not in (x, y))
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +56,16 @@ def test_probes_mask_every_value_of_a_pairs_document_and_one_end_of_each_directi
     assert (pairs["input_ids"] == tokenizer.mask_id).sum(axis=1).tolist() == [config.corpus.pairs_per_doc] * len(
         pairs["input_ids"])
     assert (direction["input_ids"] == tokenizer.mask_id).sum(axis=1).tolist() == [1] * len(direction["input_ids"])
-    q = tokenizer.encode_ids(["q"])[0][0]
+    world = capability.World.draw(config.seed, config.corpus.num_symbols, config.corpus.num_fillers)
+    d = {tokenizer.encode_ids([f"d{i}"])[0][0]: i for i in range(config.corpus.num_symbols)}
     slots = direction["masked_positions"][:, 0]
     rows = np.arange(len(slots))
-    # Even documents mask x (q follows it), odd ones y (q precedes it).
-    assert np.all(direction["input_ids"][rows[::2], slots[::2] + 1] == q)
-    assert np.all(direction["input_ids"][rows[1::2], slots[1::2] - 1] == q)
+    # Even documents mask x (its answer's image g(x) follows), odd ones y (g^-1(y) precedes).
+    answers = [d[a] for a in direction["answers"][:, 0]]
+    right = [d[t] for t in direction["input_ids"][rows[::2], slots[::2] + 1]]
+    left = [d[t] for t in direction["input_ids"][rows[1::2], slots[1::2] - 1]]
+    assert right == [world.cycle[a] for a in answers[::2]]
+    assert [world.cycle[t] for t in left] == answers[1::2]
 
 
 def test_a_model_without_positions_cannot_beat_one_in_n_on_pairs(probe_setup):
