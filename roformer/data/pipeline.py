@@ -271,8 +271,16 @@ def resolve_tokenizer(data: DataConfig, source: TextSource, cache_dir: Path, *,
         return load_tokenizer(data.vocab, lowercase=data.lowercase)
     key = sha256_json([source.fingerprint(), data.vocab_size, data.lowercase])[:20]
     directory = cache_dir / "tokenizers" / f"{source.name}-{key}"
-    if (directory / "tokenizer.json").is_file():
-        return WordPieceTokenizer.from_tokenizer_json(directory / "tokenizer.json")
+    if not (directory / "tokenizer.json").is_file():
+        # one run trains it, others sharing the cache wait and read it (training is not
+        # deterministic: they must not each keep their own)
+        with shards_lib.build_lock(directory):
+            if not (directory / "tokenizer.json").is_file():
+                _train_tokenizer(data, source, directory, show_progress)
+    return WordPieceTokenizer.from_tokenizer_json(directory / "tokenizer.json")
+
+
+def _train_tokenizer(data: DataConfig, source: TextSource, directory: Path, show_progress: bool) -> None:
     log.info("training a %d-token WordPiece vocabulary on %s", data.vocab_size, source)
     tokenizer = WordPieceTokenizer.train(source.documents(), vocab_size=data.vocab_size, lowercase=data.lowercase,
                                          show_progress=show_progress)
@@ -280,9 +288,8 @@ def resolve_tokenizer(data: DataConfig, source: TextSource, cache_dir: Path, *,
     tokenizer.save(staging)
     try:
         os.replace(staging, directory)
-    except OSError:  # another process finished first: use theirs, so all share one vocabulary
+    except OSError:  # another process finished first (a cache where flock is refused): use theirs
         shutil.rmtree(staging, ignore_errors=True)
-    return WordPieceTokenizer.from_tokenizer_json(directory / "tokenizer.json")
 
 
 def cache_directory(data: DataConfig) -> Path:
