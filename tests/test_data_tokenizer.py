@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from conftest import needs_transformers
 from roformer.data.__main__ import tokenizer_main
 from roformer.data.sources import FilesSource
 from roformer.data.tokenizer import SPECIAL_TOKENS, WordPieceTokenizer, load_tokenizer
@@ -29,6 +30,7 @@ def ours(bert_vocab):
     return WordPieceTokenizer.from_vocab_file(bert_vocab)
 
 
+@needs_transformers
 def test_ids_equal_bert_tokenizer_fast_on_wikipedia(ours, bert_vocab, wiki_lines):
     from transformers import BertTokenizerFast
 
@@ -48,6 +50,7 @@ def test_ids_equal_bert_tokenizer_fast_on_wikipedia(ours, bert_vocab, wiki_lines
     assert [e.type_ids for e in encodings] == pair["token_type_ids"]
 
 
+@needs_transformers
 def test_ids_equal_pure_python_bert_tokenizer(ours, bert_vocab, wiki_lines):
     """An independent implementation: transformers' original Python BasicTokenizer + WordPiece."""
     from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
@@ -92,10 +95,11 @@ def test_duplicate_vocab_line_keeps_ids_equal_to_line_numbers(duplicate_vocab, o
     assert load_tokenizer(str(tmp_path / "saved")).encode_ids(lines) == dup.encode_ids(lines)
 
 
+@needs_transformers
 def test_duplicate_vocab_line_ids_equal_transformers(duplicate_vocab, wiki_lines):
-    transformers = pytest.importorskip("transformers")
+    from transformers import BertTokenizer
 
-    reference = transformers.BertTokenizer(vocab=str(duplicate_vocab))
+    reference = BertTokenizer(vocab=str(duplicate_vocab))
     dup = WordPieceTokenizer.from_vocab_file(duplicate_vocab)
     lines = ["the city of london knight", *wiki_lines[:500]]
     assert reference("the city of london knight")["input_ids"] == [101, 2050, 2103, 1997, 2414, 5000, 102]

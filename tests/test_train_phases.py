@@ -16,6 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from conftest import needs_torch, needs_transformers
 from configs import bert_staged, tiny
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.config import Phase, parse_phases
@@ -172,6 +173,8 @@ def test_warm_start_from_a_converted_checkpoint_begins_at_its_held_out_loss(tmp_
     assert start["eval_loss"] == pytest.approx(summary["eval_loss"], rel=1e-5)
 
 
+@needs_torch
+@needs_transformers
 @pytest.mark.slow
 def test_warm_start_from_an_hf_directory_begins_at_its_held_out_loss(tmp_path, cache, two_phase_run):
     import torch
