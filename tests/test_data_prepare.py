@@ -230,7 +230,7 @@ def test_two_runs_sharing_a_fresh_cache_build_each_entry_once(small_corpus, tmp_
     cache, marks = tmp_path / "cache", tmp_path / "marks"
     marks.mkdir()
     vocab = str(shared_data / "vocab" / "bert-base-uncased-vocab.txt") if given_vocab else ""
-    first = start_run(small_corpus, cache, marks, train_hold=3, encode_hold=3, vocab=vocab)
+    first = start_run(small_corpus, cache, marks, train_hold=5, encode_hold=5, vocab=vocab)
     wait_for_marker(marks, "encode" if given_vocab else "train", first)
     second = start_run(small_corpus, cache, marks, vocab=vocab)
     (first_ids, _), (second_ids, second_log) = finish(first), finish(second)
