@@ -12,7 +12,20 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
 
+import importlib.util  # noqa: E402
+
 import pytest  # noqa: E402
+
+
+def _needs(module: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None,
+                              reason=f"needs {module} (a parity reference: pip install -e '.[dev]')")
+
+
+# The parity references come with the `dev` extra, not the `test` extra (CI's pass on the
+# newest Python has no torch build to install): only the tests that use them skip without them.
+needs_torch = _needs("torch")
+needs_transformers = _needs("transformers")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The shared data lives beside the project (../shared/data); users can point

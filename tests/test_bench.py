@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import needs_torch, needs_transformers
 from roformer import host_memory, rope
 from roformer.bench import __main__ as bench_main
 from roformer.bench import rope as rope_bench
@@ -199,6 +200,8 @@ def test_early_returns_names_matmuls_traced_faster_than_the_probe():
     assert early_returns({"slow": 100.0}, program, probe_gflops=200.0) == []
 
 
+@needs_torch
+@needs_transformers
 def test_hf_bench_with_torch_compile_and_an_unavailable_flax_port(tmp_path, capsys):
     """Ours vs HF torch eager and torch.compile (the aot_eager backend: the same dynamo and
     autograd capture as inductor, without its C++ build, which takes minutes on a CPU),
@@ -227,6 +230,8 @@ def test_hf_bench_with_torch_compile_and_an_unavailable_flax_port(tmp_path, caps
         assert result["versions"][name]["torch_threads"] >= 1
 
 
+@needs_torch
+@needs_transformers
 def test_hf_bench_can_keep_the_torch_peer_in_this_process(tmp_path):
     result = run_bench(tmp_path, "hf", "--shapes", "tiny/16/2", "--vocab-size", "64", "--rounds", "1",
                        "--iters", "1", "--peak-size", "128", "--peers", "hf_torch", "--torch-process", "this")
@@ -235,6 +240,8 @@ def test_hf_bench_can_keep_the_torch_peer_in_this_process(tmp_path):
     assert "hf_torch" not in result["versions"] and result["versions"]["torch_threads"] >= 1
 
 
+@needs_torch
+@needs_transformers
 def test_a_torch_peer_process_that_fails_to_build_is_reported(tmp_path):
     """A peer process whose build fails (here: an unknown size preset in its request) is
     reported with the end of its stderr, as a peer that is not available."""

@@ -11,19 +11,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import transformers
 from flax import nnx
 
+from conftest import needs_torch, needs_transformers
 from roformer import convert
 from roformer.model import ModelConfig, RoFormerForMaskedLM, RoFormerModel
 from roformer.train.checkpoint import Checkpointer
+
+try:   # the parity references (the dev extra); without them only the tests that use them skip
+    import torch
+    import transformers
+except ImportError:
+    torch = transformers = None
 
 TOL = 1e-4  # max abs difference allowed, float32
 VOCAB = 99
 
 
-def hf_config(rotary_value: bool, **extra) -> transformers.RoFormerConfig:
+def hf_config(rotary_value: bool, **extra) -> "transformers.RoFormerConfig":
     return transformers.RoFormerConfig(**{
         "vocab_size": VOCAB, "embedding_size": 24, "hidden_size": 32, "num_hidden_layers": 2,
         "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64,
@@ -90,6 +95,8 @@ def assert_close(ours, theirs, batch):
     assert max_diff(ours[1], theirs[1], mask) < TOL
 
 
+@needs_torch
+@needs_transformers
 @pytest.mark.parametrize("rotary_value", [False, True])
 @pytest.mark.parametrize("rope_layout", ["interleaved", "half"])
 def test_hf_to_ours_masked_lm_parity(tmp_path, batch, rotary_value, rope_layout):
@@ -102,6 +109,8 @@ def test_hf_to_ours_masked_lm_parity(tmp_path, batch, rotary_value, rope_layout)
     assert_close(our_outputs(ours, batch), hf_outputs(hf, batch), batch)
 
 
+@needs_torch
+@needs_transformers
 @pytest.mark.parametrize("rotary_value", [False, True])
 def test_ours_to_hf_masked_lm_parity(tmp_path, batch, rotary_value):
     config = ModelConfig(vocab_size=VOCAB, hidden_size=32, embedding_size=24, num_layers=2, num_heads=2,
@@ -113,6 +122,8 @@ def test_ours_to_hf_masked_lm_parity(tmp_path, batch, rotary_value):
     assert_close(our_outputs(ours, batch), hf_outputs(hf.eval(), batch), batch)
 
 
+@needs_torch
+@needs_transformers
 @pytest.mark.parametrize("rotary_value", [False, True])
 def test_half_layout_permutes_features_and_round_trips_exactly(tmp_path, batch, rotary_value):
     hf = random_hf(transformers.RoFormerForMaskedLM, hf_config(rotary_value), seed=1)
@@ -133,6 +144,8 @@ def test_half_layout_permutes_features_and_round_trips_exactly(tmp_path, batch, 
         assert torch.equal(tensor, original[name]), name
 
 
+@needs_torch
+@needs_transformers
 def test_sequence_classification_both_directions(tmp_path, batch):
     hf = random_hf(transformers.RoFormerForSequenceClassification, hf_config(False, num_labels=3))
     hf.save_pretrained(tmp_path / "hf")
@@ -158,6 +171,8 @@ def test_sequence_classification_both_directions(tmp_path, batch):
     assert max_diff(regressor(jnp.asarray(batch["input_ids"]), **kwargs), back_logits) < TOL
 
 
+@needs_torch
+@needs_transformers
 def test_cli_round_trip_from_pytorch_bin(tmp_path, batch):
     """Old-style checkpoint: pytorch_model.bin with the tied decoder and sinusoid table stored."""
     hf = random_hf(transformers.RoFormerForMaskedLM, hf_config(True), seed=2)
@@ -181,6 +196,8 @@ def test_cli_round_trip_from_pytorch_bin(tmp_path, batch):
         assert torch.equal(tensor, original[name]), name
 
 
+@needs_torch
+@needs_transformers
 def test_to_hf_from_pretraining_workdir(tmp_path, batch):
     config = ModelConfig(vocab_size=VOCAB, hidden_size=32, embedding_size=24, num_layers=2, num_heads=2,
                          intermediate_size=64, max_position_embeddings=64)
@@ -223,6 +240,8 @@ def test_to_hf_names_a_missing_directory_and_a_missing_step(tmp_path, capsys):
     assert not (tmp_path / "hf").exists()
 
 
+@needs_torch
+@needs_transformers
 def test_loaders_return_models_in_eval_mode(tmp_path, batch):
     """Every loader's model is ready for inference as returned: with HF's default dropout
     (0.1) in the config, a model left in training mode would give other logits."""
@@ -244,6 +263,8 @@ def test_loaders_return_models_in_eval_mode(tmp_path, batch):
         assert_close(our_outputs(model, batch, set_eval=False), want, batch)
 
 
+@needs_torch
+@needs_transformers
 def test_bare_encoder_and_new_head_from_mlm_checkpoint(tmp_path, batch):
     hf = random_hf(transformers.RoFormerForMaskedLM, hf_config(False), seed=5)
     hf.save_pretrained(tmp_path / "hf")
@@ -261,6 +282,8 @@ def test_bare_encoder_and_new_head_from_mlm_checkpoint(tmp_path, batch):
     assert classifier.classifier.out_proj.kernel.shape == (32, 2)
 
 
+@needs_torch
+@needs_transformers
 def test_sharded_bfloat16_safetensors(tmp_path):
     hf = random_hf(transformers.RoFormerForMaskedLM, hf_config(False), seed=6).to(torch.bfloat16)
     hf.save_pretrained(tmp_path, max_shard_size="20KB")
@@ -270,6 +293,8 @@ def test_sharded_bfloat16_safetensors(tmp_path):
     np.testing.assert_array_equal(ours.roformer.encoder.layer[1].output.dense.kernel[...], want)
 
 
+@needs_torch
+@needs_transformers
 @pytest.mark.parametrize("num_positions,dim", [(64, 16), (9, 7)])
 def test_sinusoid_table_is_hf_table(num_positions, dim):
     hf = transformers.models.roformer.modeling_roformer.RoFormerSinusoidalPositionalEmbedding(num_positions, dim)
@@ -288,6 +313,10 @@ def test_conversion_errors(tmp_path):
         with pytest.raises(ValueError, match=next(iter(setting))):
             convert.model_config_to_hf_config(config, head="mlm")
 
+
+@needs_torch
+@needs_transformers
+def test_hf_file_errors(tmp_path):
     hf = random_hf(transformers.RoFormerForMaskedLM, hf_config(False, tie_word_embeddings=False))
     hf_dir = tmp_path / "untied"
     hf_dir.mkdir()

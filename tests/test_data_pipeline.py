@@ -204,6 +204,31 @@ def test_bad_settings_raise_clear_errors(shared_data, wiki_cache, tmp_path):
                            show_progress=False)
 
 
+def test_one_document_corpus_is_refused_with_advice_that_helps(shared_data, tmp_path):
+    """The held-out split is by document: a corpus of one long document needs splitting, and a
+    larger data.heldout_fraction would not help."""
+    one = tmp_path / "one.txt"
+    one.write_text("\n".join(f"line {i} of one long document without blank lines." for i in range(300)) + "\n")
+    for fraction in (0.02, 0.5, 0.0):
+        with pytest.raises(ValueError, match=r"single document \(\d+ tokens\).*blank line") as err:
+            make_pretrain_data(wiki_cfg(shared_data, tmp_path / "cache", files=str(one), heldout_fraction=fraction),
+                               seq_len=16, batch_size=2, seed=0, show_progress=False)
+        assert "raise data.heldout_fraction" not in str(err.value)
+    # two documents train: one is held out
+    one.write_text(one.read_text() + "\nand a second document.\n")
+    data = make_pretrain_data(wiki_cfg(shared_data, tmp_path / "cache", files=str(one)), seq_len=16,
+                              batch_size=2, seed=0, show_progress=False)
+    assert (len(data.train_docs), len(data.heldout_docs)) == (1, 1) and data.eval_batches(1)
+    # too few held-out documents for the processes: there a larger fraction is the advice
+    one.write_text(one.read_text() + "\na third document.\n")
+    data = make_pretrain_data(wiki_cfg(shared_data, tmp_path / "cache", files=str(one), heldout_fraction=0.01),
+                              seq_len=16, batch_size=2, seed=0, process_index=1, process_count=2,
+                              show_progress=False)
+    with pytest.raises(ValueError, match=r"holds out 1 of the corpus's 3 documents, none for process 1 of 2: "
+                                         r"raise data.heldout_fraction"):
+        data.eval_batches(1)
+
+
 def test_embedded_default_trains_its_own_vocabulary(tmp_path):
     cfg = DataConfig(source="embedded", vocab="", vocab_size=2000, cache_dir=str(tmp_path))
     data = make_pretrain_data(cfg, seq_len=64, batch_size=4, seed=0, show_progress=False)

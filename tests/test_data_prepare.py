@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,89 @@ def test_prepare_command_on_two_processes(wiki, tokenizer, tmp_path, shared_data
     alone = shards.load_or_build(FilesSource(wiki), tokenizer, tmp_path / "alone", show_progress=False)
     assert summaries[0]["content_id"] == alone.content_id
     assert entry_files(Path(summaries[0]["shards"])) == entry_files(alone.directory)
+
+
+# A run that builds its cache entries (a trained tokenizer, then the token shards), recording
+# each build in a marker file and holding it for a while (train_hold, encode_hold seconds), so
+# another run starts meanwhile.
+RUN = """
+import logging, os, sys, time
+from pathlib import Path
+from roformer.data import DataConfig, pipeline, shards
+from roformer.data.tokenizer import WordPieceTokenizer
+
+files, vocab, cache, marks, train_hold, encode_hold = sys.argv[1:7]
+logging.basicConfig(level=logging.INFO)
+
+def marked(kind, real, hold):
+    def run(*args, **kwargs):
+        Path(marks, f"{kind}-{os.getpid()}").touch()
+        time.sleep(float(hold))
+        return real(*args, **kwargs)
+    return run
+
+shards.encode_parts = marked("encode", shards.encode_parts, encode_hold)
+WordPieceTokenizer.train = marked("train", WordPieceTokenizer.train, train_hold)
+data = DataConfig(source="files", files=files, vocab=vocab, vocab_size=500, cache_dir=cache, num_workers=1)
+tokenizer, corpus = pipeline.prepare_corpus(data, show_progress=False)
+print(tokenizer.hash, corpus.content_id)
+"""
+
+
+def start_run(files, cache, marks, train_hold=0, encode_hold=0, vocab=""):
+    args = (files, vocab, cache, marks, train_hold, encode_hold)
+    return subprocess.Popen([sys.executable, "-c", RUN, *map(str, args)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_marker(marks: Path, name: str, proc, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not (marks / f"{name}-{proc.pid}").exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"the first run never started its {name} build"
+        time.sleep(0.05)
+
+
+def finish(proc, timeout=300):
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    return out.split(), err
+
+
+@pytest.fixture
+def small_corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join(f"document {i}: rotary position embedding rotates query and key pairs "
+                                  f"by angles proportional to position {i}." for i in range(200)) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("given_vocab", [False, True])
+def test_two_runs_sharing_a_fresh_cache_build_each_entry_once(small_corpus, tmp_path, shared_data, given_vocab):
+    """The second run waits for the first one's lock and reads what it built (the vocabulary
+    and the token shards), instead of training and tokenizing the same corpus again."""
+    cache, marks = tmp_path / "cache", tmp_path / "marks"
+    marks.mkdir()
+    vocab = str(shared_data / "vocab" / "bert-base-uncased-vocab.txt") if given_vocab else ""
+    first = start_run(small_corpus, cache, marks, train_hold=5, encode_hold=5, vocab=vocab)
+    wait_for_marker(marks, "encode" if given_vocab else "train", first)
+    second = start_run(small_corpus, cache, marks, vocab=vocab)
+    (first_ids, _), (second_ids, second_log) = finish(first), finish(second)
+    assert second_ids == first_ids       # the same vocabulary and token content
+    built = sorted(p.name.split("-")[0] for p in marks.iterdir())
+    # each entry built once, by one of the runs
+    assert built == (["encode"] if given_vocab else ["encode", "train"]), built
+    assert f"pid {first.pid}; waiting for it" in second_log
+
+
+@pytest.mark.parametrize("stage", ["train", "encode"])
+def test_a_killed_builder_does_not_block_the_next_run(small_corpus, tmp_path, stage):
+    cache, marks = tmp_path / "cache", tmp_path / "marks"
+    marks.mkdir()
+    first = start_run(small_corpus, cache, marks, train_hold=600 if stage == "train" else 0, encode_hold=600)
+    wait_for_marker(marks, stage, first)
+    first.kill()
+    first.communicate()
+    second = start_run(small_corpus, cache, marks)
+    finish(second, timeout=120)
+    assert (marks / f"{stage}-{second.pid}").exists()

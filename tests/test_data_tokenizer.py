@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from conftest import needs_transformers
 from roformer.data.__main__ import tokenizer_main
 from roformer.data.sources import FilesSource
 from roformer.data.tokenizer import SPECIAL_TOKENS, WordPieceTokenizer, load_tokenizer
@@ -29,6 +30,7 @@ def ours(bert_vocab):
     return WordPieceTokenizer.from_vocab_file(bert_vocab)
 
 
+@needs_transformers
 def test_ids_equal_bert_tokenizer_fast_on_wikipedia(ours, bert_vocab, wiki_lines):
     from transformers import BertTokenizerFast
 
@@ -48,6 +50,7 @@ def test_ids_equal_bert_tokenizer_fast_on_wikipedia(ours, bert_vocab, wiki_lines
     assert [e.type_ids for e in encodings] == pair["token_type_ids"]
 
 
+@needs_transformers
 def test_ids_equal_pure_python_bert_tokenizer(ours, bert_vocab, wiki_lines):
     """An independent implementation: transformers' original Python BasicTokenizer + WordPiece."""
     from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
@@ -55,6 +58,52 @@ def test_ids_equal_pure_python_bert_tokenizer(ours, bert_vocab, wiki_lines):
     reference = BertTokenizerLegacy(vocab_file=str(bert_vocab))
     lines = wiki_lines[4000:4400]
     assert [reference(ln)["input_ids"] for ln in lines] == [e.ids for e in ours.tokenizer.encode_batch(lines)]
+
+
+@pytest.fixture(scope="module")
+def duplicate_vocab(bert_vocab, tmp_path_factory):
+    """The BERT vocab with line 2051 ("##a", id 2050) replaced by a second "the" (line 1997)."""
+    lines = bert_vocab.read_text(encoding="utf-8").split("\n")
+    assert lines[1996] == "the" and lines[2050] != "the"
+    lines[2050] = "the"
+    path = tmp_path_factory.mktemp("dup") / "vocab.txt"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def test_duplicate_vocab_line_keeps_ids_equal_to_line_numbers(duplicate_vocab, ours, wiki_lines, caplog, tmp_path):
+    with caplog.at_level("WARNING", logger="roformer.data.tokenizer"):
+        dup = WordPieceTokenizer.from_vocab_file(duplicate_vocab)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert "'the' on lines 1997 and 2051" in warnings[0] and str(duplicate_vocab) in warnings[0]
+    # every token whose line did not change keeps the clean file's id (issue: 2102/2413/4999)
+    assert dup.encode_ids(["the city of london knight"]) == [[2050, 2103, 1997, 2414, 5000]]
+    assert ours.encode_ids(["city of london knight"]) == [[2103, 1997, 2414, 5000]]
+    assert dup.vocab_size == ours.vocab_size == 30522
+    assert dup.is_special[1996] and not dup.is_special[2050]   # the shadowed id is never drawn
+    # the same ids as a clean file whose line 1997 no text matches and whose line 2051 is "the"
+    clean = duplicate_vocab.read_text(encoding="utf-8").split("\n")
+    clean[1996] = "[no-text-matches-this]"
+    (tmp_path / "clean.txt").write_text("\n".join(clean), encoding="utf-8")
+    lines = wiki_lines[:300]
+    assert dup.encode_ids(lines) == WordPieceTokenizer.from_vocab_file(tmp_path / "clean.txt").encode_ids(lines)
+    # saving keeps every id on its line, and the saved tokenizer reloads to the same ids
+    dup.save(tmp_path / "saved")
+    saved = (tmp_path / "saved" / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(saved) == 30522 and saved[2050] == "the" and saved[2103] == "city"
+    assert load_tokenizer(str(tmp_path / "saved")).encode_ids(lines) == dup.encode_ids(lines)
+
+
+@needs_transformers
+def test_duplicate_vocab_line_ids_equal_transformers(duplicate_vocab, wiki_lines):
+    from transformers import BertTokenizer
+
+    reference = BertTokenizer(vocab=str(duplicate_vocab))
+    dup = WordPieceTokenizer.from_vocab_file(duplicate_vocab)
+    lines = ["the city of london knight", *wiki_lines[:500]]
+    assert reference("the city of london knight")["input_ids"] == [101, 2050, 2103, 1997, 2414, 5000, 102]
+    assert [e.ids for e in dup.tokenizer.encode_batch(lines)] == reference(lines)["input_ids"]
 
 
 def test_special_ids_and_lookup_tables(ours):

@@ -5,6 +5,7 @@ import zipfile
 import numpy as np
 import pytest
 
+from conftest import needs_transformers
 from roformer.data.tokenizer import load_tokenizer
 from roformer.glue.features import (bucket_lengths, eval_batches, featurize, train_batches,
                                     truncate_longest_first)
@@ -23,6 +24,7 @@ def tokenizer(vocab):
     return load_tokenizer(vocab)
 
 
+@needs_transformers
 @pytest.mark.parametrize("task", ["mrpc", "stsb", "sst2", "wnli"])
 def test_features_equal_transformers_bert_tokenizer(shared_data, vocab, tokenizer, task):
     """[CLS] a [SEP] b [SEP], token types and longest-first truncation, id for id."""

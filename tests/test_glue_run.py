@@ -12,6 +12,8 @@ import optax
 import pytest
 from flax import nnx
 
+from conftest import needs_torch, needs_transformers
+
 from configs import glue as glue_config
 from roformer.data.tokenizer import WordPieceTokenizer
 from roformer.glue.init import load_init, resolve_model_config
@@ -197,6 +199,8 @@ def test_library_logs_only_with_verbosity(pretrain_workdir, shared_data, tmp_pat
     assert verbose.stderr.splitlines()[-1] == quiet.stderr.strip()
 
 
+@needs_torch
+@needs_transformers
 def test_init_from_hf_roformer_dir(tmp_path, vocab):
     """An HF RoFormer directory (what transformers' save_pretrained writes) and its
     `roformer.convert from-hf` output both give the same encoder weights."""

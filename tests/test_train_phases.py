@@ -16,12 +16,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from conftest import SHARED_DATA, needs_torch, needs_transformers
 from configs import bert_staged, tiny
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.config import Phase, parse_phases
 from roformer.train.optim import make_schedule
 
-REPO = Path(__file__).resolve().parents[1]
 PHASES = "4:32:8,4:64:4"
 
 OVERRIDES = {
@@ -148,7 +148,7 @@ def test_warm_start_from_a_workdir_begins_at_its_held_out_loss(tmp_path, cache, 
 
     with pytest.raises(ValueError, match="another tokenizer"):
         train_and_evaluate(make_config(cache, **{"train.init_from": str(source), "data.vocab": str(
-            REPO.parent / "shared" / "data" / "vocab" / "bert-base-uncased-vocab.txt")}), tmp_path / "other")
+            SHARED_DATA / "vocab" / "bert-base-uncased-vocab.txt")}), tmp_path / "other")
     with pytest.raises(ValueError, match="another architecture.*hidden_size"):
         train_and_evaluate(make_config(cache, **{"train.init_from": str(source), "model.hidden_size": 64}),
                            tmp_path / "wide")
@@ -173,6 +173,8 @@ def test_warm_start_from_a_converted_checkpoint_begins_at_its_held_out_loss(tmp_
     assert start["eval_loss"] == pytest.approx(summary["eval_loss"], rel=1e-5)
 
 
+@needs_torch
+@needs_transformers
 @pytest.mark.slow
 def test_warm_start_from_an_hf_directory_begins_at_its_held_out_loss(tmp_path, cache, two_phase_run):
     import torch

@@ -63,10 +63,18 @@ class PretrainData:
             raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count})")
         self.corpus, self.tokenizer, self.masker = corpus, tokenizer, masker
         self.seq_len, self.batch_size, self.packing, self.seed = seq_len, batch_size, packing, int(seed)
+        self.heldout_fraction = heldout_fraction
         self.process_index, self.process_count = process_index, process_count
         self.vocab_size = tokenizer.vocab_size
         self.pad_id, self.cls_id = tokenizer.pad_id, tokenizer.cls_id
         self.sep_id, self.mask_id = tokenizer.sep_id, tokenizer.mask_id
+        if corpus.num_docs < 2:
+            # The split keeps documents whole (no text on both sides), so one document cannot
+            # give both training and held-out data, whatever data.heldout_fraction is.
+            raise ValueError(
+                f"the corpus is a single document ({corpus.num_tokens} tokens) and training needs at least two, "
+                "since the held-out split is by document: split the text into documents (in a plain-text "
+                "file a blank line ends one) or add files to data.files")
         held = heldout_documents(corpus.doc_hash, heldout_fraction)
         self.train_docs = np.flatnonzero(~held)
         self.heldout_docs = np.flatnonzero(held)
@@ -159,8 +167,10 @@ class PretrainData:
         `shuffled`: the same batches with each piece's tokens permuted (`shuffle_within_pieces`)."""
         mine = self.heldout_docs[self.process_index::self.process_count]
         if len(mine) == 0:
-            raise ValueError(f"no held-out documents for process {self.process_index}: raise "
-                             f"data.heldout_fraction or use a larger corpus")
+            held = len(self.heldout_docs)
+            raise ValueError(f"data.heldout_fraction={self.heldout_fraction} holds out {held} of the corpus's "
+                             f"{self.corpus.num_docs} documents, none for process {self.process_index} of "
+                             f"{self.process_count}: raise data.heldout_fraction")
         plan = plan_rows(mine, self.corpus.doc_len, self.seq_len, self.packing)
         needed = num_batches * self.batch_size
         rows = self.rows(plan, 0, min(plan.num_rows, needed))
@@ -261,8 +271,16 @@ def resolve_tokenizer(data: DataConfig, source: TextSource, cache_dir: Path, *,
         return load_tokenizer(data.vocab, lowercase=data.lowercase)
     key = sha256_json([source.fingerprint(), data.vocab_size, data.lowercase])[:20]
     directory = cache_dir / "tokenizers" / f"{source.name}-{key}"
-    if (directory / "tokenizer.json").is_file():
-        return WordPieceTokenizer.from_tokenizer_json(directory / "tokenizer.json")
+    if not (directory / "tokenizer.json").is_file():
+        # one run trains it, others sharing the cache wait and read it (training is not
+        # deterministic: they must not each keep their own)
+        with shards_lib.build_lock(directory):
+            if not (directory / "tokenizer.json").is_file():
+                _train_tokenizer(data, source, directory, show_progress)
+    return WordPieceTokenizer.from_tokenizer_json(directory / "tokenizer.json")
+
+
+def _train_tokenizer(data: DataConfig, source: TextSource, directory: Path, show_progress: bool) -> None:
     log.info("training a %d-token WordPiece vocabulary on %s", data.vocab_size, source)
     tokenizer = WordPieceTokenizer.train(source.documents(), vocab_size=data.vocab_size, lowercase=data.lowercase,
                                          show_progress=show_progress)
@@ -270,9 +288,8 @@ def resolve_tokenizer(data: DataConfig, source: TextSource, cache_dir: Path, *,
     tokenizer.save(staging)
     try:
         os.replace(staging, directory)
-    except OSError:  # another process finished first: use theirs, so all share one vocabulary
+    except OSError:  # another process finished first (a cache where flock is refused): use theirs
         shutil.rmtree(staging, ignore_errors=True)
-    return WordPieceTokenizer.from_tokenizer_json(directory / "tokenizer.json")
 
 
 def cache_directory(data: DataConfig) -> Path:

@@ -18,6 +18,11 @@ built in a temporary directory and renamed into place, so a crash never leaves a
 half-written entry under the final name; an entry whose files disagree with its
 manifest (size or CRC32) is deleted and rebuilt.
 
+Runs that share a cache build an entry once: a builder holds `.<source>-<key>.lock`
+beside the entry (an flock, which the kernel releases when the holder dies, so a
+killed builder never blocks the next run), and a second run waits for it, then
+reads the entry. The trained tokenizer of a source is built the same way.
+
 Processes of a multi-process job that share the cache directory split the build:
 each tokenizes its share of the source's parts (the files of a `files` source) into
 `<cache_dir>/shards/.<source>-<key>.parts/`, process 0 lays the parts out as shards
@@ -27,13 +32,16 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import itertools
 import json
 import logging
 import os
 import shutil
+import socket
 import time
 import uuid
 import zlib
@@ -162,6 +170,56 @@ def assign_parts(sizes: Sequence[int], process_count: int) -> list[int]:
         owner[part] = process
         load[process] += sizes[part]
     return owner
+
+
+@contextlib.contextmanager
+def build_lock(target: Path) -> Iterator[None]:
+    """Holds the lock of cache entry `target` (`.<name>.lock` beside it) for the block, waiting
+    while another process holds it. The caller checks again for the entry once it holds the
+    lock: the process it waited for has usually built it.
+
+    flock, not a lock file's existence: the kernel releases it when the holder exits or is
+    killed, so a dead builder never blocks. The holder removes the file before it unlocks; a
+    waiter that then gets the lock of the removed file takes the current one instead. Where
+    the file system refuses flock, the block runs unlocked: correct, at worst built twice."""
+    path = target.with_name(f".{target.name}.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    told = False
+    while True:
+        f = open(path, "a+")
+        try:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not told:
+                    f.seek(0)
+                    log.info("%s is being built by %s; waiting for it", target, f.read().strip() or "another run")
+                    told = True
+                fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError as err:   # e.g. ENOLCK / EOPNOTSUPP on some network file systems
+            f.close()
+            log.info("cannot lock %s (%s): building %s without waiting for other runs", path, err, target.name)
+            f = None
+            break
+        try:
+            current = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        f.close()   # the previous holder removed it: lock the file now at `path`
+    if f is None:
+        yield
+        return
+    with f:
+        f.seek(0)
+        f.truncate()
+        f.write(f"host {socket.gethostname()} pid {os.getpid()}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
 
 
 def cpu_count() -> int:
@@ -363,7 +421,15 @@ class _Build:
         self.start = time.perf_counter()
 
     def alone(self, processes: int = 1) -> None:
-        """Tokenizes every part straight into shard files."""
+        """Tokenizes every part straight into shard files, unless another run sharing the cache
+        builds the entry meanwhile (one builder per entry: the others wait for its lock)."""
+        with build_lock(self.entry.directory):
+            if self.entry.check() is not None:
+                log.info("token shards %s were built by another run meanwhile", self.entry.directory)
+                return
+            self._alone(processes)
+
+    def _alone(self, processes: int) -> None:
         staging = self._staging()
         try:
             writer = _ShardWriter(staging, self.dtype, self.shard_tokens)

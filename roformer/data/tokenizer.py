@@ -7,12 +7,15 @@ CJK split, lowercase + accent strip when uncased), BertPreTokenizer, WordPiece w
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+log = logging.getLogger(__name__)
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 # [PAD] first so padding is id 0, as the batch format and ModelConfig.pad_token_id expect.
@@ -69,12 +72,10 @@ class WordPieceTokenizer:
         if not path.is_file():
             raise ValueError(f"data.vocab: vocabulary file not found: {path}")
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             raise ValueError(f"data.vocab: cannot read {path}: {err}") from err
-        vocab: dict[str, int] = {}
-        for token in lines:
-            vocab.setdefault(token, len(vocab))
+        vocab = _line_numbered_vocab(text, path)
         if not vocab or UNK not in vocab:
             raise ValueError(f"data.vocab: {path} is not a WordPiece vocab.txt (no {UNK} line)")
         tokenizer = Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100))
@@ -147,6 +148,40 @@ class WordPieceTokenizer:
         path = directory / "tokenizer.json"
         self.tokenizer.save(str(path))
         return path
+
+
+def _line_numbered_vocab(text: str, path: Path) -> dict[str, int]:
+    """token -> id of a vocab.txt: the id is the line number (from 0), as in transformers.
+
+    A model's embedding rows are indexed by line, so ids must not depend on what other
+    lines hold. A repeated token takes the id of its last line, as transformers'
+    BertTokenizer does; the line it shadows keeps its id with a placeholder token that no
+    text encodes to ("[...]" is split by the pre-tokenizer), so ids stay line numbers in
+    the tokenizer, its vocab_size and the vocab.txt `save` writes.
+    """
+    # Lines end at "\n" only (as transformers reads them), not at str.splitlines()'s other breaks.
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    vocab: dict[str, int] = {}
+    shadowed: list[tuple[str, int, int]] = []
+    for index, token in enumerate(lines):
+        if token in vocab:
+            shadowed.append((token, vocab[token], index))
+        vocab[token] = index
+    if shadowed:
+        named = ", ".join(f"{token!r} on lines {a + 1} and {b + 1} (id {b}; id {a} unused)"
+                          for token, a, b in shadowed[:3])
+        more = f" and {len(shadowed) - 3} more" if len(shadowed) > 3 else ""
+        log.warning("data.vocab: %s repeats %s%s: ids are line numbers, so later tokens keep theirs, and a "
+                    "repeated token takes its last line's id, as transformers' BertTokenizer does",
+                    path, named, more)
+        for token, earlier, _ in shadowed:
+            placeholder = f"[duplicate-line-{earlier + 1}]"
+            while placeholder in vocab:
+                placeholder = f"[{placeholder}]"
+            vocab[placeholder] = earlier
+    return vocab
 
 
 def load_tokenizer(vocab: str, *, lowercase: bool = True) -> WordPieceTokenizer:
