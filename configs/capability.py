@@ -3,7 +3,7 @@
 Every scheme of the reference comparison (and the `none` control) trains from scratch on a
 synthetic corpus where word order decides the answer (`pairs`) and where left and right do
 (`direction`), with the reference comparison's recipe (configs/ablation.py:reference: the
-tiny model, no dropout, AdamW at 2e-3) at sequence 64 and batch 32 (its 2,048 tokens per
+tiny model, no dropout, AdamW at 2e-3) at sequence 32 and batch 64 (its 2,048 tokens per
 step); roformer/capability.py says why a bag of words cannot pass `pairs` and why a scheme
 blind to direction cannot pass `direction`. About 10 minutes on a 2-core CPU.
 Variants (`configs/capability.py:<arg>`):
@@ -23,15 +23,17 @@ def get_config(arg=None):
     corpus.num_symbols = 16             # keys, values and direction symbols: 16 of each
     corpus.num_fillers = 16
     corpus.pairs_per_doc = 8            # `none` can be right at most 1/8 of the time on pairs
-    corpus.max_filler = 24              # filler words on each side of `x q y`: 0..24, independently
+    corpus.max_filler = 12              # filler words on each side of `x y`: 0..12, independently
     corpus.direction_per_pairs = 1      # direction documents after each pairs document
     corpus.train_docs = 24_000
     corpus.probe_docs = 500             # held-out documents per task
     pre = c.pretrain
     pre.data.packing = "document"       # one document per row: no document is cut at a row's end
-    pre.train.seq_len = 64
-    pre.train.batch_size = 32
-    pre.train.steps = 1_000
+    # One document per row and every document fits in 32 tokens: batch 64 x 32 is the reference's
+    # 2,048 tokens per step with twice the documents (examples of each rule) that 32 x 64 holds.
+    pre.train.seq_len = 32
+    pre.train.batch_size = 64
+    pre.train.steps = 1_500
     pre.train.warmup_steps = 100
     pre.train.eval_every = 100
     pre.train.eval_batches = 4
