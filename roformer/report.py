@@ -617,22 +617,22 @@ def _band(ax, points: list[dict], x_key: str, label: str, scale: float = 1e-6, *
                         color=line.get_color(), alpha=0.2, lw=0)
 
 
-def plot_loss_curves(result: Mapping, out_path: str | Path | None = None):
-    """Held-out MLM loss and word-order gap vs tokens, mean ± std over seeds per scheme."""
+def _curve_panels(result: Mapping, panels: list[tuple[str, str, str]]):
+    """A figure with one panel per (curve key, title, y label): that curve vs tokens, mean ±
+    std over seeds, one band per scheme; returns (figure, axes)."""
     fig = Figure(figsize=(11, 4))
-    ax_loss, ax_gap = fig.subplots(1, 2)
-    for s in result["schemes"]:
-        curve = s.get("curve") or {}
-        if curve.get("eval_loss"):
-            _band(ax_loss, curve["eval_loss"], "tokens", s["scheme"], marker="o", ms=2)
-        if curve.get("eval_order_gap"):
-            _band(ax_gap, curve["eval_order_gap"], "tokens", s["scheme"], marker="o", ms=2)
-    unigram = result.get("setup", {}).get("unigram_loss")
-    if unigram and ax_loss.lines:
-        ax_loss.axhline(unigram, color="grey", lw=0.8, ls=":", label="unigram")
-    ax_loss.set(title="held-out MLM loss", xlabel="tokens (M)", ylabel="loss (nats)")
-    ax_gap.set(title="word-order probe: shuffled - plain held-out loss", xlabel="tokens (M)", ylabel="nats")
-    for ax in (ax_loss, ax_gap):
+    axes = fig.subplots(1, len(panels))
+    for ax, (key, title, ylabel) in zip(axes, panels):
+        for s in result["schemes"]:
+            points = (s.get("curve") or {}).get(key)
+            if points:
+                _band(ax, points, "tokens", s["scheme"], marker="o", ms=2)
+        ax.set(title=title, xlabel="tokens (M)", ylabel=ylabel)
+    return fig, axes
+
+
+def _finish(fig, axes, out_path):
+    for ax in axes:
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
@@ -640,6 +640,17 @@ def plot_loss_curves(result: Mapping, out_path: str | Path | None = None):
     if out_path is not None:
         fig.savefig(out_path, dpi=120)
     return fig
+
+
+def plot_loss_curves(result: Mapping, out_path: str | Path | None = None):
+    """Held-out MLM loss and word-order gap vs tokens, mean ± std over seeds per scheme."""
+    fig, (ax_loss, ax_gap) = _curve_panels(result, [
+        ("eval_loss", "held-out MLM loss", "loss (nats)"),
+        ("eval_order_gap", "word-order probe: shuffled - plain held-out loss", "nats")])
+    unigram = result.get("setup", {}).get("unigram_loss")
+    if unigram and ax_loss.lines:
+        ax_loss.axhline(unigram, color="grey", lw=0.8, ls=":", label="unigram")
+    return _finish(fig, (ax_loss, ax_gap), out_path)
 
 
 def plot_extrapolation(result: Mapping, out_path: str | Path | None = None):
@@ -694,25 +705,10 @@ def plot_extension(result: Mapping, out_path: str | Path | None = None):
 def plot_attention(result: Mapping, out_path: str | Path | None = None):
     """Over training, mean ± std over seeds per scheme: the mean distance the most local head
     looks, and the hidden states' cosine similarity across positions (roformer.attention_stats)."""
-    fig = Figure(figsize=(11, 4))
-    ax_distance, ax_cosine = fig.subplots(1, 2)
-    for s in result["schemes"]:
-        curve = s.get("curve") or {}
-        if curve.get("nearest_head_distance"):
-            _band(ax_distance, curve["nearest_head_distance"], "tokens", s["scheme"], marker="o", ms=2)
-        if curve.get("last_hidden_cosine"):
-            _band(ax_cosine, curve["last_hidden_cosine"], "tokens", s["scheme"], marker="o", ms=2)
-    ax_distance.set(title="most local head: mean attention distance", xlabel="tokens (M)", ylabel="tokens")
-    ax_cosine.set(title="hidden states: cosine similarity across positions", xlabel="tokens (M)",
-                  ylabel="cosine")
-    for ax in (ax_distance, ax_cosine):
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    if out_path is not None:
-        fig.savefig(out_path, dpi=120)
-    return fig
+    fig, axes = _curve_panels(result, [
+        ("nearest_head_distance", "most local head: mean attention distance", "tokens"),
+        ("last_hidden_cosine", "hidden states: cosine similarity across positions", "cosine")])
+    return _finish(fig, axes, out_path)
 
 
 def write_report(result: Mapping, report_dir: str | Path) -> None:
