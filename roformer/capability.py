@@ -52,6 +52,8 @@ import numpy as np
 log = logging.getLogger("roformer.capability")
 
 TASKS = ("pairs", "direction")
+# Per probed step also: how often `direction` predicts the mirrored document's answer.
+MIRROR = "direction_mirror"
 RESULT_JSON = "capability.json"
 RESULT_MD = "capability.md"
 
@@ -158,21 +160,32 @@ def probe_batches(config: ml_collections.ConfigDict, tokenizer, seq_len: int) ->
     world = World.draw(config.seed, corpus.num_symbols, corpus.num_fillers)
     rng = np.random.default_rng([config.seed, 2])
     out = {}
+    inverse = np.argsort(world.cycle)
     for task in TASKS:
         rows = [document(rng, world, corpus, task)[1:] for _ in range(corpus.probe_docs)]
+        mirrors = None
         if task == "direction":   # x masked in even documents, y in odd ones
             rows = [(words, [slots[i % 2]]) for i, (words, slots) in enumerate(rows)]
-        out[task] = _masked_rows(rows, tokenizer, seq_len)
+            # The answer of the mirrored document: g^-1 of x's right neighbour y taken as g(y),
+            # and g(x) taken as g^-1(x). A direction-blind scheme that finds the neighbour
+            # splits its predictions between the answer and this one.
+            mirrors = [[f"d{world.cycle[int(words[slot + 1][1:])]}" if i % 2 == 0
+                        else f"d{inverse[int(words[slot - 1][1:])]}"] for i, (words, (slot,)) in enumerate(rows)]
+        out[task] = _masked_rows(rows, tokenizer, seq_len, mirrors)
     return out
 
 
-def _masked_rows(rows: list[tuple[list[str], list[int]]], tokenizer, seq_len: int) -> dict:
+def _masked_rows(rows: list[tuple[list[str], list[int]]], tokenizer, seq_len: int,
+                 mirrors: list[list[str]] | None = None) -> dict:
     num_slots = max(len(slots) for _, slots in rows)
     ids = np.full((len(rows), seq_len), tokenizer.pad_id, np.int32)
     masked_positions = np.zeros((len(rows), num_slots), np.int32)
     answers = np.zeros((len(rows), num_slots), np.int32)
+    mirror_answers = np.full((len(rows), num_slots), -1, np.int32)
     weights = np.zeros((len(rows), num_slots), np.float32)
     for r, (words, slots) in enumerate(rows):
+        if mirrors is not None:
+            mirror_answers[r, :len(mirrors[r])] = tokenizer.encode_ids([" ".join(mirrors[r])])[0]
         tokens = tokenizer.encode_ids([" ".join(words)])[0]
         if len(tokens) != len(words):
             raise ValueError("the capability vocabulary does not hold every word of the corpus")
@@ -185,15 +198,17 @@ def _masked_rows(rows: list[tuple[list[str], list[int]]], tokenizer, seq_len: in
             answers[r, s] = row[slot + 1]
             weights[r, s] = 1.0
             ids[r, slot + 1] = tokenizer.mask_id
-    return {"input_ids": ids, "masked_positions": masked_positions, "answers": answers, "weights": weights}
+    return {"input_ids": ids, "masked_positions": masked_positions, "answers": answers,
+            "mirror_answers": mirror_answers, "weights": weights}
 
 
-def probe_accuracy(model_config, params, batch: dict, chunk: int = 256) -> float:
-    """Fraction of probe slots whose argmax prediction is the answer."""
+def probe_accuracy(model_config, params, batch: dict, chunk: int = 256, answers: str = "answers") -> float:
+    """Fraction of probe slots whose argmax prediction is batch[answers] (the answer, or with
+    "mirror_answers" the mirrored document's answer)."""
     correct = total = 0.0
     for lo in range(0, len(batch["input_ids"]), chunk):
         part = {k: v[lo:lo + chunk] for k, v in batch.items()}
-        hits = _predict(model_config)(params, part["input_ids"], part["masked_positions"]) == part["answers"]
+        hits = _predict(model_config)(params, part["input_ids"], part["masked_positions"]) == part[answers]
         correct += float((hits * part["weights"]).sum())
         total += float(part["weights"].sum())
     return correct / total
@@ -345,9 +360,11 @@ def _check_scheme(config, workdir: Path, scheme: str, vocab: Path, text: Path, p
     done = {p["step"]: p for p in previous.get("curve", [])} if previous.get("fingerprint") == fp else {}
     curve = []
     for step in run.steps():
-        if step not in done:
+        if step not in done or MIRROR not in done[step]:
             model_config, params = run.params(step)
-            done[step] = {"step": step, **{t: probe_accuracy(model_config, params, batches[t]) for t in TASKS}}
+            done[step] = {"step": step, **{t: probe_accuracy(model_config, params, batches[t]) for t in TASKS},
+                          MIRROR: probe_accuracy(model_config, params, batches["direction"],
+                                                 answers="mirror_answers")}
         curve.append(done[step])
     return {"scheme": scheme, "fingerprint": fp, "diverged": bool(summary.get("diverged")), "curve": curve,
             "final_eval_loss": summary.get("eval_loss")}
@@ -360,6 +377,7 @@ def _result(config, schemes: list[str], rows: list[dict]) -> dict:
     for row in rows:
         final = row["curve"][-1] if row["curve"] else {}
         row["accuracy"] = {t: final.get(t) for t in TASKS}
+        row["direction_mirror"] = final.get(MIRROR)
         row["steps_to_threshold"] = {t: next((p["step"] for p in row["curve"] if p[t] >= config.threshold), None)
                                      for t in TASKS}
         row["expected_pass"] = expected[row["scheme"]]
@@ -376,16 +394,18 @@ def to_markdown(result: dict) -> str:
     lines = [f"Capability check: {result['steps']} steps x {result['tokens_per_step']:,} tokens, seed "
              f"{result['seed']}, threshold {result['threshold']:.2f}. A model blind to order cannot pass "
              f"{bound['pairs']:.3f} on `pairs`; one blind to direction cannot pass {bound['direction']:.2f} "
-             "on `direction`.", "",
-             "| scheme | pairs | first step >= threshold | direction | first step >= threshold | "
+             "on `direction`. `mirrored`: how often `direction` predicts the answer of the mirrored "
+             "document (a scheme that finds the neighbour but not its side splits between the two).", "",
+             "| scheme | pairs | first step >= threshold | direction | first step >= threshold | mirrored | "
              "expected | as expected |",
-             "|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|"]
     for row in result["schemes"]:
         cells = [row["scheme"] + (" (diverged)" if row["diverged"] else "")]
         for task in TASKS:
             acc = row["accuracy"][task]
             cells.append("-" if acc is None else f"{acc:.3f}")
             cells.append(str(row["steps_to_threshold"][task] or "never"))
+        cells.append("-" if row.get("direction_mirror") is None else f"{row['direction_mirror']:.3f}")
         cells.append(", ".join(f"{t} {'pass' if row['expected_pass'][t] else 'fail'}" for t in TASKS))
         cells.append("yes" if row["as_expected"] else "**no**")
         lines.append("| " + " | ".join(cells) + " |")

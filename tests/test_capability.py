@@ -66,6 +66,11 @@ def test_probes_mask_every_value_of_a_pairs_document_and_one_end_of_each_directi
     left = [d[t] for t in direction["input_ids"][rows[1::2], slots[1::2] - 1]]
     assert right == [world.cycle[a] for a in answers[::2]]
     assert [world.cycle[t] for t in left] == answers[1::2]
+    # The mirrored document's answer: the neighbour's image on the other side, never the answer.
+    mirrors = [d[m] for m in direction["mirror_answers"][:, 0]]
+    assert mirrors[::2] == [world.cycle[t] for t in right]
+    assert [world.cycle[m] for m in mirrors[1::2]] == left
+    assert all(m != a for m, a in zip(mirrors, answers))
 
 
 def test_a_model_without_positions_cannot_beat_one_in_n_on_pairs(probe_setup):
@@ -110,7 +115,7 @@ def test_the_whole_check_at_smoke_size_writes_its_table_and_resumes(tmp_path, mo
     assert [r["scheme"] for r in saved["schemes"]] == ["rope", "none"]
     for row in saved["schemes"]:
         assert [p["step"] for p in row["curve"]] == [10, 20]
-        assert all(0.0 <= p[t] <= 1.0 for p in row["curve"] for t in capability.TASKS)
+        assert all(0.0 <= p[t] <= 1.0 for p in row["curve"] for t in (*capability.TASKS, capability.MIRROR))
     none = saved["schemes"][1]
     assert none["expected_pass"] == {"pairs": False, "direction": False}
     assert none["accuracy"]["pairs"] <= 1 / config.corpus.pairs_per_doc
