@@ -20,7 +20,8 @@ One synthetic corpus holds two kinds of document (words are made-up symbols):
              differ (g(c) against g^-1(c), never equal since g has no 2-cycles). A scheme
              whose outputs reverse with its input (symmetric ALiBi, and `none`) gives both the
              same prediction, so it is right at most half the time; a scheme that tells left
-             from right can be right every time. (The [CLS]/[SEP] at the ends break the mirror
+             from right can be right every time. (`none` does find x's partner: it is the
+             document's only other d-symbol; it cannot find its side.) (The [CLS]/[SEP] at the ends break the mirror
              only through their distances, which the independent filler lengths make
              uninformative but for the edges.) x and y are neighbours, as a key and its value
              are: attending to the neighbour already pays before the rule is known (it says
@@ -324,11 +325,19 @@ def run_capability(config: ml_collections.ConfigDict, workdir: str | Path) -> di
         previous = _load_previous(workdir)
         rows = []
         for scheme in schemes:
-            rows.append(_check_scheme(config, workdir, scheme, vocab, text, previous.get(scheme, {})))
+            try:
+                rows.append(_check_scheme(config, workdir, scheme, vocab, text, previous.get(scheme, {})))
+            except Preempted as stop:   # its checkpoint is saved; the schemes after it wait too
+                log.warning("%s; run the same command again to resume", stop)
+                return {**_result(config, schemes, rows), "preempted": True}
             result = _result(config, schemes, rows)
             _write_atomic(workdir / RESULT_JSON, json.dumps(result, indent=2) + "\n")
             _write_atomic(workdir / RESULT_MD, to_markdown(result))
     return result
+
+
+class Preempted(Exception):
+    """A scheme's training stopped on SIGTERM (checkpoint saved): the check stops with it."""
 
 
 def _load_previous(workdir: Path) -> dict:
@@ -351,9 +360,11 @@ def _check_scheme(config, workdir: Path, scheme: str, vocab: Path, text: Path, p
     summary = {"diverged": False}
     try:
         summary = train_and_evaluate(cfg, run_dir)
-    except FloatingPointError as error:   # a NaN/Inf loss stops the run: report it, go on
+    except FloatingPointError as error:   # a diverged run (NaN or a finite spike): report it, go on
         log.warning("%s: training stopped: %s", scheme, error)
         summary = {"diverged": True}
+    if summary.get("preempted"):
+        raise Preempted(f"{scheme}: training stopped by SIGTERM at step {summary.get('final_step')}")
     run = PretrainWorkdir(run_dir)
     tokenizer = run.tokenizer()
     batches = probe_batches(config, tokenizer, cfg.train.seq_len)
@@ -395,7 +406,7 @@ def to_markdown(result: dict) -> str:
              f"{result['seed']}, threshold {result['threshold']:.2f}. A model blind to order cannot pass "
              f"{bound['pairs']:.3f} on `pairs`; one blind to direction cannot pass {bound['direction']:.2f} "
              "on `direction`. `mirrored`: how often `direction` predicts the answer of the mirrored "
-             "document (a scheme that finds the neighbour but not its side splits between the two).", "",
+             "document (a scheme that finds the partner but not its side splits between the two).", "",
              "| scheme | pairs | first step >= threshold | direction | first step >= threshold | mirrored | "
              "expected | as expected |",
              "|---|---|---|---|---|---|---|---|"]
@@ -423,6 +434,9 @@ def main(argv):
     if len(argv) > 1:
         raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
     result = run_capability(flags.FLAGS.config, flags.FLAGS.workdir)
+    if result.get("preempted"):
+        print("stopped (SIGTERM); run the same command again to resume", flush=True)
+        return
     print(to_markdown(result), flush=True)
     if not result["all_as_expected"]:
         raise SystemExit(1)

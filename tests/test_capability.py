@@ -123,3 +123,18 @@ def test_the_whole_check_at_smoke_size_writes_its_table_and_resumes(tmp_path, mo
     # A rerun trains nothing and probes nothing again.
     monkeypatch.setattr(capability, "probe_accuracy", lambda *a, **k: pytest.fail("probed again"))
     assert capability.run_capability(config, tmp_path / "check")["schemes"] == result["schemes"]
+
+
+def test_a_preempted_scheme_stops_the_check_before_the_next_scheme(tmp_path, monkeypatch):
+    import roformer.train
+
+    trained = []
+
+    def preempted(cfg, workdir):
+        trained.append(workdir.name)
+        return {"preempted": True, "final_step": 7}
+
+    monkeypatch.setattr(roformer.train, "train_and_evaluate", preempted)
+    result = capability.run_capability(smoke_config(), tmp_path / "check")
+    assert result["preempted"] and result["schemes"] == [] and trained == ["rope"]
+    assert not (tmp_path / "check" / capability.RESULT_JSON).exists()
