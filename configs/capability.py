@@ -33,7 +33,7 @@ def get_config(arg=None):
     # 2,048 tokens per step with twice the documents (examples of each rule) that 32 x 64 holds.
     pre.train.seq_len = 32
     pre.train.batch_size = 64
-    pre.train.steps = 1_500
+    pre.train.steps = 2_500
     pre.train.warmup_steps = 100
     pre.train.eval_every = 100
     pre.train.eval_batches = 4

@@ -21,9 +21,11 @@ One synthetic corpus holds two kinds of document (words are made-up symbols):
              whose outputs reverse with its input (symmetric ALiBi, and `none`) gives both the
              same prediction, so it is right at most half the time; a scheme that tells left
              from right can be right every time. (`none` does find x's partner: it is the
-             document's only other d-symbol; it cannot find its side.) (The [CLS]/[SEP] at the ends break the mirror
-             only through their distances, which the independent filler lengths make
-             uninformative but for the edges.) x and y are neighbours, as a key and its value
+             document's only other d-symbol; it cannot find its side.) The bound is exact
+             for `none`. The [CLS] and [SEP] at the ends are different words, so a symmetric
+             scheme could still read a side indirectly, from which end each word is nearer
+             (two steps: distances to [CLS], then their comparison); ALiBi is held below the
+             threshold in practice, not by a theorem (docs/ablation.md gives the numbers). x and y are neighbours, as a key and its value
              are: attending to the neighbour already pays before the rule is known (it says
              the masked word is a d-symbol), so the rule is learned along a gradual path.
              With a word between them (`x q y`) that first step points at the middle word
