@@ -5,7 +5,8 @@ synthetic corpus where word order decides the answer (`pairs`) and where left an
 (`direction`), with the reference comparison's recipe (configs/ablation.py:reference: the
 tiny model, no dropout, AdamW at 2e-3) at sequence 32 and batch 64 (its 2,048 tokens per
 step); roformer/capability.py says why a bag of words cannot pass `pairs` and why a scheme
-blind to direction cannot pass `direction`. The run time on a 2-core CPU is on docs/results/2026-11-25-capability-and-learning-rates.md.
+blind to direction cannot pass `direction`. Results and run time on a 2-core CPU:
+docs/results/2026-11-25-capability-and-learning-rates.md.
 Variants (`configs/capability.py:<arg>`):
   smoke  two schemes, a few steps, a small corpus: the whole pipeline in about a minute
 """
