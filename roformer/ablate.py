@@ -599,7 +599,7 @@ def _run_side_by_side(config, workdir: Path, state: AblationState, vocab: str, j
                 _merge_job_states(state, workdir, job.run)
                 if process.returncode == PREEMPTED_EXIT:
                     preempt(f"{job.run} preempted")
-                elif process.returncode != 0:
+                elif process.returncode != 0 and not (stop and process.returncode == -signal.SIGTERM):
                     _record_crash(state, workdir, job, _job_stages(config, workdir, job, vocab),
                                   process.returncode)
                 log.info("%s: process ended (status %d)", job.run, process.returncode)
@@ -669,9 +669,13 @@ def _record_crash(state: AblationState, workdir: Path, job: _Job, stages, return
         if state.get(job.run, stage).get("status") == "failed":
             return
         if not state.is_done(job.run, stage, fp):
+            import signal
+
             log_file = workdir / LOGS_DIR / f"{_error_name(job.run)}.log"
+            how = (f"was killed by {signal.Signals(-returncode).name}" if returncode < 0
+                   else f"exited with status {returncode}")
             _record_failure(state, workdir, job.run, stage, fp, RuntimeError(
-                f"the run's process exited with status {returncode}; its output is in {log_file}"))
+                f"the run's process {how}; its output is in {log_file}"))
             return
 
 
