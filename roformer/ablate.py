@@ -23,7 +23,9 @@ seed 0 first), so an interrupted ablation already compares all schemes; the cont
 extension runs once every seed's pretraining is done. Re-running
 skips stages that finished with the same config, resumes interrupted training from its
 checkpoints, and retries failed stages. A failing stage is recorded (traceback in
-DIR/errors/) and the other runs still go ahead.
+DIR/errors/) and the other runs still go ahead. With `config.parallel` = K > 1 (CPU hosts)
+the runs go K at a time, each in a process of its own on its own cores
+(roformer.parallel_runs; output in DIR/logs/), with the same workdirs, records and resume.
 """
 from __future__ import annotations
 

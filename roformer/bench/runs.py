@@ -42,9 +42,17 @@ from roformer import parallel_runs
 MODES = ("one", "procs", "procs_unpinned", "vmap")
 TABLE_COLUMNS = ("shape", "mode", "runs", "tokens_s", "x_one", "x_one_min", "x_one_max", "runs_per_hour",
                  "cpu_per_wall", "rss_MB_per_run")
-# configs/ablation.py:reference's run: what a runs/hour figure counts.
-REFERENCE_STEPS = 2_000
-VOCAB_SIZE = 8_000
+
+
+def reference_run() -> dict:
+    """What the shapes' runs take from configs/ablation.py:reference: its steps (what a runs/hour
+    figure counts), vocabulary size and dropout."""
+    from roformer import ablate
+
+    config = ablate.load_config_file("ablation", "reference")
+    model = config.pretrain.model
+    return {"steps": ablate.pretrain_steps(config), "vocab_size": config.pretrain.data.vocab_size,
+            "hidden_dropout": model.hidden_dropout, "attention_dropout": model.attention_dropout}
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -119,6 +127,7 @@ def run_round(workers: list[Worker], steps: int) -> tuple[float, float]:
 def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
     from roformer.bench.common import ratio_stats
 
+    steps_per_run = reference_run()["steps"]
     size, seq_len, batch = parse_shape(shape)
     parallel = args.parallel or len(parallel_runs.available_cores())
     modes = {mode: start_mode(mode, shape, args.scheme, parallel) for mode in args.modes}
@@ -143,7 +152,7 @@ def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
         runs = sum(w.seeds for w in modes[mode])
         rates = [runs * args.steps * tokens_per_step / s for s in seconds[mode]]
         row = {"shape": shape, "mode": mode, "runs": runs, "tokens_s": statistics.median(rates),
-               "runs_per_hour": statistics.median(rates) * 3600 / (REFERENCE_STEPS * tokens_per_step),
+               "runs_per_hour": statistics.median(rates) * 3600 / (steps_per_run * tokens_per_step),
                "cpu_per_wall": statistics.median(cpu[mode]),
                "rss_MB_per_run": max(r["rss_MB"] / w.seeds for r, w in zip(ready[mode], modes[mode]))}
         if "one" in seconds:
@@ -159,7 +168,7 @@ def run(args: argparse.Namespace) -> dict:
     rows = []
     for shape in args.shapes:
         rows += bench_shape(shape, args)
-    notes = [f"runs_per_hour counts {REFERENCE_STEPS} training steps per run (configs/ablation.py:reference), "
+    notes = [f"runs_per_hour counts {reference_run()['steps']} training steps per run (configs/ablation.py:reference), "
              "not its evaluation, extrapolation or GLUE stages",
              f"cores available: {sorted(parallel_runs.available_cores())}; the load average is in the JSON's "
              "machine: on a shared machine, other processes take their share of the cores in every mode"]
@@ -186,8 +195,11 @@ def _worker(shape: str, scheme: str, seeds: int) -> None:
     from roformer.train import sharding, steps as train_steps
 
     size, seq_len, batch = parse_shape(shape)
-    config = ModelConfig.from_preset(size, position=scheme, vocab_size=VOCAB_SIZE, hidden_dropout=0.0,
-                                     attention_dropout=0.0, max_position_embeddings=seq_len)
+    reference = reference_run()
+    config = ModelConfig.from_preset(size, position=scheme, vocab_size=reference["vocab_size"],
+                                     hidden_dropout=reference["hidden_dropout"],
+                                     attention_dropout=reference["attention_dropout"],
+                                     max_position_embeddings=seq_len)
     workload = build_train_workload(config, batch_size=batch, seq_len=seq_len)
     if seeds == 1:
         step = workload.step
@@ -203,7 +215,7 @@ def _worker(shape: str, scheme: str, seeds: int) -> None:
         holder = {"state": jax.tree.map(lambda *xs: jnp.stack(xs), *[s.init_state() for s in setups])}
         batches = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]),
                                *[synthetic_batch(config, batch, seq_len, seed=k) for k in range(seeds)])
-        # Dropout is off, so the seeds may share the (unused) dropout stream.
+        # The reference run has no dropout, so the seeds may share the (unused) dropout stream.
         vmapped = jax.jit(jax.vmap(train_steps.make_train_step(setups[0].graphdef, tx, schedule, seed=0),
                                    in_axes=(0, None, 0)), donate_argnums=0)
         rest = workload.rest_state
