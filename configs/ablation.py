@@ -51,10 +51,10 @@ def get_config(arg=None):
     # A scheme "uses word order" once shuffling each held-out document's tokens raises its
     # loss by this much (nats, mean over seeds).
     c.order_threshold = 0.1
-    # Pretraining runs trained at once, each in a process of its own on its own cores (CPU hosts;
-    # roformer.parallel_runs): 2 on a 2-core CPU trains more small runs per hour than 1 (one run
-    # on every core; docs/performance.md). Each run keeps its workdir, metrics, checkpoints and
-    # report row; its output goes to DIR/logs/<run>.log.
+    # Runs trained at once, each in a process of its own with XLA:CPU's one-core settings (CPU
+    # hosts, at most one per core; roformer.parallel_runs): small runs such as :reference's use
+    # two cores better as two processes than as one (docs/performance.md). Each run keeps its
+    # workdir, metrics, checkpoints and report row; its output goes to DIR/logs/<run>.log.
     c.parallel = 1
 
     # Shared pretraining config (configs/base.py layout) for every scheme.

@@ -24,7 +24,7 @@ extension runs once every seed's pretraining is done. Re-running
 skips stages that finished with the same config, resumes interrupted training from its
 checkpoints, and retries failed stages. A failing stage is recorded (traceback in
 DIR/errors/) and the other runs still go ahead. With `config.parallel` = K > 1 (CPU hosts)
-the runs go K at a time, each in a process of its own on its own cores
+the runs go K at a time, each in a process of its own with a core's share of XLA:CPU threads
 (roformer.parallel_runs; output in DIR/logs/), with the same workdirs, records and resume.
 """
 from __future__ import annotations
@@ -558,8 +558,8 @@ POLL_S = 0.2
 
 
 def _run_side_by_side(config, workdir: Path, state: AblationState, vocab: str, jobs: list[_Job]) -> dict | None:
-    """Run the jobs config.parallel at a time, each in a process of its own on its own cores
-    (roformer.parallel_runs), in the order given; the report is rewritten as each ends. On
+    """Run the jobs config.parallel at a time, each in a process of its own with its share of
+    the cores (roformer.parallel_runs), in the order given; the report is rewritten as each ends. On
     SIGTERM every running run saves a checkpoint and Preempted is raised once they have."""
     import signal
     import threading
@@ -635,8 +635,7 @@ def _start_job(config, workdir: Path, state: AblationState, vocab: str, job: _Jo
     spec = {"config": config.to_dict(), "workdir": str(workdir), "job": list(job), "vocab": vocab,
             "state": str(job_state), "fingerprints": [fp for _, fp, _ in stages]}
     _write_json(jobs_dir / f"{name}.job.json", spec)
-    log.info("%s: starting in a process of its own on core%s %s (log: %s)", job.run,
-             "s" if len(cores) > 1 else "", ",".join(map(str, cores)), logs_dir / f"{name}.log")
+    log.info("%s: starting in a process of its own (log: %s)", job.run, logs_dir / f"{name}.log")
     with open(logs_dir / f"{name}.log", "a") as out:
         return subprocess.Popen([sys.executable, "-m", "roformer.parallel_runs", str(jobs_dir / f"{name}.job.json")],
                                 env=parallel_runs.child_env(cores), stdout=out, stderr=subprocess.STDOUT)

@@ -2,15 +2,16 @@
 
 At the reference comparison's size a train step leaves a core idle much of the time (per-op
 overhead, products too small to share well over two threads), so a 2-core host trains more
-runs per hour as two processes of one core each than one process of two cores
-(docs/performance.md, `python -m roformer.bench runs`). Each process is pinned to its own
-cores (`sched_setaffinity`, which XLA:CPU's thread pools follow) and, with one core, XLA:CPU
-runs its products on the calling thread instead of handing them to a pool of one. Every
-process calls `retain_host_memory()` itself, as every command does, and is killed when the
-process that started it dies (`PR_SET_PDEATHSIG`), so a kill -9 of the ablation leaves no
-run behind holding its workdir. The process applies both itself (`enter_slot`), first thing:
-a `preexec_fn` would run Python in a fork of a multithreaded parent (jax's), which can
-deadlock.
+runs per hour as two processes than as one (docs/performance.md, `python -m roformer.bench
+runs`). Each process gets XLA:CPU's one-core setting (its products run on the calling thread
+instead of being handed to a thread pool) and is left free to run on any core: pinned to a
+core of its own (`sched_setaffinity`, which `enter_slot` also applies when asked), a
+process cannot move off a core that another program is using, and on a shared host the
+pinned runs measured slower than unpinned ones. Every process calls `retain_host_memory()`
+itself, as every command does, and is killed when the process that started it dies
+(`PR_SET_PDEATHSIG`), so a kill -9 of the ablation leaves no run behind holding its workdir.
+The process applies both itself (`enter_slot`), first thing: a `preexec_fn` would run Python
+in a fork of a multithreaded parent (jax's), which can deadlock.
 
 `python -m roformer.ablate --config.parallel=K` runs its (scheme, seed) runs K at a time
 this way; `python -m roformer.parallel_runs JOB.json` is the process one such run executes
@@ -40,8 +41,8 @@ def core_slots(parallel: int) -> list[list[int]]:
     apart)."""
     cores = sorted(available_cores())
     if not 1 <= parallel <= len(cores):
-        raise ValueError(f"{parallel} runs at once need 1 to {len(cores)} cores each one of its own; "
-                         f"this process may use {len(cores)}")
+        raise ValueError(f"give 1 to {len(cores)} runs at once (a core or more for each): this process "
+                         f"may use {len(cores)} cores")
     return [cores[len(cores) * i // parallel: len(cores) * (i + 1) // parallel] for i in range(parallel)]
 
 
@@ -51,9 +52,10 @@ CORES_ENV = "ROFORMER_RUN_CORES"
 PARENT_ENV = "ROFORMER_RUN_PARENT"
 
 
-def child_env(cores: list[int] | None) -> dict[str, str]:
+def child_env(cores: list[int] | None, pin: bool = False) -> dict[str, str]:
     """The environment of a run's process: this one's, plus its cores (None: every core) and
-    XLA:CPU's one-core settings when it gets one; `enter_slot()` in the child applies them."""
+    XLA:CPU's one-core settings when it gets one; `enter_slot()` in the child applies them.
+    `pin=True` also confines the process to `cores` (see the module doc for why runs are not)."""
     env = dict(os.environ)
     # The run's process imports this very package, wherever the command was started.
     root = str(Path(__file__).resolve().parents[1])
@@ -61,15 +63,16 @@ def child_env(cores: list[int] | None) -> dict[str, str]:
     env[PARENT_ENV] = str(os.getpid())
     env.pop(CORES_ENV, None)
     if cores is not None:
-        env[CORES_ENV] = ",".join(map(str, cores))
+        if pin:
+            env[CORES_ENV] = ",".join(map(str, cores))
         if len(cores) == 1:
             env["XLA_FLAGS"] = " ".join(filter(None, [env.get("XLA_FLAGS", ""), SINGLE_CORE_XLA_FLAGS]))
     return env
 
 
 def enter_slot() -> None:
-    """In a run's process, before jax starts: pin it to its cores (XLA:CPU sizes its thread
-    pools by the cores it may use) and have the kernel kill it when its parent dies."""
+    """In a run's process, before jax starts: pin it to its cores if asked (XLA:CPU sizes its
+    thread pools by the cores it may use) and have the kernel kill it when its parent dies."""
     if os.environ.get(CORES_ENV):
         os.sched_setaffinity(0, [int(c) for c in os.environ[CORES_ENV].split(",")])
     if os.environ.get(PARENT_ENV):

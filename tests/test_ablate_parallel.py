@@ -29,28 +29,29 @@ def test_core_slots_deal_the_cores_and_one_core_turns_off_xlas_thread_pool():
     assert parallel_runs.core_slots(1) == [cores]
     slots = parallel_runs.core_slots(len(cores))
     assert slots == [[c] for c in cores]
-    with pytest.raises(ValueError, match="cores each"):
+    with pytest.raises(ValueError, match="runs at once"):
         parallel_runs.core_slots(len(cores) + 1)
     one = parallel_runs.child_env([cores[0]])
     assert parallel_runs.SINGLE_CORE_XLA_FLAGS in one["XLA_FLAGS"]
     assert os.environ.get("XLA_FLAGS", "") in one["XLA_FLAGS"]   # the caller's flags are kept
-    assert one[parallel_runs.CORES_ENV] == str(cores[0]) and one[parallel_runs.PARENT_ENV] == str(os.getpid())
+    assert parallel_runs.CORES_ENV not in one and one[parallel_runs.PARENT_ENV] == str(os.getpid())
+    assert parallel_runs.child_env([cores[0]], pin=True)[parallel_runs.CORES_ENV] == str(cores[0])
     every = parallel_runs.child_env(None)
     assert parallel_runs.CORES_ENV not in every
     assert every.get("XLA_FLAGS", "") == os.environ.get("XLA_FLAGS", "")
 
 
-def test_a_run_process_takes_its_cores_before_jax_starts():
+def test_a_pinned_process_takes_its_cores_before_jax_starts():
     code = ("import os, sys; from roformer import parallel_runs; parallel_runs.enter_slot(); "
             "import jax; jax.devices(); print(sorted(os.sched_getaffinity(0)), 'jax' in sys.modules)")
     cores = sorted(parallel_runs.available_cores())[-1:]
-    out = subprocess.run([sys.executable, "-c", code], env=parallel_runs.child_env(cores), check=True,
+    out = subprocess.run([sys.executable, "-c", code], env=parallel_runs.child_env(cores, pin=True), check=True,
                          capture_output=True, text=True).stdout
     assert out.strip() == f"{cores} True"
 
 
 @pytest.mark.parametrize("value, message", [(0, ">= 1"), (-1, ">= 1"),
-                                            (10_000, "cores each")])
+                                            (10_000, "runs at once")])
 def test_validate_refuses_a_bad_parallel(value, message):
     config = small_config()
     config.parallel = value
@@ -101,7 +102,6 @@ def test_runs_go_side_by_side_in_plan_order_and_their_records_are_merged(tmp_pat
     assert runs == ["learned/seed0", "rope/seed0", "learned/seed1", "rope/seed1",
                     "extension/none/seed0", "extension/linear/seed0", "extension/none/seed1",
                     "extension/linear/seed1"]
-    assert {cores for _, cores in fake.started} == {tuple(c) for c in parallel_runs.core_slots(2)}
     assert [r["status"] for r in result["runs"]] == ["done"] * 4
     assert [r["status"] for r in result["extension"]["runs"]] == ["done"] * 4
     assert not (tmp_path / ablate.JOBS_DIR).exists()   # every run's records taken in
@@ -246,5 +246,8 @@ def test_side_by_side_runs_give_the_losses_of_runs_in_turn_and_resume_after_kill
         if parallel > 1:
             assert all((workdir / "logs" / f"{run.replace('/', '.')}.log").stat().st_size for run in runs)
             assert not (workdir / ablate.JOBS_DIR).exists()
-    # One core with XLA:CPU's products on the calling thread gives the same floats as two.
-    assert results[2] == results[1]
+    # One core with XLA:CPU's products on the calling thread sums in another order than two
+    # cores may: identical floats at this size, a few 1e-7 nats apart after 150 steps of the
+    # reference run (docs/results/2026-11-25-many-runs-cpu.md).
+    for run in runs:
+        assert results[2][run] == pytest.approx(results[1][run], rel=1e-5, abs=1e-5)

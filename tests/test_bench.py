@@ -363,8 +363,8 @@ def test_runs_bench_times_one_process_runs_side_by_side_and_vmapped_seeds(tmp_pa
     result = run_bench(tmp_path, "runs", "--shapes", "tiny/16/2", "--parallel", "2", "--rounds", "2",
                        "--steps", "1")
     rows = {row["mode"]: row for row in result["rows"]}
-    assert list(rows) == ["one", "procs", "procs_unpinned", "vmap"]
-    assert [rows[m]["runs"] for m in rows] == [1, 2, 2, 2]
+    assert list(rows) == ["one", "procs", "procs_pinned", "procs_plain", "vmap"]
+    assert [rows[m]["runs"] for m in rows] == [1, 2, 2, 2, 2]
     assert rows["one"]["x_one"] == 1.0
     for row in rows.values():
         assert row["tokens_s"] > 0 and row["rss_MB_per_run"] > 0 and row["cpu_per_wall"] > 0

@@ -7,11 +7,12 @@ the reference run's tiny/128/16 and mini/128/32), the train step of that run (no
 an 8,000-word vocabulary, as configs/ablation.py:reference) runs in these modes:
 
 - `one`: one run in one process on every core (how runs went before `config.parallel`);
-- `procs`: `--parallel` runs side by side, each in a process of its own pinned to its own
-  cores with XLA:CPU's settings for that many cores (roformer.parallel_runs: what
-  `python -m roformer.ablate --config.parallel=K` does);
-- `procs_unpinned`: the same processes without pinning or thread settings (the control:
-  what pinning adds);
+- `procs`: `--parallel` runs side by side, each in a process of its own with XLA:CPU's
+  one-core setting (products on the calling thread, no hand-off to a thread pool), free to run
+  on any core (roformer.parallel_runs: what `python -m roformer.ablate --config.parallel=K`
+  does);
+- `procs_pinned`: the same, each process also pinned to its own core (`sched_setaffinity`);
+- `procs_plain`: the same processes with neither setting (XLA:CPU's defaults);
 - `vmap`: `--parallel` seeds of one scheme in one process, parameters, optimizer state and
   batches stacked on a leading axis and the step `jax.vmap`ped (each seed its own
   initialisation and batch).
@@ -39,7 +40,7 @@ import time
 # first (`python -m roformer.bench.runs --worker`).
 from roformer import parallel_runs
 
-MODES = ("one", "procs", "procs_unpinned", "vmap")
+MODES = ("one", "procs", "procs_pinned", "procs_plain", "vmap")
 TABLE_COLUMNS = ("shape", "mode", "runs", "tokens_s", "x_one", "x_one_min", "x_one_max", "runs_per_hour",
                  "cpu_per_wall", "rss_MB_per_run")
 
@@ -109,9 +110,9 @@ def start_mode(mode: str, shape: str, scheme: str, parallel: int) -> list[Worker
     if mode == "vmap":
         return [Worker(shape, scheme, parallel, parallel_runs.child_env(None))]
     slots = parallel_runs.core_slots(parallel)
-    if mode == "procs":
-        return [Worker(shape, scheme, 1, parallel_runs.child_env(cores)) for cores in slots]
-    return [Worker(shape, scheme, 1, parallel_runs.child_env(None)) for _ in slots]
+    if mode == "procs_plain":
+        return [Worker(shape, scheme, 1, parallel_runs.child_env(None)) for _ in slots]
+    return [Worker(shape, scheme, 1, parallel_runs.child_env(cores, pin=mode == "procs_pinned")) for cores in slots]
 
 
 def run_round(workers: list[Worker], steps: int) -> tuple[float, float]:
