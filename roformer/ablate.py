@@ -441,6 +441,7 @@ def _run_ablation(config: ml_collections.ConfigDict, workdir: Path) -> dict:
             result = run_jobs(config, workdir, state, vocab, _extension_jobs(config))
     except Preempted as error:
         log.warning("%s; stopping the ablation (re-run the command to resume)", error)
+        result = None   # the runs done before the preemption are in the state, not yet in a report
     log.info("ablation session took %.0f s", time.time() - started)
     return result if result is not None else _write_report(config, workdir, state)
 

@@ -32,7 +32,10 @@ PR_SET_PDEATHSIG = 1
 
 
 def available_cores() -> set[int]:
-    return os.sched_getaffinity(0)
+    """The cores this process may run on (all of them where the OS cannot say, e.g. macOS)."""
+    if hasattr(os, "sched_getaffinity"):
+        return os.sched_getaffinity(0)
+    return set(range(os.cpu_count() or 1))
 
 
 def core_slots(parallel: int) -> list[list[int]]:
@@ -75,9 +78,10 @@ def enter_slot() -> None:
     thread pools by the cores it may use) and have the kernel kill it when its parent dies."""
     if os.environ.get(CORES_ENV):
         os.sched_setaffinity(0, [int(c) for c in os.environ[CORES_ENV].split(",")])
-    if os.environ.get(PARENT_ENV):
+    parent = os.environ.pop(PARENT_ENV, "")   # not for processes this one starts
+    if parent:
         die_with_parent()
-        if os.getppid() != int(os.environ[PARENT_ENV]):   # it died before the line above took effect
+        if os.getppid() != int(parent):   # it died before the line above took effect
             os._exit(1)
 
 
