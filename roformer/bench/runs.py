@@ -3,7 +3,7 @@
 The research loop is many small runs (the reference comparison, the onset study), and at
 their size a train step leaves cores idle: much of it is per-op overhead and products
 too small to split well over threads. Per shape (size / sequence length / batch, default
-the reference run's tiny/128/16 and mini/128/32), the train step of that run (no dropout,
+tiny/128/16, the reference run's, and mini/128/32), the train step of that run (no dropout,
 an 8,000-word vocabulary, as configs/ablation.py:reference) runs in these modes:
 
 - `one`: one run in one process on every core (how runs went before `config.parallel`);
@@ -23,13 +23,14 @@ mode at once; a mode's tokens/s is all its runs' tokens over the time from the s
 the round to the end of its last run. `x_one` is the median of the per-round ratios of a
 mode's tokens/s to `one`'s (min and max beside it); `cpu_per_wall` is the CPU seconds the
 mode's processes used per wall second; `rss_MB_per_run` the peak resident memory of a
-process divided by the runs it holds.
+process divided by the runs it holds. Training only: what starting its own process costs a
+run (Python, jax, compiling) is not in these figures. Every mode's processes stay alive
+together, so mind the memory at larger shapes (`--modes` runs fewer).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import subprocess
