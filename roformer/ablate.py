@@ -23,10 +23,13 @@ seed 0 first), so an interrupted ablation already compares all schemes; the cont
 extension runs once every seed's pretraining is done. Re-running
 skips stages that finished with the same config, resumes interrupted training from its
 checkpoints, and retries failed stages. A failing stage is recorded (traceback in
-DIR/errors/) and the other runs still go ahead.
+DIR/errors/) and the other runs still go ahead. With `config.parallel` = K > 1 (CPU hosts)
+the runs go K at a time, each in a process of its own with a core's share of XLA:CPU threads
+(roformer.parallel_runs; output in DIR/logs/), with the same workdirs, records and resume.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -38,7 +41,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import ml_collections
 
@@ -241,6 +244,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                             f"{schemes}")
         if any(v <= 0 for v in values.values()):
             problems.append(f"config.{key}={config.get(key)!r}: every value must be > 0")
+    problems += _parallel_problems(config.parallel)
     if config.reference not in schemes:
         problems.append(f"config.reference={config.reference!r} is not one of config.schemes {schemes}")
     factors = split_list(config.extrapolation.factors)
@@ -283,6 +287,24 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ValueError("ablation config: " + "; ".join(problems))
 
 
+def _parallel_problems(parallel: Any) -> list[str]:
+    if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
+        return [f"config.parallel={parallel!r}: give how many runs train at once (>= 1)"]
+    if parallel == 1:
+        return []
+    from roformer import parallel_runs
+    from roformer.host_memory import cpu_only
+
+    if not cpu_only():
+        return [f"config.parallel={parallel}: runs side by side share a CPU host's cores; with an "
+                "accelerator, run one at a time (or set JAX_PLATFORMS=cpu)"]
+    try:
+        parallel_runs.core_slots(parallel)
+    except ValueError as error:
+        return [f"config.parallel={parallel}: {error}"]
+    return []
+
+
 # Train settings that watch a run rather than decide what it computes: changing them never
 # reruns a finished stage (a guard that fires stops the run, which is then not done anyway).
 WATCH_ONLY_TRAIN_KEYS = ("progress_bar", "eval_attention_stats")
@@ -312,8 +334,8 @@ def fingerprint(*parts: Any) -> str:
 class AblationState:
     """`DIR/ablation_state.json`: per run and stage, status, fingerprint, result."""
 
-    def __init__(self, workdir: Path):
-        self.path = workdir / STATE_FILE
+    def __init__(self, workdir: Path, path: Path | None = None):
+        self.path = path or workdir / STATE_FILE
         self.data: dict[str, dict[str, dict]] = (
             json.loads(self.path.read_text()) if self.path.exists() else {})
 
@@ -412,17 +434,14 @@ def _run_ablation(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     vocab = pin_vocabulary(config, workdir)
     result = None
     try:
-        for scheme, seed in planned_runs(config):
-            _run_stages(state, workdir, f"{scheme}/seed{seed}", _scheme_stages(config, workdir, scheme, seed, vocab))
-            result = _write_report(config, workdir, state)   # readable while the next run trains
+        # config.parallel > 1: every run in a process of its own, that many at once.
+        run_jobs = _run_side_by_side if config.parallel > 1 else _run_in_turn
+        result = run_jobs(config, workdir, state, vocab, _scheme_jobs(config))
         if config.extension.enabled:   # after the comparison itself, which it builds on
-            for seed in range(extension_seeds(config)):
-                for method in split_list(config.extension.methods):
-                    _run_stages(state, workdir, f"extension/{method}/seed{seed}",
-                                _extension_stages(config, workdir, method, seed, vocab))
-                    result = _write_report(config, workdir, state)
+            result = run_jobs(config, workdir, state, vocab, _extension_jobs(config))
     except Preempted as error:
         log.warning("%s; stopping the ablation (re-run the command to resume)", error)
+        result = None   # the runs done before the preemption are in the state, not yet in a report
     log.info("ablation session took %.0f s", time.time() - started)
     return result if result is not None else _write_report(config, workdir, state)
 
@@ -498,6 +517,187 @@ def _extension_stages(config, workdir: Path, method: str, seed: int, vocab: str
         ("extension_eval", fingerprint(fp, config.extrapolation),
          lambda: STAGE_RUNNERS["extension_eval"](config, pretrain_cfg, ext_dir)),
     ]
+
+
+class _Job(NamedTuple):
+    """One run of the ablation: its name in the state, and what builds its stages."""
+    run: str          # <scheme>/seed<k> or extension/<method>/seed<k>
+    kind: str         # "scheme" or "extension"
+    key: str          # the scheme or the extension method
+    seed: int
+
+
+def _scheme_jobs(config) -> list[_Job]:
+    return [_Job(f"{scheme}/seed{seed}", "scheme", scheme, seed) for scheme, seed in planned_runs(config)]
+
+
+def _extension_jobs(config) -> list[_Job]:
+    return [_Job(f"extension/{method}/seed{seed}", "extension", method, seed)
+            for seed in range(extension_seeds(config)) for method in split_list(config.extension.methods)]
+
+
+def _job_stages(config, workdir: Path, job: _Job, vocab: str) -> list[tuple[str, str, Callable]]:
+    make = _scheme_stages if job.kind == "scheme" else _extension_stages
+    return make(config, workdir, job.key, job.seed, vocab)
+
+
+def _run_in_turn(config, workdir: Path, state: AblationState, vocab: str, jobs: list[_Job]) -> dict | None:
+    result = None
+    for job in jobs:
+        _run_stages(state, workdir, job.run, _job_stages(config, workdir, job, vocab))
+        result = _write_report(config, workdir, state)   # readable while the next run trains
+    return result
+
+
+# config.parallel > 1: a run's job file and its own state (merged into DIR/ablation_state.json
+# when its process ends, or by the next session if this one was killed) live here, its output
+# in DIR/logs/<run>.log.
+JOBS_DIR = "parallel"
+LOGS_DIR = "logs"
+PREEMPTED_EXIT = 75   # a run's process saved a checkpoint on SIGTERM (EX_TEMPFAIL)
+POLL_S = 0.2
+
+
+def _run_side_by_side(config, workdir: Path, state: AblationState, vocab: str, jobs: list[_Job]) -> dict | None:
+    """Run the jobs config.parallel at a time, each in a process of its own with its share of
+    the cores (roformer.parallel_runs), in the order given; the report is rewritten as each ends. On
+    SIGTERM every running run saves a checkpoint and Preempted is raised once they have."""
+    import signal
+    import threading
+
+    from roformer import parallel_runs
+
+    _merge_job_states(state, workdir)
+    slots = parallel_runs.core_slots(int(config.parallel))
+    pending = []
+    for job in jobs:
+        stages = _job_stages(config, workdir, job, vocab)
+        if all(state.is_done(job.run, stage, fp) for stage, fp, _ in stages):
+            log.info("%s: already done, skipping", job.run)
+        else:
+            pending.append((job, stages))
+    running: dict[int, tuple[Any, _Job]] = {}   # slot -> (process, job)
+    stop: list[str] = []                        # why no further run starts
+
+    def preempt(reason: str) -> None:
+        if not stop:
+            stop.append(reason)
+            for process, _ in running.values():
+                process.send_signal(signal.SIGTERM)   # each saves a checkpoint and exits
+
+    handled = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: preempt("SIGTERM received")) if handled else None
+    result = None
+    try:
+        while running or (pending and not stop):
+            for slot, cores in enumerate(slots):
+                if slot not in running and pending and not stop:
+                    job, stages = pending.pop(0)
+                    running[slot] = (_start_job(config, workdir, state, vocab, job, stages, cores), job)
+            time.sleep(POLL_S)
+            for slot, (process, job) in list(running.items()):
+                if process.poll() is None:
+                    continue
+                del running[slot]
+                _merge_job_states(state, workdir, job.run)
+                if process.returncode == PREEMPTED_EXIT:
+                    preempt(f"{job.run} preempted")
+                elif process.returncode != 0 and not (stop and process.returncode == -signal.SIGTERM):
+                    _record_crash(state, workdir, job, _job_stages(config, workdir, job, vocab),
+                                  process.returncode)
+                log.info("%s: process ended (status %d)", job.run, process.returncode)
+                result = _write_report(config, workdir, state)
+    finally:
+        for process, job in running.values():   # only after an error here: let them save and stop
+            process.terminate()
+            process.wait()
+            _merge_job_states(state, workdir, job.run)
+        if handled:
+            signal.signal(signal.SIGTERM, previous)
+        with contextlib.suppress(OSError):   # left only while runs are unmerged
+            (workdir / JOBS_DIR).rmdir()
+    if stop:
+        raise Preempted(stop[0])
+    return result
+
+
+def _start_job(config, workdir: Path, state: AblationState, vocab: str, job: _Job,
+               stages: list[tuple[str, str, Callable]], cores: list[int]):
+    import subprocess
+
+    from roformer import parallel_runs
+
+    name = _error_name(job.run)
+    jobs_dir, logs_dir = workdir / JOBS_DIR, workdir / LOGS_DIR
+    jobs_dir.mkdir(exist_ok=True)
+    logs_dir.mkdir(exist_ok=True)
+    job_state = jobs_dir / f"{name}.state.json"
+    _write_json(job_state, {job.run: state.data.get(job.run, {})})
+    spec = {"config": config.to_dict(), "workdir": str(workdir), "job": list(job), "vocab": vocab,
+            "state": str(job_state), "fingerprints": [fp for _, fp, _ in stages]}
+    _write_json(jobs_dir / f"{name}.job.json", spec)
+    log.info("%s: starting in a process of its own (log: %s)", job.run, logs_dir / f"{name}.log")
+    with open(logs_dir / f"{name}.log", "a") as out:
+        return subprocess.Popen([sys.executable, "-m", "roformer.parallel_runs", str(jobs_dir / f"{name}.job.json")],
+                                env=parallel_runs.child_env(cores), stdout=out, stderr=subprocess.STDOUT)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    staging = path.with_suffix(f".partial-{os.getpid()}")
+    staging.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(staging, path)
+
+
+def _merge_job_states(state: AblationState, workdir: Path, run: str | None = None) -> None:
+    """Take the records a run's process wrote (all runs' when `run` is None: what a killed
+    session left) into the ablation's state, and remove its job files."""
+    jobs_dir = workdir / JOBS_DIR
+    names = [f"{_error_name(run)}.state.json"] if run else sorted(p.name for p in jobs_dir.glob("*.state.json"))
+    for name in names:
+        path = jobs_dir / name
+        if path.exists():
+            for run_name, records in json.loads(path.read_text()).items():
+                for stage, record in records.items():
+                    if record != state.get(run_name, stage):
+                        state.set(run_name, stage, record)
+            path.unlink()
+        (jobs_dir / name.replace(".state.json", ".job.json")).unlink(missing_ok=True)
+
+
+def _record_crash(state: AblationState, workdir: Path, job: _Job, stages, returncode: int) -> None:
+    """A run's process that died without recording its stage (killed, out of memory): the
+    stage it was in is failed, so the report says so and the next session retries it."""
+    for stage, fp, _ in stages:
+        if state.get(job.run, stage).get("status") == "failed":
+            return
+        if not state.is_done(job.run, stage, fp):
+            import signal
+
+            log_file = workdir / LOGS_DIR / f"{_error_name(job.run)}.log"
+            how = (f"was killed by {signal.Signals(-returncode).name}" if returncode < 0
+                   else f"exited with status {returncode}")
+            _record_failure(state, workdir, job.run, stage, fp, RuntimeError(
+                f"the run's process {how}; its output is in {log_file}"))
+            return
+
+
+def run_job_file(path: str | Path) -> int:
+    """In a run's own process (python -m roformer.parallel_runs JOB.json): the run's stages
+    that are not done yet, recorded in the job's own state file. Returns the exit status."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("roformer").setLevel(logging.INFO)
+    spec = json.loads(Path(path).read_text())
+    config = ml_collections.ConfigDict(spec["config"])
+    workdir, job = Path(spec["workdir"]), _Job(*spec["job"])
+    stages = _job_stages(config, workdir, job, spec["vocab"])
+    if [fp for _, fp, _ in stages] != spec["fingerprints"]:
+        raise RuntimeError(f"{path}: the config read back does not give the stages' fingerprints")
+    try:
+        _run_stages(AblationState(workdir, Path(spec["state"])), workdir, job.run, stages)
+    except Preempted as error:
+        log.warning("%s", error)
+        return PREEMPTED_EXIT
+    return 0
 
 
 def _run_stages(state: AblationState, workdir: Path, run: str, stages: list[tuple[str, str, Callable]]) -> None:

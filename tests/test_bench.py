@@ -366,6 +366,20 @@ def test_gpu_bench_keeps_what_it_has_when_a_group_fails(tmp_path, monkeypatch):
     assert [r["size"] for r in on_disk["tiny"]["rows"]] == ["mini"] and on_disk["tiny"]["machine"]["platform"]
 
 
+@pytest.mark.slow   # four benchmark processes start jax and compile
+def test_runs_bench_times_one_process_runs_side_by_side_and_vmapped_seeds(tmp_path):
+    result = run_bench(tmp_path, "runs", "--shapes", "tiny/16/2", "--modes", "one", "procs", "vmap",
+                       "--parallel", "2", "--rounds", "2", "--steps", "1")
+    rows = {row["mode"]: row for row in result["rows"]}
+    assert list(rows) == ["one", "procs", "vmap"]
+    assert [rows[m]["runs"] for m in rows] == [1, 2, 2]
+    assert rows["one"]["x_one"] == 1.0
+    for row in rows.values():
+        assert row["tokens_s"] > 0 and row["rss_MB_per_run"] > 0 and row["cpu_per_wall"] > 0
+        assert within(row, "x_one")
+        assert row["runs_per_hour"] == pytest.approx(row["tokens_s"] * 3600 / (2000 * 16 * 2))
+
+
 def test_unknown_benchmark_is_rejected(capsys):
     with pytest.raises(SystemExit) as stopped:
         bench_main.main(["nope"])

@@ -1,0 +1,244 @@
+"""Research throughput: tokens/s of the whole machine when it trains several small runs.
+
+The research loop is many small runs (the reference comparison, the onset study), and at
+their size a train step leaves cores idle: much of it is per-op overhead and products
+too small to split well over threads. Per shape (size / sequence length / batch, default
+tiny/128/16, the reference run's, and mini/128/32), the train step of that run (no dropout,
+an 8,000-word vocabulary, as configs/ablation.py:reference) runs in these modes:
+
+- `one`: one run in one process on every core (how runs went before `config.parallel`);
+- `procs`: `--parallel` runs side by side, each in a process of its own with XLA:CPU's
+  one-core setting (products on the calling thread, no hand-off to a thread pool), free to run
+  on any core (roformer.parallel_runs: what `python -m roformer.ablate --config.parallel=K`
+  does);
+- `procs_pinned`: the same, each process also pinned to its own core (`sched_setaffinity`);
+- `procs_plain`: the same processes with neither setting (XLA:CPU's defaults);
+- `vmap`: `--parallel` seeds of one scheme in one process, parameters, optimizer state and
+  batches stacked on a leading axis and the step `jax.vmap`ped (each seed its own
+  initialisation and batch).
+
+Every mode's processes are started once, compiled and warmed up, then the modes run in
+alternating rounds (the order rotating), each round `--steps` steps of every run of the
+mode at once; a mode's tokens/s is all its runs' tokens over the time from the start of
+the round to the end of its last run. `x_one` is the median of the per-round ratios of a
+mode's tokens/s to `one`'s (min and max beside it); `cpu_per_wall` is the CPU seconds the
+mode's processes used per wall second; `rss_MB_per_run` the peak resident memory of a
+process divided by the runs it holds. Training only: what starting its own process costs a
+run (Python, jax, compiling) is not in these figures. Every mode's processes stay alive
+together, so mind the memory at larger shapes (`--modes` runs fewer).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+# Nothing here imports jax at module level: the worker process sets its cores and malloc
+# first (`python -m roformer.bench.runs --worker`).
+from roformer import parallel_runs
+
+MODES = ("one", "procs", "procs_pinned", "procs_plain", "vmap")
+TABLE_COLUMNS = ("shape", "mode", "runs", "tokens_s", "x_one", "x_one_min", "x_one_max", "runs_per_hour",
+                 "cpu_per_wall", "rss_MB_per_run")
+
+
+def reference_run() -> dict:
+    """What the shapes' runs take from configs/ablation.py:reference: its steps (what a runs/hour
+    figure counts), vocabulary size and dropout."""
+    from roformer import ablate
+
+    config = ablate.load_config_file("ablation", "reference")
+    model = config.pretrain.model
+    return {"steps": ablate.pretrain_steps(config), "vocab_size": config.pretrain.data.vocab_size,
+            "hidden_dropout": model.hidden_dropout, "attention_dropout": model.attention_dropout}
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shapes", nargs="+", default=["tiny/128/16", "mini/128/32"],
+                        help="size/seq_len/batch of the run")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--parallel", type=int, default=0,
+                        help="runs at once in procs and vmap (0: one per core)")
+    parser.add_argument("--scheme", default="rope", help="position scheme of the runs")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds")
+    parser.add_argument("--steps", type=int, default=30, help="steps of every run per round")
+
+
+def parse_shape(text: str) -> tuple[str, int, int]:
+    size, seq_len, batch = text.split("/")
+    return size, int(seq_len), int(batch)
+
+
+class Worker:
+    """A benchmark process holding `seeds` runs of one shape (stacked and vmapped when > 1),
+    warmed up; `go(steps)` starts `steps` steps, `wait()` returns its timing."""
+
+    def __init__(self, shape: str, scheme: str, seeds: int, env: dict):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "roformer.bench.runs", "--worker", shape, scheme, str(seeds)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+        self.seeds = seeds
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"benchmark worker exited with status {self.proc.wait()}")
+        return json.loads(line)
+
+    def ready(self) -> dict:
+        return self._read()
+
+    def go(self, steps: int) -> None:
+        self.proc.stdin.write(f"{steps}\n")
+        self.proc.stdin.flush()
+
+    def wait(self) -> dict:
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
+
+
+def start_mode(mode: str, shape: str, scheme: str, parallel: int) -> list[Worker]:
+    if mode == "one":
+        return [Worker(shape, scheme, 1, parallel_runs.child_env(None))]
+    if mode == "vmap":
+        return [Worker(shape, scheme, parallel, parallel_runs.child_env(None))]
+    slots = parallel_runs.core_slots(parallel)
+    if mode == "procs_plain":
+        return [Worker(shape, scheme, 1, parallel_runs.child_env(None)) for _ in slots]
+    return [Worker(shape, scheme, 1, parallel_runs.child_env(cores, pin=mode == "procs_pinned")) for cores in slots]
+
+
+def run_round(workers: list[Worker], steps: int) -> tuple[float, float]:
+    """Wall seconds until every worker has done `steps` steps (started together), and the
+    CPU seconds they used."""
+    start = time.perf_counter()
+    for worker in workers:
+        worker.go(steps)
+    results = [worker.wait() for worker in workers]
+    return time.perf_counter() - start, sum(r["cpu_s"] for r in results)
+
+
+def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
+    from roformer.bench.common import ratio_stats
+
+    steps_per_run = reference_run()["steps"]
+    size, seq_len, batch = parse_shape(shape)
+    parallel = args.parallel or len(parallel_runs.available_cores())
+    modes = {mode: start_mode(mode, shape, args.scheme, parallel) for mode in args.modes}
+    try:
+        ready = {mode: [w.ready() for w in workers] for mode, workers in modes.items()}
+        names = list(modes)
+        seconds = {m: [] for m in names}
+        cpu = {m: [] for m in names}
+        for index in range(args.rounds):
+            shift = index % len(names)
+            for mode in names[shift:] + names[:shift]:
+                wall, used = run_round(modes[mode], args.steps)
+                seconds[mode].append(wall)
+                cpu[mode].append(used / wall)
+    finally:
+        for workers in modes.values():
+            for worker in workers:
+                worker.close()
+    rows = []
+    tokens_per_step = seq_len * batch
+    for mode in names:
+        runs = sum(w.seeds for w in modes[mode])
+        rates = [runs * args.steps * tokens_per_step / s for s in seconds[mode]]
+        row = {"shape": shape, "mode": mode, "runs": runs, "tokens_s": statistics.median(rates),
+               "runs_per_hour": statistics.median(rates) * 3600 / (steps_per_run * tokens_per_step),
+               "cpu_per_wall": statistics.median(cpu[mode]),
+               "rss_MB_per_run": max(r["rss_MB"] / w.seeds for r, w in zip(ready[mode], modes[mode]))}
+        if "one" in seconds:
+            # Ratio of throughputs = ratio of (runs / time): per round, against one's round.
+            one_rates = [tokens_per_step * args.steps / s for s in seconds["one"]]
+            stats = ratio_stats(rates, one_rates)
+            row.update(x_one=stats["median"], x_one_min=stats["min"], x_one_max=stats["max"])
+        rows.append(row)
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict:
+    rows = []
+    for shape in args.shapes:
+        rows += bench_shape(shape, args)
+    notes = [f"runs_per_hour counts {reference_run()['steps']} training steps per run (configs/ablation.py:reference), "
+             "not its evaluation, extrapolation or GLUE stages",
+             f"cores available: {sorted(parallel_runs.available_cores())}; the load average is in the JSON's "
+             "machine: on a shared machine, other processes take their share of the cores in every mode"]
+    return {"rows": rows, "columns": TABLE_COLUMNS, "notes": notes,
+            "settings": {k: v for k, v in vars(args).items() if k != "json"}}
+
+
+# --------------------------------------------------------------------------- worker process
+
+
+def _worker(shape: str, scheme: str, seeds: int) -> None:
+    """Build the step (and `seeds` stacked states when > 1), warm up, say ready with the peak
+    RSS, then run the number of steps read from stdin until it closes."""
+    from roformer.host_memory import retain_host_memory
+
+    parallel_runs.enter_slot()   # its cores and thread settings, as a run of the ablation's
+    retain_host_memory()   # as the training commands do; before jax runs anything
+    import jax
+    import jax.numpy as jnp
+
+    from roformer.bench.common import TRAIN_STEP_WARMUP
+    from roformer.bench.workload import build_train_workload, synthetic_batch
+    from roformer.model import ModelConfig
+    from roformer.train import sharding, steps as train_steps
+
+    size, seq_len, batch = parse_shape(shape)
+    reference = reference_run()
+    config = ModelConfig.from_preset(size, position=scheme, vocab_size=reference["vocab_size"],
+                                     hidden_dropout=reference["hidden_dropout"],
+                                     attention_dropout=reference["attention_dropout"],
+                                     max_position_embeddings=seq_len)
+    workload = build_train_workload(config, batch_size=batch, seq_len=seq_len)
+    if seeds == 1:
+        step = workload.step
+    else:
+        from roformer.bench.workload import train_config
+        from roformer.train import optim
+        from roformer.train.state import TrainSetup
+
+        tx, schedule = optim.make_optimizer(**train_config())
+        mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+        setups = [TrainSetup(config, tx, schedule, mesh, seed=k) for k in range(seeds)]
+        # Each seed its own initialisation and batch; stacked on a leading axis.
+        holder = {"state": jax.tree.map(lambda *xs: jnp.stack(xs), *[s.init_state() for s in setups])}
+        batches = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]),
+                               *[synthetic_batch(config, batch, seq_len, seed=k) for k in range(seeds)])
+        # The reference run has no dropout, so the seeds may share the (unused) dropout stream.
+        vmapped = jax.jit(jax.vmap(train_steps.make_train_step(setups[0].graphdef, tx, schedule, seed=0),
+                                   in_axes=(0, None, 0)), donate_argnums=0)
+        rest = workload.rest_state
+        del workload
+
+        def step():
+            holder["state"], metrics = vmapped(holder["state"], rest, batches)
+            return holder["state"], metrics
+    for _ in range(TRAIN_STEP_WARMUP):
+        jax.block_until_ready(step())
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # KiB on Linux
+    print(json.dumps({"ready": True, "rss_MB": rss}), flush=True)
+    for line in sys.stdin:
+        count = int(line)
+        cpu0 = time.process_time()
+        start = time.perf_counter()
+        for _ in range(count):
+            jax.block_until_ready(step())
+        print(json.dumps({"seconds": time.perf_counter() - start, "cpu_s": time.process_time() - cpu0}),
+              flush=True)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    _worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))

@@ -1,0 +1,110 @@
+"""Several small runs at once on one CPU host, each in a process of its own.
+
+At the reference comparison's size a train step leaves a core idle much of the time (per-op
+overhead, products too small to share well over two threads), so a 2-core host trains more
+runs per hour as two processes than as one (docs/performance.md, `python -m roformer.bench
+runs`). Each process gets XLA:CPU's one-core setting (its products run on the calling thread
+instead of being handed to a thread pool) and is left free to run on any core: pinned to a
+core of its own (`sched_setaffinity`, which `enter_slot` also applies when asked), a
+process cannot move off a core that another program is using, and on a shared host the
+pinned runs measured slower than unpinned ones. Every process calls `retain_host_memory()`
+itself, as every command does, and is killed when the process that started it dies
+(`PR_SET_PDEATHSIG`), so a kill -9 of the ablation leaves no run behind holding its workdir.
+The process applies both itself (`enter_slot`), first thing: a `preexec_fn` would run Python
+in a fork of a multithreaded parent (jax's), which can deadlock.
+
+`python -m roformer.ablate --config.parallel=K` runs its (scheme, seed) runs K at a time
+this way; `python -m roformer.parallel_runs JOB.json` is the process one such run executes
+in (roformer.ablate.run_job_file).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+from pathlib import Path
+
+# XLA:CPU runs a product on the thread that runs the program instead of its thread pool.
+SINGLE_CORE_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
+PR_SET_PDEATHSIG = 1
+
+
+def available_cores() -> set[int]:
+    """The cores this process may run on (all of them where the OS cannot say, e.g. macOS)."""
+    if hasattr(os, "sched_getaffinity"):
+        return os.sched_getaffinity(0)
+    return set(range(os.cpu_count() or 1))
+
+
+def core_slots(parallel: int) -> list[list[int]]:
+    """The available cores dealt into `parallel` groups as even as they go (consecutive ids
+    together: hyper-thread siblings are usually not, so this does not try to keep them
+    apart)."""
+    cores = sorted(available_cores())
+    if not 1 <= parallel <= len(cores):
+        raise ValueError(f"give 1 to {len(cores)} runs at once (a core or more for each): this process "
+                         f"may use {len(cores)} cores")
+    return [cores[len(cores) * i // parallel: len(cores) * (i + 1) // parallel] for i in range(parallel)]
+
+
+# How a run's process learns its cores and the process it must not outlive (it applies
+# them itself, first thing: a fork of the multithreaded parent may run no Python before exec).
+CORES_ENV = "ROFORMER_RUN_CORES"
+PARENT_ENV = "ROFORMER_RUN_PARENT"
+
+
+def child_env(cores: list[int] | None, pin: bool = False) -> dict[str, str]:
+    """The environment of a run's process: this one's, plus its cores (None: every core) and
+    XLA:CPU's one-core settings when it gets one; `enter_slot()` in the child applies them.
+    `pin=True` also confines the process to `cores` (see the module doc for why runs are not)."""
+    env = dict(os.environ)
+    # The run's process imports this very package, wherever the command was started.
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
+    env[PARENT_ENV] = str(os.getpid())
+    env.pop(CORES_ENV, None)
+    if cores is not None:
+        if pin:
+            env[CORES_ENV] = ",".join(map(str, cores))
+        if len(cores) == 1:
+            env["XLA_FLAGS"] = " ".join(filter(None, [env.get("XLA_FLAGS", ""), SINGLE_CORE_XLA_FLAGS]))
+    return env
+
+
+def enter_slot() -> None:
+    """In a run's process, before jax starts: pin it to its cores if asked (XLA:CPU sizes its
+    thread pools by the cores it may use) and have the kernel kill it when its parent dies."""
+    if os.environ.get(CORES_ENV):
+        os.sched_setaffinity(0, [int(c) for c in os.environ[CORES_ENV].split(",")])
+    parent = os.environ.pop(PARENT_ENV, "")   # not for processes this one starts
+    if parent:
+        die_with_parent()
+        if os.getppid() != int(parent):   # it died before the line above took effect
+            os._exit(1)
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when the process that started it exits (however it ends)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def main(argv: list[str]) -> int:
+    from roformer.host_memory import retain_host_memory
+
+    enter_slot()
+    retain_host_memory()   # before jax runs anything, as every command does; see host_memory.py
+    if len(argv) != 2:
+        print("usage: python -m roformer.parallel_runs JOB.json", file=sys.stderr)
+        return 2
+    from roformer import ablate
+
+    return ablate.run_job_file(argv[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
