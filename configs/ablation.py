@@ -154,6 +154,7 @@ def get_config(arg=None):
         _reference(c)
         c.scheme_seeds = "rope=5,learned=5,none=5"
         c.budget_tokens = 20_000 * 16 * 128
+        c.parallel = 2                       # two runs at a time on a 2-core CPU (docs/ablation.md)
         pre.train.eval_every = 250
         pre.train.checkpoint_every = 1_000
     elif arg:

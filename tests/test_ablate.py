@@ -708,3 +708,12 @@ def test_fingerprint_ignores_settings_that_only_watch_a_run():
     assert ablate.fingerprint(cfg) == fp
     cfg.train.learning_rate *= 2
     assert ablate.fingerprint(cfg) != fp
+
+
+@pytest.mark.parametrize("variant", [None, "smoke", "reference", "onset"])
+def test_every_ablation_variant_is_a_valid_config(variant):
+    config = ablate.load_config_file("ablation", variant)
+    ablate.validate(config)
+    if variant == "onset":   # 10x the reference's budget, more seeds where onsets vary most
+        assert ablate.pretrain_steps(config) == 20_000
+        assert [ablate.scheme_seeds(config, s) for s in ("rope", "learned", "none", "shaw")] == [5, 5, 5, 3]
