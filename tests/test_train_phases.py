@@ -16,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from conftest import SHARED_DATA, needs_torch, needs_transformers
+from conftest import REPO_ROOT, SHARED_DATA, needs_torch, needs_transformers
 from configs import bert_staged, tiny
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.config import Phase, parse_phases
@@ -282,14 +282,14 @@ def test_command_line_warm_start_checks_only_the_model_keys_it_gives(tmp_path, c
                "--config.train.seq_len=32", "--config.train.eval_batches=1", "--config.train.progress_bar=false",
                "--config.mesh.num_devices=1"]
     refused = subprocess.run([*command, f"--workdir={tmp_path / 'refused'}", "--config.model.intermediate_size=512"],
-                             cwd=REPO, capture_output=True, text=True)
+                             cwd=REPO_ROOT, capture_output=True, text=True)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr   # after the tokenizer's progress:
     assert refused.stderr.splitlines()[-1:] == [
         f"error: train.init_from={hf_dir} is another architecture than this run's model settings: intermediate_size: "
         "checkpoint 48, model.intermediate_size 512 (a warm start takes the architecture from its checkpoint: "
         "leave these keys unset)"], refused.stderr[-3000:]
     assert not (tmp_path / "refused").exists()
-    done = subprocess.run([*command, f"--workdir={tmp_path / 'warm'}"], cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run([*command, f"--workdir={tmp_path / 'warm'}"], cwd=REPO_ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     resolved = json.loads((tmp_path / "warm" / "config.json").read_text())["resolved_model"]
     assert (resolved["hidden_size"], resolved["intermediate_size"], resolved["num_layers"]) == (32, 48, 2)
