@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from roformer import attention, attention_stats
+from roformer import attention_stats
 from roformer.model import ModelConfig, RoFormerModel
 from roformer.train import read_metrics, train_and_evaluate
 
