@@ -353,6 +353,8 @@ def test_from_hf_names_a_missing_directory_and_a_pretraining_workdir(tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
+@needs_torch
+@needs_transformers
 def test_read_model_config_reads_the_architecture_without_the_weights(tmp_path):
     """What a warm start checks a run's settings against: the same ModelConfig the loaders
     build, for an HF directory and for our format; a pretraining workdir is named as one."""

@@ -260,6 +260,8 @@ def test_refused_settings_leave_no_workdir(shared_data, tmp_path, vocab):
     assert not (tmp_path / "out").exists()
 
 
+@needs_torch
+@needs_transformers
 def test_hf_dir_without_tokenizer_uses_the_named_vocabulary_of_its_size(tmp_path, vocab):
     """As in pretraining: config.vocab names the vocabulary of a checkpoint saved without
     one, the architecture is the checkpoint's, and a vocabulary of another size is refused

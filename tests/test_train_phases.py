@@ -220,6 +220,8 @@ def save_hf_roformer(hf_dir: Path, **sizes) -> Path:
     return hf_dir
 
 
+@needs_torch
+@needs_transformers
 def test_warm_start_takes_the_architecture_from_the_checkpoint_and_a_named_vocabulary(tmp_path, cache,
                                                                                       shared_data):
     """An HF directory without tokenizer files is warm-started with the vocabulary the run names,
@@ -239,6 +241,8 @@ def test_warm_start_takes_the_architecture_from_the_checkpoint_and_a_named_vocab
     assert (warm / "vocab.txt").read_text() == vocab.read_text()
 
 
+@needs_torch
+@needs_transformers
 def test_warm_start_refusals_name_the_conflict_and_leave_nothing(tmp_path, cache, shared_data):
     from roformer.train import warm_start
 
@@ -268,6 +272,8 @@ def test_warm_start_refusals_name_the_conflict_and_leave_nothing(tmp_path, cache
         assert not (tmp_path / "run").exists()   # refused before anything was written
 
 
+@needs_torch
+@needs_transformers
 def test_command_line_warm_start_checks_only_the_model_keys_it_gives(tmp_path, cache, shared_data):
     """configs/tiny.py's preset (intermediate_size 512) yields to the checkpoint's 48; the same
     key given on the command line is refused in one line, before anything is written."""
