@@ -46,6 +46,7 @@ from typing import Any, Callable, NamedTuple
 import ml_collections
 
 from roformer import report
+from roformer.files import write_text_atomic
 from roformer.train.metrics import read_metrics
 from roformer.workdir_lock import workdir_lock
 
@@ -472,9 +473,7 @@ def pin_vocabulary(config: ml_collections.ConfigDict, workdir: Path) -> str:
             from roformer.data.pipeline import corpus_tokenizer
 
             text = corpus_tokenizer(DataConfig.from_mapping(config.pretrain.data)).tokenizer.to_str()
-        staging = pinned.with_suffix(f".partial-{os.getpid()}")
-        staging.write_text(text)
-        os.replace(staging, pinned)
+        write_text_atomic(pinned, text)
     import jax
 
     if jax.process_count() > 1:
@@ -643,9 +642,7 @@ def _start_job(config, workdir: Path, state: AblationState, vocab: str, job: _Jo
 
 
 def _write_json(path: Path, data: Any) -> None:
-    staging = path.with_suffix(f".partial-{os.getpid()}")
-    staging.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(staging, path)
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def _merge_job_states(state: AblationState, workdir: Path, run: str | None = None) -> None:

@@ -44,13 +44,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+
+from roformer.files import write_text_atomic
 
 log = logging.getLogger("roformer.capability")
 
@@ -138,18 +139,13 @@ def write_corpus(config: ml_collections.ConfigDict, directory: Path) -> tuple[Pa
     if not vocab.is_file():
         from roformer.data.tokenizer import SPECIAL_TOKENS
 
-        _write_atomic(vocab, "".join(f"{w}\n" for w in (*SPECIAL_TOKENS, *world.words)))
+        write_text_atomic(vocab, "".join(f"{w}\n" for w in (*SPECIAL_TOKENS, *world.words)))
     if not text.is_file():
         rng = np.random.default_rng([config.seed, 1])
         docs = documents(rng, world, corpus, corpus.train_docs)
-        _write_atomic(text, "\n\n".join(" ".join(words) for _, words, _ in docs) + "\n")
+        write_text_atomic(text, "\n\n".join(" ".join(words) for _, words, _ in docs) + "\n")
     return vocab, text
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    staging = path.with_suffix(f".partial-{os.getpid()}")
-    staging.write_text(text)
-    os.replace(staging, path)
 
 
 # --------------------------------------------------------------------------- probes
@@ -333,8 +329,8 @@ def run_capability(config: ml_collections.ConfigDict, workdir: str | Path) -> di
                 log.warning("%s; run the same command again to resume", stop)
                 return {**_result(config, schemes, rows), "preempted": True}
             result = _result(config, schemes, rows)
-            _write_atomic(workdir / RESULT_JSON, json.dumps(result, indent=2) + "\n")
-            _write_atomic(workdir / RESULT_MD, to_markdown(result))
+            write_text_atomic(workdir / RESULT_JSON, json.dumps(result, indent=2) + "\n")
+            write_text_atomic(workdir / RESULT_MD, to_markdown(result))
     return result
 
 
