@@ -1,0 +1,18 @@
+"""Errors that are the user's to fix, as types.
+
+Code that knows the cause of a problem (a setting out of range, a file in the wrong format,
+a workdir another run holds) raises a `UserError` with a message that says what is wrong
+and what to do; the command lines (roformer.cli) print such an error on one line and exit
+with status 2. Every other exception is a bug and keeps its traceback. A library error whose
+cause is known where it is caught is wrapped: `raise ConfigError("...") from error`.
+"""
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem in the user's input, files or environment, said in one line."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config value or an input the project's own checks refuse (also a ValueError, as
+    callers that check values expect)."""
