@@ -1,0 +1,223 @@
+"""When each run starts to use word order, read off its held-out evaluations.
+
+A run "uses word order" from the first evaluation at which shuffling the tokens of each
+held-out document raises its loss by at least `threshold` nats (the order gap; the
+ablation's `order_threshold`). Runs are the ablation's rows (`scheme`, `seed`, `status`
+and `curve`, the per-evaluation points of `roformer.report.eval_curve`).
+
+- Per run: the onset in tokens, or, for a run that has not started yet, the tokens of its
+  last evaluation: a censored observation (it may start later; a study still running, or
+  one whose budget ran out first, does not know).
+- Per scheme: the fraction of its seeds that have started as a function of tokens, with
+  censoring, as a Kaplan-Meier estimate (1 - the survival function of "not started yet").
+  With every run evaluated to the full budget it is the plain fraction of seeds started by
+  t; while runs are still going it does not count a run that has not got to t yet as one
+  that never started.
+- Held-out loss at matched token counts, each scheme against the reference scheme, paired
+  by seed with a 95% interval, so the comparison can be read before and after the other
+  schemes start.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+ORDER_KEY = "eval_order_gap"
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def run_onset(curve: Sequence[Mapping], threshold: float, key: str = ORDER_KEY) -> dict:
+    """`{"started", "onset_tokens", "onset_step", "last_tokens", "sustained"}` of one run.
+
+    `onset_tokens` is None for a run whose gap has not reached `threshold` at any
+    evaluation; `last_tokens` is its last evaluated token count (where it is censored).
+    `sustained` says whether the gap stayed at or above the threshold at every later
+    evaluation (a run that crosses and falls back is started, and said to have fallen back)."""
+    points = [p for p in curve if _finite(p.get(key))]
+    last = points[-1]["tokens"] if points else None
+    for i, point in enumerate(points):
+        if point[key] >= threshold:
+            return {"started": True, "onset_tokens": point["tokens"], "onset_step": point["step"],
+                    "last_tokens": last, "sustained": all(p[key] >= threshold for p in points[i:])}
+    return {"started": False, "onset_tokens": None, "onset_step": None, "last_tokens": last,
+            "sustained": None}
+
+
+def fraction_started(observations: Iterable[tuple[float, bool]]) -> list[dict]:
+    """Kaplan-Meier estimate of the fraction of runs started by each event time.
+
+    `observations` are (tokens, started): the onset of a run that started, or the last
+    evaluation of one that has not (censored there). Returns one point per distinct onset:
+    `tokens`, `at_risk` (runs not started and still observed just before), `started` (onsets
+    there) and `fraction` (1 - the product of (1 - started/at_risk) so far)."""
+    obs = sorted(observations)
+    survival, points = 1.0, []
+    for tokens in sorted({t for t, started in obs if started}):
+        at_risk = sum(1 for t, _ in obs if t >= tokens)
+        events = sum(1 for t, started in obs if started and t == tokens)
+        survival *= 1.0 - events / at_risk
+        points.append({"tokens": tokens, "at_risk": at_risk, "started": events, "fraction": 1.0 - survival})
+    return points
+
+
+def median_onset(points: Sequence[Mapping]) -> float | None:
+    """Tokens at which the estimated fraction started first reaches one half (None: not yet)."""
+    return next((p["tokens"] for p in points if p["fraction"] >= 0.5), None)
+
+
+def scheme_onsets(runs: Sequence[Mapping], threshold: float) -> list[dict]:
+    """Per scheme (in the runs' order): its runs' onsets, the censored ones, the estimated
+    fraction started over tokens, the median onset and the range of the observed onsets.
+    Runs that failed count with the evaluations they had (censored where they stopped)."""
+    schemes = list(dict.fromkeys(r["scheme"] for r in runs))
+    out = []
+    for scheme in schemes:
+        per_run = []
+        for run in (r for r in runs if r["scheme"] == scheme):
+            onset = run_onset(run.get("curve") or [], threshold)
+            if onset["last_tokens"] is not None:
+                per_run.append({"seed": run["seed"], "status": run.get("status"), **onset})
+        observations = [(o["onset_tokens"] if o["started"] else o["last_tokens"], o["started"]) for o in per_run]
+        curve = fraction_started(observations)
+        onsets = sorted(o["onset_tokens"] for o in per_run if o["started"])
+        out.append({
+            "scheme": scheme, "runs": per_run, "observed": len(per_run), "started": len(onsets),
+            "onsets": onsets,
+            "censored": sorted(o["last_tokens"] for o in per_run if not o["started"]),
+            "fell_back": [o["seed"] for o in per_run if o["started"] and not o["sustained"]],
+            "fraction_started": curve,
+            "median_onset": median_onset(curve),
+            "onset_range": [onsets[0], onsets[-1]] if onsets else None,
+        })
+    return out
+
+
+def _point_at(curve: Sequence[Mapping], step: int) -> Mapping | None:
+    return next((p for p in curve if p["step"] == step), None)
+
+
+def _t_interval(diffs: list[float]) -> dict:
+    from scipy import stats  # scipy only where an interval is computed
+
+    mean = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return {"diff": mean, "lo": None, "hi": None, "n": len(diffs)}
+    half = float(stats.t.ppf(0.975, len(diffs) - 1)) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return {"diff": mean, "lo": mean - half, "hi": mean + half, "n": len(diffs)}
+
+
+def matched_steps(runs: Sequence[Mapping], fractions: Sequence[float] = (0.1, 0.25, 0.5, 1.0)) -> list[int]:
+    """Evaluation steps every finished run has, nearest to these fractions of the longest
+    finished curve (duplicates dropped, in order)."""
+    curves = [r.get("curve") or [] for r in runs if r.get("status") == "done" and r.get("curve")]
+    if not curves:
+        return []
+    common = sorted(set.intersection(*({p["step"] for p in c} for c in curves)))
+    if not common:
+        return []
+    last = common[-1]
+    chosen = [min(common, key=lambda s, f=f: abs(s - f * last)) for f in fractions]
+    return list(dict.fromkeys(chosen))
+
+
+def loss_at_matched_tokens(runs: Sequence[Mapping], reference: str, steps: Sequence[int],
+                           key: str = "eval_loss") -> list[dict]:
+    """Per scheme and step: the mean of `key` over its finished seeds and, for schemes other
+    than `reference`, the paired difference to the reference (same seed) with a 95% t-interval."""
+    done = [r for r in runs if r.get("status") == "done"]
+    ref = {r["seed"]: r for r in done if r["scheme"] == reference}
+    rows = []
+    for scheme in dict.fromkeys(r["scheme"] for r in done):
+        mine = {r["seed"]: r for r in done if r["scheme"] == scheme}
+        cells = []
+        for step in steps:
+            values = {s: (_point_at(r["curve"], step) or {}).get(key) for s, r in mine.items()}
+            values = {s: v for s, v in values.items() if _finite(v)}
+            tokens = next((p["tokens"] for r in mine.values() if (p := _point_at(r["curve"], step))), None)
+            cell: dict[str, Any] = {"step": step, "tokens": tokens,
+                                    "mean": statistics.fmean(values.values()) if values else None,
+                                    "n": len(values), "vs_reference": None}
+            if scheme != reference:
+                diffs = [v - ref_v for s, v in values.items()
+                         if s in ref and _finite(ref_v := (_point_at(ref[s]["curve"], step) or {}).get(key))]
+                cell["vs_reference"] = _t_interval(diffs) if diffs else None
+            cells.append(cell)
+        rows.append({"scheme": scheme, "cells": cells})
+    return rows
+
+
+def summarize_onset(runs: Sequence[Mapping], *, reference: str, threshold: float) -> dict:
+    """The onset section of the ablation report: per-scheme onsets and fractions started,
+    and the held-out loss at matched token counts against `reference`."""
+    steps = matched_steps(runs)
+    return {"threshold": threshold, "reference": reference, "schemes": scheme_onsets(runs, threshold),
+            "matched_steps": steps, "loss_at_matched_tokens": loss_at_matched_tokens(runs, reference, steps)}
+
+
+def _mtokens(n: float | None) -> str:
+    return "—" if n is None else f"{n / 1e6:.1f}M"
+
+
+def onset_markdown(onset: Mapping) -> str:
+    """The onset tables: per scheme, how many seeds started and when; then held-out loss at
+    matched token counts with differences to the reference."""
+    lines = [f"A run uses word order from its first evaluation with an order gap >= {onset['threshold']:g} nats. "
+             "`fraction started` is the Kaplan-Meier estimate (runs not started yet are censored at their "
+             "last evaluation).", "",
+             "| scheme | seeds started / observed | median onset | onsets (tokens) | not started by | fell back |",
+             "|---|---|---|---|---|---|"]
+    for s in onset["schemes"]:
+        lines.append(f"| {s['scheme']} | {s['started']} / {s['observed']} | {_mtokens(s['median_onset'])} | "
+                     f"{', '.join(_mtokens(t) for t in s['onsets']) or '—'} | "
+                     f"{', '.join(_mtokens(t) for t in s['censored']) or '—'} | "
+                     f"{', '.join(f'seed {x}' for x in s['fell_back']) or '—'} |")
+    rows = onset["loss_at_matched_tokens"]
+    if rows and rows[0]["cells"]:
+        cells0 = rows[0]["cells"]
+        lines += ["", f"Held-out MLM loss at matched tokens (mean over seeds; in brackets the paired difference "
+                  f"to {onset['reference']} with its 95% interval):", "",
+                  "| scheme | " + " | ".join(_mtokens(c["tokens"]) for c in cells0) + " |",
+                  "|---|" + "---|" * len(cells0)]
+        for row in rows:
+            texts = []
+            for c in row["cells"]:
+                text = "—" if c["mean"] is None else f"{c['mean']:.3f}"
+                d = c["vs_reference"]
+                if d is not None and d["lo"] is not None:
+                    text += f" ({d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}])"
+                elif d is not None:
+                    text += f" ({d['diff']:+.3f}, n=1)"
+                texts.append(text)
+            lines.append(f"| {row['scheme']} | " + " | ".join(texts) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_fraction_started(onset: Mapping, out_path):
+    """Step curves of the fraction of seeds started against tokens, one per scheme."""
+    import matplotlib  # plotting only when a figure is written
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for s in onset["schemes"]:
+        last = max([r["last_tokens"] for r in s["runs"]] or [0])
+        xs, ys = [0.0], [0.0]
+        for p in s["fraction_started"]:
+            xs += [p["tokens"], p["tokens"]]
+            ys += [ys[-1], p["fraction"]]
+        xs.append(max(last, xs[-1]))
+        ys.append(ys[-1])
+        ax.plot([x / 1e6 for x in xs], ys, label=f"{s['scheme']} ({s['started']}/{s['observed']})")
+    ax.set_xlabel("tokens (M)")
+    ax.set_ylabel("fraction of seeds using word order")
+    ax.set_ylim(-0.03, 1.03)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,81 @@
+"""roformer.onset: per-run onset of word-order use, fraction started with censoring, matched tokens."""
+import pytest
+
+from roformer import onset
+
+TPS = 1000   # tokens per step
+
+
+def curve(gaps, losses=None, every=100):
+    losses = losses or [5.0] * len(gaps)
+    return [{"step": (i + 1) * every, "tokens": (i + 1) * every * TPS, "eval_order_gap": g, "eval_loss": l}
+            for i, (g, l) in enumerate(zip(gaps, losses))]
+
+
+def test_run_onset_first_crossing_and_censoring():
+    started = onset.run_onset(curve([0.0, 0.05, 0.2, 0.5]), 0.1)
+    assert started == {"started": True, "onset_tokens": 300_000, "onset_step": 300, "last_tokens": 400_000,
+                       "sustained": True}
+    fell_back = onset.run_onset(curve([0.0, 0.2, 0.05]), 0.1)
+    assert fell_back["started"] and fell_back["onset_step"] == 200 and fell_back["sustained"] is False
+    never = onset.run_onset(curve([0.0, 0.01, None, 0.02]), 0.1)
+    assert never == {"started": False, "onset_tokens": None, "onset_step": None, "last_tokens": 400_000,
+                     "sustained": None}
+    assert onset.run_onset([], 0.1)["last_tokens"] is None
+
+
+def test_fraction_started_is_kaplan_meier():
+    # Onsets at 1 and 3, one run censored at 2 (still running), one never started by 4.
+    points = onset.fraction_started([(1, True), (2, False), (3, True), (4, False)])
+    # At 1: 4 at risk, 1 starts -> S = 3/4. At 3: 2 at risk (the censored-at-2 run is gone), 1 starts -> S = 3/8.
+    assert [(p["tokens"], p["at_risk"], p["started"]) for p in points] == [(1, 4, 1), (3, 2, 1)]
+    assert points[0]["fraction"] == pytest.approx(0.25)
+    assert points[1]["fraction"] == pytest.approx(1 - 3 / 8)
+    assert onset.median_onset(points) == 3
+    # Without censoring it is the plain fraction of runs started by t.
+    plain = onset.fraction_started([(1, True), (2, True), (5, False), (5, False)])
+    assert [p["fraction"] for p in plain] == pytest.approx([0.25, 0.5])
+    assert onset.median_onset(onset.fraction_started([(5, False)])) is None
+
+
+def runs():
+    return [
+        {"scheme": "rope", "seed": 0, "status": "done", "curve": curve([0.5, 1, 2, 3], [6, 5, 4, 3])},
+        {"scheme": "rope", "seed": 1, "status": "done", "curve": curve([0.0, 1, 2, 3], [6, 5.2, 4.1, 3.1])},
+        {"scheme": "learned", "seed": 0, "status": "done", "curve": curve([0, 0, 0.3, 1], [6.3, 6.3, 6.0, 4.0])},
+        {"scheme": "learned", "seed": 1, "status": "done", "curve": curve([0, 0, 0, 0], [6.3, 6.3, 6.3, 6.2])},
+        {"scheme": "learned", "seed": 2, "status": "running", "curve": curve([0, 0], [6.3, 6.3])},
+    ]
+
+
+def test_scheme_onsets_counts_censored_runs():
+    by = {s["scheme"]: s for s in onset.scheme_onsets(runs(), 0.1)}
+    assert by["rope"]["onsets"] == [100_000, 200_000] and by["rope"]["median_onset"] == 100_000
+    learned = by["learned"]
+    assert (learned["started"], learned["observed"]) == (1, 3)
+    assert learned["censored"] == [200_000, 400_000]
+    # Seed 2 (censored at 200k) is not at risk at 300k: 2 at risk, 1 starts.
+    assert learned["fraction_started"] == [{"tokens": 300_000, "at_risk": 2, "started": 1, "fraction": 0.5}]
+    assert learned["median_onset"] == 300_000 and learned["onset_range"] == [300_000, 300_000]
+
+
+def test_loss_at_matched_tokens_pairs_seeds_with_the_reference():
+    steps = onset.matched_steps(runs(), fractions=(0.5, 1.0))
+    assert steps == [200, 400]
+    rows = {r["scheme"]: r for r in onset.loss_at_matched_tokens(runs(), "rope", steps)}
+    assert rows["rope"]["cells"][1]["vs_reference"] is None
+    final = rows["learned"]["cells"][1]
+    assert final["mean"] == pytest.approx(5.1) and final["n"] == 2   # the running seed is left out
+    diffs = [4.0 - 3.0, 6.2 - 3.1]
+    assert final["vs_reference"]["diff"] == pytest.approx(sum(diffs) / 2)
+    assert final["vs_reference"]["lo"] < final["vs_reference"]["diff"] < final["vs_reference"]["hi"]
+
+
+def test_markdown_and_plot(tmp_path):
+    result = onset.summarize_onset(runs(), reference="rope", threshold=0.1)
+    text = onset.onset_markdown(result)
+    assert "| learned | 1 / 3 | 0.3M | 0.3M | 0.2M, 0.4M | — |" in text
+    assert "| rope | 2 / 2 | 0.1M | 0.1M, 0.2M | — | — |" in text
+    assert "(+2.050 [" in text
+    onset.plot_fraction_started(result, tmp_path / "onset.png")
+    assert (tmp_path / "onset.png").stat().st_size > 0
