@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from roformer import ablate
+from roformer.ablation import plan, stages
 
 # Fixed paths, so the fingerprints (which include data paths and the extension's
 # init_from) do not depend on where the repository or the shared data live.
@@ -113,16 +113,16 @@ PINNED = {
 
 
 def stage_fingerprints(variant: str) -> dict[str, str]:
-    config = ablate.load_config_file("ablation", variant)
+    config = plan.load_config_file("ablation", variant)
     out = {}
-    for job in ablate._scheme_jobs(config) + ablate._extension_jobs(config):
+    for job in plan.scheme_jobs(config) + plan.extension_jobs(config):
         if job.seed == 0:
-            for stage, fp, _ in ablate._job_stages(config, WORKDIR, job, str(WORKDIR / "tokenizer.json")):
+            for stage, fp, _ in stages.job_stages(config, WORKDIR, job, str(WORKDIR / "tokenizer.json")):
                 out[f"{job.run} {stage}"] = fp
-    configs = {s: ablate.scheme_pretrain_config(config, s) for s in ablate.split_list(config.schemes)}
-    out["position_signal"] = ablate.fingerprint({s: c.model.to_dict() for s, c in configs.items()},
-                                                config.pretrain.data.vocab_size)
-    out["unigram_loss"] = ablate.fingerprint(config.pretrain.data)
+    configs = {s: plan.scheme_pretrain_config(config, s) for s in plan.split_list(config.schemes)}
+    out["position_signal"] = plan.fingerprint({s: c.model.to_dict() for s, c in configs.items()},
+                                              config.pretrain.data.vocab_size)
+    out["unigram_loss"] = plan.fingerprint(config.pretrain.data)
     return out
 
 
