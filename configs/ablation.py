@@ -55,7 +55,7 @@ def get_config(arg=None):
     # loss by this much (nats, mean over seeds).
     c.order_threshold = 0.1
     # Runs trained at once, each in a process of its own with XLA:CPU's one-core settings (CPU
-    # hosts, at most one per core; roformer.parallel_runs): small runs such as :reference's train
+    # hosts, at most one per core; roformer.ablation.parallel): small runs such as :reference's train
     # faster as two processes than as one, but each process pays for its start, so only runs
     # long enough gain (docs/performance.md). Each run keeps its workdir, metrics, checkpoints
     # and report row; its output goes to DIR/logs/<run>.log.

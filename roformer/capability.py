@@ -250,10 +250,10 @@ def scheme_config(config: ml_collections.ConfigDict, scheme: str, vocab: Path, t
                   ) -> ml_collections.ConfigDict:
     """The pretraining config of one scheme: config.pretrain with the scheme's model keys and
     the synthetic corpus."""
-    from roformer import ablate
+    from roformer.ablation import plan
 
     cfg = ml_collections.ConfigDict(config.pretrain.to_dict())
-    for key, value in ablate.scheme_model_keys(scheme).items():
+    for key, value in plan.scheme_model_keys(scheme).items():
         cfg.model[key] = value
     if cfg.model.get("max_position_embeddings") is None:
         cfg.model.max_position_embeddings = cfg.train.seq_len
@@ -274,7 +274,7 @@ def expectations(config: ml_collections.ConfigDict, schemes: list[str]) -> dict[
 
 def validate(config: ml_collections.ConfigDict) -> list[str]:
     """The schemes to check; every problem with the config in one error."""
-    from roformer import ablate
+    from roformer.ablation import plan
 
     problems = []
     schemes = _split(config.schemes)
@@ -282,7 +282,7 @@ def validate(config: ml_collections.ConfigDict) -> list[str]:
         problems.append("config.schemes is empty")
     for scheme in schemes:
         try:
-            ablate.scheme_config_file(scheme)
+            plan.scheme_config_file(scheme)
         except ValueError as error:
             problems.append(str(error))
     for item in _split(config.expect_fail):
@@ -348,7 +348,7 @@ def _load_previous(workdir: Path) -> dict:
 def _check_scheme(config, workdir: Path, scheme: str, vocab: Path, text: Path, previous: dict) -> dict:
     """Train one scheme and probe each of its checkpoints (those already probed under the
     same config are reused)."""
-    from roformer.ablate import fingerprint
+    from roformer.ablation.plan import fingerprint
     from roformer.train import train_and_evaluate
     from roformer.train.checkpoint import PretrainWorkdir
 

@@ -1,29 +1,29 @@
-"""Ablation orchestration, report building and length-extrapolation evaluation.
+"""The ablation end to end: `roformer.ablation.runner.run_ablation`, as the command runs it.
 
-The orchestration tests swap the stage runners for fast fakes that write what the real
-ones write (metrics.jsonl, glue_results.json) or return what they return (extrapolation
-and context-extension results), so validation, the order of seeds and stages, skipping,
-resuming, failure handling and the statistics of the report are checked without
-training; tests/test_notebooks.py runs a tiny real ablation end to end.
+The tests swap the stage runners for fast fakes that write what the real ones write
+(metrics.jsonl, glue_results.json) or return what they return (extrapolation and
+context-extension results), so validation, the order of seeds and stages, skipping,
+resuming, failure handling and the report the runs add up to are checked without
+training; tests/test_notebooks.py runs a tiny real ablation end to end. The pieces have
+their own tests: tests/test_ablation_plan.py, test_ablation_state.py,
+test_ablation_collect.py, test_ablation_report.py, test_ablation_extrapolation.py.
 """
 import json
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
-from flax import nnx
 from scipy import stats
 
-from roformer import ablate, extrapolation, report
-from roformer.model import ModelConfig, RoFormerForMaskedLM
-from roformer.train.metrics import read_metrics
+from roformer.ablation import plan, report, runner
+from roformer.ablation.stages import STAGE_RUNNERS, Preempted
+from roformer.ablation.state import PINNED_TOKENIZER, STATE_FILE
 
 
 def small_config(schemes="learned,rope", *, seeds=None, methods=None):
     """configs/ablation.py:smoke: 2 seeds, 40 steps, MRPC, context extension of rope at 2x
     (10 steps, evaluated every 5) under every extension method."""
-    config = ablate.load_config_file("ablation", "smoke")
+    config = plan.load_config_file("ablation", "smoke")
     config.schemes = schemes
     if seeds is not None:
         config.seeds = seeds
@@ -60,7 +60,7 @@ class FakeStages:
     def _check(self, run, stage):
         self.calls.append((run, stage))
         if (run, stage) in self.preempt:
-            raise ablate.Preempted(f"{run} {stage} preempted")
+            raise Preempted(f"{run} {stage} preempted")
         if (run, stage) in self.fail:
             raise RuntimeError(f"injected failure in {run} {stage}")
 
@@ -132,7 +132,7 @@ class FakeStages:
 
     def install(self, monkeypatch):
         for stage in ("pretrain", "extrapolation", "glue", "extension", "extension_eval"):
-            monkeypatch.setitem(ablate.STAGE_RUNNERS, stage, getattr(self, stage))
+            monkeypatch.setitem(STAGE_RUNNERS, stage, getattr(self, stage))
 
 
 def stub_figures(monkeypatch):
@@ -157,31 +157,6 @@ def stub_figures(monkeypatch):
 @pytest.fixture
 def quick_figures(monkeypatch):
     return stub_figures(monkeypatch)
-
-
-def test_schemes_share_everything_but_the_model_position():
-    config = small_config("learned,sinusoidal,shaw,t5,rope,rope_linear")
-    cfgs = {s: ablate.scheme_pretrain_config(config, s) for s in ablate.split_list(config.schemes)}
-    expected_steps = -(-config.budget_tokens // (config.pretrain.train.batch_size * config.pretrain.train.seq_len))
-    for scheme, cfg in cfgs.items():
-        assert cfg.data.to_dict() == config.pretrain.data.to_dict()
-        assert cfg.train.steps == expected_steps
-        assert cfg.train.seed == 0
-        assert {k: v for k, v in cfg.train.items() if k not in ("steps", "seed")} == \
-            {k: v for k, v in config.pretrain.train.items() if k not in ("steps", "seed")}
-        assert cfg.model.size == "tiny"
-        assert cfg.model.max_position_embeddings == cfg.train.seq_len
-        # Another pretraining seed changes the seed and nothing else.
-        other = ablate.scheme_pretrain_config(config, scheme, seed=2)
-        assert other.train.seed == 2
-        other.train.seed = 0
-        assert other.to_dict() == cfg.to_dict()
-    positions = {s: c.model.position for s, c in cfgs.items()}
-    assert positions == {"learned": "learned", "sinusoidal": "sinusoidal", "shaw": "shaw", "t5": "t5",
-                         "rope": "rope", "rope_linear": "rope"}
-    assert cfgs["rope_linear"].model.attention == "linear" and cfgs["rope"].model.attention == "softmax"
-    with pytest.raises(ValueError, match="unknown scheme 'rotery'"):
-        ablate.scheme_pretrain_config(config, "rotery")
 
 
 def _set(path, value):
@@ -219,11 +194,11 @@ def test_validate_refuses_a_bad_config_before_any_training(tmp_path, monkeypatch
     stages = FakeStages()
     stages.install(monkeypatch)
     config = small_config()
-    ablate.validate(config)   # the smoke config itself is fine
+    plan.validate(config)   # the smoke config itself is fine
     for change in changes:
         change(config)
     with pytest.raises(ValueError, match=message) as error:
-        ablate.run_ablation(config, tmp_path / "ablation")
+        runner.run_ablation(config, tmp_path / "ablation")
     assert str(error.value).startswith("ablation config: ")
     assert stages.calls == [] and not (tmp_path / "ablation").exists()
 
@@ -237,7 +212,7 @@ def test_validate_names_every_problem_in_one_error(tmp_path, monkeypatch):
     config.extension.methods = "none,rotate"
     config.extension.factor = 3
     with pytest.raises(ValueError) as error:
-        ablate.run_ablation(config, tmp_path / "ablation")
+        runner.run_ablation(config, tmp_path / "ablation")
     text = str(error.value)
     for part in ("unknown scheme 'rotery'", "config.seeds=0", "config.reference='t5'",
                  "extension.methods='none,rotate'", "divide pretrain.train.batch_size=16",
@@ -247,7 +222,7 @@ def test_validate_names_every_problem_in_one_error(tmp_path, monkeypatch):
     # Extension settings are checked only when the extension runs.
     config = small_config()
     config.extension.update(enabled=False, methods="none,rotate", factor=3)
-    ablate.validate(config)
+    plan.validate(config)
 
 
 def test_run_writes_report_skips_finished_and_reports_failures(tmp_path, monkeypatch):
@@ -256,7 +231,7 @@ def test_run_writes_report_skips_finished_and_reports_failures(tmp_path, monkeyp
     stages.install(monkeypatch)
     config = small_config("learned,rope,t5")   # 2 seeds
     config.extension.enabled = False
-    result = ablate.run_ablation(config, tmp_path)
+    result = runner.run_ablation(config, tmp_path)
 
     runs = {(r["scheme"], r["seed"]): r for r in result["runs"]}
     rows = {r["scheme"]: r for r in result["schemes"]}
@@ -300,7 +275,7 @@ def test_run_writes_report_skips_finished_and_reports_failures(tmp_path, monkeyp
     stub_figures(monkeypatch)   # drawn above already
     stages.calls.clear()
     stages.fail.clear()
-    result = ablate.run_ablation(config, tmp_path)
+    result = runner.run_ablation(config, tmp_path)
     assert stages.calls == [("t5/seed0", "pretrain"), ("t5/seed0", "extrapolation"), ("t5/seed0", "glue"),
                             ("learned/seed1", "extrapolation"),
                             ("t5/seed1", "pretrain"), ("t5/seed1", "extrapolation"), ("t5/seed1", "glue")]
@@ -316,7 +291,7 @@ def test_run_writes_report_skips_finished_and_reports_failures(tmp_path, monkeyp
     config.schemes = "rope"
     config.reference = "rope"
     config.budget_tokens *= 2
-    ablate.run_ablation(config, tmp_path)
+    runner.run_ablation(config, tmp_path)
     assert stages.calls == [(f"rope/seed{k}", stage) for k in (0, 1)
                             for stage in ("pretrain", "extrapolation", "glue")]
 
@@ -331,7 +306,7 @@ def test_seeds_run_in_turn_and_the_report_aggregates_them(tmp_path, monkeypatch,
     stages = FakeStages(values=values, extension_loss=ext_loss)
     stages.install(monkeypatch)
     config = small_config(seeds=3, methods="none,linear")
-    result = ablate.run_ablation(config, tmp_path)
+    result = runner.run_ablation(config, tmp_path)
 
     # Every scheme of seed 0, then of seed 1, ...; the context extension once every seed is pretrained.
     expected = [(f"{scheme}/seed{k}", stage) for k in seeds for scheme in ("learned", "rope")
@@ -417,22 +392,6 @@ def test_seeds_run_in_turn_and_the_report_aggregates_them(tmp_path, monkeypatch,
     assert len(report.plot_loss_curves(result).axes[1].lines) == 2
 
 
-def test_paired_difference_exceeds_only_beyond_the_seed_spread():
-    noise = {0: 0.03, 1: -0.02, 2: 0.01, 3: -0.04}
-    reference = {0: 5.0, 1: 5.2, 2: 4.9, 3: 5.1, 4: 5.0}   # seed 4 has no partner: left out
-    half = stats.t.ppf(0.975, df=3) * np.std(list(noise.values()), ddof=1) / 2   # about 0.05
-    for shift, exceeds in ((0.0, False), (0.03, False), (0.2, True), (-0.2, True)):
-        values = {s: reference[s] + shift + n for s, n in noise.items()}
-        d = report.paired_difference(values, reference)
-        mean = shift + np.mean(list(noise.values()))
-        assert (d["diff"], d["lo"], d["hi"]) == pytest.approx((mean, mean - half, mean + half))
-        assert d["n"] == 4 and d["exceeds"] is exceeds
-    # One common seed: a difference but no interval; missing values are skipped.
-    assert report.paired_difference({0: 2.0, 1: None}, {0: 1.5, 1: 1.0}) == \
-        {"diff": 0.5, "lo": None, "hi": None, "n": 1, "exceeds": None}
-    assert report.paired_difference({0: None}, {0: 1.0}) is None
-
-
 def test_every_run_reads_one_pinned_vocabulary_kept_in_the_workdir(tmp_path, monkeypatch, quick_figures):
     """WordPiece training is not deterministic, so a vocabulary trained on the corpus is
     pinned in the workdir once and every run (and a resumed ablation) reads that file;
@@ -448,14 +407,14 @@ def test_every_run_reads_one_pinned_vocabulary_kept_in_the_workdir(tmp_path, mon
 
     # A fresh workdir trains the vocabulary through the data pipeline (cached) and pins it.
     fresh = tmp_path / "fresh"
-    result = ablate.run_ablation(config, fresh)
-    pinned = fresh / ablate.PINNED_TOKENIZER
+    result = runner.run_ablation(config, fresh)
+    pinned = fresh / PINNED_TOKENIZER
     assert WordPieceTokenizer.from_tokenizer_json(pinned).vocab_size == 300
     assert any((tmp_path / "cache" / "tokenizers").iterdir())
     assert {cfg.data.vocab for cfg in stages.configs.values()} == {str(pinned)}
     assert result["setup"]["unigram_loss"] > 0
-    state = (fresh / ablate.STATE_FILE).read_text()
-    assert ablate.fingerprint(ablate.scheme_pretrain_config(config, "rope", 0)) in state
+    saved = (fresh / STATE_FILE).read_text()
+    assert plan.fingerprint(plan.scheme_pretrain_config(config, "rope", 0)) in saved
 
     # An older workdir whose first run trained its own vocabulary pins that one, not the
     # cached one a new run would get.
@@ -465,15 +424,15 @@ def test_every_run_reads_one_pinned_vocabulary_kept_in_the_workdir(tmp_path, mon
                                    lowercase=True, show_progress=False)
     own.save(run_dir)
     (run_dir / "checkpoints").mkdir()
-    ablate.run_ablation(config, older)
-    assert (older / ablate.PINNED_TOKENIZER).read_text() == (run_dir / "tokenizer.json").read_text()
+    runner.run_ablation(config, older)
+    assert (older / PINNED_TOKENIZER).read_text() == (run_dir / "tokenizer.json").read_text()
 
 
 def test_preempted_pretraining_stops_the_ablation_and_resumes(tmp_path, monkeypatch, quick_figures):
     stages = FakeStages(preempt={("learned/seed0", "pretrain")})
     stages.install(monkeypatch)
     config = small_config(methods="none,linear")   # 2 seeds
-    result = ablate.run_ablation(config, tmp_path)
+    result = runner.run_ablation(config, tmp_path)
     assert stages.calls == [("learned/seed0", "pretrain")]          # stopped, not marked failed
     assert [r["status"] for r in result["runs"]] == ["pending"] * 4
     assert [r["status"] for r in result["schemes"]] == ["0/2 seeds"] * 2
@@ -481,7 +440,7 @@ def test_preempted_pretraining_stops_the_ablation_and_resumes(tmp_path, monkeypa
     assert not (tmp_path / "errors").exists()
 
     stages.preempt.clear()
-    result = ablate.run_ablation(config, tmp_path)
+    result = runner.run_ablation(config, tmp_path)
     assert stages.calls.count(("learned/seed0", "pretrain")) == 2 and len(stages.calls) == 1 + 4 * 3 + 4 * 2
     assert [r["status"] for r in result["schemes"]] == ["done", "done"]
     assert [m["status"] for m in result["extension"]["methods"]] == ["done", "done"]
@@ -491,7 +450,7 @@ def test_preempted_extension_resumes_with_only_what_is_left(tmp_path, monkeypatc
     stages = FakeStages(preempt={("extension/linear/seed1", "extension")})
     stages.install(monkeypatch)
     config = small_config(methods="none,linear,yarn")   # 2 seeds
-    result = ablate.run_ablation(config, tmp_path)
+    result = runner.run_ablation(config, tmp_path)
     assert stages.calls[-3:] == [("extension/none/seed1", "extension"), ("extension/none/seed1", "extension_eval"),
                                  ("extension/linear/seed1", "extension")]
     assert [r["status"] for r in result["runs"]] == ["done"] * 4
@@ -504,7 +463,7 @@ def test_preempted_extension_resumes_with_only_what_is_left(tmp_path, monkeypatc
 
     stages.calls.clear()
     stages.preempt.clear()
-    result = ablate.run_ablation(config, tmp_path)
+    result = runner.run_ablation(config, tmp_path)
     assert stages.calls == [("extension/linear/seed1", "extension"), ("extension/linear/seed1", "extension_eval"),
                             ("extension/yarn/seed1", "extension"), ("extension/yarn/seed1", "extension_eval")]
     assert [m["status"] for m in result["extension"]["methods"]] == ["done"] * 3
@@ -512,208 +471,5 @@ def test_preempted_extension_resumes_with_only_what_is_left(tmp_path, monkeypatc
 
     # Nothing is left: a third run trains and evaluates nothing.
     stages.calls.clear()
-    ablate.run_ablation(config, tmp_path)
+    runner.run_ablation(config, tmp_path)
     assert stages.calls == []
-
-
-def _run(scheme, seed, loss, gaps, status="done", tokens_per_step=1_000_000):
-    """A per-(scheme, seed) report row as roformer.ablate builds it, evaluated at steps 1, 2, 3."""
-    curve = [{"step": step, "tokens": step * tokens_per_step, "eval_loss": loss + 0.5 * (3 - step),
-              "eval_mlm_accuracy": 0.2, "eval_order_gap": gap} for step, gap in zip((1, 2, 3), gaps)]
-    return {"scheme": scheme, "seed": seed, "status": status, "eval_loss": loss, "eval_mlm_accuracy": 0.2,
-            "eval_order_gap": gaps[-1], "train_loss": loss, "tokens_per_sec": 1000.0, "curve": curve,
-            "params": 1000, "extrapolation": None, "glue": None}
-
-
-def test_findings_say_which_differences_exceed_the_seed_spread_and_who_ignores_word_order():
-    runs = []
-    for k in range(3):
-        runs += [_run("rope", k, [7.0, 7.2, 7.1][k], [0.05, 0.3, 0.6]),
-                 _run("learned", k, [7.5, 7.8, 7.6][k], [0.02, 0.15, 0.4]),        # worse, beyond the spread
-                 _run("sinusoidal", k, [7.1, 7.1, 7.2][k], [0.01, 0.05, 0.2 + 0.1 * k]),   # within it
-                 _run("none", k, [6.5, 6.6, 6.6][k], [0.0, 0.01, [0.0, 0.01, 0.02][k]])]  # better; ignores order
-    result = report.summarize({"seeds": 3}, runs, [], reference="rope", baseline="learned", order_threshold=0.1)
-    findings = result["findings"]
-
-    def finding(start):
-        found = [f for f in findings if f.startswith(start)]
-        assert len(found) == 1, (start, findings)
-        return found[0]
-
-    worse = finding("Held-out MLM loss higher than rope by more than the seed spread")
-    assert "learned (+0.533 [" in worse and "sinusoidal" not in worse and "none" not in worse
-    better = finding("Held-out MLM loss lower than rope beyond the seed spread")
-    assert "none (-0.533 [" in better and "learned" not in better
-    same = finding("Not distinguishable from rope at 3 seeds (interval includes 0)")
-    assert "sinusoidal (+0.033 [" in same and same.endswith("~).")
-    assert "learned" not in same and "none" not in same
-    uses = finding("Word order (shuffling each document's tokens raises the held-out loss by >= 0.1 nats")
-    assert "rope from 2.00M tokens" in uses and "learned from 2.00M tokens" in uses
-    assert "sinusoidal from 3.00M tokens" in uses and "none" not in uses
-    ignores = finding("Ignore word order through the whole budget (gap < 0.1 nats at every evaluation)")
-    assert "none (final gap 0.010 ± 0.010 nats)" in ignores
-    assert not any(name in ignores for name in ("rope", "learned", "sinusoidal"))
-    assert not any(f.startswith("Only one seed") for f in findings)
-    rows = {r["scheme"]: r for r in result["schemes"]}
-    assert rows["none"]["order_onset_tokens"] is None and rows["learned"]["order_onset_tokens"] == 2_000_000
-    assert result["convergence"]["seeds"] == [0, 1, 2]
-
-    # A higher threshold: learned's gap (0.4 at the end) no longer counts as using word order.
-    strict = report.summarize({"seeds": 3}, runs, [], reference="rope", baseline="learned",
-                              order_threshold=0.5)["findings"]
-    ignores = next(f for f in strict if f.startswith("Ignore word order"))
-    assert "gap < 0.5 nats" in ignores and "learned (final gap 0.400" in ignores and "rope" not in ignores
-
-    # One seed: the comparison has no interval yet, and says so.
-    one = report.summarize({"seeds": 1}, [r for r in runs if r["seed"] == 0], [], reference="rope",
-                           baseline="learned")
-    assert "Only one seed finished for rope: differences have no interval yet." in one["findings"]
-    assert "(+0.500 (one seed))" in report.to_markdown(one)
-    assert not any(f.startswith("Not distinguishable") for f in one["findings"])
-    # An unfinished seed: a scheme with one seed in common is listed as such, not as
-    # "not distinguishable" at the reference's seed count.
-    partial_runs = [r for r in runs if (r["seed"] < 2 or r["scheme"] == "rope")
-                    and not (r["scheme"] == "none" and r["seed"] == 1)]
-    partial = report.summarize({"seeds": 3}, partial_runs, [], reference="rope", baseline="learned")
-    assert any(f.startswith("One seed in common with rope so far, no interval yet: none (")
-                                    for f in partial["findings"])
-    assert not any(f.startswith("Not distinguishable") and "none" in f for f in partial["findings"])
-    # learned has 2 seeds in common with rope's 3: its pairing says so.
-    assert any("learned (+" in f and ", 2 common seeds)" in f for f in partial["findings"])
-
-
-def test_report_helpers():
-    rows = [{"step": 10, "loss": 5.0, "mlm_accuracy": 0.1, "tokens_per_sec": 50.0},
-            {"step": 20, "loss": 4.0, "mlm_accuracy": 0.2, "tokens_per_sec": 100.0},
-            {"step": 20, "eval_loss": 4.6, "eval_mlm_accuracy": 0.1, "eval_order_gap": 0.1},
-            {"step": 20, "eval_loss": 4.5, "eval_mlm_accuracy": 0.15, "eval_shuffled_loss": 4.7,
-             "eval_order_gap": 0.2},                                                          # resumed run re-logs 20
-            {"step": 20, "loss": 3.9, "mlm_accuracy": 0.21, "tokens_per_sec": 110.0}]
-    summary = report.pretrain_summary(rows)
-    assert summary["train_loss"] == 3.9 and summary["eval_loss"] == 4.5 and summary["steps"] == 20
-    assert summary["eval_shuffled_loss"] == 4.7 and summary["eval_order_gap"] == 0.2
-    assert summary["tokens_per_sec"] == 105.0   # first (compiling) interval left out
-    assert report.loss_curves(rows) == {"train": [(10, 5.0), (20, 3.9)], "eval": [(20, 4.5)]}
-    assert report.eval_curve(rows, tokens_per_step=100) == [
-        {"step": 20, "tokens": 2000, "eval_loss": 4.5, "eval_mlm_accuracy": 0.15, "eval_order_gap": 0.2}]
-
-    assert report.mean_std([1.0, None, 3.0, float("nan")]) == {"mean": 2.0, "std": pytest.approx(2 ** 0.5), "n": 2}
-    assert report.mean_std([5.0]) == {"mean": 5.0, "std": None, "n": 1}
-    assert report.mean_std([None]) is None
-    assert report.t_critical(4) == pytest.approx(stats.t.ppf(0.975, 4))
-
-    schemes = [{"scheme": "a", "tokens_per_sec": {"mean": 100.0, "std": None, "n": 1}},
-               {"scheme": "b", "tokens_per_sec": {"mean": 50.0, "std": None, "n": 1}},
-               {"scheme": "c", "tokens_per_sec": None}]
-    report._add_relative_step_time(schemes)
-    assert [s["step_time_rel"] for s in schemes] == [1.0, 2.0, None]
-
-    runs = [_run("a", 0, 3.0, [0.2, 0.2, 0.2]),
-            {"scheme": "c", "seed": 0, "status": "failed", "failed_stage": "pretrain", "error": "RuntimeError: boom"}]
-    result = report.summarize({}, runs, [], reference="a")
-    md = report.to_markdown(result)
-    assert "| a | done |" in md and "| c | failed | n/a |" in md and "- c seed 0 pretrain: RuntimeError: boom" in md
-
-
-def test_read_metrics_ignores_a_torn_last_line(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
-    assert read_metrics(path) == [{"step": 1, "loss": 2.0}]
-    assert read_metrics(tmp_path / "missing.jsonl") == []
-
-
-def _batches(rng, batch_size, length, vocab, num_batches=1, predictions=6):
-    batches = []
-    for _ in range(num_batches):
-        batches.append({
-            "input_ids": rng.integers(5, vocab, (batch_size, length)).astype(np.int32),
-            "token_type_ids": np.zeros((batch_size, length), np.int32),
-            "positions": np.tile(np.arange(length, dtype=np.int32), (batch_size, 1)),
-            "segment_ids": np.ones((batch_size, length), np.int32),
-            "masked_positions": rng.integers(0, length, (batch_size, predictions)).astype(np.int32),
-            "masked_labels": rng.integers(5, vocab, (batch_size, predictions)).astype(np.int32),
-            "masked_weights": np.ones((batch_size, predictions), np.float32),
-        })
-    return batches
-
-
-def test_windows_cover_the_same_leading_text_at_every_length():
-    from roformer.data.packing import plan_rows
-
-    doc_len = np.array([600, 40, 700])    # document 1 is too short for a 256-token window
-    for window, expected in ((64, 4), (128, 2), (256, 1)):
-        plan = plan_rows(np.array([0, 2]), doc_len, window, "document")
-        picked = extrapolation.window_rows(plan.doc, plan.offset, plan.length, window, max_len=256)
-        assert list(plan.doc[picked]) == [0] * expected + [2] * expected
-        assert np.all(plan.length[picked] == window - 2)
-        assert np.all(plan.offset[picked] + plan.length[picked] <= 254)   # inside the first 256 tokens
-
-
-def test_extrapolation_evaluate_learned_na_and_rope_scalings():
-    rng = np.random.default_rng(0)
-    vocab, seq_len = 64, 16
-    batches = {n: _batches(rng, 2, n, vocab) for n in (seq_len, 2 * seq_len)}
-    common = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, vocab_size=vocab,
-                  max_position_embeddings=seq_len,
-                  initializer_range=0.5)   # sharp attention, so position scalings visibly matter
-
-    def init(position):
-        config = ModelConfig.from_preset("tiny", position=position, **common)
-        return config, nnx.to_pure_dict(nnx.state(RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)), nnx.Param))
-
-    # Learned absolute at 2x its table: n/a, without evaluating anything.
-    learned = extrapolation.evaluate(*init("learned"), {2 * seq_len: batches[2 * seq_len]}, seq_len)
-    assert learned["lengths"] == [32] and learned["loss"] == {"plain": [None]}
-
-    config, params = init("rope")
-    rope = extrapolation.evaluate(config, params, batches, seq_len, scalings=("linear", "ntk"))
-    plain, linear, ntk = (rope["loss"][k] for k in ("plain", "linear", "ntk"))
-    assert linear[0] == ntk[0] == plain[0]          # factor 1 is the unscaled model
-    assert linear[1] != plain[1] and ntk[1] != plain[1] and linear[1] != ntk[1]
-    assert extrapolation.count_params(params) == sum(np.size(x) for x in jax.tree.leaves(params))
-    with pytest.raises(ValueError, match="choose from"):
-        extrapolation.evaluate(config, params, batches, seq_len, scalings=("yarnish",))
-
-
-def test_scheme_seeds_and_learning_rates_are_per_scheme_exceptions():
-    config = small_config("learned,rope,none", seeds=2)
-    config.scheme_seeds = "rope=3,none=1"
-    config.scheme_learning_rates = "learned=1e-3"
-    ablate.validate(config)
-    # Every scheme of seed 0 first, then seed 1 of the schemes that have it, ...
-    assert ablate.planned_runs(config) == [("learned", 0), ("rope", 0), ("none", 0), ("learned", 1), ("rope", 1),
-                                           ("rope", 2)]
-    assert ablate.scheme_pretrain_config(config, "learned").train.learning_rate == 1e-3
-    assert ablate.scheme_pretrain_config(config, "rope").train.learning_rate == config.pretrain.train.learning_rate
-
-
-@pytest.mark.parametrize("key, value, message", [
-    ("scheme_seeds", "rope:3", r"config.scheme_seeds: item 'rope:3' is not scheme=int"),
-    ("scheme_seeds", "t5=2", r"config.scheme_seeds names \['t5'\], not in config.schemes"),
-    ("scheme_learning_rates", "rope=fast", r"item 'rope=fast' is not scheme=float"),
-    ("scheme_learning_rates", "rope=0", r"config.scheme_learning_rates='rope=0': every value must be > 0"),
-])
-def test_per_scheme_settings_are_checked_before_any_training(key, value, message):
-    config = small_config()
-    config[key] = value
-    with pytest.raises(ValueError, match=message):
-        ablate.validate(config)
-
-
-def test_fingerprint_ignores_settings_that_only_watch_a_run():
-    cfg = ablate.scheme_pretrain_config(small_config(), "rope")
-    fp = ablate.fingerprint(cfg)
-    cfg.train.progress_bar = not cfg.train.progress_bar
-    cfg.train.divergence_factor = 3.0
-    assert ablate.fingerprint(cfg) == fp
-    cfg.train.learning_rate *= 2
-    assert ablate.fingerprint(cfg) != fp
-
-
-@pytest.mark.parametrize("variant", [None, "smoke", "reference", "onset"])
-def test_every_ablation_variant_is_a_valid_config(variant):
-    config = ablate.load_config_file("ablation", variant)
-    ablate.validate(config)
-    if variant == "onset":   # 10x the reference's budget, more seeds where onsets vary most
-        assert ablate.pretrain_steps(config) == 20_000
-        assert [ablate.scheme_seeds(config, s) for s in ("rope", "learned", "none", "shaw")] == [5, 5, 5, 3]

@@ -1,4 +1,4 @@
-"""config.parallel: ablation runs side by side, each in a process of its own (roformer.parallel_runs).
+"""config.parallel: ablation runs side by side, each in a process of its own (roformer.ablation.parallel).
 
 The orchestration tests start fake run processes (a Python that writes what a run's
 process records, or exits with a status) so merging, crashes and preemption are checked
@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from roformer import ablate, parallel_runs
+from roformer.ablation import parallel as parallel_runs   # tests name their own `parallel` settings
+from roformer.ablation import plan, runner
+from roformer.ablation.stages import PREEMPTED_EXIT, error_name, job_stages, run_stages
+from roformer.ablation.state import PINNED_TOKENIZER, STATE_FILE, AblationState
 from roformer.train.metrics import read_metrics
 
 from test_ablate import FakeStages, small_config, stub_figures
@@ -42,7 +45,7 @@ def test_core_slots_deal_the_cores_and_one_core_turns_off_xlas_thread_pool():
 
 
 def test_a_pinned_process_takes_its_cores_before_jax_starts():
-    code = ("import os, sys; from roformer import parallel_runs; parallel_runs.enter_slot(); "
+    code = ("import os, sys; from roformer.ablation import parallel; parallel.enter_slot(); "
             "import jax; jax.devices(); print(sorted(os.sched_getaffinity(0)), 'jax' in sys.modules)")
     cores = sorted(parallel_runs.available_cores())[-1:]
     out = subprocess.run([sys.executable, "-c", code], env=parallel_runs.child_env(cores, pin=True), check=True,
@@ -56,7 +59,7 @@ def test_validate_refuses_a_bad_parallel(value, message):
     config = small_config()
     config.parallel = value
     with pytest.raises(ValueError, match=message):
-        ablate.validate(config)
+        plan.validate(config)
 
 
 # --------------------------------------------------------------------------- orchestration with fake processes
@@ -75,13 +78,13 @@ class FakeProcesses:
 
     def __call__(self, config, workdir, state, vocab, job, stages, cores):
         self.started.append((job.run, tuple(cores)))
-        jobs_dir = workdir / ablate.JOBS_DIR
+        jobs_dir = workdir / runner.JOBS_DIR
         jobs_dir.mkdir(exist_ok=True)
-        job_state = ablate.AblationState(workdir, jobs_dir / f"{ablate._error_name(job.run)}.state.json")
+        job_state = AblationState(workdir, jobs_dir / f"{error_name(job.run)}.state.json")
         job_state.data = {job.run: dict(state.data.get(job.run, {}))}
         status = self.status.get(job.run, 0)
         if status == 0:
-            ablate._run_stages(job_state, workdir, job.run, stages)
+            run_stages(job_state, workdir, job.run, stages)
         else:
             job_state.set(job.run, "pretrain", state.get(job.run, "pretrain"))
         # A run that fails or is preempted ends after the others have (they would take
@@ -94,33 +97,33 @@ class FakeProcesses:
 def test_runs_go_side_by_side_in_plan_order_and_their_records_are_merged(tmp_path, monkeypatch):
     stub_figures(monkeypatch)
     fake = FakeProcesses(monkeypatch)
-    monkeypatch.setattr(ablate, "_start_job", fake)
+    monkeypatch.setattr(runner, "_start_job", fake)
     config = small_config(methods="none,linear")   # 2 schemes x 2 seeds, extension of 2 seeds x 2 methods
     config.parallel = 2
-    result = ablate.run_ablation(config, tmp_path)
+    result = runner.run_ablation(config, tmp_path)
     runs = [run for run, _ in fake.started]
     assert runs == ["learned/seed0", "rope/seed0", "learned/seed1", "rope/seed1",
                     "extension/none/seed0", "extension/linear/seed0", "extension/none/seed1",
                     "extension/linear/seed1"]
     assert [r["status"] for r in result["runs"]] == ["done"] * 4
     assert [r["status"] for r in result["extension"]["runs"]] == ["done"] * 4
-    assert not (tmp_path / ablate.JOBS_DIR).exists()   # every run's records taken in
-    state = json.loads((tmp_path / ablate.STATE_FILE).read_text())
+    assert not (tmp_path / runner.JOBS_DIR).exists()   # every run's records taken in
+    state = json.loads((tmp_path / STATE_FILE).read_text())
     assert set(state["rope/seed1"]) == {"pretrain", "extrapolation", "glue"}
 
     fake.started.clear()
-    ablate.run_ablation(config, tmp_path)   # nothing left: no process starts
+    runner.run_ablation(config, tmp_path)   # nothing left: no process starts
     assert fake.started == []
 
 
 def test_a_run_process_that_dies_is_a_failed_stage_and_the_others_go_on(tmp_path, monkeypatch):
     stub_figures(monkeypatch)
     fake = FakeProcesses(monkeypatch, status={"rope/seed0": -9})
-    monkeypatch.setattr(ablate, "_start_job", fake)
+    monkeypatch.setattr(runner, "_start_job", fake)
     config = small_config(seeds=1)
     config.extension.enabled = False
     config.parallel = 2
-    result = ablate.run_ablation(config, tmp_path)
+    result = runner.run_ablation(config, tmp_path)
     rows = {r["scheme"]: r for r in result["runs"]}
     assert rows["learned"]["status"] == "done"
     assert rows["rope"]["status"] == "failed" and rows["rope"]["failed_stage"] == "pretrain"
@@ -128,33 +131,33 @@ def test_a_run_process_that_dies_is_a_failed_stage_and_the_others_go_on(tmp_path
     assert (tmp_path / "errors" / "rope.seed0.pretrain.txt").exists()
 
     fake.status.clear()   # the next session retries it
-    result = ablate.run_ablation(config, tmp_path)
+    result = runner.run_ablation(config, tmp_path)
     assert [run for run, _ in fake.started][-1] == "rope/seed0"
     assert [r["status"] for r in result["runs"]] == ["done", "done"]
 
 
 def test_a_preempted_run_stops_the_ablation_and_a_killed_sessions_records_are_kept(tmp_path, monkeypatch):
     stub_figures(monkeypatch)
-    preempted = ablate.PREEMPTED_EXIT
+    preempted = PREEMPTED_EXIT
     fake = FakeProcesses(monkeypatch, status={"learned/seed0": preempted, "rope/seed0": preempted})
-    monkeypatch.setattr(ablate, "_start_job", fake)
+    monkeypatch.setattr(runner, "_start_job", fake)
     config = small_config(seeds=2)
     config.extension.enabled = False
     config.parallel = 2
-    result = ablate.run_ablation(config, tmp_path)
+    result = runner.run_ablation(config, tmp_path)
     assert [run for run, _ in fake.started] == ["learned/seed0", "rope/seed0"]   # no run starts after it
     assert [r["status"] for r in result["runs"]] == ["pending"] * 4
 
     # A session killed while a run's process had recorded its stages: the next one takes them in.
-    jobs_dir = tmp_path / ablate.JOBS_DIR
+    jobs_dir = tmp_path / runner.JOBS_DIR
     jobs_dir.mkdir()
-    stages = ablate._job_stages(config, tmp_path, ablate._Job("rope/seed0", "scheme", "rope", 0),
-                                str(tmp_path / ablate.PINNED_TOKENIZER))
+    stages = job_stages(config, tmp_path, plan.Job("rope/seed0", "scheme", "rope", 0),
+                                str(tmp_path / PINNED_TOKENIZER))
     records = {stage: {"status": "done", "fingerprint": fp, "wall_s": 1.0, "result": {}} for stage, fp, _ in stages}
     (jobs_dir / "rope.seed0.state.json").write_text(json.dumps({"rope/seed0": records}))
     fake.status.clear()
     fake.started.clear()
-    result = ablate.run_ablation(config, tmp_path)
+    result = runner.run_ablation(config, tmp_path)
     assert [run for run, _ in fake.started] == ["learned/seed0", "learned/seed1", "rope/seed1"]
     assert [r["status"] for r in result["runs"]] == ["done"] * 4
 
@@ -238,14 +241,14 @@ def test_side_by_side_runs_give_the_losses_of_runs_in_turn_and_resume_after_kill
         workdir = tmp_path / f"parallel{parallel}"
         # In turn, only the first run has started when it is killed; side by side, both.
         kill_after_first_checkpoints(workdir, config, runs[:parallel])
-        result = ablate.run_ablation(config, workdir)   # resumes from the checkpoints
+        result = runner.run_ablation(config, workdir)   # resumes from the checkpoints
         assert [r["status"] for r in result["runs"]] == ["done", "done"]
         assert {r["scheme"]: r["eval_loss"] for r in result["runs"]}   # a row per run
         results[parallel] = held_out_losses(workdir, runs)
         assert all(sorted(losses) == [20, 40] for losses in results[parallel].values())
         if parallel > 1:
             assert all((workdir / "logs" / f"{run.replace('/', '.')}.log").stat().st_size for run in runs)
-            assert not (workdir / ablate.JOBS_DIR).exists()
+            assert not (workdir / runner.JOBS_DIR).exists()
     # Identical floats wherever measured (here, and the reference recipe at 200 steps:
     # docs/results/2026-11-25-many-runs-cpu.md); XLA:CPU on one thread may still sum some
     # product in another order than on two, hence a tolerance.

@@ -5,13 +5,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from roformer import ablate, capability
+from roformer import capability
+from roformer.ablation import plan
 from roformer.data.tokenizer import WordPieceTokenizer
 from roformer.model import ModelConfig, RoFormerForMaskedLM
 
 
 def smoke_config():
-    return ablate.load_config_file("capability", "smoke")
+    return plan.load_config_file("capability", "smoke")
 
 
 def test_direction_rule_is_one_cycle_so_forward_and_backward_answers_differ():

@@ -11,7 +11,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from roformer import ablate, report
+from roformer.ablation import plan, report, runner
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -58,7 +58,7 @@ def tiny_ablation_config(shared_data: Path, cache_dir: Path):
     """configs/ablation.py:smoke shrunk to seconds: 1-layer 32-wide model, 4 steps (evaluated
     every 2), 16 GLUE rows, 2 pretraining seeds, and a 4-step context extension of seed 0's
     rope at 2x the length, evaluated every 2 steps."""
-    config = ablate.load_config_file("ablation", "smoke")
+    config = plan.load_config_file("ablation", "smoke")
     config.schemes = "learned,rope"
     config.seeds = 2
     pre = config.pretrain
@@ -81,7 +81,7 @@ def tiny_ablation_config(shared_data: Path, cache_dir: Path):
 
 def test_tiny_ablation_and_report_notebook(tmp_path, monkeypatch, shared_data):
     workdir = tmp_path / "ablation"
-    result = ablate.run_ablation(tiny_ablation_config(shared_data, tmp_path / "cache"), workdir)
+    result = runner.run_ablation(tiny_ablation_config(shared_data, tmp_path / "cache"), workdir)
 
     failures = [(r.get("scheme", r.get("method")), r["seed"], r.get("error"))
                 for r in result["runs"] + result["extension"]["runs"] if r["status"] != "done"]

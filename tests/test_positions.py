@@ -31,7 +31,7 @@ def encode(model, input_ids, positions):
 
 
 def test_every_scheme_has_a_config_file_that_selects_it_and_unknown_lists_choices():
-    from roformer.ablate import CONFIG_DIR, load_config_file
+    from roformer.ablation.plan import CONFIG_DIR, load_config_file
 
     for name, scheme in positions.POSITION_SCHEMES.items():
         path = CONFIG_DIR / f"{scheme.config_file}.py"

@@ -180,7 +180,8 @@ def test_warm_start_from_an_hf_directory_begins_at_its_held_out_loss(tmp_path, c
     import torch
     import transformers
 
-    from roformer import convert, extrapolation
+    from roformer import convert
+    from roformer.ablation import extrapolation
     from flax import nnx
 
     from roformer.data import DataConfig, make_pretrain_data

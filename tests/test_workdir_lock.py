@@ -14,7 +14,7 @@ import pytest
 
 from configs import glue as glue_config
 from configs import tiny
-from roformer import ablate
+from roformer.ablation import plan, runner, stages
 from roformer.glue.run import run_glue
 from roformer.train import train_and_evaluate
 from roformer.workdir_lock import LOCK_FILE, WorkdirBusy, workdir_lock
@@ -128,7 +128,7 @@ def test_pretraining_glue_and_ablation_refuse_a_busy_workdir(tmp_path):
     with pytest.raises(WorkdirBusy):
         run_glue(glue_config.get_config(), tmp_path)
     with pytest.raises(WorkdirBusy):
-        ablate.run_ablation(ablate.load_config_file("ablation", "smoke"), tmp_path)
+        runner.run_ablation(plan.load_config_file("ablation", "smoke"), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]   # nothing was written
 
 
@@ -140,10 +140,10 @@ def test_ablation_stages_lock_their_own_workdirs_under_the_ablation_lock(tmp_pat
             seen.append(((tmp_path / LOCK_FILE).is_file(), (workdir / LOCK_FILE).is_file()))
         raise RuntimeError("stop here")   # recorded as a failed stage; the ablation goes on
 
-    monkeypatch.setitem(ablate.STAGE_RUNNERS, "pretrain", stage)
-    config = ablate.load_config_file("ablation", "smoke")
+    monkeypatch.setitem(stages.STAGE_RUNNERS, "pretrain", stage)
+    config = plan.load_config_file("ablation", "smoke")
     config.schemes, config.seeds, config.extension.enabled = "rope", 1, False
-    ablate.run_ablation(config, tmp_path)
+    runner.run_ablation(config, tmp_path)
     assert seen and all(seen_ == (True, True) for seen_ in seen)
     assert not list(tmp_path.rglob(LOCK_FILE))
 
@@ -189,7 +189,7 @@ def test_a_workdir_that_cannot_be_created_or_written_is_refused_before_anything_
     monkeypatch.setattr(os, "open", open_)
     monkeypatch.setattr(os, "mkdir", mkdir)
     runs = [lambda w: train_and_evaluate(tiny.get_config(), w), lambda w: run_glue(glue_config.get_config(), w),
-            lambda w: ablate.run_ablation(ablate.load_config_file("ablation", "smoke"), w)]
+            lambda w: runner.run_ablation(plan.load_config_file("ablation", "smoke"), w)]
     for run in runs:
         with pytest.raises(WorkdirUnusable, match=f"^workdir {readonly} is not writable: Permission denied"):
             run(readonly)

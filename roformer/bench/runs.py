@@ -9,7 +9,7 @@ an 8,000-word vocabulary, as configs/ablation.py:reference) runs in these modes:
 - `one`: one run in one process on every core (how runs went before `config.parallel`);
 - `procs`: `--parallel` runs side by side, each in a process of its own with XLA:CPU's
   one-core setting (products on the calling thread, no hand-off to a thread pool), free to run
-  on any core (roformer.parallel_runs: what `python -m roformer.ablate --config.parallel=K`
+  on any core (roformer.ablation.parallel: what `python -m roformer.ablate --config.parallel=K`
   does);
 - `procs_pinned`: the same, each process also pinned to its own core (`sched_setaffinity`);
 - `procs_plain`: the same processes with neither setting (XLA:CPU's defaults);
@@ -39,7 +39,7 @@ import time
 
 # Nothing here imports jax at module level: the worker process sets its cores and malloc
 # first (`python -m roformer.bench.runs --worker`).
-from roformer import parallel_runs
+from roformer.ablation import parallel as parallel_runs   # `parallel` here counts runs
 
 MODES = ("one", "procs", "procs_pinned", "procs_plain", "vmap")
 TABLE_COLUMNS = ("shape", "mode", "runs", "tokens_s", "x_one", "x_one_min", "x_one_max", "runs_per_hour",
@@ -49,11 +49,11 @@ TABLE_COLUMNS = ("shape", "mode", "runs", "tokens_s", "x_one", "x_one_min", "x_o
 def reference_run() -> dict:
     """What the shapes' runs take from configs/ablation.py:reference: its steps (what a runs/hour
     figure counts), vocabulary size and dropout."""
-    from roformer import ablate
+    from roformer.ablation import plan
 
-    config = ablate.load_config_file("ablation", "reference")
+    config = plan.load_config_file("ablation", "reference")
     model = config.pretrain.model
-    return {"steps": ablate.pretrain_steps(config), "vocab_size": config.pretrain.data.vocab_size,
+    return {"steps": plan.pretrain_steps(config), "vocab_size": config.pretrain.data.vocab_size,
             "hidden_dropout": model.hidden_dropout, "attention_dropout": model.attention_dropout}
 
 

@@ -2,7 +2,7 @@
 
 Pure reading, statistics and drawing: nothing here trains or evaluates. The inputs are
 one row per (scheme, seed) run (final metrics, the held-out curve, length extrapolation,
-GLUE) and one per context-extension run, which `roformer.ablate` collects; `summarize`
+GLUE) and one per context-extension run, which roformer.ablation.collect reads; `summarize`
 aggregates them over seeds (mean +/- sample std) and compares every scheme with the
 reference scheme by paired differences over seeds (same seed = same data, masks and
 shared initialisation), with a 95% t-interval. The outputs are `ablation.json`,
@@ -11,6 +11,7 @@ notebook calls the same functions.
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import statistics
@@ -21,7 +22,9 @@ from typing import Any, Iterable, Mapping
 # leaves a notebook's backend alone.
 from matplotlib.figure import Figure
 
-from roformer import attention_stats
+from roformer.ablation.state import combined_status
+from roformer.errors import ConfigError
+from roformer.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 REPORT_JSON = "ablation.json"
 REPORT_MD = "ablation.md"
@@ -47,99 +50,8 @@ COMPARED = ("eval_loss", "eval_mlm_accuracy", "eval_order_gap")
 CURVES = ("eval_loss", "eval_order_gap", "nearest_head_distance", "last_hidden_cosine")
 
 
-def _finite(x: Any) -> bool:
+def finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-# --------------------------------------------------------------------------- one run
-
-
-def loss_curves(rows: Iterable[Mapping]) -> dict[str, list[tuple[int, float]]]:
-    """(step, loss) pairs for the train and the held-out MLM loss.
-
-    A resumed run logs some steps twice; the later row (from the resumed run) wins.
-    """
-    train: dict[int, float] = {}
-    heldout: dict[int, float] = {}
-    for row in rows:
-        step = row.get("step")
-        if not isinstance(step, int):
-            continue
-        if _finite(row.get("loss")):
-            train[step] = float(row["loss"])
-        if _finite(row.get("eval_loss")):
-            heldout[step] = float(row["eval_loss"])
-    return {"train": sorted(train.items()), "eval": sorted(heldout.items())}
-
-
-def eval_curve(rows: Iterable[Mapping], tokens_per_step: int) -> list[dict]:
-    """The held-out evaluations of a run, one per step (the last row of a step wins):
-    step, tokens seen, loss, accuracy and the word-order gap (shuffled - plain loss)."""
-    by_step: dict[int, dict] = {}
-    for row in rows:
-        if isinstance(row.get("step"), int) and _finite(row.get("eval_loss")):
-            point = by_step[row["step"]] = {
-                "step": row["step"], "tokens": row["step"] * tokens_per_step, "eval_loss": row["eval_loss"],
-                "eval_mlm_accuracy": row.get("eval_mlm_accuracy"), "eval_order_gap": row.get("eval_order_gap")}
-            stats = attention_stats.from_metrics(row)
-            if stats is not None:
-                point.update(stats)
-                # One number each for the curves: how close the most local head looks, and
-                # how alike the positions are at the encoder's output.
-                point["nearest_head_distance"] = min(min(heads) for heads in stats["attention_distance"])
-                point["last_hidden_cosine"] = stats["hidden_cosine"][-1]
-    return [by_step[s] for s in sorted(by_step)]
-
-
-def _last(rows: list[Mapping], key: str) -> float | None:
-    for row in reversed(rows):
-        if _finite(row.get(key)):
-            return float(row[key])
-    return None
-
-
-def pretrain_summary(rows: list[Mapping]) -> dict[str, float | int | None]:
-    """Final losses/accuracies and median throughput of one pretraining run.
-
-    The first logged throughput includes compilation, so it is left out of
-    the median whenever there is more than one row.
-    """
-    throughput = [float(r["tokens_per_sec"]) for r in rows if _finite(r.get("tokens_per_sec"))]
-    if len(throughput) > 1:
-        throughput = throughput[1:]
-    steps = [r["step"] for r in rows if isinstance(r.get("step"), int)]
-    return {
-        "steps": max(steps) if steps else None,
-        "train_loss": _last(rows, "loss"),
-        "train_mlm_accuracy": _last(rows, "mlm_accuracy"),
-        "eval_loss": _last(rows, "eval_loss"),
-        "eval_mlm_accuracy": _last(rows, "eval_mlm_accuracy"),
-        "eval_shuffled_loss": _last(rows, "eval_shuffled_loss"),
-        "eval_order_gap": _last(rows, "eval_order_gap"),
-        "tokens_per_sec": statistics.median(throughput) if throughput else None,
-    }
-
-
-def glue_summary(results: Mapping) -> dict:
-    """Per-task median metrics and GLUE scores (x100) from a `glue_results.json` dict.
-
-    Task columns are "<task> <metric>" (plus the split when a task reports several,
-    e.g. MNLI matched/mismatched); a score over only some tasks is kept with
-    `complete: false` so the table can mark it partial.
-    """
-    from roformer.glue.tasks import TASKS
-
-    tasks: dict[str, float] = {}
-    for name, task_result in results.get("tasks", {}).items():
-        display = TASKS[name].display if name in TASKS else name
-        medians = task_result.get("median", {})
-        for split, metrics in medians.items():
-            prefix = display if len(medians) == 1 else f"{display} {split}"
-            for metric, value in metrics.items():
-                tasks[f"{prefix} {metric}"] = None if value is None else 100.0 * float(value)
-    scores = {key: s.get("score") for key, s in results.get("glue", {}).items()}
-    complete = {key: bool(s.get("complete")) for key, s in results.get("glue", {}).items()}
-    return {"tasks": tasks, "scores": scores, "complete": complete}
 
 
 # --------------------------------------------------------------------------- statistics
@@ -147,14 +59,14 @@ def glue_summary(results: Mapping) -> dict:
 
 def t_critical(df: int) -> float:
     """Two-sided 95% critical value of Student's t with `df` degrees of freedom."""
-    from scipy import stats
+    from scipy import stats   # scipy.stats: only when an interval is computed, not at start-up
 
     return float(stats.t.ppf(0.975, df))
 
 
 def mean_std(values: Iterable[float | None]) -> dict | None:
     """Mean and sample standard deviation of the finite values (std None for one value)."""
-    vals = [float(v) for v in values if _finite(v)]
+    vals = [float(v) for v in values if finite(v)]
     if not vals:
         return None
     return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else None,
@@ -166,7 +78,7 @@ def paired_difference(values: Mapping[int, float | None], reference: Mapping[int
     each seed shares data order, masks and initialisation). `exceeds` is True when the
     interval excludes 0, i.e. the difference is larger than the seed-to-seed spread."""
     diffs = [float(values[s]) - float(reference[s]) for s in sorted(values)
-             if s in reference and _finite(values[s]) and _finite(reference[s])]
+             if s in reference and finite(values[s]) and finite(reference[s])]
     if not diffs:
         return None
     mean = statistics.fmean(diffs)
@@ -181,7 +93,7 @@ def _curve_stats(curves: list[list[dict]], key: str) -> list[dict]:
     """Per evaluation step present in every curve: tokens and mean/std of `key` over curves."""
     if not curves:
         return []
-    common = set.intersection(*({p["step"] for p in c if _finite(p.get(key))} for c in curves))
+    common = set.intersection(*({p["step"] for p in c if finite(p.get(key))} for c in curves))
     out = []
     for step in sorted(common):
         points = [next(p for p in c if p["step"] == step) for c in curves]
@@ -230,14 +142,9 @@ def _scheme_row(scheme: str, runs: list[dict], ref_runs: Mapping[int, dict], ref
                 order_threshold: float) -> dict:
     done = [r for r in runs if r["status"] == "done"]
     failed = [r for r in runs if r["status"] == "failed"]
-    if failed:
-        status = "failed"
-    elif len(done) == len(runs):
-        status = "done"
-    else:
-        status = f"{len(done)}/{len(runs)} seeds"
     row: dict[str, Any] = {
-        "scheme": scheme, "status": status, "seeds": [r["seed"] for r in done],
+        "scheme": scheme, "status": combined_status([r["status"] for r in runs], f"{len(done)}/{len(runs)} seeds"),
+        "seeds": [r["seed"] for r in done],
         "params": next((r["params"] for r in done if r.get("params")), None),
         "errors": [f"seed {r['seed']} {r.get('failed_stage', '?')}: {r.get('error', '')}" for r in failed],
     }
@@ -299,11 +206,12 @@ def summarize_extension(runs: list[dict]) -> dict:
     plain = {r["seed"]: r["loss"][-1] for r in done if r["method"] == "none"}
     for method in methods:
         mine = [r for r in done if r["method"] == method]
+        # A run counts as done once its losses are in (a done run without them is still pending).
+        statuses = [r["status"] if r["status"] != "done" or r in mine else "pending"
+                    for r in runs if r["method"] == method]
         steps = mine[0]["steps"] if mine else []
         row = {"method": method, "label": EXTENSION_LABELS.get(method, method), "seeds": [r["seed"] for r in mine],
-               "status": "done" if mine and len(mine) == len([r for r in runs if r["method"] == method])
-               else ("failed" if any(r["status"] == "failed" for r in runs if r["method"] == method)
-                     else f"{len(mine)}/{len([r for r in runs if r['method'] == method])} seeds"),
+               "status": combined_status(statuses, f"{len(mine)}/{len(statuses)} seeds"),
                "steps": steps,
                "loss": [mean_std(r["loss"][i] for r in mine if len(r["loss"]) > i) for i in range(len(steps))],
                "vs_plain": None if method == "none" else paired_difference(
@@ -368,37 +276,54 @@ def _tokens(n: float | None) -> str:
 def findings(result: Mapping) -> list[str]:
     """The comparison in sentences: which differences exceed the seed spread, word-order
     use, convergence, extrapolation and context extension."""
-    reference = result["reference"]
     rows = {r["scheme"]: r for r in result["schemes"]}
+    out = _reference_findings(rows, result["reference"])
+    out += _word_order_findings(rows, result.get("order_threshold", 0.1))
+    conv = result.get("convergence")
+    if conv and conv["at_step"]:
+        out.append(_convergence_finding(conv))
+    out += _extrapolation_findings(rows)
+    out += _extension_findings(result.get("extension") or {})
+    return out
+
+
+def _reference_findings(rows: Mapping[str, Mapping], reference: str) -> list[str]:
+    """Which schemes' held-out loss differs from the reference's beyond the seed spread."""
     ref = rows.get(reference)
+    if not (ref and ref.get("eval_loss")):
+        return []
     out = []
-    if ref and ref.get("eval_loss"):
-        better, worse, same, single = [], [], [], []
-        n = ref["eval_loss"]["n"]
-        for name, row in rows.items():
-            d = (row.get("vs_reference") or {}).get("eval_loss")
-            if name == reference or not d:
-                continue
-            # A scheme with fewer finished seeds than the reference is paired over fewer.
-            seeds = "" if d["n"] == n else f", {d['n']} common seeds"
-            if d.get("exceeds") is None:      # one common seed: no interval to judge by
-                single.append(f"{name} ({_diff(d)})")
-            elif d["exceeds"]:
-                (worse if d["diff"] > 0 else better).append(f"{name} ({_diff(d)} nats{seeds})")
-            else:
-                same.append(f"{name} ({_diff(d)}{seeds})")
-        if n < 2:
-            out.append(f"Only one seed finished for {reference}: differences have no interval yet.")
-        if worse:
-            out.append(f"Held-out MLM loss higher than {reference} by more than the seed spread "
-                       f"(95% interval of the paired difference excludes 0): {', '.join(worse)}.")
-        if better:
-            out.append(f"Held-out MLM loss lower than {reference} beyond the seed spread: {', '.join(better)}.")
-        if same:
-            out.append(f"Not distinguishable from {reference} at {n} seeds (interval includes 0): {', '.join(same)}.")
-        if single:
-            out.append(f"One seed in common with {reference} so far, no interval yet: {', '.join(single)}.")
-    threshold = result.get("order_threshold", 0.1)
+    better, worse, same, single = [], [], [], []
+    n = ref["eval_loss"]["n"]
+    for name, row in rows.items():
+        d = (row.get("vs_reference") or {}).get("eval_loss")
+        if name == reference or not d:
+            continue
+        # A scheme with fewer finished seeds than the reference is paired over fewer.
+        seeds = "" if d["n"] == n else f", {d['n']} common seeds"
+        if d.get("exceeds") is None:      # one common seed: no interval to judge by
+            single.append(f"{name} ({_diff(d)})")
+        elif d["exceeds"]:
+            (worse if d["diff"] > 0 else better).append(f"{name} ({_diff(d)} nats{seeds})")
+        else:
+            same.append(f"{name} ({_diff(d)}{seeds})")
+    if n < 2:
+        out.append(f"Only one seed finished for {reference}: differences have no interval yet.")
+    if worse:
+        out.append(f"Held-out MLM loss higher than {reference} by more than the seed spread "
+                   f"(95% interval of the paired difference excludes 0): {', '.join(worse)}.")
+    if better:
+        out.append(f"Held-out MLM loss lower than {reference} beyond the seed spread: {', '.join(better)}.")
+    if same:
+        out.append(f"Not distinguishable from {reference} at {n} seeds (interval includes 0): {', '.join(same)}.")
+    if single:
+        out.append(f"One seed in common with {reference} so far, no interval yet: {', '.join(single)}.")
+    return out
+
+
+def _word_order_findings(rows: Mapping[str, Mapping], threshold: float) -> list[str]:
+    """Which schemes use word order (and from when), and which never do."""
+    out = []
     uses, never = [], []
     for name, row in rows.items():
         gap = row.get("eval_order_gap")
@@ -414,44 +339,56 @@ def findings(result: Mapping) -> list[str]:
     if never:
         out.append(f"Ignore word order through the whole budget (gap < {threshold} nats at every evaluation): "
                    f"{'; '.join(never)}.")
-    conv = result.get("convergence")
-    if conv and conv["at_step"]:
-        separated = [p for p in conv["at_step"] if p.get("exceeds") and p["diff"] > 0]
-        first = separated[0]["tokens"] if separated else None
-        stays = bool(separated) and all(p.get("exceeds") and p["diff"] > 0
-                                        for p in conv["at_step"] if p["tokens"] >= first)
-        share = conv.get("budget_share_to_baseline_final")
-        text = (f"Convergence (RoFormer Fig. 3): {conv['reference']}'s held-out loss is below "
-                f"{conv['baseline']}'s beyond the seed spread ")
-        if first is None:
-            text = (f"Convergence (RoFormer Fig. 3): at no evaluation is {conv['baseline']}'s held-out loss above "
-                    f"{conv['reference']}'s beyond the seed spread, so the claim does not reproduce here")
-        elif stays:
-            text += f"at every evaluation from {_tokens(first)} tokens on, so the claim reproduces at this scale"
-        else:
-            text += f"at some evaluations only (first at {_tokens(first)} tokens), so the claim holds only in part"
-        if share:
-            text += (f"; {conv['reference']} reaches {conv['baseline']}'s final loss after "
-                     f"{_pm(share, 2, 100)}% of the budget")
-        out.append(text + ".")
-    ext_rows = [(name, row["extrapolation"]) for name, row in rows.items() if row.get("extrapolation")]
-    if ext_rows:
-        lengths = ext_rows[0][1]["lengths"]
-        last = len(lengths) - 1
-        at_longest = {name: e["loss"]["plain"][last] for name, e in ext_rows if e["loss"]["plain"][last]}
-        if at_longest and len(lengths) > 1:
-            ranked = sorted(at_longest, key=lambda n: at_longest[n]["mean"])
-            out.append(f"At {lengths[-1]} tokens ({lengths[-1] // lengths[0]}x the training length, no scaling) the "
-                       "held-out loss ranks " + " < ".join(f"{n} {_pm(at_longest[n], 2)}" for n in ranked) + ".")
-    ext = result.get("extension") or {}
-    methods = [m for m in ext.get("methods", []) if m["loss"]]
-    if methods:
-        final = sorted(methods, key=lambda m: m["loss"][-1]["mean"])
-        words = "; ".join(f"{m['label']} {_pm(m['loss'][0], 2)} -> {_pm(m['loss'][-1], 2)}"
-                          + (f" (vs plain {_diff(m['vs_plain'], 2)})" if m.get("vs_plain") else "") for m in final)
-        out.append(f"Context extension to {ext['length']} tokens, held-out loss there before -> after "
-                   f"{final[0]['steps'][-1]} steps: {words}.")
     return out
+
+
+def _convergence_finding(conv: Mapping) -> str:
+    """Whether the reference's loss stays below the baseline's (RoFormer's Fig. 3 claim)."""
+    separated = [p for p in conv["at_step"] if p.get("exceeds") and p["diff"] > 0]
+    first = separated[0]["tokens"] if separated else None
+    stays = bool(separated) and all(p.get("exceeds") and p["diff"] > 0
+                                    for p in conv["at_step"] if p["tokens"] >= first)
+    share = conv.get("budget_share_to_baseline_final")
+    text = (f"Convergence (RoFormer Fig. 3): {conv['reference']}'s held-out loss is below "
+            f"{conv['baseline']}'s beyond the seed spread ")
+    if first is None:
+        text = (f"Convergence (RoFormer Fig. 3): at no evaluation is {conv['baseline']}'s held-out loss above "
+                f"{conv['reference']}'s beyond the seed spread, so the claim does not reproduce here")
+    elif stays:
+        text += f"at every evaluation from {_tokens(first)} tokens on, so the claim reproduces at this scale"
+    else:
+        text += f"at some evaluations only (first at {_tokens(first)} tokens), so the claim holds only in part"
+    if share:
+        text += (f"; {conv['reference']} reaches {conv['baseline']}'s final loss after "
+                 f"{_pm(share, 2, 100)}% of the budget")
+    return text + "."
+
+
+def _extrapolation_findings(rows: Mapping[str, Mapping]) -> list[str]:
+    """The schemes ranked by held-out loss at the longest evaluated length."""
+    ext_rows = [(name, row["extrapolation"]) for name, row in rows.items() if row.get("extrapolation")]
+    if not ext_rows:
+        return []
+    lengths = ext_rows[0][1]["lengths"]
+    last = len(lengths) - 1
+    at_longest = {name: e["loss"]["plain"][last] for name, e in ext_rows if e["loss"]["plain"][last]}
+    if not (at_longest and len(lengths) > 1):
+        return []
+    ranked = sorted(at_longest, key=lambda n: at_longest[n]["mean"])
+    return [f"At {lengths[-1]} tokens ({lengths[-1] // lengths[0]}x the training length, no scaling) the "
+            "held-out loss ranks " + " < ".join(f"{n} {_pm(at_longest[n], 2)}" for n in ranked) + "."]
+
+
+def _extension_findings(ext: Mapping) -> list[str]:
+    """The context-extension methods ranked by their final loss at the extended length."""
+    methods = [m for m in ext.get("methods", []) if m["loss"]]
+    if not methods:
+        return []
+    final = sorted(methods, key=lambda m: m["loss"][-1]["mean"])
+    words = "; ".join(f"{m['label']} {_pm(m['loss'][0], 2)} -> {_pm(m['loss'][-1], 2)}"
+                      + (f" (vs plain {_diff(m['vs_plain'], 2)})" if m.get("vs_plain") else "") for m in final)
+    return [f"Context extension to {ext['length']} tokens, held-out loss there before -> after "
+            f"{final[0]['steps'][-1]} steps: {words}."]
 
 
 # --------------------------------------------------------------------------- markdown
@@ -464,7 +401,7 @@ def _fmt(x: Any, digits: int = 3) -> str:
         return x
     if isinstance(x, int) and not isinstance(x, bool):
         return f"{x:,}"
-    if _finite(x):
+    if finite(x):
         return f"{x:.{digits}f}"
     return "n/a"
 
@@ -516,9 +453,25 @@ def to_markdown(result: Mapping) -> str:
                   ""]
     if result.get("findings"):
         lines += ["## Findings", ""] + [f"- {f}" for f in result["findings"]] + [""]
+    lines += _pretraining_md(schemes, reference)
+    lines += _attention_md(schemes)
+    lines += _position_signal_md(result.get("position_signal"))
+    unigram = setup.get("unigram_loss")
+    if unigram:
+        lines += ["", f"Unigram loss of the vocabulary (a model that ignores context): {unigram:.3f} nats."]
+    lines += _extrapolation_md(schemes)
+    ext = result.get("extension") or {}
+    lines += _extension_md(ext, setup)
+    lines += _convergence_md(result.get("convergence"))
+    lines += _glue_md(schemes)
+    lines += _failed_md(schemes, ext)
+    return "\n".join(lines) + "\n"
 
-    lines += [f"## Pretraining (mean ± std over seeds; Δ = paired difference to {reference} "
-              "with its 95% interval, ~ = interval includes 0)", ""]
+
+def _pretraining_md(schemes: list[Mapping], reference: str) -> list[str]:
+    """The main table: throughput, final held-out metrics and their differences to the reference."""
+    lines = [f"## Pretraining (mean ± std over seeds; Δ = paired difference to {reference} "
+             "with its 95% interval, ~ = interval includes 0)", ""]
     header = ["scheme", "status", "params", "tokens/s", "step time (rel)", "held-out loss", "held-out acc %",
               "order gap (nats)", "uses order from", f"Δ loss vs {reference}", "Δ acc (points)",
               "Δ order gap"]
@@ -534,74 +487,93 @@ def to_markdown(result: Mapping) -> str:
             "—" if s["scheme"] == reference else _diff(vs.get("eval_mlm_accuracy"), 1, 100),
             "—" if s["scheme"] == reference else _diff(vs.get("eval_order_gap")),
         ])
-    lines.append(_table(header, body))
+    return lines + [_table(header, body)]
+
+
+def _attention_md(schemes: list[Mapping]) -> list[str]:
     attention_rows = [[s["scheme"], _pm((s.get("curve") or {}).get("nearest_head_distance", [None])[-1], 2),
                        _pm((s.get("curve") or {}).get("last_hidden_cosine", [None])[-1], 3)]
                       for s in schemes if (s.get("curve") or {}).get("nearest_head_distance")]
-    if attention_rows:
-        lines += ["", "Attention at the last evaluation (roformer/attention_stats.py; over training in "
-                  f"{ATTENTION_PNG}): the mean distance (tokens) the most local head looks, and the mean cosine "
-                  "similarity of two positions' hidden states at the encoder's output (near 1: collapsed).", "",
-                  _table(["scheme", "nearest head's distance", "hidden-state cosine"], attention_rows)]
-    if result.get("position_signal"):
-        lines += ["", "Position signal at initialisation (roformer/position_signal.py): RMS of the position "
-                  "embeddings / RMS of the token embeddings they are added to (absolute schemes), and RMS of "
-                  "the change the scheme makes to layer 0's attention logits / RMS of those logits without it.",
-                  "", _table(["scheme", "input: position / token", "layer-0 logits: change / content"],
-                             [[scheme, _fmt(r.get("input"), 2), _fmt(r.get("logits"), 2)]
-                              for scheme, r in result["position_signal"].items()])]
-    unigram = setup.get("unigram_loss")
-    if unigram:
-        lines += ["", f"Unigram loss of the vocabulary (a model that ignores context): {unigram:.3f} nats."]
+    if not attention_rows:
+        return []
+    return ["", "Attention at the last evaluation (roformer/attention_stats.py; over training in "
+            f"{ATTENTION_PNG}): the mean distance (tokens) the most local head looks, and the mean cosine "
+            "similarity of two positions' hidden states at the encoder's output (near 1: collapsed).", "",
+            _table(["scheme", "nearest head's distance", "hidden-state cosine"], attention_rows)]
 
+
+def _position_signal_md(position_signal: Mapping | None) -> list[str]:
+    if not position_signal:
+        return []
+    return ["", "Position signal at initialisation (roformer/position_signal.py): RMS of the position "
+            "embeddings / RMS of the token embeddings they are added to (absolute schemes), and RMS of "
+            "the change the scheme makes to layer 0's attention logits / RMS of those logits without it.",
+            "", _table(["scheme", "input: position / token", "layer-0 logits: change / content"],
+                       [[scheme, _fmt(r.get("input"), 2), _fmt(r.get("logits"), 2)]
+                        for scheme, r in position_signal.items()])]
+
+
+def _extrapolation_md(schemes: list[Mapping]) -> list[str]:
     lengths, ext_rows = extrapolation_rows(schemes)
-    if ext_rows:
-        lines += ["", f"## Length extrapolation: held-out MLM loss by evaluation length (pretrained at "
-                  f"{lengths[0]} tokens; n/a: beyond a learned position table)", ""]
-        ext_header = ["scheme"] + [f"{n} ({n // lengths[0]}x)" for n in lengths]
-        lines.append(_table(ext_header, [[label] + [_pm(v) for v in stats] for label, stats in ext_rows]))
+    if not ext_rows:
+        return []
+    ext_header = ["scheme"] + [f"{n} ({n // lengths[0]}x)" for n in lengths]
+    return ["", f"## Length extrapolation: held-out MLM loss by evaluation length (pretrained at "
+            f"{lengths[0]} tokens; n/a: beyond a learned position table)", "",
+            _table(ext_header, [[label] + [_pm(v) for v in stats] for label, stats in ext_rows])]
 
-    ext = result.get("extension") or {}
+
+def _extension_md(ext: Mapping, setup: Mapping) -> list[str]:
     methods = ext.get("methods") or []
-    if methods and any(m["steps"] for m in methods):
-        steps = max((m["steps"] for m in methods), key=len)
-        lines += ["", f"## Context extension: held-out loss at {ext.get('length')} tokens vs extension steps "
-                  f"({setup.get('extension', '')})", ""]
-        header = ["method", "status"] + [f"step {s}" for s in steps] + ["Δ final vs plain"]
-        body = [[m["label"], m["status"]] + [_pm(v) for v in m["loss"]] + [""] * (len(steps) - len(m["loss"]))
-                + [_diff(m.get("vs_plain")) if m["method"] != "none" else "—"] for m in methods]
-        lines.append(_table(header, body))
+    if not (methods and any(m["steps"] for m in methods)):
+        return []
+    steps = max((m["steps"] for m in methods), key=len)
+    header = ["method", "status"] + [f"step {s}" for s in steps] + ["Δ final vs plain"]
+    body = [[m["label"], m["status"]] + [_pm(v) for v in m["loss"]] + [""] * (len(steps) - len(m["loss"]))
+            + [_diff(m.get("vs_plain")) if m["method"] != "none" else "—"] for m in methods]
+    return ["", f"## Context extension: held-out loss at {ext.get('length')} tokens vs extension steps "
+            f"({setup.get('extension', '')})", "", _table(header, body)]
 
-    conv = result.get("convergence")
-    if conv and conv["at_step"]:
-        lines += ["", f"## Convergence: {conv['baseline']} - {conv['reference']} held-out loss (paired over seeds "
-                  f"{conv['seeds']})", ""]
-        lines.append(_table(["tokens"] + [_tokens(p["tokens"]) for p in conv["at_step"]],
-                            [["Δ loss"] + [_diff(p, 3) for p in conv["at_step"]]]))
 
+def _convergence_md(conv: Mapping | None) -> list[str]:
+    if not (conv and conv["at_step"]):
+        return []
+    return ["", f"## Convergence: {conv['baseline']} - {conv['reference']} held-out loss (paired over seeds "
+            f"{conv['seeds']})", "",
+            _table(["tokens"] + [_tokens(p["tokens"]) for p in conv["at_step"]],
+                   [["Δ loss"] + [_diff(p, 3) for p in conv["at_step"]]])]
+
+
+def _glue_md(schemes: list[Mapping]) -> list[str]:
     glue_metrics, glue_scores = glue_columns(schemes)
-    if glue_metrics:
-        lines += ["", "## GLUE dev (x100; median over fine-tuning seeds, then mean ± std over pretraining seeds)", ""]
-        body = []
-        for s in schemes:
-            glue = s.get("glue") or {}
-            body.append([s["scheme"]] + [_pm(glue.get("tasks", {}).get(k), 1) for k in glue_metrics]
-                        + [_pm(glue.get("scores", {}).get(k), 1)
-                           + ("" if glue.get("complete", {}).get(k, True) else "*") for k in glue_scores])
-        lines.append(_table(["scheme"] + glue_metrics + glue_scores, body))
-        if any(not all((s.get("glue") or {}).get("complete", {}).values()) for s in schemes if s.get("glue")):
-            lines += ["", "\\* GLUE score over the tasks run only (not a full GLUE score)."]
+    if not glue_metrics:
+        return []
+    body = []
+    for s in schemes:
+        glue = s.get("glue") or {}
+        body.append([s["scheme"]] + [_pm(glue.get("tasks", {}).get(k), 1) for k in glue_metrics]
+                    + [_pm(glue.get("scores", {}).get(k), 1)
+                       + ("" if glue.get("complete", {}).get(k, True) else "*") for k in glue_scores])
+    lines = ["", "## GLUE dev (x100; median over fine-tuning seeds, then mean ± std over pretraining seeds)", "",
+             _table(["scheme"] + glue_metrics + glue_scores, body)]
+    if any(not all((s.get("glue") or {}).get("complete", {}).values()) for s in schemes if s.get("glue")):
+        lines += ["", "\\* GLUE score over the tasks run only (not a full GLUE score)."]
+    return lines
 
+
+def _failed_md(schemes: list[Mapping], ext: Mapping) -> list[str]:
+    methods = ext.get("methods") or []
     failed = [s for s in schemes if s.get("errors")] + [m for m in methods if m["status"] == "failed"]
-    if failed:
-        lines += ["", "Failed:"]
-        for s in schemes:
-            lines += [f"- {s['scheme']} {e}" for e in s.get("errors", [])]
-        for r in ext.get("runs", []):
-            if r["status"] == "failed":
-                lines.append(f"- extension {r['method']} seed {r['seed']} {r.get('failed_stage', '?')}: "
-                             f"{r.get('error', '')}")
-    return "\n".join(lines) + "\n"
+    if not failed:
+        return []
+    lines = ["", "Failed:"]
+    for s in schemes:
+        lines += [f"- {s['scheme']} {e}" for e in s.get("errors", [])]
+    for r in ext.get("runs", []):
+        if r["status"] == "failed":
+            lines.append(f"- extension {r['method']} seed {r['seed']} {r.get('failed_stage', '?')}: "
+                         f"{r.get('error', '')}")
+    return lines
 
 
 # --------------------------------------------------------------------------- plots
@@ -638,8 +610,16 @@ def _finish(fig, axes, out_path):
             ax.legend(fontsize=8)
     fig.tight_layout()
     if out_path is not None:
-        fig.savefig(out_path, dpi=120)
+        _save(fig, out_path)
     return fig
+
+
+def _save(fig, out_path: str | Path) -> None:
+    """The figure at `out_path` (its suffix names the format), replaced atomically: a reader
+    never sees half an image."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=Path(out_path).suffix.lstrip(".") or "png", dpi=120)
+    write_bytes_atomic(out_path, buffer.getvalue())
 
 
 def plot_loss_curves(result: Mapping, out_path: str | Path | None = None):
@@ -678,7 +658,7 @@ def plot_extrapolation(result: Mapping, out_path: str | Path | None = None):
     ax_gap.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     if out_path is not None:
-        fig.savefig(out_path, dpi=120)
+        _save(fig, out_path)
     return fig
 
 
@@ -698,7 +678,7 @@ def plot_extension(result: Mapping, out_path: str | Path | None = None):
         ax.legend(fontsize=8)
     fig.tight_layout()
     if out_path is not None:
-        fig.savefig(out_path, dpi=120)
+        _save(fig, out_path)
     return fig
 
 
@@ -715,10 +695,8 @@ def write_report(result: Mapping, report_dir: str | Path) -> None:
     """Write ablation.json, ablation.md and the figures into report_dir."""
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
-    tmp = report_dir / (REPORT_JSON + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(report_dir / REPORT_JSON)  # never a half-written report
-    (report_dir / REPORT_MD).write_text(to_markdown(result))
+    write_json_atomic(report_dir / REPORT_JSON, result)   # never a half-written report
+    write_text_atomic(report_dir / REPORT_MD, to_markdown(result))
     plot_loss_curves(result, report_dir / LOSS_CURVES_PNG)
     plot_extrapolation(result, report_dir / EXTRAPOLATION_PNG)
     if (result.get("extension") or {}).get("methods"):
@@ -730,5 +708,5 @@ def write_report(result: Mapping, report_dir: str | Path) -> None:
 def load_report(report_dir: str | Path) -> dict:
     path = Path(report_dir) / REPORT_JSON
     if not path.exists():
-        raise ValueError(f"no {REPORT_JSON} in {report_dir}; run `python -m roformer.ablate` first")
+        raise ConfigError(f"no {REPORT_JSON} in {report_dir}; run `python -m roformer.ablate` first")
     return json.loads(path.read_text())

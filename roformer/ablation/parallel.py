@@ -14,8 +14,9 @@ The process applies both itself (`enter_slot`), first thing: a `preexec_fn` woul
 in a fork of a multithreaded parent (jax's), which can deadlock.
 
 `python -m roformer.ablate --config.parallel=K` runs its (scheme, seed) runs K at a time
-this way; `python -m roformer.parallel_runs JOB.json` is the process one such run executes
-in (roformer.ablate.run_job_file).
+this way (roformer.ablation.runner starts them); `python -m roformer.ablation.job JOB.json`
+is the process one such run executes in. This module imports nothing of the ablation's, so
+the config's validation, the runner and the benchmarks can all use it.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ import os
 import signal
 import sys
 from pathlib import Path
+
+from roformer.errors import ConfigError
 
 # XLA:CPU runs a product on the thread that runs the program instead of its thread pool.
 SINGLE_CORE_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
@@ -44,7 +47,7 @@ def core_slots(parallel: int) -> list[list[int]]:
     apart)."""
     cores = sorted(available_cores())
     if not 1 <= parallel <= len(cores):
-        raise ValueError(f"give 1 to {len(cores)} runs at once (a core or more for each): this process "
+        raise ConfigError(f"give 1 to {len(cores)} runs at once (a core or more for each): this process "
                          f"may use {len(cores)} cores")
     return [cores[len(cores) * i // parallel: len(cores) * (i + 1) // parallel] for i in range(parallel)]
 
@@ -61,7 +64,7 @@ def child_env(cores: list[int] | None, pin: bool = False) -> dict[str, str]:
     `pin=True` also confines the process to `cores` (see the module doc for why runs are not)."""
     env = dict(os.environ)
     # The run's process imports this very package, wherever the command was started.
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
     env[PARENT_ENV] = str(os.getpid())
     env.pop(CORES_ENV, None)
@@ -91,20 +94,3 @@ def die_with_parent() -> None:
         return
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def main(argv: list[str]) -> int:
-    from roformer.host_memory import retain_host_memory
-
-    enter_slot()
-    retain_host_memory()   # before jax runs anything, as every command does; see host_memory.py
-    if len(argv) != 2:
-        print("usage: python -m roformer.parallel_runs JOB.json", file=sys.stderr)
-        return 2
-    from roformer import ablate
-
-    return ablate.run_job_file(argv[1])
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -1,4 +1,5 @@
-"""Length extrapolation: held-out MLM loss of a pretrained model at longer sequences.
+"""Length extrapolation: held-out MLM loss of a pretrained model at longer sequences (the
+ablation's extrapolation and extension_eval stages).
 
 Every evaluation length reads the same text: the first `max_len` tokens of the same
 held-out documents (those at least that long), cut into full windows of the length
@@ -24,6 +25,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from roformer.errors import ConfigError
 from roformer.model import ModelConfig, RoFormerForMaskedLM
 from roformer.positions import POSITION_SCHEMES
 from roformer.train.checkpoint import PretrainWorkdir
@@ -73,7 +75,7 @@ def evaluate(model_config: ModelConfig, params: dict, batches_by_length: dict[in
     """
     unknown = sorted(set(scalings) - set(SCALINGS))
     if unknown:
-        raise ValueError(f"extrapolation scalings {unknown}: choose from {SCALINGS}")
+        raise ConfigError(f"extrapolation scalings {unknown}: choose from {SCALINGS}")
     scheme = POSITION_SCHEMES[model_config.position]
     scalings = list(scalings) if scheme.rope_scaling else []
     max_length = scheme.max_length(model_config)
@@ -109,6 +111,7 @@ def heldout_windows(run: PretrainWorkdir, data_cfg: DataConfig, lengths: Iterabl
     """Masked batches per length over the same text, tokenized with `run`'s tokenizer: the
     first `max_len` (default max(lengths)) tokens of the first `num_docs` held-out documents
     of `data_cfg`'s corpus that long, cut into full windows of each length."""
+    # The data pipeline (tokenizers, token shards): only when windows are built.
     from roformer.data import make_pretrain_data
     from roformer.data.packing import plan_rows
 
@@ -157,7 +160,7 @@ def evaluate_checkpoints(workdir: str | Path, data_cfg: DataConfig, *, seq_len: 
     run = PretrainWorkdir(workdir)
     init_from = run.run_config().get("train", {}).get("init_from")
     if not init_from:
-        raise ValueError(f"{workdir} was not warm-started (no train.init_from in its config.json)")
+        raise ConfigError(f"{workdir} was not warm-started (no train.init_from in its config.json)")
     length = seq_len * factor
     batches = heldout_windows(run, data_cfg, [length], num_docs=num_docs, batch_size=batch_size, seed=seed,
                               max_len=seq_len * max(factors))[length]

@@ -1,0 +1,258 @@
+"""The ablation's results, read back into the rows of `ablation.json`.
+
+One row per (scheme, seed) run, from its stage records (status, extrapolation), its
+`metrics.jsonl` (final metrics, the held-out curve) and its GLUE workdir's
+`glue_results.json`; one row per context-extension run; and the setup they share. The
+statistics over seeds and the words are roformer.ablation.report's (`summarize`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import ml_collections
+
+from roformer import attention_stats
+from roformer.ablation import report
+from roformer.ablation.plan import (EXTENSION_STAGES, RUN_STAGES, extension_seeds, fingerprint, planned_runs,
+                                    pretrain_steps, scheme_pretrain_config, scheme_seeds, split_list)
+from roformer.ablation.report import finite
+from roformer.ablation.state import PINNED_TOKENIZER, AblationState, is_main_process, run_status
+from roformer.bench.common import machine_info
+from roformer.files import write_json_atomic
+from roformer.glue.tasks import TASKS
+from roformer.train.metrics import read_metrics
+
+
+# --------------------------------------------------------------------------- one run's metrics
+
+
+def loss_curves(rows: Iterable[Mapping]) -> dict[str, list[tuple[int, float]]]:
+    """(step, loss) pairs for the train and the held-out MLM loss.
+
+    A resumed run logs some steps twice; the later row (from the resumed run) wins.
+    """
+    train: dict[int, float] = {}
+    heldout: dict[int, float] = {}
+    for row in rows:
+        step = row.get("step")
+        if not isinstance(step, int):
+            continue
+        if finite(row.get("loss")):
+            train[step] = float(row["loss"])
+        if finite(row.get("eval_loss")):
+            heldout[step] = float(row["eval_loss"])
+    return {"train": sorted(train.items()), "eval": sorted(heldout.items())}
+
+
+def eval_curve(rows: Iterable[Mapping], tokens_per_step: int) -> list[dict]:
+    """The held-out evaluations of a run, one per step (the last row of a step wins):
+    step, tokens seen, loss, accuracy and the word-order gap (shuffled - plain loss)."""
+    by_step: dict[int, dict] = {}
+    for row in rows:
+        if isinstance(row.get("step"), int) and finite(row.get("eval_loss")):
+            point = by_step[row["step"]] = {
+                "step": row["step"], "tokens": row["step"] * tokens_per_step, "eval_loss": row["eval_loss"],
+                "eval_mlm_accuracy": row.get("eval_mlm_accuracy"), "eval_order_gap": row.get("eval_order_gap")}
+            stats = attention_stats.from_metrics(row)
+            if stats is not None:
+                point.update(stats)
+                # One number each for the curves: how close the most local head looks, and
+                # how alike the positions are at the encoder's output.
+                point["nearest_head_distance"] = min(min(heads) for heads in stats["attention_distance"])
+                point["last_hidden_cosine"] = stats["hidden_cosine"][-1]
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _last(rows: list[Mapping], key: str) -> float | None:
+    for row in reversed(rows):
+        if finite(row.get(key)):
+            return float(row[key])
+    return None
+
+
+def pretrain_summary(rows: list[Mapping]) -> dict[str, float | int | None]:
+    """Final losses/accuracies and median throughput of one pretraining run.
+
+    The first logged throughput includes compilation, so it is left out of
+    the median whenever there is more than one row.
+    """
+    throughput = [float(r["tokens_per_sec"]) for r in rows if finite(r.get("tokens_per_sec"))]
+    if len(throughput) > 1:
+        throughput = throughput[1:]
+    steps = [r["step"] for r in rows if isinstance(r.get("step"), int)]
+    return {
+        "steps": max(steps) if steps else None,
+        "train_loss": _last(rows, "loss"),
+        "train_mlm_accuracy": _last(rows, "mlm_accuracy"),
+        "eval_loss": _last(rows, "eval_loss"),
+        "eval_mlm_accuracy": _last(rows, "eval_mlm_accuracy"),
+        "eval_shuffled_loss": _last(rows, "eval_shuffled_loss"),
+        "eval_order_gap": _last(rows, "eval_order_gap"),
+        "tokens_per_sec": statistics.median(throughput) if throughput else None,
+    }
+
+
+def glue_summary(results: Mapping, display: Mapping[str, str] | None = None) -> dict:
+    """Per-task median metrics and GLUE scores (x100) from a `glue_results.json` dict.
+
+    Task columns are "<task> <metric>" (plus the split when a task reports several,
+    e.g. MNLI matched/mismatched), the task under its `display` name (default: the GLUE
+    registry's); a score over only some tasks is kept with `complete: false` so the table
+    can mark it partial.
+    """
+    display = {name: spec.display for name, spec in TASKS.items()} if display is None else display
+    tasks: dict[str, float] = {}
+    for name, task_result in results.get("tasks", {}).items():
+        medians = task_result.get("median", {})
+        for split, metrics in medians.items():
+            prefix = display.get(name, name) if len(medians) == 1 else f"{display.get(name, name)} {split}"
+            for metric, value in metrics.items():
+                tasks[f"{prefix} {metric}"] = None if value is None else 100.0 * float(value)
+    scores = {key: s.get("score") for key, s in results.get("glue", {}).items()}
+    complete = {key: bool(s.get("complete")) for key, s in results.get("glue", {}).items()}
+    return {"tasks": tasks, "scores": scores, "complete": complete}
+
+
+# --------------------------------------------------------------------------- the report's rows
+
+
+def build_report(config: ml_collections.ConfigDict, workdir: Path, state: AblationState) -> dict:
+    """The report dict (ablation.json) from the state file and the run directories."""
+    setup = _setup(config, workdir)
+    runs = [_run_row(config, workdir, state, scheme, seed) for scheme, seed in planned_runs(config)]
+    extension = []
+    if config.extension.enabled:
+        extension = [_extension_row(state, method, seed) for seed in range(extension_seeds(config))
+                     for method in split_list(config.extension.methods)]
+        setup["extension"] = (f"{config.extension.scheme} at {config.extension.factor}x the length, "
+                              f"{config.extension.steps} steps, lr {config.extension.learning_rate}, "
+                              f"pretraining seed{'s' if extension_seeds(config) > 1 else ''} "
+                              f"{', '.join(map(str, range(extension_seeds(config))))}")
+    result = report.summarize(setup, runs, extension, reference=config.reference, baseline=config.baseline,
+                              order_threshold=config.order_threshold)
+    result["position_signal"] = _position_signals(workdir, config)
+    return result
+
+
+def _setup(config: ml_collections.ConfigDict, workdir: Path) -> dict[str, Any]:
+    """What every run shares, in words and numbers (the report's first line)."""
+    pre = config.pretrain
+    steps = pretrain_steps(config)
+    setup = {
+        "size": pre.model.size,
+        "data": pre.data.files if pre.data.source == "files" else pre.data.source,
+        "vocab": pre.data.vocab or f"WordPiece {pre.data.vocab_size} trained on the corpus",
+        "seq_len": pre.train.seq_len,
+        "batch_size": pre.train.batch_size,
+        "steps": steps,
+        "tokens": steps * pre.train.batch_size * pre.train.seq_len,
+        "seeds": _seeds_text(config),
+        "glue": (f"{config.glue.task} (median of {config.glue.seeds} fine-tuning seed"
+                 f"{'s' if config.glue.seeds > 1 else ''} per pretrained model)"
+                 if split_list(config.glue.task) else "skipped"),
+        "machine": _machine(),
+    }
+    unigram = _unigram_loss(workdir, config)
+    if unigram is not None:
+        setup["unigram_loss"] = unigram
+    return setup
+
+
+def _run_row(config: ml_collections.ConfigDict, workdir: Path, state: AblationState, scheme: str,
+             seed: int) -> dict[str, Any]:
+    """One (scheme, seed) run: status, final metrics, curve, extrapolation and GLUE."""
+    name = f"{scheme}/seed{seed}"
+    stages = [s for s in RUN_STAGES if s != "glue" or split_list(config.glue.task)]
+    records = {s: state.get(name, s) for s in stages}
+    row: dict[str, Any] = {"scheme": scheme, "seed": seed, **run_status(records, stages),
+                           "pretrain_workdir": f"pretrain/{name}", "glue_workdir": None,
+                           "learning_rate": scheme_pretrain_config(config, scheme, seed).train.learning_rate}
+    row["wall_s"] = round(sum(r.get("wall_s", 0.0) for r in records.values()), 1)
+    metrics = read_metrics(workdir / row["pretrain_workdir"] / "metrics.jsonl")
+    row.update(pretrain_summary(metrics))
+    row["curve"] = eval_curve(metrics, config.pretrain.train.batch_size * config.pretrain.train.seq_len)
+    ext = records["extrapolation"].get("result") or {}
+    row["params"] = ext.get("params")
+    row["extrapolation"] = ext.get("extrapolation")
+    if records.get("glue", {}).get("status") == "done":
+        row["glue_workdir"] = f"glue/{name}"
+        results = workdir / row["glue_workdir"] / "glue_results.json"
+        row["glue"] = glue_summary(json.loads(results.read_text())) if results.exists() else None
+    return row
+
+
+def _extension_row(state: AblationState, method: str, seed: int) -> dict[str, Any]:
+    """One context-extension run: status and its held-out loss at every evaluated step."""
+    name = f"extension/{method}/seed{seed}"
+    records = {s: state.get(name, s) for s in EXTENSION_STAGES}
+    row = {"method": method, "seed": seed, **run_status(records, EXTENSION_STAGES), "workdir": name,
+           "wall_s": round(sum(r.get("wall_s", 0.0) for r in records.values()), 1)}
+    row.update(records["extension_eval"].get("result") or {})
+    return row
+
+
+def _seeds_text(config: ml_collections.ConfigDict) -> int | str:
+    """config.seeds, or per scheme when config.scheme_seeds makes them differ."""
+    counts = {scheme: scheme_seeds(config, scheme) for scheme in split_list(config.schemes)}
+    if len(set(counts.values())) <= 1:
+        return config.seeds
+    return " / ".join(f"{scheme} {n}" for scheme, n in counts.items())
+
+
+def _machine() -> str:
+    """One line saying what ran it; the load average matters on a shared machine."""
+    m = machine_info()
+    desc = f"{m['device_count']} x {m['device_kind']} ({m['platform']}), {m['cpu_count']} CPU cores"
+    if hasattr(os, "getloadavg"):
+        desc += ", load average {:.1f}".format(os.getloadavg()[1])  # 5-minute
+    return desc
+
+
+def _position_signals(workdir: Path, config: ml_collections.ConfigDict) -> dict[str, dict]:
+    """Per scheme, the position / token signal ratios at initialisation
+    (roformer.position_signal), at the pretraining length, cached in the workdir."""
+    cache = workdir / "position_signal.json"
+    configs = {scheme: scheme_pretrain_config(config, scheme) for scheme in split_list(config.schemes)}
+    fp = fingerprint({s: c.model.to_dict() for s, c in configs.items()}, config.pretrain.data.vocab_size)
+    if cache.exists():
+        saved = json.loads(cache.read_text())
+        if saved.get("fingerprint") == fp:
+            return saved["ratios"]
+    # flax and the model: only when the cache is stale.
+    from roformer.position_signal import position_signals
+    from roformer.train.loop import build_model_config
+
+    # The ratios do not depend on which ids the vocabulary holds, only on the parameters.
+    models = {s: build_model_config(c.model, vocab_size=config.pretrain.data.vocab_size) for s, c in configs.items()}
+    ratios = position_signals(models, seed=0, length=config.pretrain.train.seq_len)
+    if is_main_process():
+        write_json_atomic(cache, {"fingerprint": fp, "ratios": ratios}, indent=None)
+    return ratios
+
+
+def _unigram_loss(workdir: Path, config: ml_collections.ConfigDict) -> float | None:
+    """The corpus's context-free MLM loss under the runs' (pinned) vocabulary, cached in the
+    workdir."""
+    cache = workdir / "unigram_loss.json"
+    fp = fingerprint(config.pretrain.data)
+    if cache.exists():
+        saved = json.loads(cache.read_text())
+        if saved.get("fingerprint") == fp:
+            return saved["unigram_loss"]
+    vocab = Path(config.pretrain.data.vocab or workdir / PINNED_TOKENIZER)
+    if not vocab.exists():
+        return None
+    from roformer.data import DataConfig, make_pretrain_data   # the data pipeline: only when the cache is stale
+
+    data_cfg = dataclasses.replace(DataConfig.from_mapping(config.pretrain.data), vocab=str(vocab))
+    data = make_pretrain_data(data_cfg, seq_len=config.pretrain.train.seq_len, batch_size=1, seed=0,
+                              show_progress=False)
+    value = data.unigram_loss()
+    if is_main_process():
+        write_json_atomic(cache, {"fingerprint": fp, "unigram_loss": value}, indent=None)
+    return value

@@ -1,0 +1,246 @@
+"""Running an ablation: the session that runs (or resumes) every job and rewrites the report.
+
+For every pretraining seed and every scheme in `config.schemes`: MLM pretraining (an
+ordinary pretrain workdir), length-extrapolation evaluation of the pretrained model, and
+GLUE fine-tuning (an ordinary GLUE workdir). With `extension.enabled`, the pretrained
+models of `extension.scheme` then continue pretraining at `extension.factor` times the
+length under each of `extension.methods`, evaluated at that length after every few steps.
+The seeds run in turn (every scheme of seed 0 first), so an interrupted ablation already
+compares all schemes; the context extension runs once every seed's pretraining is done.
+
+Re-running skips stages that finished with the same config (roformer.ablation.stages),
+resumes interrupted training from its checkpoints, and retries failed stages. Every run
+reads one vocabulary, pinned in the workdir (`pin_vocabulary`). With `config.parallel` = K
+> 1 (CPU hosts) the runs go K at a time, each in a process of its own
+(roformer.ablation.job) with a core's share of XLA:CPU threads (roformer.ablation.parallel;
+output in DIR/logs/), with the same workdirs, records and resume.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+from jax.experimental import multihost_utils
+
+from roformer.ablation import collect, parallel, report
+from roformer.ablation.plan import Job, extension_jobs, scheme_jobs, validate
+from roformer.ablation.stages import (PREEMPTED_EXIT, Preempted, Stage, error_name, job_stages, record_failure,
+                                      run_stages)
+from roformer.ablation.state import PINNED_TOKENIZER, AblationState, is_main_process
+from roformer.files import write_json_atomic, write_text_atomic
+from roformer.workdir_lock import workdir_lock
+
+log = logging.getLogger("roformer.ablate")
+
+# config.parallel > 1: a run's job file and its own state (merged into DIR/ablation_state.json
+# when its process ends, or by the next session if this one was killed) live here, its output
+# in DIR/logs/<run>.log.
+JOBS_DIR = "parallel"
+LOGS_DIR = "logs"
+POLL_S = 0.2
+
+
+def run_ablation(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+    """Run (or resume) the whole ablation in `workdir` and write the report; returns it.
+    A workdir another live run is using is refused (roformer.workdir_lock); the stages'
+    own runs lock their sub-workdirs."""
+    validate(config)
+    with workdir_lock(workdir):
+        return _run_ablation(config, Path(workdir).resolve())
+
+
+def _run_ablation(config: ml_collections.ConfigDict, workdir: Path) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    state = AblationState(workdir)
+    if is_main_process():
+        write_text_atomic(workdir / "ablation_config.json", config.to_json_best_effort(indent=2) + "\n")
+
+    started = time.time()
+    vocab = pin_vocabulary(config, workdir)
+    result = None
+    try:
+        # config.parallel > 1: every run in a process of its own, that many at once.
+        run_jobs = _run_side_by_side if config.parallel > 1 else _run_in_turn
+        result = run_jobs(config, workdir, state, vocab, scheme_jobs(config))
+        if config.extension.enabled:   # after the comparison itself, which it builds on
+            result = run_jobs(config, workdir, state, vocab, extension_jobs(config))
+    except Preempted as error:
+        log.warning("%s; stopping the ablation (re-run the command to resume)", error)
+        result = None   # the runs done before the preemption are in the state, not yet in a report
+    log.info("ablation session took %.0f s", time.time() - started)
+    return result if result is not None else write_report(config, workdir, state)
+
+
+def write_report(config: ml_collections.ConfigDict, workdir: Path, state: AblationState) -> dict:
+    """Collect the results into the report dict and (main process) write its files."""
+    result = collect.build_report(config, workdir, state)
+    if is_main_process():
+        report.write_report(result, workdir)
+    return result
+
+
+def pin_vocabulary(config: ml_collections.ConfigDict, workdir: Path) -> str:
+    """The one vocabulary every run of the ablation reads: pretrain.data.vocab when set, else
+    WORKDIR/tokenizer.json, taken from a run that already trained (an older workdir) or from
+    the data pipeline on first use. WordPiece training is not deterministic (hash-map order
+    inside `tokenizers`, huggingface/tokenizers#1794) and its cache is keyed by the files'
+    paths, sizes and mtimes, so without a pin a resumed ablation on a new machine, or after
+    the text was re-copied, would give its remaining runs a different vocabulary."""
+    if config.pretrain.data.vocab:
+        return str(config.pretrain.data.vocab)
+    pinned = workdir / PINNED_TOKENIZER
+    if is_main_process() and not pinned.is_file():
+        write_text_atomic(pinned, _trained_vocabulary(config, workdir))
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("ablation vocabulary pinned")
+    return str(pinned)
+
+
+def _trained_vocabulary(config: ml_collections.ConfigDict, workdir: Path) -> str:
+    """tokenizer.json text of the first run that trained (an older workdir), else of the data
+    pipeline's vocabulary for the corpus (trained and cached on first use)."""
+    # The checkpoint reader and the data pipeline (orbax, tokenizers): only when pinning.
+    from roformer.data import DataConfig
+    from roformer.data.pipeline import corpus_tokenizer
+    from roformer.train.checkpoint import PretrainWorkdir
+
+    trained = [PretrainWorkdir(p).tokenizer_file for p in sorted((workdir / "pretrain").glob("*/seed*"))
+               if PretrainWorkdir.holds_run(p)]
+    trained = [f for f in trained if f.is_file()]
+    if trained:
+        return trained[0].read_text()
+    return corpus_tokenizer(DataConfig.from_mapping(config.pretrain.data)).tokenizer.to_str()
+
+
+def _run_in_turn(config, workdir: Path, state: AblationState, vocab: str, jobs: list[Job]) -> dict | None:
+    result = None
+    for job in jobs:
+        run_stages(state, workdir, job.run, job_stages(config, workdir, job, vocab))
+        result = write_report(config, workdir, state)   # readable while the next run trains
+    return result
+
+
+# --------------------------------------------------------------------------- side by side
+
+
+def _run_side_by_side(config, workdir: Path, state: AblationState, vocab: str, jobs: list[Job]) -> dict | None:
+    """Run the jobs config.parallel at a time, each in a process of its own with its share of
+    the cores (roformer.ablation.parallel), in the order given; the report is rewritten as each
+    ends. On SIGTERM every running run saves a checkpoint and Preempted is raised once they have."""
+    _merge_job_states(state, workdir)
+    slots = parallel.core_slots(int(config.parallel))
+    pending = _unfinished(config, workdir, state, vocab, jobs)
+    running: dict[int, tuple[Any, Job]] = {}   # slot -> (process, job)
+    stop: list[str] = []                       # why no further run starts
+
+    def preempt(reason: str) -> None:
+        if not stop:
+            stop.append(reason)
+            for process, _ in running.values():
+                process.send_signal(signal.SIGTERM)   # each saves a checkpoint and exits
+
+    handled = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: preempt("SIGTERM received")) if handled else None
+    result = None
+    try:
+        while running or (pending and not stop):
+            for slot, cores in enumerate(slots):
+                if slot not in running and pending and not stop:
+                    job, stages = pending.pop(0)
+                    running[slot] = (_start_job(config, workdir, state, vocab, job, stages, cores), job)
+            time.sleep(POLL_S)
+            for slot, (process, job) in list(running.items()):
+                if process.poll() is None:
+                    continue
+                del running[slot]
+                _merge_job_states(state, workdir, job.run)
+                if process.returncode == PREEMPTED_EXIT:
+                    preempt(f"{job.run} preempted")
+                elif process.returncode != 0 and not (stop and process.returncode == -signal.SIGTERM):
+                    _record_crash(state, workdir, job, job_stages(config, workdir, job, vocab),
+                                  process.returncode)
+                log.info("%s: process ended (status %d)", job.run, process.returncode)
+                result = write_report(config, workdir, state)
+    finally:
+        for process, job in running.values():   # only after an error here: let them save and stop
+            process.terminate()
+            process.wait()
+            _merge_job_states(state, workdir, job.run)
+        if handled:
+            signal.signal(signal.SIGTERM, previous)
+        with contextlib.suppress(OSError):   # left only while runs are unmerged
+            (workdir / JOBS_DIR).rmdir()
+    if stop:
+        raise Preempted(stop[0])
+    return result
+
+
+def _unfinished(config, workdir: Path, state: AblationState, vocab: str, jobs: list[Job]
+                ) -> list[tuple[Job, list[Stage]]]:
+    """The jobs with a stage left to run, with their stages (a process starts only for those)."""
+    pending = []
+    for job in jobs:
+        stages = job_stages(config, workdir, job, vocab)
+        if all(state.is_done(job.run, stage, fp) for stage, fp, _ in stages):
+            log.info("%s: already done, skipping", job.run)
+        else:
+            pending.append((job, stages))
+    return pending
+
+
+def _start_job(config, workdir: Path, state: AblationState, vocab: str, job: Job,
+               stages: list[Stage], cores: list[int]):
+    name = error_name(job.run)
+    jobs_dir, logs_dir = workdir / JOBS_DIR, workdir / LOGS_DIR
+    jobs_dir.mkdir(exist_ok=True)
+    logs_dir.mkdir(exist_ok=True)
+    job_state = jobs_dir / f"{name}.state.json"
+    write_json_atomic(job_state, {job.run: state.data.get(job.run, {})})
+    spec = {"config": config.to_dict(), "workdir": str(workdir), "job": list(job), "vocab": vocab,
+            "state": str(job_state), "fingerprints": [fp for _, fp, _ in stages]}
+    write_json_atomic(jobs_dir / f"{name}.job.json", spec)
+    log.info("%s: starting in a process of its own (log: %s)", job.run, logs_dir / f"{name}.log")
+    with open(logs_dir / f"{name}.log", "a") as out:
+        return subprocess.Popen([sys.executable, "-m", "roformer.ablation.job", str(jobs_dir / f"{name}.job.json")],
+                                env=parallel.child_env(cores), stdout=out, stderr=subprocess.STDOUT)
+
+
+def _merge_job_states(state: AblationState, workdir: Path, run: str | None = None) -> None:
+    """Take the records a run's process wrote (all runs' when `run` is None: what a killed
+    session left) into the ablation's state, and remove its job files."""
+    jobs_dir = workdir / JOBS_DIR
+    names = [f"{error_name(run)}.state.json"] if run else sorted(p.name for p in jobs_dir.glob("*.state.json"))
+    for name in names:
+        path = jobs_dir / name
+        if path.exists():
+            for run_name, records in json.loads(path.read_text()).items():
+                for stage, record in records.items():
+                    if record != state.get(run_name, stage):
+                        state.set(run_name, stage, record)
+            path.unlink()
+        (jobs_dir / name.replace(".state.json", ".job.json")).unlink(missing_ok=True)
+
+
+def _record_crash(state: AblationState, workdir: Path, job: Job, stages: list[Stage], returncode: int) -> None:
+    """A run's process that died without recording its stage (killed, out of memory): the
+    stage it was in is failed, so the report says so and the next session retries it."""
+    for stage, fp, _ in stages:
+        if state.get(job.run, stage).get("status") == "failed":
+            return
+        if not state.is_done(job.run, stage, fp):
+            log_file = workdir / LOGS_DIR / f"{error_name(job.run)}.log"
+            how = (f"was killed by {signal.Signals(-returncode).name}" if returncode < 0
+                   else f"exited with status {returncode}")
+            record_failure(state, workdir, job.run, stage, fp, RuntimeError(
+                f"the run's process {how}; its output is in {log_file}"))
+            return

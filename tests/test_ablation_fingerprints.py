@@ -1,0 +1,134 @@
+"""The config fingerprints of the ablation's stages, pinned.
+
+A stage of an existing ablation workdir is skipped only when its fingerprint is the one
+recorded in ablation_state.json. A changed value below means every existing workdir of
+that variant reruns those stages (hours of training for :reference and :onset): change
+the fingerprint, the configs or what is fingerprinted only on purpose, and then update
+these values.
+"""
+from pathlib import Path
+
+import pytest
+
+from roformer.ablation import plan, stages
+
+# Fixed paths, so the fingerprints (which include data paths and the extension's
+# init_from) do not depend on where the repository or the shared data live.
+SHARED_DATA = "/shared/data"
+WORKDIR = Path("/ablation")
+
+# Every stage of seed 0 (the other seeds differ only in train.seed) and the report's caches.
+PINNED = {
+    "smoke": {
+        "extension/base/seed0 extension": "3c5789f552da3138",
+        "extension/base/seed0 extension_eval": "0a6fc2f72d0cba90",
+        "extension/linear/seed0 extension": "dab2d50a63b69b5e",
+        "extension/linear/seed0 extension_eval": "f44020d1a44ac847",
+        "extension/none/seed0 extension": "f06720f5ac690874",
+        "extension/none/seed0 extension_eval": "2494d6c07f26f2e0",
+        "extension/ntk/seed0 extension": "def1b8071d96800a",
+        "extension/ntk/seed0 extension_eval": "1fea7a0f7d021da1",
+        "extension/yarn/seed0 extension": "ebc9b5c03ff92dfc",
+        "extension/yarn/seed0 extension_eval": "0fc5a53704dc8449",
+        "learned/seed0 extrapolation": "884993fe7afea7f2",
+        "learned/seed0 glue": "15ca6dc36ee9ad9b",
+        "learned/seed0 pretrain": "85074130782f3f97",
+        "position_signal": "1814e943a5a8d126",
+        "rope/seed0 extrapolation": "644116a83cce8d82",
+        "rope/seed0 glue": "1d87c54fa6337f12",
+        "rope/seed0 pretrain": "f30a15548ce90e8f",
+        "unigram_loss": "7baa2e7868d6fb1a",
+    },
+    "reference": {
+        "alibi/seed0 extrapolation": "3c4b6ace64066459",
+        "alibi/seed0 glue": "3c9efbbba88de4bb",
+        "alibi/seed0 pretrain": "4d24ef5c9b6bc005",
+        "extension/base/seed0 extension": "49b84bb3241bdbdc",
+        "extension/base/seed0 extension_eval": "17b1b88ad84a1c09",
+        "extension/linear/seed0 extension": "8dcf900811cca6f0",
+        "extension/linear/seed0 extension_eval": "90bcc267be2154e8",
+        "extension/none/seed0 extension": "bcac47de513650af",
+        "extension/none/seed0 extension_eval": "7fb6313c30ba86bd",
+        "extension/ntk/seed0 extension": "9eb23486931dce9b",
+        "extension/ntk/seed0 extension_eval": "c332103e22142d43",
+        "extension/yarn/seed0 extension": "db6db945713e6cf4",
+        "extension/yarn/seed0 extension_eval": "f3137cb4e861d84d",
+        "learned/seed0 extrapolation": "be7c4a5d86e2d8ba",
+        "learned/seed0 glue": "ff034a91d6205927",
+        "learned/seed0 pretrain": "cfd84a185955742b",
+        "none/seed0 extrapolation": "78cdcbd2d0da7fd9",
+        "none/seed0 glue": "97d489f0a4a77783",
+        "none/seed0 pretrain": "09df95e55acb9a46",
+        "position_signal": "425382079ff54e00",
+        "rope/seed0 extrapolation": "d761c2961df2748f",
+        "rope/seed0 glue": "bd2b49d1b2cbf211",
+        "rope/seed0 pretrain": "c55b1fbb3c709430",
+        "shaw/seed0 extrapolation": "f56a71d0bd4eece9",
+        "shaw/seed0 glue": "f81acebfab55b0ad",
+        "shaw/seed0 pretrain": "f300a97514dbe1f2",
+        "sinusoidal/seed0 extrapolation": "2ad48fbdfb78930d",
+        "sinusoidal/seed0 glue": "698538a3d9e0ad05",
+        "sinusoidal/seed0 pretrain": "fdf247082adfa16a",
+        "t5/seed0 extrapolation": "3aa420ff5c9240de",
+        "t5/seed0 glue": "2926bcf035738465",
+        "t5/seed0 pretrain": "1ad2ef48974d93d6",
+        "unigram_loss": "c7bc3275850ac174",
+    },
+    "onset": {
+        "alibi/seed0 extrapolation": "fa617831bf7a9802",
+        "alibi/seed0 glue": "3274a978ae562e42",
+        "alibi/seed0 pretrain": "07a15ffde39cba8f",
+        "extension/base/seed0 extension": "0349221142e19eca",
+        "extension/base/seed0 extension_eval": "72736422448db89a",
+        "extension/linear/seed0 extension": "a347dc1a4d853d26",
+        "extension/linear/seed0 extension_eval": "c1d275c62f849360",
+        "extension/none/seed0 extension": "33d54978b206b362",
+        "extension/none/seed0 extension_eval": "bff00571c802c5b9",
+        "extension/ntk/seed0 extension": "9236b0d308b8e271",
+        "extension/ntk/seed0 extension_eval": "7f1bb13047ea65f8",
+        "extension/yarn/seed0 extension": "95be93fb91f7105d",
+        "extension/yarn/seed0 extension_eval": "b3a39ee8937d031b",
+        "learned/seed0 extrapolation": "94b606f88573e069",
+        "learned/seed0 glue": "61af23313db9468a",
+        "learned/seed0 pretrain": "e4b7a4c18bfa6033",
+        "none/seed0 extrapolation": "55a37633a99b41b5",
+        "none/seed0 glue": "daac1774376a8f45",
+        "none/seed0 pretrain": "3036eeab159d2560",
+        "position_signal": "425382079ff54e00",
+        "rope/seed0 extrapolation": "a2dbd9cc93638d8d",
+        "rope/seed0 glue": "b11e7e334b254607",
+        "rope/seed0 pretrain": "f043dcf8c52967ab",
+        "shaw/seed0 extrapolation": "c06ff38effa6a774",
+        "shaw/seed0 glue": "d899314ccd3becf8",
+        "shaw/seed0 pretrain": "aa7cca64b04b8500",
+        "sinusoidal/seed0 extrapolation": "884abe09c2c496ad",
+        "sinusoidal/seed0 glue": "8ca82dfd97b4fc52",
+        "sinusoidal/seed0 pretrain": "394d2629b82d1dc2",
+        "t5/seed0 extrapolation": "3da33cb802a69a88",
+        "t5/seed0 glue": "d0c6e83442813d68",
+        "t5/seed0 pretrain": "e6575438464fe37b",
+        "unigram_loss": "c7bc3275850ac174",
+    },
+}
+
+
+def stage_fingerprints(variant: str) -> dict[str, str]:
+    config = plan.load_config_file("ablation", variant)
+    out = {}
+    for job in plan.scheme_jobs(config) + plan.extension_jobs(config):
+        if job.seed == 0:
+            for stage, fp, _ in stages.job_stages(config, WORKDIR, job, str(WORKDIR / "tokenizer.json")):
+                out[f"{job.run} {stage}"] = fp
+    configs = {s: plan.scheme_pretrain_config(config, s) for s in plan.split_list(config.schemes)}
+    out["position_signal"] = plan.fingerprint({s: c.model.to_dict() for s, c in configs.items()},
+                                              config.pretrain.data.vocab_size)
+    out["unigram_loss"] = plan.fingerprint(config.pretrain.data)
+    return out
+
+
+@pytest.mark.parametrize("variant", sorted(PINNED))
+def test_stage_fingerprints_are_unchanged(variant, monkeypatch):
+    monkeypatch.setenv("ROFORMER_SHARED_DATA", SHARED_DATA)
+    assert stage_fingerprints(variant) == PINNED[variant], (
+        f"configs/ablation.py:{variant}: a stage fingerprint changed, so existing ablation workdirs "
+        "rerun those stages; change a fingerprint only on purpose, then update PINNED")

@@ -1,0 +1,76 @@
+"""What an ablation runs (roformer.ablation.plan): per-scheme configs, per-scheme
+exceptions, validation and fingerprints."""
+import pytest
+
+from roformer.ablation import plan
+
+from test_ablate import small_config
+
+
+def test_schemes_share_everything_but_the_model_position():
+    config = small_config("learned,sinusoidal,shaw,t5,rope,rope_linear")
+    cfgs = {s: plan.scheme_pretrain_config(config, s) for s in plan.split_list(config.schemes)}
+    expected_steps = -(-config.budget_tokens // (config.pretrain.train.batch_size * config.pretrain.train.seq_len))
+    for scheme, cfg in cfgs.items():
+        assert cfg.data.to_dict() == config.pretrain.data.to_dict()
+        assert cfg.train.steps == expected_steps
+        assert cfg.train.seed == 0
+        assert {k: v for k, v in cfg.train.items() if k not in ("steps", "seed")} == \
+            {k: v for k, v in config.pretrain.train.items() if k not in ("steps", "seed")}
+        assert cfg.model.size == "tiny"
+        assert cfg.model.max_position_embeddings == cfg.train.seq_len
+        # Another pretraining seed changes the seed and nothing else.
+        other = plan.scheme_pretrain_config(config, scheme, seed=2)
+        assert other.train.seed == 2
+        other.train.seed = 0
+        assert other.to_dict() == cfg.to_dict()
+    positions = {s: c.model.position for s, c in cfgs.items()}
+    assert positions == {"learned": "learned", "sinusoidal": "sinusoidal", "shaw": "shaw", "t5": "t5",
+                         "rope": "rope", "rope_linear": "rope"}
+    assert cfgs["rope_linear"].model.attention == "linear" and cfgs["rope"].model.attention == "softmax"
+    with pytest.raises(ValueError, match="unknown scheme 'rotery'"):
+        plan.scheme_pretrain_config(config, "rotery")
+
+
+def test_scheme_seeds_and_learning_rates_are_per_scheme_exceptions():
+    config = small_config("learned,rope,none", seeds=2)
+    config.scheme_seeds = "rope=3,none=1"
+    config.scheme_learning_rates = "learned=1e-3"
+    plan.validate(config)
+    # Every scheme of seed 0 first, then seed 1 of the schemes that have it, ...
+    assert plan.planned_runs(config) == [("learned", 0), ("rope", 0), ("none", 0), ("learned", 1), ("rope", 1),
+                                           ("rope", 2)]
+    assert plan.scheme_pretrain_config(config, "learned").train.learning_rate == 1e-3
+    assert plan.scheme_pretrain_config(config, "rope").train.learning_rate == config.pretrain.train.learning_rate
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("scheme_seeds", "rope:3", r"config.scheme_seeds: item 'rope:3' is not scheme=int"),
+    ("scheme_seeds", "t5=2", r"config.scheme_seeds names \['t5'\], not in config.schemes"),
+    ("scheme_learning_rates", "rope=fast", r"item 'rope=fast' is not scheme=float"),
+    ("scheme_learning_rates", "rope=0", r"config.scheme_learning_rates='rope=0': every value must be > 0"),
+])
+def test_per_scheme_settings_are_checked_before_any_training(key, value, message):
+    config = small_config()
+    config[key] = value
+    with pytest.raises(ValueError, match=message):
+        plan.validate(config)
+
+
+def test_fingerprint_ignores_settings_that_only_watch_a_run():
+    cfg = plan.scheme_pretrain_config(small_config(), "rope")
+    fp = plan.fingerprint(cfg)
+    cfg.train.progress_bar = not cfg.train.progress_bar
+    cfg.train.divergence_factor = 3.0
+    assert plan.fingerprint(cfg) == fp
+    cfg.train.learning_rate *= 2
+    assert plan.fingerprint(cfg) != fp
+
+
+@pytest.mark.parametrize("variant", [None, "smoke", "reference", "onset"])
+def test_every_ablation_variant_is_a_valid_config(variant):
+    config = plan.load_config_file("ablation", variant)
+    plan.validate(config)
+    if variant == "onset":   # 10x the reference's budget, more seeds where onsets vary most
+        assert plan.pretrain_steps(config) == 20_000
+        assert [plan.scheme_seeds(config, s) for s in ("rope", "learned", "none", "shaw")] == [5, 5, 5, 3]

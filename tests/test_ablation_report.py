@@ -1,0 +1,108 @@
+"""The report's statistics and words (roformer.ablation.report): paired differences over
+seeds, findings and markdown, on hand-made run rows."""
+import numpy as np
+import pytest
+from scipy import stats
+
+from roformer.ablation import report
+
+
+def test_paired_difference_exceeds_only_beyond_the_seed_spread():
+    noise = {0: 0.03, 1: -0.02, 2: 0.01, 3: -0.04}
+    reference = {0: 5.0, 1: 5.2, 2: 4.9, 3: 5.1, 4: 5.0}   # seed 4 has no partner: left out
+    half = stats.t.ppf(0.975, df=3) * np.std(list(noise.values()), ddof=1) / 2   # about 0.05
+    for shift, exceeds in ((0.0, False), (0.03, False), (0.2, True), (-0.2, True)):
+        values = {s: reference[s] + shift + n for s, n in noise.items()}
+        d = report.paired_difference(values, reference)
+        mean = shift + np.mean(list(noise.values()))
+        assert (d["diff"], d["lo"], d["hi"]) == pytest.approx((mean, mean - half, mean + half))
+        assert d["n"] == 4 and d["exceeds"] is exceeds
+    # One common seed: a difference but no interval; missing values are skipped.
+    assert report.paired_difference({0: 2.0, 1: None}, {0: 1.5, 1: 1.0}) == \
+        {"diff": 0.5, "lo": None, "hi": None, "n": 1, "exceeds": None}
+    assert report.paired_difference({0: None}, {0: 1.0}) is None
+
+
+def _run(scheme, seed, loss, gaps, status="done", tokens_per_step=1_000_000):
+    """A per-(scheme, seed) report row as roformer.ablate builds it, evaluated at steps 1, 2, 3."""
+    curve = [{"step": step, "tokens": step * tokens_per_step, "eval_loss": loss + 0.5 * (3 - step),
+              "eval_mlm_accuracy": 0.2, "eval_order_gap": gap} for step, gap in zip((1, 2, 3), gaps)]
+    return {"scheme": scheme, "seed": seed, "status": status, "eval_loss": loss, "eval_mlm_accuracy": 0.2,
+            "eval_order_gap": gaps[-1], "train_loss": loss, "tokens_per_sec": 1000.0, "curve": curve,
+            "params": 1000, "extrapolation": None, "glue": None}
+
+
+def test_findings_say_which_differences_exceed_the_seed_spread_and_who_ignores_word_order():
+    runs = []
+    for k in range(3):
+        runs += [_run("rope", k, [7.0, 7.2, 7.1][k], [0.05, 0.3, 0.6]),
+                 _run("learned", k, [7.5, 7.8, 7.6][k], [0.02, 0.15, 0.4]),        # worse, beyond the spread
+                 _run("sinusoidal", k, [7.1, 7.1, 7.2][k], [0.01, 0.05, 0.2 + 0.1 * k]),   # within it
+                 _run("none", k, [6.5, 6.6, 6.6][k], [0.0, 0.01, [0.0, 0.01, 0.02][k]])]  # better; ignores order
+    result = report.summarize({"seeds": 3}, runs, [], reference="rope", baseline="learned", order_threshold=0.1)
+    findings = result["findings"]
+
+    def finding(start):
+        found = [f for f in findings if f.startswith(start)]
+        assert len(found) == 1, (start, findings)
+        return found[0]
+
+    worse = finding("Held-out MLM loss higher than rope by more than the seed spread")
+    assert "learned (+0.533 [" in worse and "sinusoidal" not in worse and "none" not in worse
+    better = finding("Held-out MLM loss lower than rope beyond the seed spread")
+    assert "none (-0.533 [" in better and "learned" not in better
+    same = finding("Not distinguishable from rope at 3 seeds (interval includes 0)")
+    assert "sinusoidal (+0.033 [" in same and same.endswith("~).")
+    assert "learned" not in same and "none" not in same
+    uses = finding("Word order (shuffling each document's tokens raises the held-out loss by >= 0.1 nats")
+    assert "rope from 2.00M tokens" in uses and "learned from 2.00M tokens" in uses
+    assert "sinusoidal from 3.00M tokens" in uses and "none" not in uses
+    ignores = finding("Ignore word order through the whole budget (gap < 0.1 nats at every evaluation)")
+    assert "none (final gap 0.010 ± 0.010 nats)" in ignores
+    assert not any(name in ignores for name in ("rope", "learned", "sinusoidal"))
+    assert not any(f.startswith("Only one seed") for f in findings)
+    rows = {r["scheme"]: r for r in result["schemes"]}
+    assert rows["none"]["order_onset_tokens"] is None and rows["learned"]["order_onset_tokens"] == 2_000_000
+    assert result["convergence"]["seeds"] == [0, 1, 2]
+
+    # A higher threshold: learned's gap (0.4 at the end) no longer counts as using word order.
+    strict = report.summarize({"seeds": 3}, runs, [], reference="rope", baseline="learned",
+                              order_threshold=0.5)["findings"]
+    ignores = next(f for f in strict if f.startswith("Ignore word order"))
+    assert "gap < 0.5 nats" in ignores and "learned (final gap 0.400" in ignores and "rope" not in ignores
+
+    # One seed: the comparison has no interval yet, and says so.
+    one = report.summarize({"seeds": 1}, [r for r in runs if r["seed"] == 0], [], reference="rope",
+                           baseline="learned")
+    assert "Only one seed finished for rope: differences have no interval yet." in one["findings"]
+    assert "(+0.500 (one seed))" in report.to_markdown(one)
+    assert not any(f.startswith("Not distinguishable") for f in one["findings"])
+    # An unfinished seed: a scheme with one seed in common is listed as such, not as
+    # "not distinguishable" at the reference's seed count.
+    partial_runs = [r for r in runs if (r["seed"] < 2 or r["scheme"] == "rope")
+                    and not (r["scheme"] == "none" and r["seed"] == 1)]
+    partial = report.summarize({"seeds": 3}, partial_runs, [], reference="rope", baseline="learned")
+    assert any(f.startswith("One seed in common with rope so far, no interval yet: none (")
+                                    for f in partial["findings"])
+    assert not any(f.startswith("Not distinguishable") and "none" in f for f in partial["findings"])
+    # learned has 2 seeds in common with rope's 3: its pairing says so.
+    assert any("learned (+" in f and ", 2 common seeds)" in f for f in partial["findings"])
+
+
+def test_report_helpers():
+    assert report.mean_std([1.0, None, 3.0, float("nan")]) == {"mean": 2.0, "std": pytest.approx(2 ** 0.5), "n": 2}
+    assert report.mean_std([5.0]) == {"mean": 5.0, "std": None, "n": 1}
+    assert report.mean_std([None]) is None
+    assert report.t_critical(4) == pytest.approx(stats.t.ppf(0.975, 4))
+
+    schemes = [{"scheme": "a", "tokens_per_sec": {"mean": 100.0, "std": None, "n": 1}},
+               {"scheme": "b", "tokens_per_sec": {"mean": 50.0, "std": None, "n": 1}},
+               {"scheme": "c", "tokens_per_sec": None}]
+    report._add_relative_step_time(schemes)
+    assert [s["step_time_rel"] for s in schemes] == [1.0, 2.0, None]
+
+    runs = [_run("a", 0, 3.0, [0.2, 0.2, 0.2]),
+            {"scheme": "c", "seed": 0, "status": "failed", "failed_stage": "pretrain", "error": "RuntimeError: boom"}]
+    result = report.summarize({}, runs, [], reference="a")
+    md = report.to_markdown(result)
+    assert "| a | done |" in md and "| c | failed | n/a |" in md and "- c seed 0 pretrain: RuntimeError: boom" in md
