@@ -1,6 +1,7 @@
 """Position-scheme ablation in one command, resumable, with a report.
 
     python -m roformer.ablate --config=configs/ablation.py --workdir=DIR
+    python -m roformer.ablate --config=configs/ablation.py --workdir=DIR --report_to=OUT   # report only
 
 For every pretraining seed and every scheme in `config.schemes`: MLM pretraining (an
 ordinary pretrain workdir), length-extrapolation evaluation of the pretrained model, and
@@ -26,6 +27,9 @@ checkpoints, and retries failed stages. A failing stage is recorded (traceback i
 DIR/errors/) and the other runs still go ahead. With `config.parallel` = K > 1 (CPU hosts)
 the runs go K at a time, each in a process of its own with a core's share of XLA:CPU threads
 (roformer.ablation.parallel; output in DIR/logs/), with the same workdirs, records and resume.
+With `--report_to=OUT` the command trains nothing: it writes the report of what DIR holds now
+into OUT (also while the ablation is running; runs still training count with the evaluations
+they have so far).
 """
 # The command line only: the library is roformer.ablation (plan -> runner -> collect -> report).
 from __future__ import annotations
@@ -38,13 +42,17 @@ from absl import flags
 from roformer import cli
 from roformer.ablation.plan import CONFIG_DIR
 from roformer.ablation.report import REPORT_MD
-from roformer.ablation.runner import run_ablation
+from roformer.ablation.runner import report_snapshot, run_ablation
 from roformer.ablation.state import is_main_process
 
 
 def main(argv):
     if len(argv) > 1:
         raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
+    if flags.FLAGS.report_to:
+        report_snapshot(flags.FLAGS.config, flags.FLAGS.workdir, flags.FLAGS.report_to)
+        print((Path(flags.FLAGS.report_to) / REPORT_MD).read_text())
+        return
     result = run_ablation(flags.FLAGS.config, flags.FLAGS.workdir)
     if is_main_process():
         print((Path(flags.FLAGS.workdir) / REPORT_MD).read_text())
@@ -59,5 +67,7 @@ if __name__ == "__main__":
 
     config_flags.DEFINE_config_file("config", None, "ablation config file (configs/ablation.py[:smoke|reference])")
     flags.DEFINE_string("workdir", None, "directory for all runs and the report")
+    flags.DEFINE_string("report_to", None, "write the report of what --workdir holds now into this directory "
+                        "and train nothing (safe while the ablation runs)")
     flags.mark_flags_as_required(["config", "workdir"])
     cli.run(main, doc=__doc__, help_config=CONFIG_DIR / "ablation.py")

@@ -353,6 +353,13 @@ def test_seeds_run_in_turn_and_the_report_aggregates_them(tmp_path, monkeypatch,
     assert rows["rope"]["vs_reference"] == {}
     assert runs[0]["curve"][-1]["attention_distance"] == [[2.0, 12.0]]
     assert "| rope | 2.00 ± 0.00 | 0.400 ± 0.000 |" in report.to_markdown(result)
+    # Every seed of both schemes passes the order threshold at its first evaluation (step 20).
+    onsets = {s["scheme"]: s for s in result["onset"]["schemes"]}
+    assert [(onsets[s]["started"], onsets[s]["observed"], onsets[s]["median_onset"]) for s in ("learned", "rope")] \
+        == [(3, 3, 20 * 16 * 64)] * 2
+    cells = {r["scheme"]: r["cells"] for r in result["onset"]["loss_at_matched_tokens"]}
+    assert cells["learned"][-1]["vs_reference"]["diff"] == pytest.approx(np.mean(loss["learned"]) - np.mean(loss["rope"]))
+    assert "## Onset of word-order use (per seed)" in report.to_markdown(result)
 
     def interval(diffs):
         diffs = np.asarray(diffs)
@@ -473,3 +480,27 @@ def test_preempted_extension_resumes_with_only_what_is_left(tmp_path, monkeypatc
     stages.calls.clear()
     runner.run_ablation(config, tmp_path)
     assert stages.calls == []
+
+
+def test_report_snapshot_reads_a_running_ablation_and_trains_nothing(tmp_path, monkeypatch, quick_figures):
+    from roformer.errors import ConfigError
+    from roformer.workdir_lock import workdir_lock
+
+    stages = FakeStages(preempt={("rope/seed1", "pretrain")})
+    stages.install(monkeypatch)
+    config = small_config(methods="none")
+    runner.run_ablation(config, tmp_path)
+    calls = list(stages.calls)
+    # As if the ablation were still running: its lock is held, and seed 1 of rope has trained
+    # only part of its steps (no evaluation yet, so its onset is not observed).
+    with workdir_lock(tmp_path):
+        result = runner.report_snapshot(config, tmp_path, tmp_path / "snapshot")
+    assert stages.calls == calls
+    assert [(r["scheme"], r["seed"], r["status"]) for r in result["runs"]] == \
+        [("learned", 0, "done"), ("rope", 0, "done"), ("learned", 1, "done"), ("rope", 1, "pending")]
+    onsets = {s["scheme"]: s for s in result["onset"]["schemes"]}
+    assert (onsets["learned"]["observed"], onsets["rope"]["observed"]) == (2, 1)
+    md = (tmp_path / "snapshot" / report.REPORT_MD).read_text()
+    assert "## Onset of word-order use (per seed)" in md and "| rope | 1 / 1 |" in md
+    with pytest.raises(ConfigError, match="holds no ablation"):
+        runner.report_snapshot(config, tmp_path / "snapshot", tmp_path / "elsewhere")

@@ -6,23 +6,24 @@ GLUE) and one per context-extension run, which roformer.ablation.collect reads; 
 aggregates them over seeds (mean +/- sample std) and compares every scheme with the
 reference scheme by paired differences over seeds (same seed = same data, masks and
 shared initialisation), with a 95% t-interval. The outputs are `ablation.json`,
-`ablation.md`, `loss_curves.png`, `extrapolation.png` and `extension.png`. The report
+`ablation.md`, `loss_curves.png`, `extrapolation.png`, `extension.png`, `attention.png` and
+`onset.png` (roformer.ablation.onset: when each seed starts to use word order). The report
 notebook calls the same functions.
 """
 from __future__ import annotations
 
 import io
 import json
-import math
-import statistics
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 # Figures are built without pyplot, so writing them needs no GUI backend and
 # leaves a notebook's backend alone.
 from matplotlib.figure import Figure
 
+from roformer.ablation import onset
 from roformer.ablation.state import combined_status
+from roformer.ablation.stats import finite, mean_std, paired_difference
 from roformer.errors import ConfigError
 from roformer.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 
@@ -32,6 +33,7 @@ LOSS_CURVES_PNG = "loss_curves.png"
 EXTRAPOLATION_PNG = "extrapolation.png"
 EXTENSION_PNG = "extension.png"
 ATTENTION_PNG = "attention.png"
+ONSET_PNG = "onset.png"
 
 # Length-extrapolation variants: the plain model, and rotary with the length-extension
 # scalings applied only at evaluation time.
@@ -50,43 +52,7 @@ COMPARED = ("eval_loss", "eval_mlm_accuracy", "eval_order_gap")
 CURVES = ("eval_loss", "eval_order_gap", "nearest_head_distance", "last_hidden_cosine")
 
 
-def finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-def t_critical(df: int) -> float:
-    """Two-sided 95% critical value of Student's t with `df` degrees of freedom."""
-    from scipy import stats   # scipy.stats: only when an interval is computed, not at start-up
-
-    return float(stats.t.ppf(0.975, df))
-
-
-def mean_std(values: Iterable[float | None]) -> dict | None:
-    """Mean and sample standard deviation of the finite values (std None for one value)."""
-    vals = [float(v) for v in values if finite(v)]
-    if not vals:
-        return None
-    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else None,
-            "n": len(vals)}
-
-
-def paired_difference(values: Mapping[int, float | None], reference: Mapping[int, float | None]) -> dict | None:
-    """Mean of value - reference over the seeds both have, with its 95% t-interval (paired:
-    each seed shares data order, masks and initialisation). `exceeds` is True when the
-    interval excludes 0, i.e. the difference is larger than the seed-to-seed spread."""
-    diffs = [float(values[s]) - float(reference[s]) for s in sorted(values)
-             if s in reference and finite(values[s]) and finite(reference[s])]
-    if not diffs:
-        return None
-    mean = statistics.fmean(diffs)
-    if len(diffs) < 2:
-        return {"diff": mean, "lo": None, "hi": None, "n": 1, "exceeds": None}
-    half = t_critical(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return {"diff": mean, "lo": mean - half, "hi": mean + half, "n": len(diffs),
-            "exceeds": bool(mean - half > 0 or mean + half < 0)}
+# --------------------------------------------------------------------------- curves
 
 
 def _curve_stats(curves: list[list[dict]], key: str) -> list[dict]:
@@ -133,7 +99,8 @@ def summarize(setup: Mapping, runs: list[dict], extension: list[dict], *, refere
     result = {"setup": dict(setup), "reference": reference, "order_threshold": order_threshold,
               "schemes": rows, "runs": runs,
               "extension": summarize_extension(extension),
-              "convergence": convergence(runs, reference, baseline)}
+              "convergence": convergence(runs, reference, baseline),
+              "onset": onset.summarize_onset(runs, reference=reference, threshold=order_threshold)}
     result["findings"] = findings(result)
     return result
 
@@ -462,6 +429,7 @@ def to_markdown(result: Mapping) -> str:
     lines += _extrapolation_md(schemes)
     ext = result.get("extension") or {}
     lines += _extension_md(ext, setup)
+    lines += _onset_md(result.get("onset"))
     lines += _convergence_md(result.get("convergence"))
     lines += _glue_md(schemes)
     lines += _failed_md(schemes, ext)
@@ -533,6 +501,13 @@ def _extension_md(ext: Mapping, setup: Mapping) -> list[str]:
             + [_diff(m.get("vs_plain")) if m["method"] != "none" else "—"] for m in methods]
     return ["", f"## Context extension: held-out loss at {ext.get('length')} tokens vs extension steps "
             f"({setup.get('extension', '')})", "", _table(header, body)]
+
+
+def _onset_md(onset_result: Mapping | None) -> list[str]:
+    """When each scheme's seeds start to use word order, and the loss at matched tokens."""
+    if not onset_result or not onset_result.get("schemes"):
+        return []
+    return ["", "## Onset of word-order use (per seed)", "", onset.onset_markdown(onset_result).rstrip()]
 
 
 def _convergence_md(conv: Mapping | None) -> list[str]:
@@ -701,6 +676,8 @@ def write_report(result: Mapping, report_dir: str | Path) -> None:
     plot_extrapolation(result, report_dir / EXTRAPOLATION_PNG)
     if (result.get("extension") or {}).get("methods"):
         plot_extension(result, report_dir / EXTENSION_PNG)
+    if any(s["started"] for s in (result.get("onset") or {}).get("schemes", [])):
+        _save(onset.fraction_started_figure(result["onset"]), report_dir / ONSET_PNG)
     if any((s.get("curve") or {}).get("nearest_head_distance") for s in result["schemes"]):
         plot_attention(result, report_dir / ATTENTION_PNG)
 

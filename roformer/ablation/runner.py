@@ -37,6 +37,7 @@ from roformer.ablation.plan import Job, extension_jobs, scheme_jobs, validate
 from roformer.ablation.stages import (PREEMPTED_EXIT, Preempted, Stage, error_name, job_stages, record_failure,
                                       run_stages)
 from roformer.ablation.state import PINNED_TOKENIZER, AblationState, is_main_process
+from roformer.errors import ConfigError
 from roformer.files import write_json_atomic, write_text_atomic
 from roformer.workdir_lock import workdir_lock
 
@@ -47,6 +48,7 @@ log = logging.getLogger("roformer.ablate")
 # in DIR/logs/<run>.log.
 JOBS_DIR = "parallel"
 LOGS_DIR = "logs"
+CONFIG_RECORD = "ablation_config.json"   # the config of the latest session, written when it starts
 POLL_S = 0.2
 
 
@@ -63,7 +65,7 @@ def _run_ablation(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     state = AblationState(workdir)
     if is_main_process():
-        write_text_atomic(workdir / "ablation_config.json", config.to_json_best_effort(indent=2) + "\n")
+        write_text_atomic(workdir / CONFIG_RECORD, config.to_json_best_effort(indent=2) + "\n")
 
     started = time.time()
     vocab = pin_vocabulary(config, workdir)
@@ -86,6 +88,26 @@ def write_report(config: ml_collections.ConfigDict, workdir: Path, state: Ablati
     result = collect.build_report(config, workdir, state)
     if is_main_process():
         report.write_report(result, workdir)
+    return result
+
+
+def report_snapshot(config: ml_collections.ConfigDict, workdir: str | Path, out_dir: str | Path) -> dict:
+    """The report of what `workdir` holds now, written into `out_dir`; returns it. Trains
+    nothing and takes no lock, so it also works while the ablation is running: runs still
+    training show their evaluations so far (the onset section counts them as censored)."""
+    workdir = Path(workdir).resolve()
+    if not (workdir / CONFIG_RECORD).is_file():
+        raise ConfigError(f"{workdir} holds no ablation ({CONFIG_RECORD} is missing): give the workdir of "
+                          "a `python -m roformer.ablate` run")
+    validate(config)
+    state = AblationState(workdir)
+    # Runs going side by side keep their records in parallel/ until they end: read them too,
+    # without writing anything.
+    for path in sorted((workdir / JOBS_DIR).glob("*.state.json")):
+        for run, records in json.loads(path.read_text()).items():
+            state.data.setdefault(run, {}).update(records)
+    result = collect.build_report(config, workdir, state)
+    report.write_report(result, out_dir)
     return result
 
 

@@ -19,16 +19,12 @@ and `curve`, the per-evaluation points of `roformer.report.eval_curve`).
 """
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+
+from roformer.ablation.stats import finite, paired_difference
 
 ORDER_KEY = "eval_order_gap"
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def run_onset(curve: Sequence[Mapping], threshold: float, key: str = ORDER_KEY) -> dict:
@@ -38,7 +34,7 @@ def run_onset(curve: Sequence[Mapping], threshold: float, key: str = ORDER_KEY) 
     evaluation; `last_tokens` is its last evaluated token count (where it is censored).
     `sustained` says whether the gap stayed at or above the threshold at every later
     evaluation (a run that crosses and falls back is started, and said to have fallen back)."""
-    points = [p for p in curve if _finite(p.get(key))]
+    points = [p for p in curve if finite(p.get(key))]
     last = points[-1]["tokens"] if points else None
     for i, point in enumerate(points):
         if point[key] >= threshold:
@@ -101,14 +97,10 @@ def _point_at(curve: Sequence[Mapping], step: int) -> Mapping | None:
     return next((p for p in curve if p["step"] == step), None)
 
 
-def _t_interval(diffs: list[float]) -> dict:
-    from scipy import stats  # scipy only where an interval is computed
-
-    mean = statistics.fmean(diffs)
-    if len(diffs) < 2:
-        return {"diff": mean, "lo": None, "hi": None, "n": len(diffs)}
-    half = float(stats.t.ppf(0.975, len(diffs) - 1)) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return {"diff": mean, "lo": mean - half, "hi": mean + half, "n": len(diffs)}
+def _values_at(runs_by_seed: Mapping[int, Mapping], step: int, key: str) -> dict[int, float]:
+    """{seed: the run's `key` at `step`} for the seeds that have a finite value there."""
+    values = {s: (_point_at(r["curve"], step) or {}).get(key) for s, r in runs_by_seed.items()}
+    return {s: v for s, v in values.items() if finite(v)}
 
 
 def matched_steps(runs: Sequence[Mapping], fractions: Sequence[float] = (0.1, 0.25, 0.5, 1.0)) -> list[int]:
@@ -136,17 +128,12 @@ def loss_at_matched_tokens(runs: Sequence[Mapping], reference: str, steps: Seque
         mine = {r["seed"]: r for r in done if r["scheme"] == scheme}
         cells = []
         for step in steps:
-            values = {s: (_point_at(r["curve"], step) or {}).get(key) for s, r in mine.items()}
-            values = {s: v for s, v in values.items() if _finite(v)}
+            values = _values_at(mine, step, key)
             tokens = next((p["tokens"] for r in mine.values() if (p := _point_at(r["curve"], step))), None)
-            cell: dict[str, Any] = {"step": step, "tokens": tokens,
-                                    "mean": statistics.fmean(values.values()) if values else None,
-                                    "n": len(values), "vs_reference": None}
-            if scheme != reference:
-                diffs = [v - ref_v for s, v in values.items()
-                         if s in ref and _finite(ref_v := (_point_at(ref[s]["curve"], step) or {}).get(key))]
-                cell["vs_reference"] = _t_interval(diffs) if diffs else None
-            cells.append(cell)
+            cells.append({"step": step, "tokens": tokens,
+                          "mean": statistics.fmean(values.values()) if values else None, "n": len(values),
+                          "vs_reference": None if scheme == reference
+                          else paired_difference(values, _values_at(ref, step, key))})
         rows.append({"scheme": scheme, "cells": cells})
     return rows
 
@@ -197,27 +184,24 @@ def onset_markdown(onset: Mapping) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_fraction_started(onset: Mapping, out_path):
-    """Step curves of the fraction of seeds started against tokens, one per scheme."""
-    import matplotlib  # plotting only when a figure is written
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def fraction_started_figure(onset_result: Mapping):
+    """Step curves of the estimated fraction of seeds using word order against tokens, one
+    per scheme (a matplotlib Figure; the report saves it as onset.png)."""
+    from matplotlib.figure import Figure  # matplotlib only when a figure is drawn
 
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for s in onset["schemes"]:
-        last = max([r["last_tokens"] for r in s["runs"]] or [0])
+    fig = Figure(figsize=(6.5, 4))
+    ax = fig.subplots()
+    for s in onset_result["schemes"]:
         xs, ys = [0.0], [0.0]
         for p in s["fraction_started"]:
             xs += [p["tokens"], p["tokens"]]
             ys += [ys[-1], p["fraction"]]
-        xs.append(max(last, xs[-1]))
+        xs.append(max([r["last_tokens"] for r in s["runs"]] + [xs[-1]]))
         ys.append(ys[-1])
         ax.plot([x / 1e6 for x in xs], ys, label=f"{s['scheme']} ({s['started']}/{s['observed']})")
-    ax.set_xlabel("tokens (M)")
-    ax.set_ylabel("fraction of seeds using word order")
-    ax.set_ylim(-0.03, 1.03)
+    ax.set(xlabel="tokens (M)", ylabel="fraction of seeds using word order", ylim=(-0.03, 1.03),
+           title=f"onset of word-order use (order gap >= {onset_result['threshold']:g} nats)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out_path, dpi=120)
-    plt.close(fig)
+    return fig

@@ -1,7 +1,7 @@
-"""roformer.onset: per-run onset of word-order use, fraction started with censoring, matched tokens."""
+"""roformer.ablation.onset: per-run onset of word-order use, fraction started with censoring, matched tokens."""
 import pytest
 
-from roformer import onset
+from roformer.ablation import onset
 
 TPS = 1000   # tokens per step
 
@@ -77,5 +77,5 @@ def test_markdown_and_plot(tmp_path):
     assert "| learned | 1 / 3 | 0.3M | 0.3M | 0.2M, 0.4M | — |" in text
     assert "| rope | 2 / 2 | 0.1M | 0.1M, 0.2M | — | — |" in text
     assert "(+2.050 [" in text
-    onset.plot_fraction_started(result, tmp_path / "onset.png")
+    onset.fraction_started_figure(result).savefig(tmp_path / "onset.png")
     assert (tmp_path / "onset.png").stat().st_size > 0
