@@ -8,7 +8,9 @@ One data flow, one module per step, each importing only the ones above it:
     stages.py         a run's stages (pretrain, extrapolation, glue; extension, extension_eval),
                       run in order, skipped when done, failures recorded
     extrapolation.py  the extrapolation and extension_eval stages' evaluation
-    report.py         statistics over seeds, findings, markdown and figures (no I/O but its own files)
+    stats.py          means over seeds, paired differences with 95% t-intervals
+    onset.py          when each run starts to use word order; fraction of seeds started over tokens
+    report.py         aggregation over seeds, findings, markdown and figures (no I/O but its own files)
     collect.py        the runs' records and metrics read back into the report's rows
     runner.py         the session: validate, pin the vocabulary, run the jobs in turn or side
                       by side, rewrite the report after each
