@@ -54,6 +54,7 @@ from tqdm.auto import tqdm
 
 from roformer.data.sources import TextSource, sha256_json
 from roformer.data.tokenizer import WordPieceTokenizer
+from roformer.files import replacing, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -395,14 +396,8 @@ class _ShardWriter:
         manifest = {**header, "num_docs": self.num_docs, "num_tokens": self.num_tokens,
                     "bytes": sum(f["bytes"] for s in self.shards for f in s["files"].values()),
                     "shards": self.shards}
-        _write_json(self.directory / "manifest.json", manifest)
+        write_json_atomic(self.directory / "manifest.json", manifest, indent=1)
         return manifest
-
-
-def _write_json(path: Path, value: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=1))
-    os.replace(tmp, path)
 
 
 class _Build:
@@ -518,10 +513,10 @@ class _Build:
             raise ValueError(f"corpus is empty: {self.source} yielded no documents with any tokens")
         manifest = writer.finish(self.header)
         seconds = time.perf_counter() - self.start
-        _write_json(staging / "build.json", {
+        write_json_atomic(staging / "build.json", {
             "seconds": round(seconds, 3), "tokens_per_second": round(writer.num_tokens / seconds),
             "processes": processes, "threads": self.workers, "shares": shares,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1)
         _move_into_place(staging, self.entry.directory, self.entry.expected)
         log.info("tokenized %d docs / %d tokens in %.1fs (%.2fM tokens/s) into %s", manifest["num_docs"],
                  manifest["num_tokens"], seconds, manifest["num_tokens"] / seconds / 1e6, self.entry.directory)
@@ -539,10 +534,8 @@ class _Build:
     def _save_part(self, index: int, encoded: Encoded, meta: dict) -> None:
         path = self._part_path(index)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        with open(tmp, "wb") as f:
+        with replacing(path) as f:
             np.savez(f, **encoded._asdict(), meta=np.array(json.dumps(meta)))
-        os.replace(tmp, path)
 
     def _assemble(self, processes: int) -> None:
         """Process 0: every part, in order, into the shard files a single process writes."""

@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from roformer.data.tokenizer import load_tokenizer
+from roformer.files import write_json_atomic, write_text_atomic
 from roformer.glue import features as features_lib
 from roformer.glue.finetune import Protocol, create_model, finetune, predict
 from roformer.glue.init import encoder_state, load_init, resolve_model_config
@@ -191,8 +192,8 @@ def results_markdown(results: dict) -> str:
 
 
 def _write_results(workdir: Path, results: dict) -> None:
-    (workdir / "glue_results.json").write_text(json.dumps(results, indent=2, default=_json))
-    (workdir / "glue_results.md").write_text(results_markdown(results))
+    write_json_atomic(workdir / "glue_results.json", results, indent=2, default=_json)
+    write_text_atomic(workdir / "glue_results.md", results_markdown(results))
 
 
 def _json(value):

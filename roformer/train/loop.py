@@ -23,6 +23,7 @@ from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from roformer import attention_stats
+from roformer.files import write_json_atomic
 from roformer.model import ModelConfig
 from roformer.train import flops, sharding, steps, warm_start
 from roformer.train.checkpoint import CHECKPOINTS, Checkpointer, PretrainWorkdir, _allgather_json
@@ -263,8 +264,8 @@ def _write_run_files(workdir: Path, config, model_cfg: ModelConfig, tokenizer) -
     """config.json (the config as run, plus the resolved ModelConfig) and the tokenizer
     (tokenizer.json + vocab.txt: fine-tuning and warm starts read it from here)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(json.dumps(
-        {**config.to_dict(), "resolved_model": model_cfg.to_dict()}, indent=2, default=str))
+    write_json_atomic(workdir / "config.json", {**config.to_dict(), "resolved_model": model_cfg.to_dict()},
+                      indent=2, default=str)
     tokenizer.save(workdir)
 
 
@@ -305,7 +306,7 @@ def _logged_history(workdir: Path, start_step: int, window: int) -> dict:
 
 
 def _write_summary(workdir: Path, summary: dict) -> None:
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_json_atomic(workdir / "summary.json", summary, indent=2, default=str)
     print("summary: " + json.dumps({k: v for k, v in summary.items() if k != "data"}, default=str), flush=True)
 
 

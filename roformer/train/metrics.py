@@ -12,6 +12,7 @@ from typing import Callable, Mapping
 
 import jax
 
+from roformer.files import write_text_atomic
 from roformer.train import flops
 
 
@@ -122,9 +123,7 @@ def _drop_rows_after(path: Path, step: int) -> None:
         return
     kept = "".join(json.dumps(row) + "\n" for row in read_metrics(path) if row.get("step", 0) <= step)
     if kept != path.read_text():
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text(kept)
-        tmp.replace(path)
+        write_text_atomic(path, kept)
 
 
 def read_metrics(path: str | Path) -> list[dict]:
