@@ -347,25 +347,6 @@ def build_model(config: ModelConfig, head: str, *, num_labels: int | None = None
     raise ValueError(f"unknown head {head!r}; choose one of {HEADS}")
 
 
-def checkpoint_kind(path: str | Path, *, what: str = "path") -> str:
-    """What a model directory holds: "hf" (an HF RoFormer directory), "converted" (our
-    format) or "pretrain" (a pretraining workdir); ValueError naming `what` otherwise."""
-    path = Path(path).expanduser()
-    if not path.is_dir():
-        raise ValueError(f"{what}={str(path)!r}: no such directory (give a pretraining workdir, an HF "
-                         "RoFormer directory or a roformer.convert output)")
-    config_json = path / "config.json"
-    if config_json.is_file() and json.loads(config_json.read_text()).get("model_type") == "roformer":
-        return "hf"
-    if (path / OUR_CONFIG_FILE).is_file():
-        return "converted"
-    if PretrainWorkdir.holds_run(path):
-        return "pretrain"
-    raise ValueError(f"{what}={str(path)!r} is neither a pretraining workdir (no {path / CHECKPOINTS}), "
-                     "an HF RoFormer directory (no config.json with model_type 'roformer') nor a "
-                     f"roformer.convert output (no {OUR_CONFIG_FILE})")
-
-
 HF_DIR_EXPECTED = ("an HF RoFormer directory: config.json plus model.safetensors, a sharded "
                    "*.index.json or pytorch_model.bin, as transformers' save_pretrained writes")
 
@@ -381,20 +362,6 @@ def _check_hf_dir(hf_dir: Path) -> None:
                          f"to-hf {hf_dir} OUT_DIR`; in Python, load_pretrain_workdir() reads it")
     if not config_path.is_file():
         raise ValueError(f"no config.json in {hf_dir} (expected {HF_DIR_EXPECTED})")
-
-
-def read_model_config(path: str | Path) -> ModelConfig:
-    """The ModelConfig of an HF RoFormer directory or a `save_converted` output, read without
-    its weights (what a warm start checks a run's settings against)."""
-    path = Path(path)
-    kind = checkpoint_kind(path)
-    if kind == "hf":
-        return hf_config_to_model_config(json.loads((path / "config.json").read_text()))
-    if kind == "converted":
-        meta = json.loads((path / OUR_CONFIG_FILE).read_text())
-        return ModelConfig.from_dict(ModelConfig.saved_fields(meta["model"]))
-    raise ValueError(f"{path} is a pretraining workdir, not an HF RoFormer directory or a roformer.convert "
-                     "output (PretrainWorkdir reads it)")
 
 
 def load_hf(hf_dir: str | Path, *, head: str | None = None, num_labels: int | None = None,

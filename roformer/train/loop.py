@@ -23,12 +23,13 @@ from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from roformer import attention_stats
+from roformer.checkpoint_source import may_differ
+from roformer.distributed import initialize_distributed
 from roformer.files import write_json_atomic
 from roformer.model import ModelConfig
 from roformer.train import flops, sharding, steps, warm_start
 from roformer.train.checkpoint import CHECKPOINTS, Checkpointer, PretrainWorkdir, _allgather_json
 from roformer.train.config import OPTIMIZER_KEYS, TrainConfig, parse_phases, phase_schedule_factors
-from roformer.train.distributed import initialize_distributed
 from roformer.train.guard import DivergenceGuard, TrainingDiverged
 from roformer.train.metrics import MetricsWriter, ThroughputTimer, read_metrics
 from roformer.train.optim import make_optimizer
@@ -47,8 +48,8 @@ def build_model_config(model_section, *, vocab_size: int, pad_token_id: int = 0)
                                    **fields)
 
 
-# Model settings a resumed run may change: they select kernels, not parameters.
-RESUMABLE_ACROSS = ("attention_impl",)
+# Model settings a resumed run may change (why: roformer.checkpoint_source.MAY_DIFFER).
+RESUMABLE_ACROSS = may_differ("resume")
 
 
 def check_same_model_config(saved: dict | None, current: dict, workdir: Path) -> None:
