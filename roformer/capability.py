@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from roformer.errors import ConfigError
 from roformer.files import write_text_atomic
 
 log = logging.getLogger("roformer.capability")
@@ -189,7 +190,7 @@ def _masked_rows(rows: list[tuple[list[str], list[int]]], tokenizer, seq_len: in
         if len(tokens) != len(words):
             raise ValueError("the capability vocabulary does not hold every word of the corpus")
         if len(tokens) + 2 > seq_len:
-            raise ValueError(f"a probe document has {len(tokens)} words; raise pretrain.train.seq_len")
+            raise ConfigError(f"a probe document has {len(tokens)} words; raise pretrain.train.seq_len")
         row = [tokenizer.cls_id, *tokens, tokenizer.sep_id]
         ids[r, :len(row)] = row
         for s, slot in enumerate(slots):
@@ -303,7 +304,7 @@ def validate(config: ml_collections.ConfigDict) -> list[str]:
         problems.append(f"pretrain.train.seq_len={config.pretrain.train.seq_len} is shorter than the longest "
                         f"document with [CLS]/[SEP] ({longest}); raise it or shorten the documents")
     if problems:
-        raise ValueError("capability config: " + "; ".join(problems))
+        raise ConfigError("capability config: " + "; ".join(problems))
     return schemes
 
 

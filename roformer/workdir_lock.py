@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from roformer.errors import UserError
+
 log = logging.getLogger("roformer")
 
 LOCK_FILE = "workdir.lock"
@@ -30,7 +32,7 @@ LOCK_FILE = "workdir.lock"
 _depth: dict[Path, int] = {}   # locks this process holds -> nesting depth
 
 
-class WorkdirError(RuntimeError):
+class WorkdirError(UserError, RuntimeError):
     """The workdir cannot be used for this run: the user's to fix (roformer.cli)."""
 
 

@@ -54,6 +54,7 @@ from tqdm.auto import tqdm
 
 from roformer.data.sources import TextSource, sha256_json
 from roformer.data.tokenizer import WordPieceTokenizer
+from roformer.errors import ConfigError
 from roformer.files import replacing, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ def load_or_build(source: TextSource, tokenizer: WordPieceTokenizer, cache_dir: 
     A wait with no progress from the other processes for `wait_seconds` is an error naming the
     missing shares."""
     if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count})")
+        raise ConfigError(f"process_index={process_index} must be in [0, process_count={process_count})")
     fingerprint = source.fingerprint()
     root = Path(cache_dir or default_cache_dir()).expanduser() / "shards"
     directory = root / f"{source.name}-{cache_key(fingerprint, tokenizer.hash)}"
@@ -510,7 +511,7 @@ class _Build:
 
     def _publish(self, staging: Path, writer: _ShardWriter, shares: list[dict], processes: int) -> None:
         if writer.num_docs == 0:
-            raise ValueError(f"corpus is empty: {self.source} yielded no documents with any tokens")
+            raise ConfigError(f"corpus is empty: {self.source} yielded no documents with any tokens")
         manifest = writer.finish(self.header)
         seconds = time.perf_counter() - self.start
         write_json_atomic(staging / "build.json", {

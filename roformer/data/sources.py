@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from roformer.data.config import DataConfig
+from roformer.errors import ConfigError
 
 SOURCES = ("embedded", "files", "hf", "tfds")
 FILE_FORMATS = ("auto", "text", "wikiextractor")
@@ -94,7 +95,7 @@ class EmbeddedSource(TextSource):
         try:
             from pydoc_data import topics
         except ImportError as err:  # some minimal Python builds drop pydoc_data
-            raise ValueError("data.source='embedded' needs the standard library module "
+            raise ConfigError("data.source='embedded' needs the standard library module "
                              "pydoc_data, which this Python build lacks; use source='files'") from err
         self._topics = topics.topics
         self._topics_done = 0
@@ -144,16 +145,16 @@ class FilesSource(TextSource):
 
     def __init__(self, pattern: str | list[str], file_format: str = "auto") -> None:
         if file_format not in FILE_FORMATS:
-            raise ValueError(f"data.file_format={file_format!r}: expected one of {FILE_FORMATS}")
+            raise ConfigError(f"data.file_format={file_format!r}: expected one of {FILE_FORMATS}")
         patterns = [pattern] if isinstance(pattern, str) else list(pattern)
         if not patterns or not all(patterns):
-            raise ValueError("data.files is empty: give a glob of text or WikiExtractor files "
+            raise ConfigError("data.files is empty: give a glob of text or WikiExtractor files "
                              "(source='files')")
         paths: set[str] = set()
         for p in patterns:
             matched = [m for m in glob.glob(os.path.expanduser(p), recursive=True) if not os.path.isdir(m)]
             if not matched:
-                raise ValueError(f"data.files: glob {p!r} matched no files")
+                raise ConfigError(f"data.files: glob {p!r} matched no files")
             paths.update(matched)
         self.paths = sorted(paths)
         self.file_format = file_format
@@ -189,7 +190,7 @@ class FilesSource(TextSource):
             try:
                 st = os.stat(path)
             except OSError as err:
-                raise ValueError(f"data.files: cannot read {path}: {err.strerror}") from err
+                raise ConfigError(f"data.files: cannot read {path}: {err.strerror}") from err
             files.append([os.path.abspath(path), st.st_size, st.st_mtime_ns])
         return {"source": "files", "file_format": self.file_format, "files": files}
 
@@ -199,7 +200,7 @@ def _open_text(path: str) -> tuple[io.TextIOWrapper, io.BufferedReader]:
     try:
         raw = open(path, "rb")
     except OSError as err:
-        raise ValueError(f"data.files: cannot read {path}: {err.strerror}") from err
+        raise ConfigError(f"data.files: cannot read {path}: {err.strerror}") from err
     binary = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
     return io.TextIOWrapper(binary, encoding="utf-8", errors="strict"), raw
 
@@ -231,9 +232,9 @@ def read_documents(path: str, file_format: str = "auto", on_open=None) -> Iterat
             else:
                 yield from _blank_line_documents(all_lines)
     except UnicodeDecodeError as err:
-        raise ValueError(f"data.files: {path} is not valid UTF-8 (byte {err.start}: {err.reason})") from err
+        raise ConfigError(f"data.files: {path} is not valid UTF-8 (byte {err.start}: {err.reason})") from err
     except (OSError, EOFError, zlib.error) as err:  # BadGzipFile is an OSError
-        raise ValueError(f"data.files: cannot read {path}: {err}") from err
+        raise ConfigError(f"data.files: cannot read {path}: {err}") from err
 
 
 def _chain(head: list[str], rest: Iterator[str]) -> Iterator[str]:
@@ -288,7 +289,7 @@ class HFSource(TextSource):
     def __init__(self, path: str, name: str = "", split: str = "train", text_column: str = "text",
                  streaming: bool = False, data_files: Any = None) -> None:
         if not path:
-            raise ValueError("data.hf_path is empty: give a dataset name (e.g. 'Salesforce/wikitext') "
+            raise ConfigError("data.hf_path is empty: give a dataset name (e.g. 'Salesforce/wikitext') "
                              "or a save_to_disk directory (source='hf')")
         self.path, self.config_name, self.split = path, name or None, split or "train"
         self.text_column, self.streaming = text_column or "text", bool(streaming)
@@ -305,14 +306,14 @@ class HFSource(TextSource):
                 ds = datasets.load_from_disk(self.path)
                 if isinstance(ds, datasets.DatasetDict):
                     if self.split not in ds:
-                        raise ValueError(f"data.hf_split={self.split!r}: {self.path} has splits {list(ds)}")
+                        raise ConfigError(f"data.hf_split={self.split!r}: {self.path} has splits {list(ds)}")
                     ds = ds[self.split]
             else:
                 ds = datasets.load_dataset(self.path, self.config_name, split=self.split,
                                            streaming=self.streaming, data_files=self.data_files)
             columns = ds.column_names or []
             if columns and self.text_column not in columns:
-                raise ValueError(f"data.hf_text_column={self.text_column!r}: dataset {self.path} has "
+                raise ConfigError(f"data.hf_text_column={self.text_column!r}: dataset {self.path} has "
                                  f"columns {columns}")
             self._dataset = ds
         return self._dataset
@@ -372,7 +373,7 @@ class TFDSSource(TextSource):
 
     def __init__(self, name: str, split: str = "train", data_dir: str = "", text_key: str = "text") -> None:
         if not name:
-            raise ValueError("data.tfds_name is empty: give a TFDS builder name such as "
+            raise ConfigError("data.tfds_name is empty: give a TFDS builder name such as "
                              "'wikipedia/20230601.en' (source='tfds')")
         self.builder_name, self.split = name, split or "train"
         self.data_dir, self.text_key = data_dir or None, text_key or "text"
@@ -386,7 +387,7 @@ class TFDSSource(TextSource):
             try:
                 self._source = tfds.data_source(self.builder_name, split=self.split, data_dir=self.data_dir)
             except Exception as err:  # tfds raises many types; name the setting in one message
-                raise ValueError(f"data.tfds_name={self.builder_name!r} split={self.split!r} "
+                raise ConfigError(f"data.tfds_name={self.builder_name!r} split={self.split!r} "
                                  f"data_dir={self.data_dir!r}: cannot open as a TFDS array_record "
                                  f"data source: {err}") from err
         return self._source
@@ -397,7 +398,7 @@ class TFDSSource(TextSource):
             self._records_done = i + 1
             record = source[i]
             if self.text_key not in record:
-                raise ValueError(f"data.tfds_text_key={self.text_key!r}: {self.builder_name} records have "
+                raise ConfigError(f"data.tfds_text_key={self.text_key!r}: {self.builder_name} records have "
                                  f"keys {sorted(record)}")
             text = record[self.text_key]
             text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
@@ -430,4 +431,4 @@ def make_source(data: DataConfig) -> TextSource:
                         data.hf_data_files or None)
     if data.source == "tfds":
         return TFDSSource(data.tfds_name, data.tfds_split, data.tfds_data_dir, data.tfds_text_key)
-    raise ValueError(f"data.source={data.source!r}: expected one of {SOURCES}")
+    raise ConfigError(f"data.source={data.source!r}: expected one of {SOURCES}")

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from roformer.errors import ConfigError
 from roformer.glue.tasks import TaskSpec
 
 
@@ -21,7 +22,7 @@ class Example:
     label: int | float | None    # class id, STS-B score, or None when unlabelled
 
 
-class GlueDataError(ValueError):
+class GlueDataError(ConfigError):
     """Malformed or missing GLUE data, with the file (and line) at fault."""
 
 
@@ -29,7 +30,7 @@ def read_split(task: TaskSpec, split: str, *, source: str = "local", data_dir: s
                hf_path: str = "nyu-mll/glue", hf_cache_dir: str | None = None,
                tfds_data_dir: str | None = None) -> list[Example]:
     if split not in task.splits:
-        raise ValueError(f"task {task.name} has no split {split!r}; "
+        raise ConfigError(f"task {task.name} has no split {split!r}; "
                          f"it has {', '.join(task.splits)}")
     if source == "local":
         check_data_dir(data_dir)
@@ -38,14 +39,14 @@ def read_split(task: TaskSpec, split: str, *, source: str = "local", data_dir: s
         return read_hf(task, split, hf_path=hf_path, cache_dir=hf_cache_dir)
     if source == "tfds":
         return read_tfds(task, split, data_dir=tfds_data_dir)
-    raise ValueError(f"unknown GLUE data source {source!r}; choose local, hf or tfds")
+    raise ConfigError(f"unknown GLUE data source {source!r}; choose local, hf or tfds")
 
 
 # ---------------------------------------------------------------- local TSV
 
 def check_data_dir(data_dir: str) -> None:
     if not data_dir:
-        raise ValueError("config.data_dir is empty: point it at a GLUE dir in the "
+        raise ConfigError("config.data_dir is empty: point it at a GLUE dir in the "
                          "download_glue_data.py layout (e.g. ../shared/data/glue)")
 
 

@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from roformer.data.tokenizer import load_tokenizer
+from roformer.errors import ConfigError
 from roformer.files import write_json_atomic, write_text_atomic
 from roformer.glue import features as features_lib
 from roformer.glue.finetune import Protocol, create_model, finetune, predict
@@ -218,7 +219,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
         if "mnli" not in tasks:
             tasks.append("mnli")
     if config.seeds < 1:
-        raise ValueError(f"config.seeds must be >= 1, got {config.seeds}")
+        raise ConfigError(f"config.seeds must be >= 1, got {config.seeds}")
     check_local_files(tasks, config)
     for name in tasks:   # before anything is read or written
         Protocol.from_config(config, name).check(name)
@@ -229,7 +230,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     else:
         tokenizer, vocab = init.tokenizer(), init.vocab or "trained with the checkpoint"
     if tokenizer is None:
-        raise ValueError("no tokenizer: set config.vocab to a vocab.txt / tokenizer.json "
+        raise ConfigError("no tokenizer: set config.vocab to a vocab.txt / tokenizer.json "
                          + (f"(the init checkpoint {init.path} names none)" if init.path
                             else "(required with config.init=none)"))
     special = features_lib.tokenizer_special_ids(tokenizer)

@@ -26,6 +26,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from roformer.errors import ConfigError
 from roformer.train.guard import CheckpointSaveFailed
 
 log = logging.getLogger("roformer.train")
@@ -363,9 +364,9 @@ class PretrainWorkdir:
         self.path = Path(path).expanduser().resolve()
         self.checkpoints = self.path / CHECKPOINTS
         if not self.path.is_dir():
-            raise ValueError(f"{path}: no such directory (expected a pretraining workdir)")
+            raise ConfigError(f"{path}: no such directory (expected a pretraining workdir)")
         if not self.checkpoints.is_dir():
-            raise ValueError(f"{path} is not a pretraining workdir: it has no checkpoints/ directory")
+            raise ConfigError(f"{path} is not a pretraining workdir: it has no checkpoints/ directory")
 
     @staticmethod
     def holds_run(path: str | Path) -> bool:
@@ -379,11 +380,11 @@ class PretrainWorkdir:
         """`step`, or the newest one when step < 0; a step without a checkpoint is refused."""
         steps = self.steps()
         if not steps:
-            raise ValueError(f"{self.path} has no checkpoint yet (checkpoints/ is empty)")
+            raise ConfigError(f"{self.path} has no checkpoint yet (checkpoints/ is empty)")
         if step < 0:
             return steps[-1]
         if step not in steps:
-            raise ValueError(f"{self.path} has no checkpoint at step {step} (it has steps {steps})")
+            raise ConfigError(f"{self.path} has no checkpoint at step {step} (it has steps {steps})")
         return step
 
     def _manager(self) -> ocp.CheckpointManager:
@@ -437,5 +438,5 @@ class PretrainWorkdir:
         from roformer.data.tokenizer import WordPieceTokenizer
 
         if not self.tokenizer_file.is_file():
-            raise ValueError(f"{self.path} has no tokenizer.json (pretraining writes it at start-up)")
+            raise ConfigError(f"{self.path} has no tokenizer.json (pretraining writes it at start-up)")
         return WordPieceTokenizer.from_tokenizer_json(self.tokenizer_file)

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from roformer import attention_stats
 from roformer.checkpoint_source import may_differ
 from roformer.distributed import initialize_distributed
+from roformer.errors import ConfigError
 from roformer.files import write_json_atomic
 from roformer.model import ModelConfig
 from roformer.train import flops, sharding, steps, warm_start
@@ -65,7 +66,7 @@ def check_same_model_config(saved: dict | None, current: dict, workdir: Path) ->
     diffs = [f"{k}: checkpoint={saved.get(k)!r} config={current.get(k)!r}"
              for k in keys if saved.get(k) != current.get(k)]
     if diffs:
-        raise ValueError(f"{workdir} holds checkpoints of a different model config; refusing to resume. "
+        raise ConfigError(f"{workdir} holds checkpoints of a different model config; refusing to resume. "
                          "Differing keys:\n  " + "\n  ".join(diffs) +
                          "\nUse a new --workdir or restore the original model settings.")
 
@@ -322,11 +323,11 @@ def _optimizer(tc: TrainConfig):
 
 def _make_mesh(mesh_cfg, tc: TrainConfig):
     if tc.batch_size % jax.process_count():
-        raise ValueError(f"train.batch_size={tc.batch_size} must divide over {jax.process_count()} processes")
+        raise ConfigError(f"train.batch_size={tc.batch_size} must divide over {jax.process_count()} processes")
     mesh = sharding.make_mesh(mesh_cfg)
     batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
     if tc.batch_size % (batch_shards * tc.grad_accum):
-        raise ValueError(f"train.batch_size={tc.batch_size} must be divisible by mesh data*fsdp="
+        raise ConfigError(f"train.batch_size={tc.batch_size} must be divisible by mesh data*fsdp="
                          f"{batch_shards} times train.grad_accum={tc.grad_accum}")
     return mesh
 
