@@ -160,7 +160,7 @@ def get_config(arg=None):
         pre.train.checkpoint_every = 1_000
     elif arg:
         raise ConfigError(f"unknown configs/ablation.py variant {arg!r}; choose 'smoke', 'reference', 'onset' "
-                         "or nothing")
+                          "or nothing")
     return c
 
 

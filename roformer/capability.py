@@ -50,9 +50,17 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import flags
+from flax import nnx
 
+from roformer import ablate, cli
+from roformer.data.tokenizer import SPECIAL_TOKENS
 from roformer.errors import ConfigError
 from roformer.files import write_text_atomic
+from roformer.model import RoFormerForMaskedLM
+from roformer.train import train_and_evaluate
+from roformer.train.checkpoint import PretrainWorkdir
+from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.capability")
 
@@ -138,8 +146,6 @@ def write_corpus(config: ml_collections.ConfigDict, directory: Path) -> tuple[Pa
     directory.mkdir(parents=True, exist_ok=True)
     vocab, text = directory / "vocab.txt", directory / "train.txt"
     if not vocab.is_file():
-        from roformer.data.tokenizer import SPECIAL_TOKENS
-
         write_text_atomic(vocab, "".join(f"{w}\n" for w in (*SPECIAL_TOKENS, *world.words)))
     if not text.is_file():
         rng = np.random.default_rng([config.seed, 1])
@@ -220,10 +226,6 @@ _PREDICT_CACHE: dict = {}
 def _predict(model_config):
     """Jitted argmax at the masked slots for one architecture (padding keys masked out)."""
     if model_config not in _PREDICT_CACHE:
-        from flax import nnx
-
-        from roformer.model import RoFormerForMaskedLM
-
         model = RoFormerForMaskedLM(model_config, rngs=nnx.Rngs(0))
         model.eval()
         graphdef, _, rest = nnx.split(model, nnx.Param, ...)
@@ -251,8 +253,6 @@ def scheme_config(config: ml_collections.ConfigDict, scheme: str, vocab: Path, t
                   ) -> ml_collections.ConfigDict:
     """The pretraining config of one scheme: config.pretrain with the scheme's model keys and
     the synthetic corpus."""
-    from roformer import ablate
-
     cfg = ml_collections.ConfigDict(config.pretrain.to_dict())
     for key, value in ablate.scheme_model_keys(scheme).items():
         cfg.model[key] = value
@@ -275,8 +275,6 @@ def expectations(config: ml_collections.ConfigDict, schemes: list[str]) -> dict[
 
 def validate(config: ml_collections.ConfigDict) -> list[str]:
     """The schemes to check; every problem with the config in one error."""
-    from roformer import ablate
-
     problems = []
     schemes = _split(config.schemes)
     if not schemes:
@@ -315,8 +313,6 @@ def _split(value: str) -> list[str]:
 def run_capability(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """Train every scheme on the synthetic corpus (or resume), probe every checkpoint, write
     capability.json and capability.md in `workdir`; returns the result."""
-    from roformer.workdir_lock import workdir_lock
-
     schemes = validate(config)
     workdir = Path(workdir).resolve()
     with workdir_lock(workdir):
@@ -349,12 +345,8 @@ def _load_previous(workdir: Path) -> dict:
 def _check_scheme(config, workdir: Path, scheme: str, vocab: Path, text: Path, previous: dict) -> dict:
     """Train one scheme and probe each of its checkpoints (those already probed under the
     same config are reused)."""
-    from roformer.ablate import fingerprint
-    from roformer.train import train_and_evaluate
-    from roformer.train.checkpoint import PretrainWorkdir
-
     cfg = scheme_config(config, scheme, vocab, text)
-    fp = fingerprint(cfg, config.corpus, config.seed)
+    fp = ablate.fingerprint(cfg, config.corpus, config.seed)
     run_dir = workdir / "runs" / scheme
     summary = {"diverged": False}
     try:
@@ -426,10 +418,6 @@ def to_markdown(result: dict) -> str:
 
 
 def main(argv):
-    from absl import flags
-
-    from roformer import cli
-
     if len(argv) > 1:
         raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
     result = run_capability(flags.FLAGS.config, flags.FLAGS.workdir)
@@ -442,10 +430,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from absl import flags
     from ml_collections import config_flags
-
-    from roformer import cli
 
     config_flags.DEFINE_config_file("config", None, "capability config file (configs/capability.py[:smoke])")
     flags.DEFINE_string("workdir", None, "directory for the corpus, the runs and the result")

@@ -75,11 +75,11 @@ def hf_config_to_model_config(hf: Mapping, **overrides) -> ModelConfig:
         raise ConfigError(f"config.json has model_type {hf.get('model_type')!r}, expected 'roformer'")
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
         raise ConfigError("config.json describes a RoFormer decoder (is_decoder / add_cross_attention); "
-                         "only the bidirectional encoder converts")
+                          "only the bidirectional encoder converts")
     act = hf.get("hidden_act", "gelu")
     if act not in HF_ACTIVATIONS:
         raise ConfigError(f"hidden_act {act!r} in config.json has no counterpart here; "
-                         f"supported: {sorted(HF_ACTIVATIONS)}")
+                          f"supported: {sorted(HF_ACTIVATIONS)}")
     hidden = hf.get("hidden_size", 768)
     embedding_size = hf.get("embedding_size") or hidden
     max_positions = hf.get("max_position_embeddings", 1536)
@@ -114,7 +114,7 @@ def check_hf_expressible(config: ModelConfig) -> None:
     bad = {name: getattr(config, name) for name, want in wanted.items() if getattr(config, name) != want}
     if bad:
         raise ConfigError(f"HF RoFormer cannot express these settings: {bad} (it has rope only, "
-                         f"base 10000, full-head rotary, softmax attention, post-LN, no rope scaling)")
+                          f"base 10000, full-head rotary, softmax attention, post-LN, no rope scaling)")
 
 
 def model_config_to_hf_config(config: ModelConfig, *, head: str, num_labels: int | None = None) -> dict:
@@ -172,11 +172,11 @@ def sinusoid_table(num_positions: int, dim: int) -> np.ndarray:
 def _read_weight_file(path: Path) -> dict[str, np.ndarray]:
     if path.suffix == ".safetensors":
         return safetensors.numpy.load_file(str(path))
-    try:
+    try:   # imported here: torch is heavy and optional, needed only for a pytorch_model.bin
         import torch
     except ImportError as err:
         raise ConfigError(f"{path} is a PyTorch pickle; reading it needs torch installed "
-                         f"(or convert it to safetensors first)") from err
+                          f"(or convert it to safetensors first)") from err
     state = torch.load(path, map_location="cpu", weights_only=True)
     return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
 
@@ -302,7 +302,7 @@ def hf_weights_to_model(weights: Mapping[str, np.ndarray], model: AnyModel) -> l
         value = value.T if transpose else value
         if value.shape != current.shape:
             raise ConfigError(f"{name}: checkpoint shape {value.shape} (as ours) != model shape "
-                             f"{tuple(current.shape)}; config.json does not match the weights")
+                              f"{tuple(current.shape)}; config.json does not match the weights")
         axis = _permuted_axis(path, config)
         if axis is not None:
             value = np.take(value, permutation, axis=axis)
@@ -325,7 +325,7 @@ def _check_tied_decoder(weights: dict[str, np.ndarray]) -> None:
     embeddings = weights.get("roformer.embeddings.word_embeddings.weight")
     if decoder is not None and embeddings is not None and not np.array_equal(decoder, embeddings):
         raise ConfigError("cls.predictions.decoder.weight differs from the word embeddings (an untied "
-                         "MLM decoder); our MLM head ties them, so it cannot be converted exactly")
+                          "MLM decoder); our MLM head ties them, so it cannot be converted exactly")
     decoder_bias = weights.pop("cls.predictions.decoder.bias", None)
     if "cls.predictions.bias" not in weights and decoder_bias is not None:
         weights["cls.predictions.bias"] = decoder_bias
@@ -359,8 +359,8 @@ def _check_hf_dir(hf_dir: Path) -> None:
     config_path = hf_dir / "config.json"
     if PretrainWorkdir.holds_run(hf_dir) and "train" in PretrainWorkdir(hf_dir).run_config():
         raise ConfigError(f"{hf_dir} is a pretraining workdir (checkpoints/ and a config.json with a train "
-                         f"section), not {HF_DIR_EXPECTED}. To export it use `python -m roformer.convert "
-                         f"to-hf {hf_dir} OUT_DIR`; in Python, load_pretrain_workdir() reads it")
+                          f"section), not {HF_DIR_EXPECTED}. To export it use `python -m roformer.convert "
+                          f"to-hf {hf_dir} OUT_DIR`; in Python, load_pretrain_workdir() reads it")
     if not config_path.is_file():
         raise ConfigError(f"no config.json in {hf_dir} (expected {HF_DIR_EXPECTED})")
 
@@ -435,7 +435,7 @@ def load_converted(our_dir: str | Path, **overrides) -> tuple[ModelConfig, AnyMo
     meta_path = our_dir / OUR_CONFIG_FILE
     if not meta_path.exists():
         raise ConfigError(f"no {OUR_CONFIG_FILE} in {our_dir}; expected a directory written by "
-                         f"`python -m roformer.convert from-hf` or save_converted()")
+                          f"`python -m roformer.convert from-hf` or save_converted()")
     meta = json.loads(meta_path.read_text())
     config = ModelConfig.from_dict({**ModelConfig.saved_fields(meta["model"]), **overrides})
     model = build_model(config, meta["head"], num_labels=meta.get("num_labels"))

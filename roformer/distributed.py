@@ -20,8 +20,8 @@ def initialize_distributed(dist_cfg) -> None:
     if explicit:
         if dist_cfg.num_processes < 1 or dist_cfg.process_id < 0:
             raise ConfigError("distributed.coordinator_address is set, so distributed.num_processes "
-                             "and distributed.process_id must be set too "
-                             f"(got {dist_cfg.num_processes}, {dist_cfg.process_id})")
+                              "and distributed.process_id must be set too "
+                              f"(got {dist_cfg.num_processes}, {dist_cfg.process_id})")
         kwargs = dict(coordinator_address=dist_cfg.coordinator_address,
                       num_processes=dist_cfg.num_processes, process_id=dist_cfg.process_id)
     if dist_cfg.local_device_ids:

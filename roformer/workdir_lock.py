@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import jax
+
 from roformer.errors import UserError
 
 log = logging.getLogger("roformer")
@@ -92,8 +94,6 @@ def _acquire(path: Path, me: dict) -> None:
 @contextlib.contextmanager
 def workdir_lock(workdir: str | Path) -> Iterator[None]:
     """Hold `workdir`'s lock for the block (creating the directory); see the module doc."""
-    import jax
-
     if jax.process_index() != 0:
         yield
         return

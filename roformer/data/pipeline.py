@@ -81,7 +81,7 @@ class PretrainData:
         self.heldout_docs = np.flatnonzero(held)
         if len(self.train_docs) < process_count:
             raise ConfigError(f"corpus has {len(self.train_docs)} training documents, fewer than "
-                             f"process_count={process_count}: use a larger corpus")
+                              f"process_count={process_count}: use a larger corpus")
         self.manifest = {
             "source": corpus.manifest["source"], "shards": str(corpus.directory),
             "tokenizer_hash": tokenizer.hash, "vocab_size": self.vocab_size,
@@ -170,8 +170,8 @@ class PretrainData:
         if len(mine) == 0:
             held = len(self.heldout_docs)
             raise ConfigError(f"data.heldout_fraction={self.heldout_fraction} holds out {held} of the corpus's "
-                             f"{self.corpus.num_docs} documents, none for process {self.process_index} of "
-                             f"{self.process_count}: raise data.heldout_fraction")
+                              f"{self.corpus.num_docs} documents, none for process {self.process_index} of "
+                              f"{self.process_count}: raise data.heldout_fraction")
         plan = plan_rows(mine, self.corpus.doc_len, self.seq_len, self.packing)
         needed = num_batches * self.batch_size
         rows = self.rows(plan, 0, min(plan.num_rows, needed))

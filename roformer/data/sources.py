@@ -92,11 +92,11 @@ class EmbeddedSource(TextSource):
     name = "embedded"
 
     def __init__(self) -> None:
-        try:
+        try:   # imported here: only this source needs it, and some Python builds lack it
             from pydoc_data import topics
         except ImportError as err:  # some minimal Python builds drop pydoc_data
             raise ConfigError("data.source='embedded' needs the standard library module "
-                             "pydoc_data, which this Python build lacks; use source='files'") from err
+                              "pydoc_data, which this Python build lacks; use source='files'") from err
         self._topics = topics.topics
         self._topics_done = 0
 
@@ -110,8 +110,6 @@ class EmbeddedSource(TextSource):
         return self._topics_done / len(self._topics)
 
     def describe(self) -> dict:
-        import sys
-
         text_hash = hashlib.sha256("".join(self._topics[k] for k in sorted(self._topics)).encode())
         return {"source": "embedded", "corpus": "pydoc_data.topics (Python Language Reference)",
                 "python": sys.version.split()[0], "sha256": text_hash.hexdigest()}
@@ -149,7 +147,7 @@ class FilesSource(TextSource):
         patterns = [pattern] if isinstance(pattern, str) else list(pattern)
         if not patterns or not all(patterns):
             raise ConfigError("data.files is empty: give a glob of text or WikiExtractor files "
-                             "(source='files')")
+                              "(source='files')")
         paths: set[str] = set()
         for p in patterns:
             matched = [m for m in glob.glob(os.path.expanduser(p), recursive=True) if not os.path.isdir(m)]
@@ -290,7 +288,7 @@ class HFSource(TextSource):
                  streaming: bool = False, data_files: Any = None) -> None:
         if not path:
             raise ConfigError("data.hf_path is empty: give a dataset name (e.g. 'Salesforce/wikitext') "
-                             "or a save_to_disk directory (source='hf')")
+                              "or a save_to_disk directory (source='hf')")
         self.path, self.config_name, self.split = path, name or None, split or "train"
         self.text_column, self.streaming = text_column or "text", bool(streaming)
         self.data_files = _plain(data_files) if data_files else None
@@ -299,7 +297,7 @@ class HFSource(TextSource):
 
     def _load(self):
         if self._dataset is None:
-            import datasets
+            import datasets   # imported here: heavy (pyarrow, fsspec), and only this source needs it
 
             saved = Path(self.path)
             if saved.is_dir() and ((saved / "state.json").exists() or (saved / "dataset_dict.json").exists()):
@@ -314,7 +312,7 @@ class HFSource(TextSource):
             columns = ds.column_names or []
             if columns and self.text_column not in columns:
                 raise ConfigError(f"data.hf_text_column={self.text_column!r}: dataset {self.path} has "
-                                 f"columns {columns}")
+                                  f"columns {columns}")
             self._dataset = ds
         return self._dataset
 
@@ -374,7 +372,7 @@ class TFDSSource(TextSource):
     def __init__(self, name: str, split: str = "train", data_dir: str = "", text_key: str = "text") -> None:
         if not name:
             raise ConfigError("data.tfds_name is empty: give a TFDS builder name such as "
-                             "'wikipedia/20230601.en' (source='tfds')")
+                              "'wikipedia/20230601.en' (source='tfds')")
         self.builder_name, self.split = name, split or "train"
         self.data_dir, self.text_key = data_dir or None, text_key or "text"
         self._source = None
@@ -382,14 +380,14 @@ class TFDSSource(TextSource):
 
     def _load(self):
         if self._source is None:
-            import tensorflow_datasets as tfds
+            import tensorflow_datasets as tfds   # imported here: heavy, and only this source needs it
 
             try:
                 self._source = tfds.data_source(self.builder_name, split=self.split, data_dir=self.data_dir)
             except Exception as err:  # tfds raises many types; name the setting in one message
                 raise ConfigError(f"data.tfds_name={self.builder_name!r} split={self.split!r} "
-                                 f"data_dir={self.data_dir!r}: cannot open as a TFDS array_record "
-                                 f"data source: {err}") from err
+                                  f"data_dir={self.data_dir!r}: cannot open as a TFDS array_record "
+                                  f"data source: {err}") from err
         return self._source
 
     def documents(self) -> Iterator[str]:
@@ -399,7 +397,7 @@ class TFDSSource(TextSource):
             record = source[i]
             if self.text_key not in record:
                 raise ConfigError(f"data.tfds_text_key={self.text_key!r}: {self.builder_name} records have "
-                                 f"keys {sorted(record)}")
+                                  f"keys {sorted(record)}")
             text = record[self.text_key]
             text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
             if text.strip():

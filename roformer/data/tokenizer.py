@@ -190,5 +190,5 @@ def load_tokenizer(vocab: str, *, lowercase: bool = True) -> WordPieceTokenizer:
     """The tokenizer named by data.vocab (a vocab.txt, a tokenizer.json or a directory)."""
     if not vocab:
         raise ConfigError("data.vocab is empty: give a vocab.txt / tokenizer.json path, or use "
-                         "roformer.data.pipeline to train one on the source")
+                          "roformer.data.pipeline to train one on the source")
     return WordPieceTokenizer.from_path(vocab, lowercase=lowercase)

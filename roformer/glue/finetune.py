@@ -66,7 +66,7 @@ class Protocol:
             steps = min(steps, self.max_steps)
         if steps <= 0:
             raise ConfigError(f"no training steps: {num_train} training examples, "
-                             f"num_epochs={self.num_epochs}, max_steps={self.max_steps}")
+                              f"num_epochs={self.num_epochs}, max_steps={self.max_steps}")
         return steps
 
 

@@ -85,12 +85,12 @@ def resolve_model_config(model_cfg: ml_collections.ConfigDict, init: InitSource,
                               f"checkpoint has {config.position!r}")
         if mismatches:
             raise ConfigError(f"init checkpoint {init.path} does not match the config: "
-                             + "; ".join(mismatches))
+                              + "; ".join(mismatches))
         config = dataclasses.replace(config, **finetune)
     if tokenizer_vocab_size != config.vocab_size:
         where = f"init checkpoint {init.path}" if init.path else "config.model.vocab_size"
         raise ConfigError(f"vocab mismatch: the tokenizer has {tokenizer_vocab_size} tokens but "
-                         f"{where} has vocab_size {config.vocab_size}")
+                          f"{where} has vocab_size {config.vocab_size}")
     return config
 
 
@@ -106,12 +106,12 @@ def encoder_state(model_config: ModelConfig, encoder_params: dict) -> nnx.State:
         missing = sorted(set(flat_expected) - set(flat_given))[:5]
         extra = sorted(set(flat_given) - set(flat_expected))[:5]
         raise ConfigError(f"init encoder params do not match the model: missing {missing}, "
-                         f"unexpected {extra}")
+                          f"unexpected {extra}")
     for key, want in flat_expected.items():
         got = np.shape(flat_given[key])
         if tuple(got) != tuple(want.shape):
             raise ConfigError(f"init encoder param {'/'.join(map(str, key))} has shape {got}, "
-                             f"model expects {tuple(want.shape)}")
+                              f"model expects {tuple(want.shape)}")
     nnx.replace_by_pure_dict(state, jax.tree.map(np.asarray, encoder_params))
     return state
 

@@ -31,7 +31,7 @@ def read_split(task: TaskSpec, split: str, *, source: str = "local", data_dir: s
                tfds_data_dir: str | None = None) -> list[Example]:
     if split not in task.splits:
         raise ConfigError(f"task {task.name} has no split {split!r}; "
-                         f"it has {', '.join(task.splits)}")
+                          f"it has {', '.join(task.splits)}")
     if source == "local":
         check_data_dir(data_dir)
         return read_local(task, split, data_dir)
@@ -47,7 +47,7 @@ def read_split(task: TaskSpec, split: str, *, source: str = "local", data_dir: s
 def check_data_dir(data_dir: str) -> None:
     if not data_dir:
         raise ConfigError("config.data_dir is empty: point it at a GLUE dir in the "
-                         "download_glue_data.py layout (e.g. ../shared/data/glue)")
+                          "download_glue_data.py layout (e.g. ../shared/data/glue)")
 
 
 def local_path(task: TaskSpec, split: str, data_dir: str | Path) -> Path:
@@ -159,7 +159,7 @@ def _record_label(task: TaskSpec, value: Any) -> int | float | None:
 
 def read_hf(task: TaskSpec, split: str, *, hf_path: str = "nyu-mll/glue",
             cache_dir: str | None = None) -> list[Example]:
-    import datasets
+    import datasets   # imported here: heavy (pyarrow, fsspec), and only data_source='hf' needs it
 
     try:
         ds = datasets.load_dataset(hf_path, task.hf_config, split=split, cache_dir=cache_dir)
@@ -171,6 +171,7 @@ def read_hf(task: TaskSpec, split: str, *, hf_path: str = "nyu-mll/glue",
 def read_tfds(task: TaskSpec, split: str, *, data_dir: str | None = None) -> list[Example]:
     """Random-access `tfds.data_source` (array_record, no TensorFlow needed) first; a
     tfrecord-prepared copy goes through `tfds.load`, which needs TensorFlow."""
+    # imported here: heavy, and only data_source='tfds' needs it
     import tensorflow_datasets as tfds
     import tensorflow_datasets.text.glue  # noqa: F401  registers glue/* without TensorFlow
 

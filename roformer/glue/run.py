@@ -39,7 +39,7 @@ class RunLog:
     reads and featurizes its data leaves none."""
 
     def __init__(self, workdir: Path, run_config: dict):
-        from tensorboardX import SummaryWriter
+        from tensorboardX import SummaryWriter   # imported here: heavy (protobuf), needed once a run logs
 
         self._summary_writer = SummaryWriter
         self._workdir = workdir
@@ -231,7 +231,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
         tokenizer, vocab = init.tokenizer(), init.vocab or "trained with the checkpoint"
     if tokenizer is None:
         raise ConfigError("no tokenizer: set config.vocab to a vocab.txt / tokenizer.json "
-                         + (f"(the init checkpoint {init.path} names none)" if init.path
+                          + (f"(the init checkpoint {init.path} names none)" if init.path
                             else "(required with config.init=none)"))
     special = features_lib.tokenizer_special_ids(tokenizer)
     model_config = resolve_model_config(config.model, init, tokenizer.vocab_size)

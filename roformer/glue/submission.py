@@ -44,7 +44,7 @@ def zip_submission(out_dir: str | Path, zip_path: str | Path | None = None) -> P
     present = [name for name in SUBMISSION_FILES if (out_dir / name).is_file()]
     if not present:
         raise ConfigError(f"no submission files in {out_dir}; expected some of "
-                         f"{', '.join(SUBMISSION_FILES)}")
+                          f"{', '.join(SUBMISSION_FILES)}")
     with zipfile.ZipFile(zip_path, "w", zipfile.ZIP_DEFLATED) as zf:
         for name in present:
             zf.write(out_dir / name, arcname=name)

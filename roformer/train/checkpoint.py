@@ -24,9 +24,12 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from flax import nnx
 from jax.experimental import multihost_utils
 
+from roformer.data.tokenizer import WordPieceTokenizer
 from roformer.errors import ConfigError
+from roformer.model import ModelConfig, RoFormerForMaskedLM
 from roformer.train.guard import CheckpointSaveFailed
 
 log = logging.getLogger("roformer.train")
@@ -391,8 +394,6 @@ class PretrainWorkdir:
         return ocp.CheckpointManager(self.checkpoints, item_names=ITEMS)
 
     def model_config(self, step: int = -1):
-        from roformer.model import ModelConfig
-
         step = self.resolve_step(step)
         with self._manager() as manager:
             saved = manager.restore(step, args=ocp.args.Composite(model_config=ocp.args.JsonRestore()))
@@ -403,10 +404,6 @@ class PretrainWorkdir:
 
         The MLM model's parameters, or with `encoder_only` just `RoFormerModel`'s (the
         `roformer` subtree); the optimizer state is not read. Any mesh may have saved them."""
-        from flax import nnx
-
-        from roformer.model import RoFormerForMaskedLM
-
         step = self.resolve_step(step)
         config = self.model_config(step)
         # Plain shapes (jax.eval_shape of the pure dict): nnx.eval_shape would attach the
@@ -435,8 +432,6 @@ class PretrainWorkdir:
         return self.path / "tokenizer.json"
 
     def tokenizer(self):
-        from roformer.data.tokenizer import WordPieceTokenizer
-
         if not self.tokenizer_file.is_file():
             raise ConfigError(f"{self.path} has no tokenizer.json (pretraining writes it at start-up)")
         return WordPieceTokenizer.from_tokenizer_json(self.tokenizer_file)

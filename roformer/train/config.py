@@ -113,7 +113,7 @@ def parse_phases(train) -> list[Phase]:
         steps, seq_len, batch_size, options = _parse_phase_item(item.strip(), text)
         if options.get("warmup_steps") and not phases:
             raise ConfigError(f"train.phases={text!r}: the first phase warms up over train.warmup_steps; "
-                             "warmup= is for later phases")
+                              "warmup= is for later phases")
         end += steps
         phases.append(Phase(end, seq_len, batch_size, **options))
     return phases
@@ -124,13 +124,13 @@ def _parse_phase_item(item: str, text: str) -> tuple[int, int, int, dict]:
     shape, settings = parts[:3], parts[3:]
     if len(shape) != 3 or not all(p.isdigit() and int(p) > 0 for p in shape):
         raise ConfigError(f"train.phases={text!r}: {item!r} is not steps:seq_len:batch_size of positive "
-                         f"integers; expected comma-separated {PHASE_SYNTAX}")
+                          f"integers; expected comma-separated {PHASE_SYNTAX}")
     options = {}
     for setting in settings:
         key, _, value = setting.partition("=")
         if key not in PHASE_OPTIONS:
             raise ConfigError(f"train.phases={text!r}: unknown phase option {key!r} in {item!r}; "
-                             f"choose from {', '.join(PHASE_OPTIONS)} (steps:seq_len:batch_size[:key=value])")
+                              f"choose from {', '.join(PHASE_OPTIONS)} (steps:seq_len:batch_size[:key=value])")
         field, kind = PHASE_OPTIONS[key]
         try:
             options[field] = kind(value)
@@ -138,7 +138,7 @@ def _parse_phase_item(item: str, text: str) -> tuple[int, int, int, dict]:
             options[field] = -1
         if not (options[field] > 0 and math.isfinite(options[field])):
             raise ConfigError(f"train.phases={text!r}: {key}={value!r} in {item!r} must be a positive "
-                             f"{kind.__name__} (steps:seq_len:batch_size[:key=value])")
+                              f"{kind.__name__} (steps:seq_len:batch_size[:key=value])")
     return int(shape[0]), int(shape[1]), int(shape[2]), options
 
 

@@ -61,7 +61,7 @@ class DivergenceGuard:
             raise ConfigError(f"train.divergence_factor={self.factor} must be above 1 (or 0: no guard)")
         if self.patience < 1 or self.window < 1:
             raise ConfigError(f"train.divergence_patience={self.patience} and train.divergence_window="
-                             f"{self.window} must be at least 1")
+                              f"{self.window} must be at least 1")
         self.history = collections.deque(self.history, maxlen=self.window)
 
     @property

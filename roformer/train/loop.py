@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from roformer import attention_stats
 from roformer.checkpoint_source import may_differ
+from roformer.data import DataConfig, make_pretrain_data
 from roformer.distributed import initialize_distributed
 from roformer.errors import ConfigError
 from roformer.files import write_json_atomic
@@ -67,8 +68,8 @@ def check_same_model_config(saved: dict | None, current: dict, workdir: Path) ->
              for k in keys if saved.get(k) != current.get(k)]
     if diffs:
         raise ConfigError(f"{workdir} holds checkpoints of a different model config; refusing to resume. "
-                         "Differing keys:\n  " + "\n  ".join(diffs) +
-                         "\nUse a new --workdir or restore the original model settings.")
+                          "Differing keys:\n  " + "\n  ".join(diffs) +
+                          "\nUse a new --workdir or restore the original model settings.")
 
 
 def finished_summary(workdir: Path, latest_step: int | None, steps: int) -> dict | None:
@@ -328,13 +329,11 @@ def _make_mesh(mesh_cfg, tc: TrainConfig):
     batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
     if tc.batch_size % (batch_shards * tc.grad_accum):
         raise ConfigError(f"train.batch_size={tc.batch_size} must be divisible by mesh data*fsdp="
-                         f"{batch_shards} times train.grad_accum={tc.grad_accum}")
+                          f"{batch_shards} times train.grad_accum={tc.grad_accum}")
     return mesh
 
 
 def _make_data(data_cfg, tc: TrainConfig, init_source):
-    from roformer.data import DataConfig, make_pretrain_data  # the input pipeline is heavy; import on use
-
     data_cfg = DataConfig.from_mapping(data_cfg)
     if init_source is not None:   # the tokenizer comes with the checkpoint
         data_cfg = init_source.with_tokenizer(data_cfg)

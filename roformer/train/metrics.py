@@ -38,7 +38,7 @@ class MetricsWriter:
         self._file = None
         self._tb = None
         if self.enabled:
-            from tensorboardX import SummaryWriter  # imported lazily: only process 0 needs it
+            from tensorboardX import SummaryWriter  # imported here: heavy (protobuf), only process 0 needs it
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if resume_step is not None:
                 _drop_rows_after(self.path, resume_step)

@@ -47,11 +47,11 @@ def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> tuple[int, ...]
     if -1 in sizes:
         if num_devices % known:
             raise ConfigError(f"mesh: {num_devices} devices are not divisible by the fixed axes "
-                             f"{dict(zip(MESH_AXES, sizes))}")
+                              f"{dict(zip(MESH_AXES, sizes))}")
         sizes[sizes.index(-1)] = num_devices // known
     if math.prod(sizes) != num_devices:
         raise ConfigError(f"mesh: {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
-                         f"but {num_devices} are available")
+                          f"but {num_devices} are available")
     return tuple(sizes)
 
 
@@ -64,7 +64,7 @@ def make_mesh(mesh_cfg: Mapping[str, int], devices: Sequence[jax.Device] | None 
         if limit > 0:
             if jax.process_count() > 1 or limit > len(devices):
                 raise ConfigError(f"mesh.num_devices={limit} needs a single process with at least that "
-                                 f"many devices ({jax.process_count()} processes, {len(devices)} devices)")
+                                  f"many devices ({jax.process_count()} processes, {len(devices)} devices)")
             devices = devices[:limit]
     devices = list(devices)
     shape = mesh_shape(mesh_cfg, len(devices))

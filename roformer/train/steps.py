@@ -86,7 +86,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation,
     non-finite-loss guard."""
     if dropout_rng_impl not in DROPOUT_RNG_IMPLS:
         raise ConfigError(f"unknown dropout RNG implementation {dropout_rng_impl!r}; "
-                         f"choose one of {DROPOUT_RNG_IMPLS}")
+                          f"choose one of {DROPOUT_RNG_IMPLS}")
     base_key = jax.random.key(seed, impl=dropout_rng_impl)
 
     def loss_fn(params, rest_state, micro_batch, dropout_key):

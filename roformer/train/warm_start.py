@@ -79,7 +79,7 @@ def resolve_model_config(model_section, source: CheckpointSource, *, vocab_size:
     saved = source.model_config()
     if vocab_size != saved.vocab_size:
         raise ConfigError(f"{where}: its embedding table has {saved.vocab_size} rows but this run's vocabulary has "
-                         f"{vocab_size} tokens; name the vocabulary the checkpoint was trained with (data.vocab)")
+                          f"{vocab_size} tokens; name the vocabulary the checkpoint was trained with (data.vocab)")
     section = {k: v for k, v in model_section.to_dict().items() if v is not None}
     size = section.pop("size", "") or ""
     if size and size not in PRESETS:
@@ -97,7 +97,7 @@ def resolve_model_config(model_section, source: CheckpointSource, *, vocab_size:
         fields[name] = value if value is not None and name in MAY_DIFFER else checkpoint_value
     if differ:
         raise ConfigError(f"{where} is another architecture than this run's model settings: " + "; ".join(differ)
-                         + " (a warm start takes the architecture from its checkpoint: leave these keys unset)")
+                          + " (a warm start takes the architecture from its checkpoint: leave these keys unset)")
     return ModelConfig(**fields)
 
 
@@ -105,7 +105,7 @@ def _check_tokenizer(source: CheckpointSource, tokenizer_hash: str) -> None:
     own = source.tokenizer()   # None: saved without one; resolve_model_config checks the named one's size
     if own is not None and own.hash != tokenizer_hash:
         raise ConfigError(f"train.init_from={source.path} was trained with another tokenizer than this run's "
-                         f"data.vocab; leave data.vocab empty to use the checkpoint's ({source.tokenizer_file})")
+                          f"data.vocab; leave data.vocab empty to use the checkpoint's ({source.tokenizer_file})")
 
 
 def abstract_params(model_cfg: ModelConfig) -> dict:
@@ -150,15 +150,15 @@ def load_init_params(source: CheckpointSource, model_cfg: ModelConfig, abstract_
     if table and got.get(LEARNED_TABLE) and got[LEARNED_TABLE][0] < table[0]:
         if grow_positions != "copy":
             raise ConfigError(f"{where}: its learned position table has {got[LEARNED_TABLE][0]} rows, this model "
-                             f"needs {table[0]}; set --config.train.init_grow_positions=copy to repeat the "
-                             "trained rows, or keep model.max_position_embeddings at the checkpoint's")
+                              f"needs {table[0]}; set --config.train.init_grow_positions=copy to repeat the "
+                              "trained rows, or keep model.max_position_embeddings at the checkpoint's")
         params = _grow_table(params, table[0])
         got = _shapes(params)
     diffs = [f"{'/'.join(k)}: checkpoint {got.get(k)} vs model {want.get(k)}"
              for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k)]
     if diffs:
         raise ConfigError(f"{where} does not fit this model: " + "; ".join(diffs[:5])
-                         + (" ..." if len(diffs) > 5 else ""))
+                          + (" ..." if len(diffs) > 5 else ""))
     log.info("warm start from %s %s%s (parameters only; fresh optimizer)", source.kind, source.path,
              f" at step {source.step}" if source.kind == "pretrain" else "")
     return params
