@@ -27,6 +27,7 @@ import io
 import json
 import os
 import re
+import sys
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
