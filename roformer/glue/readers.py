@@ -164,7 +164,7 @@ def read_hf(task: TaskSpec, split: str, *, hf_path: str = "nyu-mll/glue",
     try:
         ds = datasets.load_dataset(hf_path, task.hf_config, split=split, cache_dir=cache_dir)
     except ValueError as e:  # unknown split
-        raise GlueDataError(f"{hf_path}/{task.hf_config}: cannot load split {split!r}: {e}")
+        raise GlueDataError(f"{hf_path}/{task.hf_config}: cannot load split {split!r}: {e}") from e
     return _from_records(task, split, ds, f"{hf_path}/{task.hf_config}[{split}]")
 
 
