@@ -360,8 +360,9 @@ class PretrainWorkdir:
     """Read-only view of a pretraining workdir written by `train_and_evaluate`: the model
     config and parameters of a checkpoint step and the tokenizer the run used.
 
-    The one reader of that layout (GLUE init, convert, extrapolation, the ablation and
-    warm starts use it), kept beside the writer above so the two change together."""
+    The one reader of that layout (roformer.checkpoint_source for warm starts and GLUE init,
+    convert, extrapolation and the ablation use it), kept beside the writer above so the two
+    change together."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path).expanduser().resolve()
