@@ -53,12 +53,11 @@ import numpy as np
 from absl import flags
 from flax import nnx
 
-from roformer import ablate, cli
+from roformer import ablate, cli, train
 from roformer.data.tokenizer import SPECIAL_TOKENS
 from roformer.errors import ConfigError
 from roformer.files import write_text_atomic
 from roformer.model import RoFormerForMaskedLM
-from roformer.train import train_and_evaluate
 from roformer.train.checkpoint import PretrainWorkdir
 from roformer.workdir_lock import workdir_lock
 
@@ -350,7 +349,7 @@ def _check_scheme(config, workdir: Path, scheme: str, vocab: Path, text: Path, p
     run_dir = workdir / "runs" / scheme
     summary = {"diverged": False}
     try:
-        summary = train_and_evaluate(cfg, run_dir)
+        summary = train.train_and_evaluate(cfg, run_dir)
     except FloatingPointError as error:   # a diverged run (NaN or a finite spike): report it, go on
         log.warning("%s: training stopped: %s", scheme, error)
         summary = {"diverged": True}
