@@ -50,7 +50,7 @@ ARCHITECTURE = ("size", *(f.name for f in dataclasses.fields(ModelConfig)
                           if f.name not in MAY_DIFFER and f.name not in FROM_DATA))
 LEARNED_TABLE = ("roformer", "position", "position_embeddings", "embedding")
 
-InitCheckpoint = CheckpointSource   # the name the loop and notebooks know a warm start's source by
+InitCheckpoint = CheckpointSource   # its earlier name, kept for code that builds or subclasses one
 
 
 def find_init_checkpoint(init_from: str, init_step: int = -1) -> CheckpointSource:
