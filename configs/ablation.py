@@ -26,6 +26,7 @@ from pathlib import Path
 import ml_collections
 
 from configs import base, glue
+from roformer.errors import ConfigError
 
 # ../shared/data beside the repository (the project's shared-data convention), or where
 # ROFORMER_SHARED_DATA points (as for the tests).
@@ -158,8 +159,8 @@ def get_config(arg=None):
         pre.train.eval_every = 250
         pre.train.checkpoint_every = 1_000
     elif arg:
-        raise ValueError(f"unknown configs/ablation.py variant {arg!r}; choose 'smoke', 'reference', 'onset' "
-                         "or nothing")
+        raise ConfigError(f"unknown configs/ablation.py variant {arg!r}; choose 'smoke', 'reference', 'onset' "
+                          "or nothing")
     return c
 
 

@@ -11,6 +11,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from roformer.data.config import DataConfig
+from roformer.errors import ConfigError
 from roformer.model import PRESETS, ModelConfig
 from roformer.train.config import RETIRED_KEYS, TrainConfig
 
@@ -28,11 +29,11 @@ def parse_arg(arg: str | None) -> dict[str, str]:
     pairs = [item.split("=", 1) for item in arg.split(",") if item]
     bad = [p[0] for p in pairs if len(p) != 2]
     if bad:
-        raise ValueError(f"config argument items must be key=value, got {bad} in {arg!r}")
+        raise ConfigError(f"config argument items must be key=value, got {bad} in {arg!r}")
     known = {"size", "source"}
     unknown = sorted({k for k, _ in pairs} - known)
     if unknown:
-        raise ValueError(f"unknown config argument(s) {unknown}; known: {sorted(known)}")
+        raise ConfigError(f"unknown config argument(s) {unknown}; known: {sorted(known)}")
     return dict(pairs)
 
 

@@ -13,6 +13,7 @@ Variants (`configs/capability.py:<arg>`):
 import ml_collections
 
 from configs import ablation
+from roformer.errors import ConfigError
 
 
 def get_config(arg=None):
@@ -55,5 +56,5 @@ def get_config(arg=None):
         pre.train.checkpoint_every = 10
         pre.train.log_every = 5
     elif arg:
-        raise ValueError(f"unknown configs/capability.py variant {arg!r}; choose 'smoke' or nothing")
+        raise ConfigError(f"unknown configs/capability.py variant {arg!r}; choose 'smoke' or nothing")
     return c

@@ -8,6 +8,7 @@ Variants: `configs/glue.py:smoke` shrinks everything for a minutes-long CPU chec
 """
 import ml_collections
 
+from roformer.errors import ConfigError
 from roformer.model import ModelConfig
 
 TASK_NAMES = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
@@ -73,5 +74,5 @@ def get_config(arg=None):
         c.num_epochs = 1.0
         c.max_seq_len = 64
     elif arg:
-        raise ValueError(f"unknown configs/glue.py variant {arg!r}; choose 'smoke' or nothing")
+        raise ConfigError(f"unknown configs/glue.py variant {arg!r}; choose 'smoke' or nothing")
     return c

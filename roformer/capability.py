@@ -50,8 +50,17 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import flags
+from flax import nnx
 
+from roformer import cli, train
+from roformer.ablation import plan
+from roformer.data.tokenizer import SPECIAL_TOKENS
+from roformer.errors import ConfigError
 from roformer.files import write_text_atomic
+from roformer.model import RoFormerForMaskedLM
+from roformer.train.checkpoint import PretrainWorkdir
+from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.capability")
 
@@ -137,8 +146,6 @@ def write_corpus(config: ml_collections.ConfigDict, directory: Path) -> tuple[Pa
     directory.mkdir(parents=True, exist_ok=True)
     vocab, text = directory / "vocab.txt", directory / "train.txt"
     if not vocab.is_file():
-        from roformer.data.tokenizer import SPECIAL_TOKENS
-
         write_text_atomic(vocab, "".join(f"{w}\n" for w in (*SPECIAL_TOKENS, *world.words)))
     if not text.is_file():
         rng = np.random.default_rng([config.seed, 1])
@@ -189,7 +196,7 @@ def _masked_rows(rows: list[tuple[list[str], list[int]]], tokenizer, seq_len: in
         if len(tokens) != len(words):
             raise ValueError("the capability vocabulary does not hold every word of the corpus")
         if len(tokens) + 2 > seq_len:
-            raise ValueError(f"a probe document has {len(tokens)} words; raise pretrain.train.seq_len")
+            raise ConfigError(f"a probe document has {len(tokens)} words; raise pretrain.train.seq_len")
         row = [tokenizer.cls_id, *tokens, tokenizer.sep_id]
         ids[r, :len(row)] = row
         for s, slot in enumerate(slots):
@@ -219,10 +226,6 @@ _PREDICT_CACHE: dict = {}
 def _predict(model_config):
     """Jitted argmax at the masked slots for one architecture (padding keys masked out)."""
     if model_config not in _PREDICT_CACHE:
-        from flax import nnx
-
-        from roformer.model import RoFormerForMaskedLM
-
         model = RoFormerForMaskedLM(model_config, rngs=nnx.Rngs(0))
         model.eval()
         graphdef, _, rest = nnx.split(model, nnx.Param, ...)
@@ -250,8 +253,6 @@ def scheme_config(config: ml_collections.ConfigDict, scheme: str, vocab: Path, t
                   ) -> ml_collections.ConfigDict:
     """The pretraining config of one scheme: config.pretrain with the scheme's model keys and
     the synthetic corpus."""
-    from roformer.ablation import plan
-
     cfg = ml_collections.ConfigDict(config.pretrain.to_dict())
     for key, value in plan.scheme_model_keys(scheme).items():
         cfg.model[key] = value
@@ -274,8 +275,6 @@ def expectations(config: ml_collections.ConfigDict, schemes: list[str]) -> dict[
 
 def validate(config: ml_collections.ConfigDict) -> list[str]:
     """The schemes to check; every problem with the config in one error."""
-    from roformer.ablation import plan
-
     problems = []
     schemes = _split(config.schemes)
     if not schemes:
@@ -303,7 +302,7 @@ def validate(config: ml_collections.ConfigDict) -> list[str]:
         problems.append(f"pretrain.train.seq_len={config.pretrain.train.seq_len} is shorter than the longest "
                         f"document with [CLS]/[SEP] ({longest}); raise it or shorten the documents")
     if problems:
-        raise ValueError("capability config: " + "; ".join(problems))
+        raise ConfigError("capability config: " + "; ".join(problems))
     return schemes
 
 
@@ -314,8 +313,6 @@ def _split(value: str) -> list[str]:
 def run_capability(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """Train every scheme on the synthetic corpus (or resume), probe every checkpoint, write
     capability.json and capability.md in `workdir`; returns the result."""
-    from roformer.workdir_lock import workdir_lock
-
     schemes = validate(config)
     workdir = Path(workdir).resolve()
     with workdir_lock(workdir):
@@ -348,16 +345,12 @@ def _load_previous(workdir: Path) -> dict:
 def _check_scheme(config, workdir: Path, scheme: str, vocab: Path, text: Path, previous: dict) -> dict:
     """Train one scheme and probe each of its checkpoints (those already probed under the
     same config are reused)."""
-    from roformer.ablation.plan import fingerprint
-    from roformer.train import train_and_evaluate
-    from roformer.train.checkpoint import PretrainWorkdir
-
     cfg = scheme_config(config, scheme, vocab, text)
-    fp = fingerprint(cfg, config.corpus, config.seed)
+    fp = plan.fingerprint(cfg, config.corpus, config.seed)
     run_dir = workdir / "runs" / scheme
     summary = {"diverged": False}
     try:
-        summary = train_and_evaluate(cfg, run_dir)
+        summary = train.train_and_evaluate(cfg, run_dir)
     except FloatingPointError as error:   # a diverged run (NaN or a finite spike): report it, go on
         log.warning("%s: training stopped: %s", scheme, error)
         summary = {"diverged": True}
@@ -425,10 +418,6 @@ def to_markdown(result: dict) -> str:
 
 
 def main(argv):
-    from absl import flags
-
-    from roformer import cli
-
     if len(argv) > 1:
         raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
     result = run_capability(flags.FLAGS.config, flags.FLAGS.workdir)
@@ -441,10 +430,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from absl import flags
     from ml_collections import config_flags
-
-    from roformer import cli
 
     config_flags.DEFINE_config_file("config", None, "capability config file (configs/capability.py[:smoke])")
     flags.DEFINE_string("workdir", None, "directory for the corpus, the runs and the result")

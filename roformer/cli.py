@@ -1,14 +1,16 @@
 """What every command line (`python -m roformer.<command>`) shares.
 
 - **User errors** print one line, `error: <what is wrong>`, on stderr and exit with status 2,
-  without a traceback. They are: a mistyped flag or config key (with a did-you-mean), a
-  config file that does not exist, a value refused by the project's own checks (a
-  `ValueError`, such as `GlueDataError`, thrown by a `raise` statement in roformer/ or
-  configs/), a missing input file (`FileNotFoundError`), a workdir that cannot be used
-  (`WorkdirError`: in use by another run, a regular file, not creatable or not writable)
-  and a training run that stopped itself (`TrainingStopped`: its loss diverged, a
-  checkpoint could not be written). Anything else is a bug and keeps its traceback;
-  `ROFORMER_TRACEBACK=1` in the environment shows the traceback of user errors too.
+  without a traceback. Which errors are the user's is decided by their type alone, never
+  by where they were raised: a `roformer.errors.UserError` (raised where the cause is
+  known: `ConfigError` for a value or input the project's checks refuse, `GlueDataError`,
+  `UsageError` for a mistyped config key or a missing config file, `WorkdirError` for a
+  workdir in use, a regular file, not creatable or not writable, `TrainingStopped` for a
+  run whose loss diverged or whose checkpoint could not be written), a command-line usage
+  error of absl (`app.UsageError`, `flags.Error`: an unknown flag, a config file whose
+  `get_config` refused its argument), and `FileNotFoundError`, which names the missing
+  input file. Anything else (a `ValueError` from numpy, say) is a bug and keeps its
+  traceback; `ROFORMER_TRACEBACK=1` in the environment shows the traceback of user errors too.
 - **Logging:** the project's own progress lines (INFO of the `roformer` loggers) show;
   library INFO lines (jax, orbax, absl) do not, unless `--verbosity`/`-v` is given:
   0 shows INFO, 1 DEBUG, -1 warnings only (for every logger).
@@ -20,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
-import linecache
 import logging
 import os
 import re
@@ -29,44 +30,29 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from absl import app, flags
+
+from roformer.errors import UserError
+from roformer.host_memory import retain_host_memory
+
 EXIT_USER_ERROR = 2
 TRACEBACK_ENV = "ROFORMER_TRACEBACK"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = PROJECT_ROOT / "configs"
-# Code whose explicit `raise ValueError(...)` is a check of the user's input.
-_CHECKING_CODE = (PROJECT_ROOT / "roformer", CONFIG_DIR)
 _HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort")
 
 
-class UsageError(Exception):
+class UsageError(UserError):
     """A command-line mistake: unknown config key or flag, missing config file, stray arguments."""
+
+
+# The user's to fix, by type (see the module doc).
+USER_ERRORS = (UserError, app.UsageError, flags.Error, FileNotFoundError)
 
 
 def is_user_error(error: BaseException) -> bool:
     """Whether `error` is the user's to fix (see the module doc); False means a bug."""
-    from absl import app, flags
-
-    from roformer.train.guard import TrainingStopped
-    from roformer.workdir_lock import WorkdirError
-
-    if isinstance(error, (UsageError, app.UsageError, flags.Error, WorkdirError, FileNotFoundError,
-                          TrainingStopped)):
-        return True
-    return isinstance(error, ValueError) and _raised_by_project_check(error)
-
-
-def _raised_by_project_check(error: BaseException) -> bool:
-    """The innermost frame is a `raise` statement in roformer/ or configs/ (not, say, a
-    ValueError from numpy or from unpacking inside our code)."""
-    tb = error.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    filename = Path(tb.tb_frame.f_code.co_filename).resolve()
-    if not any(filename.is_relative_to(directory) for directory in _CHECKING_CODE):
-        return False
-    return linecache.getline(str(filename), tb.tb_lineno).strip().startswith("raise")
+    return isinstance(error, USER_ERRORS)
 
 
 def error_line(error: BaseException) -> str:
@@ -121,10 +107,6 @@ def run(main: Callable[[list[str]], object], *, doc: str, default_config: str | 
     line gives no `--config` (define the flag with default None: ml_collections would
     apply the overrides to a default at import, before any error handling);
     `help_config` is the file `--help` lists when neither is given."""
-    from absl import app
-
-    from roformer.host_memory import retain_host_memory
-
     retain_host_memory()   # before jax runs anything; see host_memory.py
     if default_config is not None and _config_spec(sys.argv) is None:
         sys.argv.insert(1, f"--config={default_config}")   # the config flag reads sys.argv itself
@@ -141,8 +123,6 @@ def _run_main(main, argv):
 def _configure_logging() -> None:
     """Library INFO off, the project's INFO on; an explicit --verbosity rules every logger.
     (absl already set the root level from --verbosity while parsing flags.)"""
-    from absl import flags
-
     if flags.FLAGS["verbosity"].present:
         logging.getLogger("roformer").setLevel(logging.NOTSET)
     else:
@@ -151,8 +131,6 @@ def _configure_logging() -> None:
 
 
 def _parse_flags(argv: list[str], *, doc: str, help_config) -> list[str]:
-    from absl import flags
-
     with user_errors():
         given = _config_spec(argv)
         spec = given or (str(help_config) if help_config else None)
@@ -202,6 +180,8 @@ def _unknown_key_message(spec: str, argv: list[str]) -> str | None:
 def unknown_key(config, path: str) -> str | None:
     """None if the dotted `path` names a key of `config`, else what is wrong, with the
     closest existing key."""
+    # imported here: `python -m roformer.bench gpu` runs this module on hosts with only jax,
+    # flax, optax and orbax (absl comes with orbax), and only config keys need ml_collections
     import ml_collections
 
     node, seen = config, []
@@ -222,8 +202,6 @@ def unknown_key(config, path: str) -> str | None:
 def help_text(doc: str, spec: str | None, *, given: bool = True) -> str:
     """The command's doc, its flags and every key of the config file `spec` with its
     default (`given`: spec came from the command line rather than the command's default)."""
-    from absl import flags
-
     lines = [doc.strip(), "", "flags:"]
     for flag in flags.FLAGS.get_key_flags_for_module(sys.argv[0]):
         lines.append(f"  --{flag.name}: {flag.help}")

@@ -39,6 +39,7 @@ import safetensors.numpy
 from flax import nnx, traverse_util
 
 from roformer import cli, rope
+from roformer.errors import ConfigError
 from roformer.positions import POSITION_SCHEMES
 from roformer.model import (
     DTYPES,
@@ -71,14 +72,14 @@ def hf_config_to_model_config(hf: Mapping, **overrides) -> ModelConfig:
     """Our ModelConfig for an HF RoFormer config.json dict; `overrides` set other fields
     (e.g. rope_layout="half", dtype="bfloat16", dropout rates)."""
     if hf.get("model_type", "roformer") != "roformer":
-        raise ValueError(f"config.json has model_type {hf.get('model_type')!r}, expected 'roformer'")
+        raise ConfigError(f"config.json has model_type {hf.get('model_type')!r}, expected 'roformer'")
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
-        raise ValueError("config.json describes a RoFormer decoder (is_decoder / add_cross_attention); "
-                         "only the bidirectional encoder converts")
+        raise ConfigError("config.json describes a RoFormer decoder (is_decoder / add_cross_attention); "
+                          "only the bidirectional encoder converts")
     act = hf.get("hidden_act", "gelu")
     if act not in HF_ACTIVATIONS:
-        raise ValueError(f"hidden_act {act!r} in config.json has no counterpart here; "
-                         f"supported: {sorted(HF_ACTIVATIONS)}")
+        raise ConfigError(f"hidden_act {act!r} in config.json has no counterpart here; "
+                          f"supported: {sorted(HF_ACTIVATIONS)}")
     hidden = hf.get("hidden_size", 768)
     embedding_size = hf.get("embedding_size") or hidden
     max_positions = hf.get("max_position_embeddings", 1536)
@@ -112,8 +113,8 @@ def check_hf_expressible(config: ModelConfig) -> None:
               "pre_layer_norm": False, "rotary_dim": config.head_dim if config.rotary_dim else None}
     bad = {name: getattr(config, name) for name, want in wanted.items() if getattr(config, name) != want}
     if bad:
-        raise ValueError(f"HF RoFormer cannot express these settings: {bad} (it has rope only, "
-                         f"base 10000, full-head rotary, softmax attention, post-LN, no rope scaling)")
+        raise ConfigError(f"HF RoFormer cannot express these settings: {bad} (it has rope only, "
+                          f"base 10000, full-head rotary, softmax attention, post-LN, no rope scaling)")
 
 
 def model_config_to_hf_config(config: ModelConfig, *, head: str, num_labels: int | None = None) -> dict:
@@ -171,11 +172,11 @@ def sinusoid_table(num_positions: int, dim: int) -> np.ndarray:
 def _read_weight_file(path: Path) -> dict[str, np.ndarray]:
     if path.suffix == ".safetensors":
         return safetensors.numpy.load_file(str(path))
-    try:
+    try:   # imported here: torch is heavy and optional, needed only for a pytorch_model.bin
         import torch
     except ImportError as err:
-        raise ValueError(f"{path} is a PyTorch pickle; reading it needs torch installed "
-                         f"(or convert it to safetensors first)") from err
+        raise ConfigError(f"{path} is a PyTorch pickle; reading it needs torch installed "
+                          f"(or convert it to safetensors first)") from err
     state = torch.load(path, map_location="cpu", weights_only=True)
     return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
 
@@ -196,7 +197,7 @@ def read_hf_weights(hf_dir: str | Path) -> dict[str, np.ndarray]:
         else:
             weights = _read_weight_file(path)
         return {k: np.asarray(v, np.float32) for k, v in weights.items()}
-    raise ValueError(f"no model.safetensors or pytorch_model.bin (or sharded index) in {hf_dir}")
+    raise ConfigError(f"no model.safetensors or pytorch_model.bin (or sharded index) in {hf_dir}")
 
 
 def _hf_head(weights: Mapping[str, np.ndarray]) -> str:
@@ -300,8 +301,8 @@ def hf_weights_to_model(weights: Mapping[str, np.ndarray], model: AnyModel) -> l
         value = weights.pop(name)
         value = value.T if transpose else value
         if value.shape != current.shape:
-            raise ValueError(f"{name}: checkpoint shape {value.shape} (as ours) != model shape "
-                             f"{tuple(current.shape)}; config.json does not match the weights")
+            raise ConfigError(f"{name}: checkpoint shape {value.shape} (as ours) != model shape "
+                              f"{tuple(current.shape)}; config.json does not match the weights")
         axis = _permuted_axis(path, config)
         if axis is not None:
             value = np.take(value, permutation, axis=axis)
@@ -309,10 +310,10 @@ def hf_weights_to_model(weights: Mapping[str, np.ndarray], model: AnyModel) -> l
     head_prefixes = ("cls.", "classifier.")
     core_missing = [n for n in missing if not n.startswith(head_prefixes)]
     if core_missing:
-        raise ValueError(f"checkpoint lacks encoder weights {core_missing}")
+        raise ConfigError(f"checkpoint lacks encoder weights {core_missing}")
     leftover = sorted(k for k in weights if not k.startswith(head_prefixes))
     if leftover:
-        raise ValueError(f"checkpoint has weights the model does not use: {leftover}")
+        raise ConfigError(f"checkpoint has weights the model does not use: {leftover}")
     nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict(loaded))
     nnx.update(model, state)
     return missing
@@ -323,8 +324,8 @@ def _check_tied_decoder(weights: dict[str, np.ndarray]) -> None:
     decoder = weights.pop("cls.predictions.decoder.weight", None)
     embeddings = weights.get("roformer.embeddings.word_embeddings.weight")
     if decoder is not None and embeddings is not None and not np.array_equal(decoder, embeddings):
-        raise ValueError("cls.predictions.decoder.weight differs from the word embeddings (an untied "
-                         "MLM decoder); our MLM head ties them, so it cannot be converted exactly")
+        raise ConfigError("cls.predictions.decoder.weight differs from the word embeddings (an untied "
+                          "MLM decoder); our MLM head ties them, so it cannot be converted exactly")
     decoder_bias = weights.pop("cls.predictions.decoder.bias", None)
     if "cls.predictions.bias" not in weights and decoder_bias is not None:
         weights["cls.predictions.bias"] = decoder_bias
@@ -347,25 +348,6 @@ def build_model(config: ModelConfig, head: str, *, num_labels: int | None = None
     raise ValueError(f"unknown head {head!r}; choose one of {HEADS}")
 
 
-def checkpoint_kind(path: str | Path, *, what: str = "path") -> str:
-    """What a model directory holds: "hf" (an HF RoFormer directory), "converted" (our
-    format) or "pretrain" (a pretraining workdir); ValueError naming `what` otherwise."""
-    path = Path(path).expanduser()
-    if not path.is_dir():
-        raise ValueError(f"{what}={str(path)!r}: no such directory (give a pretraining workdir, an HF "
-                         "RoFormer directory or a roformer.convert output)")
-    config_json = path / "config.json"
-    if config_json.is_file() and json.loads(config_json.read_text()).get("model_type") == "roformer":
-        return "hf"
-    if (path / OUR_CONFIG_FILE).is_file():
-        return "converted"
-    if PretrainWorkdir.holds_run(path):
-        return "pretrain"
-    raise ValueError(f"{what}={str(path)!r} is neither a pretraining workdir (no {path / CHECKPOINTS}), "
-                     "an HF RoFormer directory (no config.json with model_type 'roformer') nor a "
-                     f"roformer.convert output (no {OUR_CONFIG_FILE})")
-
-
 HF_DIR_EXPECTED = ("an HF RoFormer directory: config.json plus model.safetensors, a sharded "
                    "*.index.json or pytorch_model.bin, as transformers' save_pretrained writes")
 
@@ -373,28 +355,14 @@ HF_DIR_EXPECTED = ("an HF RoFormer directory: config.json plus model.safetensors
 def _check_hf_dir(hf_dir: Path) -> None:
     """Refuse a directory that is not an HF RoFormer directory, saying what it is instead."""
     if not hf_dir.is_dir():
-        raise ValueError(f"{hf_dir}: no such directory (expected {HF_DIR_EXPECTED})")
+        raise ConfigError(f"{hf_dir}: no such directory (expected {HF_DIR_EXPECTED})")
     config_path = hf_dir / "config.json"
     if PretrainWorkdir.holds_run(hf_dir) and "train" in PretrainWorkdir(hf_dir).run_config():
-        raise ValueError(f"{hf_dir} is a pretraining workdir (checkpoints/ and a config.json with a train "
-                         f"section), not {HF_DIR_EXPECTED}. To export it use `python -m roformer.convert "
-                         f"to-hf {hf_dir} OUT_DIR`; in Python, load_pretrain_workdir() reads it")
+        raise ConfigError(f"{hf_dir} is a pretraining workdir (checkpoints/ and a config.json with a train "
+                          f"section), not {HF_DIR_EXPECTED}. To export it use `python -m roformer.convert "
+                          f"to-hf {hf_dir} OUT_DIR`; in Python, load_pretrain_workdir() reads it")
     if not config_path.is_file():
-        raise ValueError(f"no config.json in {hf_dir} (expected {HF_DIR_EXPECTED})")
-
-
-def read_model_config(path: str | Path) -> ModelConfig:
-    """The ModelConfig of an HF RoFormer directory or a `save_converted` output, read without
-    its weights (what a warm start checks a run's settings against)."""
-    path = Path(path)
-    kind = checkpoint_kind(path)
-    if kind == "hf":
-        return hf_config_to_model_config(json.loads((path / "config.json").read_text()))
-    if kind == "converted":
-        meta = json.loads((path / OUR_CONFIG_FILE).read_text())
-        return ModelConfig.from_dict(ModelConfig.saved_fields(meta["model"]))
-    raise ValueError(f"{path} is a pretraining workdir, not an HF RoFormer directory or a roformer.convert "
-                     "output (PretrainWorkdir reads it)")
+        raise ConfigError(f"no config.json in {hf_dir} (expected {HF_DIR_EXPECTED})")
 
 
 def load_hf(hf_dir: str | Path, *, head: str | None = None, num_labels: int | None = None,
@@ -466,8 +434,8 @@ def load_converted(our_dir: str | Path, **overrides) -> tuple[ModelConfig, AnyMo
     our_dir = Path(our_dir).resolve()
     meta_path = our_dir / OUR_CONFIG_FILE
     if not meta_path.exists():
-        raise ValueError(f"no {OUR_CONFIG_FILE} in {our_dir}; expected a directory written by "
-                         f"`python -m roformer.convert from-hf` or save_converted()")
+        raise ConfigError(f"no {OUR_CONFIG_FILE} in {our_dir}; expected a directory written by "
+                          f"`python -m roformer.convert from-hf` or save_converted()")
     meta = json.loads(meta_path.read_text())
     config = ModelConfig.from_dict({**ModelConfig.saved_fields(meta["model"]), **overrides})
     model = build_model(config, meta["head"], num_labels=meta.get("num_labels"))

@@ -23,6 +23,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import jax
+
+from roformer.errors import UserError
+
 log = logging.getLogger("roformer")
 
 LOCK_FILE = "workdir.lock"
@@ -30,7 +34,7 @@ LOCK_FILE = "workdir.lock"
 _depth: dict[Path, int] = {}   # locks this process holds -> nesting depth
 
 
-class WorkdirError(RuntimeError):
+class WorkdirError(UserError, RuntimeError):
     """The workdir cannot be used for this run: the user's to fix (roformer.cli)."""
 
 
@@ -90,8 +94,6 @@ def _acquire(path: Path, me: dict) -> None:
 @contextlib.contextmanager
 def workdir_lock(workdir: str | Path) -> Iterator[None]:
     """Hold `workdir`'s lock for the block (creating the directory); see the module doc."""
-    import jax
-
     if jax.process_index() != 0:
         yield
         return

@@ -54,7 +54,7 @@ def test_refused_input_is_one_line_without_a_workdir_left_behind(tmp_path):
     assert one_error_line(run(*command)) == f"error: data.files: glob '{tmp_path}/nothing*' matched no files"
     assert not (tmp_path / "run").exists()
     shown = run(*command, env={cli.TRACEBACK_ENV: "1"})
-    assert "Traceback (most recent call last)" in shown.stderr and "ValueError: data.files" in shown.stderr
+    assert "Traceback (most recent call last)" in shown.stderr and "ConfigError: data.files" in shown.stderr
 
 
 def test_flag_mistakes_and_a_missing_config_file_are_one_line(tmp_path):
@@ -86,7 +86,7 @@ def test_help_exits_0_listing_the_config_keys(command, config, expected):
 
 
 def test_user_errors_are_precise(tmp_path, capsys):
-    """A ValueError our code raises on bad input (here GlueDataError) is the user's;
+    """An error our code raises on bad input (here GlueDataError, a UserError) is the user's;
     a ValueError from elsewhere (numpy) is a bug and keeps its traceback."""
     with pytest.raises(SystemExit) as exited, cli.user_errors():
         read_local(TASKS["sst2"], "train", tmp_path)
@@ -101,3 +101,66 @@ def test_user_errors_are_precise(tmp_path, capsys):
         "no such file or directory: x.txt")
     assert cli.error_line(ValueError("a differs:\n  x: 1 vs 2\nUse a new workdir")) == (
         "a differs: x: 1 vs 2; Use a new workdir")
+
+
+USER_ERROR_SCRIPT = """
+import sys
+
+import numpy as np
+
+from roformer import cli
+from roformer.errors import ConfigError
+
+
+def refuse(value):
+    return ConfigError(f"x={value}: must be at least 0")
+
+
+def check(value):
+    if value < 0:
+        raise refuse(value)   # the message is built elsewhere, and this file is not roformer's
+
+
+def main(argv):
+    if argv[1] == "config":
+        [check(v) for v in (1, -1)]
+    elif argv[1] == "thrown":
+        def steps():
+            yield
+        gen = steps()
+        next(gen)
+        gen.throw(ConfigError("thrown into a generator: the innermost frame is a yield"))
+    else:
+        np.zeros(4).reshape(3)   # a ValueError from library code: a bug
+
+
+sys.exit(cli.entry_point(main)(sys.argv))
+"""
+
+
+def run_script(script: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run `script` (outside the repository) with this checkout's roformer first on the path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, str(script), *args], cwd=REPO, capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("config", "error: x=-1: must be at least 0"),
+    ("thrown", "error: thrown into a generator: the innermost frame is a yield")])
+def test_a_user_error_is_known_by_its_type_wherever_it_is_raised(tmp_path, case, message):
+    """A ConfigError raised from a helper, outside roformer/, or with no `raise` line at the
+    innermost frame is still one line and status 2."""
+    script = tmp_path / "main.py"
+    script.write_text(USER_ERROR_SCRIPT)
+    proc = run_script(script, case)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [message], proc.stderr[-3000:]
+
+
+def test_a_library_value_error_keeps_its_traceback(tmp_path):
+    script = tmp_path / "main.py"
+    script.write_text(USER_ERROR_SCRIPT)
+    proc = run_script(script, "library")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback (most recent call last)" in proc.stderr and "ValueError: cannot reshape" in proc.stderr
+    assert not cli.is_user_error(ValueError("a bare ValueError is not known to be the user's"))

@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from conftest import needs_torch, needs_transformers
-from roformer import convert
+from roformer import checkpoint_source, convert
 from roformer.model import ModelConfig, RoFormerForMaskedLM, RoFormerModel
 from roformer.train.checkpoint import Checkpointer
 
@@ -360,10 +360,10 @@ def test_read_model_config_reads_the_architecture_without_the_weights(tmp_path):
     build, for an HF directory and for our format; a pretraining workdir is named as one."""
     transformers.RoFormerForMaskedLM(hf_config(True, intermediate_size=48)).save_pretrained(tmp_path / "hf")
     config, model = convert.load_hf(tmp_path / "hf")
-    assert convert.read_model_config(tmp_path / "hf") == config
+    assert checkpoint_source.read_model_config(tmp_path / "hf") == config
     assert config.intermediate_size == 48 and config.rotary_value
     convert.save_converted(model, tmp_path / "ours")
-    assert convert.read_model_config(tmp_path / "ours") == config
+    assert checkpoint_source.read_model_config(tmp_path / "ours") == config
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     with pytest.raises(ValueError, match="is a pretraining workdir"):
-        convert.read_model_config(tmp_path / "run")
+        checkpoint_source.read_model_config(tmp_path / "run")

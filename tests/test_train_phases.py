@@ -18,6 +18,7 @@ import pytest
 
 from conftest import REPO_ROOT, SHARED_DATA, needs_torch, needs_transformers
 from configs import bert_staged, tiny
+from roformer import checkpoint_source
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.config import Phase, parse_phases
 from roformer.train.optim import make_schedule
@@ -164,7 +165,7 @@ def test_warm_start_from_a_converted_checkpoint_begins_at_its_held_out_loss(tmp_
     _, model = convert.load_pretrain_workdir(source)
     convert.save_converted(model, converted)
     shutil.copy(source / "tokenizer.json", converted / "tokenizer.json")
-    assert convert.checkpoint_kind(converted) == "converted"
+    assert checkpoint_source.checkpoint_kind(converted) == "converted"
     warm = tmp_path / "warm"
     result = train_and_evaluate(make_config(cache, **{"train.steps": 2, "train.seq_len": 64, "train.batch_size": 4,
                                                       "train.init_from": str(converted)}), warm)

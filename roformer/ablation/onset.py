@@ -3,7 +3,7 @@
 A run "uses word order" from the first evaluation at which shuffling the tokens of each
 held-out document raises its loss by at least `threshold` nats (the order gap; the
 ablation's `order_threshold`). Runs are the ablation's rows (`scheme`, `seed`, `status`
-and `curve`, the per-evaluation points of `roformer.report.eval_curve`).
+and `curve`, the per-evaluation points of `roformer.ablation.collect.eval_curve`).
 
 - Per run: the onset in tokens, or, for a run that has not started yet, the tokens of its
   last evaluation: a censored observation (it may start later; a study still running, or

@@ -18,6 +18,8 @@ from typing import Any
 
 import jax
 
+from roformer.files import write_text_atomic
+
 
 def time_call(fn: Callable[[], Any], iters: int) -> float:
     """Median seconds of `iters` calls of fn, each waited for with block_until_ready."""
@@ -99,7 +101,7 @@ def machine_info() -> dict[str, Any]:
 def write_json(path: Path, result: Mapping[str, Any]) -> None:
     """A benchmark's result as indented JSON (values JSON lacks, such as paths, as text)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    write_text_atomic(path, json.dumps(result, indent=2, default=str) + "\n")
 
 
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:

@@ -96,7 +96,7 @@ def hf_config_dict(config: ModelConfig) -> dict:
 
 
 def hf_config(config: ModelConfig):
-    from transformers import RoFormerConfig
+    from transformers import RoFormerConfig   # imported here: heavy and optional (the dev extra)
 
     return RoFormerConfig(**hf_config_dict(config))
 
@@ -105,6 +105,7 @@ def torch_train_step(config: ModelConfig, batch: dict[str, np.ndarray], compile_
     """A closure running one PyTorch AdamW step of HF RoFormerForMaskedLM on `batch`: eager,
     or with the model and the clip + AdamW update under torch.compile(backend=compile_backend).
     A compiled step has run once when it is returned, so a compiler failure raises here."""
+    # imported here: torch and transformers are heavy and optional (the dev extra)
     import torch
     from transformers import RoFormerForMaskedLM as HFRoFormerForMaskedLM
 
@@ -280,7 +281,7 @@ def installed_version(package: str) -> str | None:
 def run(args: argparse.Namespace) -> dict:
     versions = {"torch": installed_version("torch"), "transformers": installed_version("transformers")}
     if args.torch_process == "this" and any(name.startswith("hf_torch") for name in args.peers) and versions["torch"]:
-        import torch
+        import torch   # imported here: heavy and optional (the dev extra)
 
         if args.torch_threads > 0:
             torch.set_num_threads(args.torch_threads)

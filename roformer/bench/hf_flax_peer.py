@@ -43,6 +43,8 @@ def serve(build) -> int:
 
 
 def build_flax_step(request):
+    # imported here: serve() turns an ImportError (no Flax models in this transformers) into its
+    # error reply, and what the libraries print on import goes to stderr once serve() redirected it
     import flax
     import jax
     import jax.numpy as jnp

@@ -14,6 +14,8 @@ from roformer.bench.hf_flax_peer import serve
 
 
 def build_torch_step(request):
+    # imported here: serve() turns an ImportError into its error reply, and what the libraries
+    # print on import goes to stderr once serve() redirected it
     import torch
     import transformers
 

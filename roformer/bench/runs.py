@@ -49,7 +49,7 @@ TABLE_COLUMNS = ("shape", "mode", "runs", "tokens_s", "x_one", "x_one_min", "x_o
 def reference_run() -> dict:
     """What the shapes' runs take from configs/ablation.py:reference: its steps (what a runs/hour
     figure counts), vocabulary size and dropout."""
-    from roformer.ablation import plan
+    from roformer.ablation import plan   # may import jax: here, not at module level (see the imports)
 
     config = plan.load_config_file("ablation", "reference")
     model = config.pretrain.model
@@ -127,7 +127,7 @@ def run_round(workers: list[Worker], steps: int) -> tuple[float, float]:
 
 
 def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
-    from roformer.bench.common import ratio_stats
+    from roformer.bench.common import ratio_stats   # imports jax: see the note at the imports
 
     steps_per_run = reference_run()["steps"]
     size, seq_len, batch = parse_shape(shape)
@@ -184,6 +184,7 @@ def run(args: argparse.Namespace) -> dict:
 def _worker(shape: str, scheme: str, seeds: int) -> None:
     """Build the step (and `seeds` stacked states when > 1), warm up, say ready with the peak
     RSS, then run the number of steps read from stdin until it closes."""
+    # imported here, after enter_slot() and retain_host_memory(): see the note at the imports
     from roformer.host_memory import retain_host_memory
 
     parallel_runs.enter_slot()   # its cores and thread settings, as a run of the ablation's
@@ -206,7 +207,7 @@ def _worker(shape: str, scheme: str, seeds: int) -> None:
     if seeds == 1:
         step = workload.step
     else:
-        from roformer.bench.workload import train_config
+        from roformer.bench.workload import train_config   # as the imports above: after the slot is set
         from roformer.train import optim
         from roformer.train.state import TrainSetup
 

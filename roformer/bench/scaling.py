@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from roformer.bench import step
+from roformer.errors import ConfigError
 from roformer.model import PRESETS
 from roformer.positions import POSITION_SCHEMES
 
@@ -31,7 +32,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     for seq_len in args.seq_lens:
         if args.tokens % seq_len:
-            raise ValueError(f"--tokens {args.tokens} must be a multiple of every --seq-lens entry ({seq_len})")
+            raise ConfigError(f"--tokens {args.tokens} must be a multiple of every --seq-lens entry ({seq_len})")
     rows, first_ms_per_token = [], {}
     for seq_len in sorted(args.seq_lens):
         group_rows = step.bench_group(args.size, seq_len, args.tokens // seq_len, args.schemes, args,

@@ -27,6 +27,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from roformer.data.config import DataConfig
+from roformer.data.prepare import prepare, prepare_locally
 from roformer.data.sources import FILE_FORMATS, SOURCES, make_source
 from roformer.data.tokenizer import WordPieceTokenizer, load_tokenizer
 
@@ -64,14 +65,14 @@ def _prepare_main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    from roformer.data.prepare import prepare, prepare_locally
-
     config = FLAGS.config.pretrain if "pretrain" in FLAGS.config else FLAGS.config   # an ablation config
     data = DataConfig.from_mapping(config.data)
     if config.train.init_from:   # a warm start reads its checkpoint's tokenizer
-        from roformer.train.warm_start import find_init_checkpoint
+        # imported here: flax and orbax load only for a warm start, not for every data command
+        from roformer.checkpoint_source import CheckpointSource
 
-        data = find_init_checkpoint(config.train.init_from, config.train.init_step).with_tokenizer(data)
+        source = CheckpointSource.find(config.train.init_from, config.train.init_step, what="train.init_from")
+        data = source.with_tokenizer(data)
     index, count = _process_index_and_count(config)
     if FLAGS.processes > 1:
         summary = prepare_locally(data, FLAGS.processes, host_index=index, host_count=count)
@@ -88,9 +89,10 @@ def _process_index_and_count(config) -> tuple[int, int]:
         return FLAGS.process_index, FLAGS.process_count
     dist = config.distributed
     if dist.enabled or dist.coordinator_address:    # the same processes as the training job
+        # imported here: jax loads only for a multi-host job, not for every data command
         import jax
 
-        from roformer.train.distributed import initialize_distributed
+        from roformer.distributed import initialize_distributed
 
         initialize_distributed(dist)
         return jax.process_index(), jax.process_count()

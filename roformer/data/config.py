@@ -10,6 +10,8 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
+from roformer.errors import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
@@ -54,5 +56,5 @@ class DataConfig:
         if unknown:
             hints = [f"data.{key}" + (f" (did you mean data.{close[0]}?)" if (close := difflib.get_close_matches(
                 key, known, n=1)) else "") for key in unknown]
-            raise ValueError(f"unknown data setting(s): {', '.join(hints)}; the data settings are {known}")
+            raise ConfigError(f"unknown data setting(s): {', '.join(hints)}; the data settings are {known}")
         return cls(**items)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from roformer.errors import ConfigError
+
 MASK_PROB, RANDOM_PROB = 0.8, 0.1   # the remaining 0.1 keeps the original token
 
 
@@ -19,9 +21,9 @@ class MlmMasker:
     def __init__(self, *, is_special: np.ndarray, is_continuation: np.ndarray, mask_id: int,
                  mask_rate: float = 0.15, max_predictions: int, whole_word: bool = False) -> None:
         if not 0.0 < mask_rate < 1.0:
-            raise ValueError(f"data.mask_rate={mask_rate}: must be in (0, 1)")
+            raise ConfigError(f"data.mask_rate={mask_rate}: must be in (0, 1)")
         if max_predictions < 1:
-            raise ValueError(f"data.max_predictions_per_seq={max_predictions}: must be >= 1")
+            raise ConfigError(f"data.max_predictions_per_seq={max_predictions}: must be >= 1")
         self.is_special = np.asarray(is_special, dtype=bool)
         self.is_continuation = np.asarray(is_continuation, dtype=bool)
         self.mask_id, self.mask_rate = mask_id, mask_rate

@@ -18,6 +18,7 @@ import dataclasses
 import numpy as np
 
 from roformer.data.shards import TokenCorpus
+from roformer.errors import ConfigError
 
 PACKINGS = ("packed", "document")
 # Packed mode starts a new row rather than leave a piece shorter than this
@@ -41,7 +42,7 @@ class PackPlan:
 def plan_rows(doc_order: np.ndarray, doc_len: np.ndarray, seq_len: int, packing: str) -> PackPlan:
     """Lays out the documents, in the given order, into rows."""
     if packing not in PACKINGS:
-        raise ValueError(f"data.packing={packing!r}: expected one of {PACKINGS}")
+        raise ConfigError(f"data.packing={packing!r}: expected one of {PACKINGS}")
     room = seq_len - 2
     rows, cols, docs, offsets, lengths = [], [], [], [], []
     row, col = 0, 0

@@ -23,6 +23,7 @@ from roformer.data.masking import MlmMasker
 from roformer.data.packing import PACKINGS, PackPlan, build_rows, plan_rows
 from roformer.data.sources import TextSource, make_source, sha256_json
 from roformer.data.tokenizer import WordPieceTokenizer, load_tokenizer
+from roformer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def heldout_documents(doc_hash: np.ndarray, fraction: float) -> np.ndarray:
     sides. With fraction > 0 at least one document is held out.
     """
     if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"data.heldout_fraction={fraction}: must be in [0, 1)")
+        raise ConfigError(f"data.heldout_fraction={fraction}: must be in [0, 1)")
     unit = (doc_hash >> np.uint64(11)).astype(np.float64) * 2.0**-53
     held = unit < fraction
     if fraction > 0 and not held.any() and len(held) > 1:
@@ -54,13 +55,13 @@ class PretrainData:
                  seq_len: int, batch_size: int, packing: str, heldout_fraction: float, seed: int,
                  process_index: int = 0, process_count: int = 1) -> None:
         if seq_len < MIN_SEQ_LEN:
-            raise ValueError(f"seq_len={seq_len}: must be >= {MIN_SEQ_LEN}")
+            raise ConfigError(f"seq_len={seq_len}: must be >= {MIN_SEQ_LEN}")
         if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size}: must be >= 1")
+            raise ConfigError(f"batch_size={batch_size}: must be >= 1")
         if packing not in PACKINGS:
-            raise ValueError(f"data.packing={packing!r}: expected one of {PACKINGS}")
+            raise ConfigError(f"data.packing={packing!r}: expected one of {PACKINGS}")
         if not 0 <= process_index < process_count:
-            raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count})")
+            raise ConfigError(f"process_index={process_index} must be in [0, process_count={process_count})")
         self.corpus, self.tokenizer, self.masker = corpus, tokenizer, masker
         self.seq_len, self.batch_size, self.packing, self.seed = seq_len, batch_size, packing, int(seed)
         self.heldout_fraction = heldout_fraction
@@ -71,7 +72,7 @@ class PretrainData:
         if corpus.num_docs < 2:
             # The split keeps documents whole (no text on both sides), so one document cannot
             # give both training and held-out data, whatever data.heldout_fraction is.
-            raise ValueError(
+            raise ConfigError(
                 f"the corpus is a single document ({corpus.num_tokens} tokens) and training needs at least two, "
                 "since the held-out split is by document: split the text into documents (in a plain-text "
                 "file a blank line ends one) or add files to data.files")
@@ -79,8 +80,8 @@ class PretrainData:
         self.train_docs = np.flatnonzero(~held)
         self.heldout_docs = np.flatnonzero(held)
         if len(self.train_docs) < process_count:
-            raise ValueError(f"corpus has {len(self.train_docs)} training documents, fewer than "
-                             f"process_count={process_count}: use a larger corpus")
+            raise ConfigError(f"corpus has {len(self.train_docs)} training documents, fewer than "
+                              f"process_count={process_count}: use a larger corpus")
         self.manifest = {
             "source": corpus.manifest["source"], "shards": str(corpus.directory),
             "tokenizer_hash": tokenizer.hash, "vocab_size": self.vocab_size,
@@ -168,9 +169,9 @@ class PretrainData:
         mine = self.heldout_docs[self.process_index::self.process_count]
         if len(mine) == 0:
             held = len(self.heldout_docs)
-            raise ValueError(f"data.heldout_fraction={self.heldout_fraction} holds out {held} of the corpus's "
-                             f"{self.corpus.num_docs} documents, none for process {self.process_index} of "
-                             f"{self.process_count}: raise data.heldout_fraction")
+            raise ConfigError(f"data.heldout_fraction={self.heldout_fraction} holds out {held} of the corpus's "
+                              f"{self.corpus.num_docs} documents, none for process {self.process_index} of "
+                              f"{self.process_count}: raise data.heldout_fraction")
         plan = plan_rows(mine, self.corpus.doc_len, self.seq_len, self.packing)
         needed = num_batches * self.batch_size
         rows = self.rows(plan, 0, min(plan.num_rows, needed))
@@ -256,7 +257,7 @@ class BatchIterator:
         for key, mine in (("seed", d.seed), ("process_index", d.process_index),
                           ("process_count", d.process_count), *((k, getattr(d, k)) for k in ids)):
             if state.get(key) != mine:
-                raise ValueError(
+                raise ConfigError(
                     f"data iterator state has {key}={state.get(key)!r} but this pipeline has {key}={mine!r}: "
                     "it was saved with a different corpus, tokenizer or data setting. Between phases only "
                     "train.seq_len, train.batch_size and data.max_predictions_per_seq may change")
@@ -326,7 +327,7 @@ def make_pretrain_data(data: DataConfig, *, seq_len: int, batch_size: int, seed:
     """Builds (or reuses) everything for MLM pretraining on data's corpus; this process reads
     its share (`process_index` of `process_count`) of every batch stream."""
     if seq_len < MIN_SEQ_LEN:
-        raise ValueError(f"seq_len={seq_len}: must be >= {MIN_SEQ_LEN}")
+        raise ConfigError(f"seq_len={seq_len}: must be >= {MIN_SEQ_LEN}")
     tokenizer, corpus = prepare_corpus(data, process_index=process_index, process_count=process_count,
                                        show_progress=show_progress)
     max_predictions = data.max_predictions_per_seq or round(data.mask_rate * seq_len) + 1

@@ -54,6 +54,8 @@ from tqdm.auto import tqdm
 
 from roformer.data.sources import TextSource, sha256_json
 from roformer.data.tokenizer import WordPieceTokenizer
+from roformer.errors import ConfigError
+from roformer.files import replacing, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +138,7 @@ def load_or_build(source: TextSource, tokenizer: WordPieceTokenizer, cache_dir: 
     A wait with no progress from the other processes for `wait_seconds` is an error naming the
     missing shares."""
     if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count})")
+        raise ConfigError(f"process_index={process_index} must be in [0, process_count={process_count})")
     fingerprint = source.fingerprint()
     root = Path(cache_dir or default_cache_dir()).expanduser() / "shards"
     directory = root / f"{source.name}-{cache_key(fingerprint, tokenizer.hash)}"
@@ -395,14 +397,8 @@ class _ShardWriter:
         manifest = {**header, "num_docs": self.num_docs, "num_tokens": self.num_tokens,
                     "bytes": sum(f["bytes"] for s in self.shards for f in s["files"].values()),
                     "shards": self.shards}
-        _write_json(self.directory / "manifest.json", manifest)
+        write_json_atomic(self.directory / "manifest.json", manifest, indent=1)
         return manifest
-
-
-def _write_json(path: Path, value: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=1))
-    os.replace(tmp, path)
 
 
 class _Build:
@@ -515,13 +511,13 @@ class _Build:
 
     def _publish(self, staging: Path, writer: _ShardWriter, shares: list[dict], processes: int) -> None:
         if writer.num_docs == 0:
-            raise ValueError(f"corpus is empty: {self.source} yielded no documents with any tokens")
+            raise ConfigError(f"corpus is empty: {self.source} yielded no documents with any tokens")
         manifest = writer.finish(self.header)
         seconds = time.perf_counter() - self.start
-        _write_json(staging / "build.json", {
+        write_json_atomic(staging / "build.json", {
             "seconds": round(seconds, 3), "tokens_per_second": round(writer.num_tokens / seconds),
             "processes": processes, "threads": self.workers, "shares": shares,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1)
         _move_into_place(staging, self.entry.directory, self.entry.expected)
         log.info("tokenized %d docs / %d tokens in %.1fs (%.2fM tokens/s) into %s", manifest["num_docs"],
                  manifest["num_tokens"], seconds, manifest["num_tokens"] / seconds / 1e6, self.entry.directory)
@@ -539,10 +535,8 @@ class _Build:
     def _save_part(self, index: int, encoded: Encoded, meta: dict) -> None:
         path = self._part_path(index)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        with open(tmp, "wb") as f:
+        with replacing(path) as f:
             np.savez(f, **encoded._asdict(), meta=np.array(json.dumps(meta)))
-        os.replace(tmp, path)
 
     def _assemble(self, processes: int) -> None:
         """Process 0: every part, in order, into the shard files a single process writes."""

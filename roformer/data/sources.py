@@ -27,12 +27,14 @@ import io
 import json
 import os
 import re
+import sys
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from roformer.data.config import DataConfig
+from roformer.errors import ConfigError
 
 SOURCES = ("embedded", "files", "hf", "tfds")
 FILE_FORMATS = ("auto", "text", "wikiextractor")
@@ -91,11 +93,11 @@ class EmbeddedSource(TextSource):
     name = "embedded"
 
     def __init__(self) -> None:
-        try:
+        try:   # imported here: only this source needs it, and some Python builds lack it
             from pydoc_data import topics
         except ImportError as err:  # some minimal Python builds drop pydoc_data
-            raise ValueError("data.source='embedded' needs the standard library module "
-                             "pydoc_data, which this Python build lacks; use source='files'") from err
+            raise ConfigError("data.source='embedded' needs the standard library module "
+                              "pydoc_data, which this Python build lacks; use source='files'") from err
         self._topics = topics.topics
         self._topics_done = 0
 
@@ -109,8 +111,6 @@ class EmbeddedSource(TextSource):
         return self._topics_done / len(self._topics)
 
     def describe(self) -> dict:
-        import sys
-
         text_hash = hashlib.sha256("".join(self._topics[k] for k in sorted(self._topics)).encode())
         return {"source": "embedded", "corpus": "pydoc_data.topics (Python Language Reference)",
                 "python": sys.version.split()[0], "sha256": text_hash.hexdigest()}
@@ -144,16 +144,16 @@ class FilesSource(TextSource):
 
     def __init__(self, pattern: str | list[str], file_format: str = "auto") -> None:
         if file_format not in FILE_FORMATS:
-            raise ValueError(f"data.file_format={file_format!r}: expected one of {FILE_FORMATS}")
+            raise ConfigError(f"data.file_format={file_format!r}: expected one of {FILE_FORMATS}")
         patterns = [pattern] if isinstance(pattern, str) else list(pattern)
         if not patterns or not all(patterns):
-            raise ValueError("data.files is empty: give a glob of text or WikiExtractor files "
-                             "(source='files')")
+            raise ConfigError("data.files is empty: give a glob of text or WikiExtractor files "
+                              "(source='files')")
         paths: set[str] = set()
         for p in patterns:
             matched = [m for m in glob.glob(os.path.expanduser(p), recursive=True) if not os.path.isdir(m)]
             if not matched:
-                raise ValueError(f"data.files: glob {p!r} matched no files")
+                raise ConfigError(f"data.files: glob {p!r} matched no files")
             paths.update(matched)
         self.paths = sorted(paths)
         self.file_format = file_format
@@ -189,7 +189,7 @@ class FilesSource(TextSource):
             try:
                 st = os.stat(path)
             except OSError as err:
-                raise ValueError(f"data.files: cannot read {path}: {err.strerror}") from err
+                raise ConfigError(f"data.files: cannot read {path}: {err.strerror}") from err
             files.append([os.path.abspath(path), st.st_size, st.st_mtime_ns])
         return {"source": "files", "file_format": self.file_format, "files": files}
 
@@ -199,7 +199,7 @@ def _open_text(path: str) -> tuple[io.TextIOWrapper, io.BufferedReader]:
     try:
         raw = open(path, "rb")
     except OSError as err:
-        raise ValueError(f"data.files: cannot read {path}: {err.strerror}") from err
+        raise ConfigError(f"data.files: cannot read {path}: {err.strerror}") from err
     binary = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
     return io.TextIOWrapper(binary, encoding="utf-8", errors="strict"), raw
 
@@ -231,9 +231,9 @@ def read_documents(path: str, file_format: str = "auto", on_open=None) -> Iterat
             else:
                 yield from _blank_line_documents(all_lines)
     except UnicodeDecodeError as err:
-        raise ValueError(f"data.files: {path} is not valid UTF-8 (byte {err.start}: {err.reason})") from err
+        raise ConfigError(f"data.files: {path} is not valid UTF-8 (byte {err.start}: {err.reason})") from err
     except (OSError, EOFError, zlib.error) as err:  # BadGzipFile is an OSError
-        raise ValueError(f"data.files: cannot read {path}: {err}") from err
+        raise ConfigError(f"data.files: cannot read {path}: {err}") from err
 
 
 def _chain(head: list[str], rest: Iterator[str]) -> Iterator[str]:
@@ -288,8 +288,8 @@ class HFSource(TextSource):
     def __init__(self, path: str, name: str = "", split: str = "train", text_column: str = "text",
                  streaming: bool = False, data_files: Any = None) -> None:
         if not path:
-            raise ValueError("data.hf_path is empty: give a dataset name (e.g. 'Salesforce/wikitext') "
-                             "or a save_to_disk directory (source='hf')")
+            raise ConfigError("data.hf_path is empty: give a dataset name (e.g. 'Salesforce/wikitext') "
+                              "or a save_to_disk directory (source='hf')")
         self.path, self.config_name, self.split = path, name or None, split or "train"
         self.text_column, self.streaming = text_column or "text", bool(streaming)
         self.data_files = _plain(data_files) if data_files else None
@@ -298,22 +298,22 @@ class HFSource(TextSource):
 
     def _load(self):
         if self._dataset is None:
-            import datasets
+            import datasets   # imported here: heavy (pyarrow, fsspec), and only this source needs it
 
             saved = Path(self.path)
             if saved.is_dir() and ((saved / "state.json").exists() or (saved / "dataset_dict.json").exists()):
                 ds = datasets.load_from_disk(self.path)
                 if isinstance(ds, datasets.DatasetDict):
                     if self.split not in ds:
-                        raise ValueError(f"data.hf_split={self.split!r}: {self.path} has splits {list(ds)}")
+                        raise ConfigError(f"data.hf_split={self.split!r}: {self.path} has splits {list(ds)}")
                     ds = ds[self.split]
             else:
                 ds = datasets.load_dataset(self.path, self.config_name, split=self.split,
                                            streaming=self.streaming, data_files=self.data_files)
             columns = ds.column_names or []
             if columns and self.text_column not in columns:
-                raise ValueError(f"data.hf_text_column={self.text_column!r}: dataset {self.path} has "
-                                 f"columns {columns}")
+                raise ConfigError(f"data.hf_text_column={self.text_column!r}: dataset {self.path} has "
+                                  f"columns {columns}")
             self._dataset = ds
         return self._dataset
 
@@ -372,8 +372,8 @@ class TFDSSource(TextSource):
 
     def __init__(self, name: str, split: str = "train", data_dir: str = "", text_key: str = "text") -> None:
         if not name:
-            raise ValueError("data.tfds_name is empty: give a TFDS builder name such as "
-                             "'wikipedia/20230601.en' (source='tfds')")
+            raise ConfigError("data.tfds_name is empty: give a TFDS builder name such as "
+                              "'wikipedia/20230601.en' (source='tfds')")
         self.builder_name, self.split = name, split or "train"
         self.data_dir, self.text_key = data_dir or None, text_key or "text"
         self._source = None
@@ -381,14 +381,14 @@ class TFDSSource(TextSource):
 
     def _load(self):
         if self._source is None:
-            import tensorflow_datasets as tfds
+            import tensorflow_datasets as tfds   # imported here: heavy, and only this source needs it
 
             try:
                 self._source = tfds.data_source(self.builder_name, split=self.split, data_dir=self.data_dir)
             except Exception as err:  # tfds raises many types; name the setting in one message
-                raise ValueError(f"data.tfds_name={self.builder_name!r} split={self.split!r} "
-                                 f"data_dir={self.data_dir!r}: cannot open as a TFDS array_record "
-                                 f"data source: {err}") from err
+                raise ConfigError(f"data.tfds_name={self.builder_name!r} split={self.split!r} "
+                                  f"data_dir={self.data_dir!r}: cannot open as a TFDS array_record "
+                                  f"data source: {err}") from err
         return self._source
 
     def documents(self) -> Iterator[str]:
@@ -397,8 +397,8 @@ class TFDSSource(TextSource):
             self._records_done = i + 1
             record = source[i]
             if self.text_key not in record:
-                raise ValueError(f"data.tfds_text_key={self.text_key!r}: {self.builder_name} records have "
-                                 f"keys {sorted(record)}")
+                raise ConfigError(f"data.tfds_text_key={self.text_key!r}: {self.builder_name} records have "
+                                  f"keys {sorted(record)}")
             text = record[self.text_key]
             text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
             if text.strip():
@@ -430,4 +430,4 @@ def make_source(data: DataConfig) -> TextSource:
                         data.hf_data_files or None)
     if data.source == "tfds":
         return TFDSSource(data.tfds_name, data.tfds_split, data.tfds_data_dir, data.tfds_text_key)
-    raise ValueError(f"data.source={data.source!r}: expected one of {SOURCES}")
+    raise ConfigError(f"data.source={data.source!r}: expected one of {SOURCES}")

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Encoding, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from roformer.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -33,7 +35,7 @@ def _bert_pipeline(tokenizer: Tokenizer, lowercase: bool) -> Tokenizer:
 def _add_post_processor(tokenizer: Tokenizer, where: str) -> Tokenizer:
     cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
     if cls_id is None or sep_id is None:
-        raise ValueError(f"{where}: vocabulary has no {CLS} or {SEP} token")
+        raise ConfigError(f"{where}: vocabulary has no {CLS} or {SEP} token")
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{CLS}:0 $A:0 {SEP}:0", pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
         special_tokens=[(CLS, cls_id), (SEP, sep_id)])
@@ -48,7 +50,7 @@ class WordPieceTokenizer:
         ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
         missing = [tok for tok, i in ids.items() if i is None]
         if missing:
-            raise ValueError(f"{where}: vocabulary lacks the special tokens {missing}")
+            raise ConfigError(f"{where}: vocabulary lacks the special tokens {missing}")
         self.pad_id, self.unk_id, self.cls_id = ids[PAD], ids[UNK], ids[CLS]
         self.sep_id, self.mask_id = ids[SEP], ids[MASK]
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -70,14 +72,14 @@ class WordPieceTokenizer:
         """A BERT vocab.txt (one token per line); lowercase=False for cased vocabularies."""
         path = Path(path)
         if not path.is_file():
-            raise ValueError(f"data.vocab: vocabulary file not found: {path}")
+            raise ConfigError(f"data.vocab: vocabulary file not found: {path}")
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
-            raise ValueError(f"data.vocab: cannot read {path}: {err}") from err
+            raise ConfigError(f"data.vocab: cannot read {path}: {err}") from err
         vocab = _line_numbered_vocab(text, path)
         if not vocab or UNK not in vocab:
-            raise ValueError(f"data.vocab: {path} is not a WordPiece vocab.txt (no {UNK} line)")
+            raise ConfigError(f"data.vocab: {path} is not a WordPiece vocab.txt (no {UNK} line)")
         tokenizer = Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100))
         tokenizer = _add_post_processor(_bert_pipeline(tokenizer, lowercase), str(path))
         tokenizer.add_special_tokens([t for t in SPECIAL_TOKENS if t in vocab])
@@ -87,11 +89,11 @@ class WordPieceTokenizer:
     def from_tokenizer_json(cls, path: str | os.PathLike) -> "WordPieceTokenizer":
         path = Path(path)
         if not path.is_file():
-            raise ValueError(f"data.vocab: tokenizer file not found: {path}")
+            raise ConfigError(f"data.vocab: tokenizer file not found: {path}")
         try:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as err:  # the Rust side raises plain Exception
-            raise ValueError(f"data.vocab: {path} is not a tokenizers JSON file: {err}") from err
+            raise ConfigError(f"data.vocab: {path} is not a tokenizers JSON file: {err}") from err
         return cls(tokenizer, where=f"data.vocab={path}")
 
     @classmethod
@@ -104,7 +106,7 @@ class WordPieceTokenizer:
                     path = path / name
                     break
             else:
-                raise ValueError(f"data.vocab: directory {path} has no tokenizer.json or vocab.txt")
+                raise ConfigError(f"data.vocab: directory {path} has no tokenizer.json or vocab.txt")
         if path.suffix == ".json":
             return cls.from_tokenizer_json(path)
         return cls.from_vocab_file(path, lowercase=lowercase)
@@ -114,7 +116,7 @@ class WordPieceTokenizer:
               min_frequency: int = 2, show_progress: bool = True) -> "WordPieceTokenizer":
         """Learns a WordPiece vocabulary (BERT special tokens first, [PAD] = 0)."""
         if vocab_size < len(SPECIAL_TOKENS) + 1:
-            raise ValueError(f"data.vocab_size={vocab_size}: must exceed the {len(SPECIAL_TOKENS)} special tokens")
+            raise ConfigError(f"data.vocab_size={vocab_size}: must exceed the {len(SPECIAL_TOKENS)} special tokens")
         tokenizer = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=100)),
                                    lowercase)
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
@@ -122,7 +124,7 @@ class WordPieceTokenizer:
                                             continuing_subword_prefix="##", show_progress=show_progress)
         tokenizer.train_from_iterator(documents, trainer=trainer)
         if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS):
-            raise ValueError("tokenizer training found no text: the corpus is empty")
+            raise ConfigError("tokenizer training found no text: the corpus is empty")
         return cls(_add_post_processor(tokenizer, "trained tokenizer"))
 
     # ------------------------------------------------------------ use
@@ -187,6 +189,6 @@ def _line_numbered_vocab(text: str, path: Path) -> dict[str, int]:
 def load_tokenizer(vocab: str, *, lowercase: bool = True) -> WordPieceTokenizer:
     """The tokenizer named by data.vocab (a vocab.txt, a tokenizer.json or a directory)."""
     if not vocab:
-        raise ValueError("data.vocab is empty: give a vocab.txt / tokenizer.json path, or use "
-                         "roformer.data.pipeline to train one on the source")
+        raise ConfigError("data.vocab is empty: give a vocab.txt / tokenizer.json path, or use "
+                          "roformer.data.pipeline to train one on the source")
     return WordPieceTokenizer.from_path(vocab, lowercase=lowercase)

@@ -4,6 +4,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from roformer import cli
+from roformer.glue.run import run_glue
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "GLUE config file (default: configs/glue.py).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.", required=True)
@@ -12,8 +13,6 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.", required=Tr
 def main(argv):
     if len(argv) > 1:
         raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
-    from roformer.glue.run import run_glue
-
     results = run_glue(_CONFIG.value, _WORKDIR.value)
     print(open(f"{_WORKDIR.value}/glue_results.md").read(), end="")
     if "submission" in results:

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from roformer.errors import ConfigError
 from roformer.glue.readers import Example
 
 
@@ -25,7 +26,7 @@ def tokenizer_special_ids(tokenizer) -> SpecialIds:
     ids = {t: tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")}
     missing = [t for t, i in ids.items() if i is None]
     if missing:
-        raise ValueError(f"tokenizer vocabulary lacks special token(s) {missing}")
+        raise ConfigError(f"tokenizer vocabulary lacks special token(s) {missing}")
     return SpecialIds(ids["[CLS]"], ids["[SEP]"], ids["[PAD]"])
 
 
@@ -73,7 +74,7 @@ class Features:
 def featurize(examples: Sequence[Example], tokenizer, max_seq_len: int,
               regression: bool = False) -> Features:
     if max_seq_len < 8:
-        raise ValueError(f"max_seq_len must be at least 8, got {max_seq_len}")
+        raise ConfigError(f"max_seq_len must be at least 8, got {max_seq_len}")
     special = tokenizer_special_ids(tokenizer)
     ids_a = encode_texts(tokenizer, [e.text_a for e in examples])
     has_b = [e.text_b is not None for e in examples]

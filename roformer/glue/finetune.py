@@ -14,6 +14,7 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
+from roformer.errors import ConfigError
 from roformer.glue.features import Features, eval_batches, train_batches
 from roformer.model import ModelConfig, RoFormerForSequenceClassification
 from roformer.train.optim import make_optimizer
@@ -51,21 +52,21 @@ class Protocol:
         """Refuse settings no fine-tuning can run with; run_glue asks before it writes anything."""
         where = f"GLUE protocol of {task}:"
         if self.max_seq_len < 8:
-            raise ValueError(f"{where} max_seq_len must be at least 8, got {self.max_seq_len}")
+            raise ConfigError(f"{where} max_seq_len must be at least 8, got {self.max_seq_len}")
         if self.batch_size < 1:
-            raise ValueError(f"{where} batch_size must be at least 1, got {self.batch_size}")
+            raise ConfigError(f"{where} batch_size must be at least 1, got {self.batch_size}")
         if self.num_epochs <= 0 and self.max_steps <= 0:
-            raise ValueError(f"{where} no training steps: num_epochs={self.num_epochs}, max_steps={self.max_steps}")
+            raise ConfigError(f"{where} no training steps: num_epochs={self.num_epochs}, max_steps={self.max_steps}")
         if self.decay not in ("linear", "cosine"):
-            raise ValueError(f"{where} decay must be 'linear' or 'cosine', got {self.decay!r}")
+            raise ConfigError(f"{where} decay must be 'linear' or 'cosine', got {self.decay!r}")
 
     def total_steps(self, num_train: int) -> int:
         steps = math.ceil(self.num_epochs * math.ceil(num_train / self.batch_size))
         if self.max_steps > 0:
             steps = min(steps, self.max_steps)
         if steps <= 0:
-            raise ValueError(f"no training steps: {num_train} training examples, "
-                             f"num_epochs={self.num_epochs}, max_steps={self.max_steps}")
+            raise ConfigError(f"no training steps: {num_train} training examples, "
+                              f"num_epochs={self.num_epochs}, max_steps={self.max_steps}")
         return steps
 
 

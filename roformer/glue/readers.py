@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from roformer.errors import ConfigError
 from roformer.glue.tasks import TaskSpec
 
 
@@ -21,7 +22,7 @@ class Example:
     label: int | float | None    # class id, STS-B score, or None when unlabelled
 
 
-class GlueDataError(ValueError):
+class GlueDataError(ConfigError):
     """Malformed or missing GLUE data, with the file (and line) at fault."""
 
 
@@ -29,8 +30,8 @@ def read_split(task: TaskSpec, split: str, *, source: str = "local", data_dir: s
                hf_path: str = "nyu-mll/glue", hf_cache_dir: str | None = None,
                tfds_data_dir: str | None = None) -> list[Example]:
     if split not in task.splits:
-        raise ValueError(f"task {task.name} has no split {split!r}; "
-                         f"it has {', '.join(task.splits)}")
+        raise ConfigError(f"task {task.name} has no split {split!r}; "
+                          f"it has {', '.join(task.splits)}")
     if source == "local":
         check_data_dir(data_dir)
         return read_local(task, split, data_dir)
@@ -38,15 +39,15 @@ def read_split(task: TaskSpec, split: str, *, source: str = "local", data_dir: s
         return read_hf(task, split, hf_path=hf_path, cache_dir=hf_cache_dir)
     if source == "tfds":
         return read_tfds(task, split, data_dir=tfds_data_dir)
-    raise ValueError(f"unknown GLUE data source {source!r}; choose local, hf or tfds")
+    raise ConfigError(f"unknown GLUE data source {source!r}; choose local, hf or tfds")
 
 
 # ---------------------------------------------------------------- local TSV
 
 def check_data_dir(data_dir: str) -> None:
     if not data_dir:
-        raise ValueError("config.data_dir is empty: point it at a GLUE dir in the "
-                         "download_glue_data.py layout (e.g. ../shared/data/glue)")
+        raise ConfigError("config.data_dir is empty: point it at a GLUE dir in the "
+                          "download_glue_data.py layout (e.g. ../shared/data/glue)")
 
 
 def local_path(task: TaskSpec, split: str, data_dir: str | Path) -> Path:
@@ -158,18 +159,19 @@ def _record_label(task: TaskSpec, value: Any) -> int | float | None:
 
 def read_hf(task: TaskSpec, split: str, *, hf_path: str = "nyu-mll/glue",
             cache_dir: str | None = None) -> list[Example]:
-    import datasets
+    import datasets   # imported here: heavy (pyarrow, fsspec), and only data_source='hf' needs it
 
     try:
         ds = datasets.load_dataset(hf_path, task.hf_config, split=split, cache_dir=cache_dir)
     except ValueError as e:  # unknown split
-        raise GlueDataError(f"{hf_path}/{task.hf_config}: cannot load split {split!r}: {e}")
+        raise GlueDataError(f"{hf_path}/{task.hf_config}: cannot load split {split!r}: {e}") from e
     return _from_records(task, split, ds, f"{hf_path}/{task.hf_config}[{split}]")
 
 
 def read_tfds(task: TaskSpec, split: str, *, data_dir: str | None = None) -> list[Example]:
     """Random-access `tfds.data_source` (array_record, no TensorFlow needed) first; a
     tfrecord-prepared copy goes through `tfds.load`, which needs TensorFlow."""
+    # imported here: heavy, and only data_source='tfds' needs it
     import tensorflow_datasets as tfds
     import tensorflow_datasets.text.glue  # noqa: F401  registers glue/* without TensorFlow
 

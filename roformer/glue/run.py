@@ -18,6 +18,8 @@ import ml_collections
 import numpy as np
 
 from roformer.data.tokenizer import load_tokenizer
+from roformer.errors import ConfigError
+from roformer.files import write_json_atomic, write_text_atomic
 from roformer.glue import features as features_lib
 from roformer.glue.finetune import Protocol, create_model, finetune, predict
 from roformer.glue.init import encoder_state, load_init, resolve_model_config
@@ -37,7 +39,7 @@ class RunLog:
     reads and featurizes its data leaves none."""
 
     def __init__(self, workdir: Path, run_config: dict):
-        from tensorboardX import SummaryWriter
+        from tensorboardX import SummaryWriter   # imported here: heavy (protobuf), needed once a run logs
 
         self._summary_writer = SummaryWriter
         self._workdir = workdir
@@ -191,8 +193,8 @@ def results_markdown(results: dict) -> str:
 
 
 def _write_results(workdir: Path, results: dict) -> None:
-    (workdir / "glue_results.json").write_text(json.dumps(results, indent=2, default=_json))
-    (workdir / "glue_results.md").write_text(results_markdown(results))
+    write_json_atomic(workdir / "glue_results.json", results, indent=2, default=_json)
+    write_text_atomic(workdir / "glue_results.md", results_markdown(results))
 
 
 def _json(value):
@@ -217,7 +219,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
         if "mnli" not in tasks:
             tasks.append("mnli")
     if config.seeds < 1:
-        raise ValueError(f"config.seeds must be >= 1, got {config.seeds}")
+        raise ConfigError(f"config.seeds must be >= 1, got {config.seeds}")
     check_local_files(tasks, config)
     for name in tasks:   # before anything is read or written
         Protocol.from_config(config, name).check(name)
@@ -228,8 +230,8 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     else:
         tokenizer, vocab = init.tokenizer(), init.vocab or "trained with the checkpoint"
     if tokenizer is None:
-        raise ValueError("no tokenizer: set config.vocab to a vocab.txt / tokenizer.json "
-                         + (f"(the init checkpoint {init.path} names none)" if init.path
+        raise ConfigError("no tokenizer: set config.vocab to a vocab.txt / tokenizer.json "
+                          + (f"(the init checkpoint {init.path} names none)" if init.path
                             else "(required with config.init=none)"))
     special = features_lib.tokenizer_special_ids(tokenizer)
     model_config = resolve_model_config(config.model, init, tokenizer.vocab_size)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from roformer.errors import ConfigError
 from roformer.glue.tasks import TaskSpec
 
 # Every file the leaderboard server expects in the zip.
@@ -42,8 +43,8 @@ def zip_submission(out_dir: str | Path, zip_path: str | Path | None = None) -> P
     zip_path = Path(zip_path) if zip_path else out_dir.with_suffix(".zip")
     present = [name for name in SUBMISSION_FILES if (out_dir / name).is_file()]
     if not present:
-        raise ValueError(f"no submission files in {out_dir}; expected some of "
-                         f"{', '.join(SUBMISSION_FILES)}")
+        raise ConfigError(f"no submission files in {out_dir}; expected some of "
+                          f"{', '.join(SUBMISSION_FILES)}")
     with zipfile.ZipFile(zip_path, "w", zipfile.ZIP_DEFLATED) as zf:
         for name in present:
             zf.write(out_dir / name, arcname=name)

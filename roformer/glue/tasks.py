@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from roformer.errors import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class LocalLayout:
@@ -141,7 +143,7 @@ _ALIASES = {t.display.lower(): t.name for t in TASKS.values()} | {
 def get_task(name: str) -> TaskSpec:
     key = _ALIASES.get(name.strip().lower(), name.strip().lower())
     if key not in TASKS:
-        raise ValueError(f"unknown GLUE task {name!r}; choose from {', '.join(TASKS)} or 'all'")
+        raise ConfigError(f"unknown GLUE task {name!r}; choose from {', '.join(TASKS)} or 'all'")
     return TASKS[key]
 
 
@@ -151,5 +153,5 @@ def parse_task_list(spec: str) -> list[str]:
         return list(GLUE_TASKS)
     names = [get_task(s).name for s in spec.split(",") if s.strip()]
     if not names:
-        raise ValueError("config.task is empty; give a task name, a comma list or 'all'")
+        raise ConfigError("config.task is empty; give a task name, a comma list or 'all'")
     return list(dict.fromkeys(names))

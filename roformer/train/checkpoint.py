@@ -24,8 +24,12 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from flax import nnx
 from jax.experimental import multihost_utils
 
+from roformer.data.tokenizer import WordPieceTokenizer
+from roformer.errors import ConfigError
+from roformer.model import ModelConfig, RoFormerForMaskedLM
 from roformer.train.guard import CheckpointSaveFailed
 
 log = logging.getLogger("roformer.train")
@@ -356,16 +360,17 @@ class PretrainWorkdir:
     """Read-only view of a pretraining workdir written by `train_and_evaluate`: the model
     config and parameters of a checkpoint step and the tokenizer the run used.
 
-    The one reader of that layout (GLUE init, convert, extrapolation, the ablation and
-    warm starts use it), kept beside the writer above so the two change together."""
+    The one reader of that layout (roformer.checkpoint_source for warm starts and GLUE init,
+    convert, extrapolation and the ablation use it), kept beside the writer above so the two
+    change together."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path).expanduser().resolve()
         self.checkpoints = self.path / CHECKPOINTS
         if not self.path.is_dir():
-            raise ValueError(f"{path}: no such directory (expected a pretraining workdir)")
+            raise ConfigError(f"{path}: no such directory (expected a pretraining workdir)")
         if not self.checkpoints.is_dir():
-            raise ValueError(f"{path} is not a pretraining workdir: it has no checkpoints/ directory")
+            raise ConfigError(f"{path} is not a pretraining workdir: it has no checkpoints/ directory")
 
     @staticmethod
     def holds_run(path: str | Path) -> bool:
@@ -379,19 +384,17 @@ class PretrainWorkdir:
         """`step`, or the newest one when step < 0; a step without a checkpoint is refused."""
         steps = self.steps()
         if not steps:
-            raise ValueError(f"{self.path} has no checkpoint yet (checkpoints/ is empty)")
+            raise ConfigError(f"{self.path} has no checkpoint yet (checkpoints/ is empty)")
         if step < 0:
             return steps[-1]
         if step not in steps:
-            raise ValueError(f"{self.path} has no checkpoint at step {step} (it has steps {steps})")
+            raise ConfigError(f"{self.path} has no checkpoint at step {step} (it has steps {steps})")
         return step
 
     def _manager(self) -> ocp.CheckpointManager:
         return ocp.CheckpointManager(self.checkpoints, item_names=ITEMS)
 
     def model_config(self, step: int = -1):
-        from roformer.model import ModelConfig
-
         step = self.resolve_step(step)
         with self._manager() as manager:
             saved = manager.restore(step, args=ocp.args.Composite(model_config=ocp.args.JsonRestore()))
@@ -402,10 +405,6 @@ class PretrainWorkdir:
 
         The MLM model's parameters, or with `encoder_only` just `RoFormerModel`'s (the
         `roformer` subtree); the optimizer state is not read. Any mesh may have saved them."""
-        from flax import nnx
-
-        from roformer.model import RoFormerForMaskedLM
-
         step = self.resolve_step(step)
         config = self.model_config(step)
         # Plain shapes (jax.eval_shape of the pure dict): nnx.eval_shape would attach the
@@ -434,8 +433,6 @@ class PretrainWorkdir:
         return self.path / "tokenizer.json"
 
     def tokenizer(self):
-        from roformer.data.tokenizer import WordPieceTokenizer
-
         if not self.tokenizer_file.is_file():
-            raise ValueError(f"{self.path} has no tokenizer.json (pretraining writes it at start-up)")
+            raise ConfigError(f"{self.path} has no tokenizer.json (pretraining writes it at start-up)")
         return WordPieceTokenizer.from_tokenizer_json(self.tokenizer_file)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from roformer.errors import ConfigError
+
 # Keys earlier versions had in the `train` section -> the key that replaced them. They stay
 # in the section as unset placeholders, so `--config.train.<old>=...` reaches the refusal.
 RETIRED_KEYS = {"dtype": "model.dtype"}
@@ -67,11 +69,11 @@ class TrainConfig:
         values = dict(section.to_dict() if hasattr(section, "to_dict") else section)
         for old, new in RETIRED_KEYS.items():
             if values.pop(old, None) is not None:
-                raise ValueError(f"train.{old} is now {new}: set --config.{new} instead")
+                raise ConfigError(f"train.{old} is now {new}: set --config.{new} instead")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"unknown train settings {unknown}; known: {sorted(known)}")
+            raise ConfigError(f"unknown train settings {unknown}; known: {sorted(known)}")
         return cls(**values)
 
     @property
@@ -110,8 +112,8 @@ def parse_phases(train) -> list[Phase]:
     for item in text.split(","):
         steps, seq_len, batch_size, options = _parse_phase_item(item.strip(), text)
         if options.get("warmup_steps") and not phases:
-            raise ValueError(f"train.phases={text!r}: the first phase warms up over train.warmup_steps; "
-                             "warmup= is for later phases")
+            raise ConfigError(f"train.phases={text!r}: the first phase warms up over train.warmup_steps; "
+                              "warmup= is for later phases")
         end += steps
         phases.append(Phase(end, seq_len, batch_size, **options))
     return phases
@@ -121,22 +123,22 @@ def _parse_phase_item(item: str, text: str) -> tuple[int, int, int, dict]:
     parts = [p.strip() for p in item.split(":")]
     shape, settings = parts[:3], parts[3:]
     if len(shape) != 3 or not all(p.isdigit() and int(p) > 0 for p in shape):
-        raise ValueError(f"train.phases={text!r}: {item!r} is not steps:seq_len:batch_size of positive "
-                         f"integers; expected comma-separated {PHASE_SYNTAX}")
+        raise ConfigError(f"train.phases={text!r}: {item!r} is not steps:seq_len:batch_size of positive "
+                          f"integers; expected comma-separated {PHASE_SYNTAX}")
     options = {}
     for setting in settings:
         key, _, value = setting.partition("=")
         if key not in PHASE_OPTIONS:
-            raise ValueError(f"train.phases={text!r}: unknown phase option {key!r} in {item!r}; "
-                             f"choose from {', '.join(PHASE_OPTIONS)} (steps:seq_len:batch_size[:key=value])")
+            raise ConfigError(f"train.phases={text!r}: unknown phase option {key!r} in {item!r}; "
+                              f"choose from {', '.join(PHASE_OPTIONS)} (steps:seq_len:batch_size[:key=value])")
         field, kind = PHASE_OPTIONS[key]
         try:
             options[field] = kind(value)
         except ValueError:
             options[field] = -1
         if not (options[field] > 0 and math.isfinite(options[field])):
-            raise ValueError(f"train.phases={text!r}: {key}={value!r} in {item!r} must be a positive "
-                             f"{kind.__name__} (steps:seq_len:batch_size[:key=value])")
+            raise ConfigError(f"train.phases={text!r}: {key}={value!r} in {item!r} must be a positive "
+                              f"{kind.__name__} (steps:seq_len:batch_size[:key=value])")
     return int(shape[0]), int(shape[1]), int(shape[2]), options
 
 

@@ -12,8 +12,10 @@ import dataclasses
 import math
 import statistics
 
+from roformer.errors import ConfigError, UserError
 
-class TrainingStopped(Exception):
+
+class TrainingStopped(UserError):
     """The run stopped itself; the message says why and what is left, on one line."""
 
 
@@ -56,10 +58,10 @@ class DivergenceGuard:
 
     def __post_init__(self):
         if self.factor and not self.factor > 1:
-            raise ValueError(f"train.divergence_factor={self.factor} must be above 1 (or 0: no guard)")
+            raise ConfigError(f"train.divergence_factor={self.factor} must be above 1 (or 0: no guard)")
         if self.patience < 1 or self.window < 1:
-            raise ValueError(f"train.divergence_patience={self.patience} and train.divergence_window="
-                             f"{self.window} must be at least 1")
+            raise ConfigError(f"train.divergence_patience={self.patience} and train.divergence_window="
+                              f"{self.window} must be at least 1")
         self.history = collections.deque(self.history, maxlen=self.window)
 
     @property

@@ -23,11 +23,15 @@ from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from roformer import attention_stats
+from roformer.checkpoint_source import may_differ
+from roformer.data import DataConfig, make_pretrain_data
+from roformer.distributed import initialize_distributed
+from roformer.errors import ConfigError
+from roformer.files import write_json_atomic
 from roformer.model import ModelConfig
 from roformer.train import flops, sharding, steps, warm_start
 from roformer.train.checkpoint import CHECKPOINTS, Checkpointer, PretrainWorkdir, _allgather_json
 from roformer.train.config import OPTIMIZER_KEYS, TrainConfig, parse_phases, phase_schedule_factors
-from roformer.train.distributed import initialize_distributed
 from roformer.train.guard import DivergenceGuard, TrainingDiverged
 from roformer.train.metrics import MetricsWriter, ThroughputTimer, read_metrics
 from roformer.train.optim import make_optimizer
@@ -46,8 +50,8 @@ def build_model_config(model_section, *, vocab_size: int, pad_token_id: int = 0)
                                    **fields)
 
 
-# Model settings a resumed run may change: they select kernels, not parameters.
-RESUMABLE_ACROSS = ("attention_impl",)
+# Model settings a resumed run may change (why: roformer.checkpoint_source.MAY_DIFFER).
+RESUMABLE_ACROSS = may_differ("resume")
 
 
 def check_same_model_config(saved: dict | None, current: dict, workdir: Path) -> None:
@@ -63,9 +67,9 @@ def check_same_model_config(saved: dict | None, current: dict, workdir: Path) ->
     diffs = [f"{k}: checkpoint={saved.get(k)!r} config={current.get(k)!r}"
              for k in keys if saved.get(k) != current.get(k)]
     if diffs:
-        raise ValueError(f"{workdir} holds checkpoints of a different model config; refusing to resume. "
-                         "Differing keys:\n  " + "\n  ".join(diffs) +
-                         "\nUse a new --workdir or restore the original model settings.")
+        raise ConfigError(f"{workdir} holds checkpoints of a different model config; refusing to resume. "
+                          "Differing keys:\n  " + "\n  ".join(diffs) +
+                          "\nUse a new --workdir or restore the original model settings.")
 
 
 def finished_summary(workdir: Path, latest_step: int | None, steps: int) -> dict | None:
@@ -263,8 +267,8 @@ def _write_run_files(workdir: Path, config, model_cfg: ModelConfig, tokenizer) -
     """config.json (the config as run, plus the resolved ModelConfig) and the tokenizer
     (tokenizer.json + vocab.txt: fine-tuning and warm starts read it from here)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(json.dumps(
-        {**config.to_dict(), "resolved_model": model_cfg.to_dict()}, indent=2, default=str))
+    write_json_atomic(workdir / "config.json", {**config.to_dict(), "resolved_model": model_cfg.to_dict()},
+                      indent=2, default=str)
     tokenizer.save(workdir)
 
 
@@ -305,7 +309,7 @@ def _logged_history(workdir: Path, start_step: int, window: int) -> dict:
 
 
 def _write_summary(workdir: Path, summary: dict) -> None:
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_json_atomic(workdir / "summary.json", summary, indent=2, default=str)
     print("summary: " + json.dumps({k: v for k, v in summary.items() if k != "data"}, default=str), flush=True)
 
 
@@ -320,18 +324,16 @@ def _optimizer(tc: TrainConfig):
 
 def _make_mesh(mesh_cfg, tc: TrainConfig):
     if tc.batch_size % jax.process_count():
-        raise ValueError(f"train.batch_size={tc.batch_size} must divide over {jax.process_count()} processes")
+        raise ConfigError(f"train.batch_size={tc.batch_size} must divide over {jax.process_count()} processes")
     mesh = sharding.make_mesh(mesh_cfg)
     batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
     if tc.batch_size % (batch_shards * tc.grad_accum):
-        raise ValueError(f"train.batch_size={tc.batch_size} must be divisible by mesh data*fsdp="
-                         f"{batch_shards} times train.grad_accum={tc.grad_accum}")
+        raise ConfigError(f"train.batch_size={tc.batch_size} must be divisible by mesh data*fsdp="
+                          f"{batch_shards} times train.grad_accum={tc.grad_accum}")
     return mesh
 
 
 def _make_data(data_cfg, tc: TrainConfig, init_source):
-    from roformer.data import DataConfig, make_pretrain_data  # the input pipeline is heavy; import on use
-
     data_cfg = DataConfig.from_mapping(data_cfg)
     if init_source is not None:   # the tokenizer comes with the checkpoint
         data_cfg = init_source.with_tokenizer(data_cfg)

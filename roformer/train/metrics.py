@@ -12,6 +12,7 @@ from typing import Callable, Mapping
 
 import jax
 
+from roformer.files import write_text_atomic
 from roformer.train import flops
 
 
@@ -37,7 +38,7 @@ class MetricsWriter:
         self._file = None
         self._tb = None
         if self.enabled:
-            from tensorboardX import SummaryWriter  # imported lazily: only process 0 needs it
+            from tensorboardX import SummaryWriter  # imported here: heavy (protobuf), only process 0 needs it
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if resume_step is not None:
                 _drop_rows_after(self.path, resume_step)
@@ -122,9 +123,7 @@ def _drop_rows_after(path: Path, step: int) -> None:
         return
     kept = "".join(json.dumps(row) + "\n" for row in read_metrics(path) if row.get("step", 0) <= step)
     if kept != path.read_text():
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text(kept)
-        tmp.replace(path)
+        write_text_atomic(path, kept)
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -7,15 +7,17 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from roformer.errors import ConfigError
+
 
 def make_schedule(*, learning_rate: float, warmup_steps: int, total_steps: int,
                   decay: str = "linear", end_factor: float = 0.0) -> optax.Schedule:
     """Linear warmup from 0 to `learning_rate`, then linear or cosine decay to
     `end_factor * learning_rate` at `total_steps`."""
     if decay not in ("linear", "cosine"):
-        raise ValueError(f"train.decay must be 'linear' or 'cosine', got {decay!r}")
+        raise ConfigError(f"train.decay must be 'linear' or 'cosine', got {decay!r}")
     if total_steps <= 0:
-        raise ValueError(f"train.steps must be positive, got {total_steps}")
+        raise ConfigError(f"train.steps must be positive, got {total_steps}")
     warmup_steps = min(warmup_steps, total_steps)
     decay_steps = max(total_steps - warmup_steps, 1)
     end_value = learning_rate * end_factor

@@ -15,6 +15,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from roformer.errors import ConfigError
+
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")   # the batch dimension is split over both
 
@@ -38,18 +40,18 @@ def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> tuple[int, ...]
     """Resolve the (data, fsdp, tensor) sizes; one -1 entry takes the remaining devices."""
     sizes = [int(mesh_cfg[name]) for name in MESH_AXES]
     if sum(s == -1 for s in sizes) > 1:
-        raise ValueError(f"mesh: at most one axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
+        raise ConfigError(f"mesh: at most one axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
     if any(s == 0 or s < -1 for s in sizes):
-        raise ValueError(f"mesh: axis sizes must be positive or -1, got {dict(zip(MESH_AXES, sizes))}")
+        raise ConfigError(f"mesh: axis sizes must be positive or -1, got {dict(zip(MESH_AXES, sizes))}")
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if num_devices % known:
-            raise ValueError(f"mesh: {num_devices} devices are not divisible by the fixed axes "
-                             f"{dict(zip(MESH_AXES, sizes))}")
+            raise ConfigError(f"mesh: {num_devices} devices are not divisible by the fixed axes "
+                              f"{dict(zip(MESH_AXES, sizes))}")
         sizes[sizes.index(-1)] = num_devices // known
     if math.prod(sizes) != num_devices:
-        raise ValueError(f"mesh: {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
-                         f"but {num_devices} are available")
+        raise ConfigError(f"mesh: {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
+                          f"but {num_devices} are available")
     return tuple(sizes)
 
 
@@ -61,8 +63,8 @@ def make_mesh(mesh_cfg: Mapping[str, int], devices: Sequence[jax.Device] | None 
         limit = int(mesh_cfg.get("num_devices", 0) or 0)
         if limit > 0:
             if jax.process_count() > 1 or limit > len(devices):
-                raise ValueError(f"mesh.num_devices={limit} needs a single process with at least that "
-                                 f"many devices ({jax.process_count()} processes, {len(devices)} devices)")
+                raise ConfigError(f"mesh.num_devices={limit} needs a single process with at least that "
+                                  f"many devices ({jax.process_count()} processes, {len(devices)} devices)")
             devices = devices[:limit]
     devices = list(devices)
     shape = mesh_shape(mesh_cfg, len(devices))

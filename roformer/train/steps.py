@@ -16,6 +16,7 @@ import optax
 from flax import nnx
 
 from roformer.attention_stats import attention_stats
+from roformer.errors import ConfigError
 
 TrainState = dict[str, Any]
 Batch = dict[str, jax.Array]
@@ -66,7 +67,7 @@ def _split_microbatches(batch: Batch, num: int) -> Batch:
     rows from every data shard (no resharding of the batch dimension)."""
     def split(x):
         if x.shape[0] % num:
-            raise ValueError(f"train.grad_accum={num} must divide the global batch {x.shape[0]}")
+            raise ConfigError(f"train.grad_accum={num} must divide the global batch {x.shape[0]}")
         return jnp.swapaxes(x.reshape(x.shape[0] // num, num, *x.shape[1:]), 0, 1)
     return jax.tree.map(split, batch)
 
@@ -84,8 +85,8 @@ def make_train_step(graphdef, tx: optax.GradientTransformation,
     `debug_nan_step` (>0) poisons the loss and gradients of that step, to test the
     non-finite-loss guard."""
     if dropout_rng_impl not in DROPOUT_RNG_IMPLS:
-        raise ValueError(f"unknown dropout RNG implementation {dropout_rng_impl!r}; "
-                         f"choose one of {DROPOUT_RNG_IMPLS}")
+        raise ConfigError(f"unknown dropout RNG implementation {dropout_rng_impl!r}; "
+                          f"choose one of {DROPOUT_RNG_IMPLS}")
     base_key = jax.random.key(seed, impl=dropout_rng_impl)
 
     def loss_fn(params, rest_state, micro_batch, dropout_key):

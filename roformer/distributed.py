@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import jax
 
+from roformer.errors import ConfigError
+
 
 def initialize_distributed(dist_cfg) -> None:
     """Join the multi-process job described by `dist_cfg`, once per process.
@@ -17,9 +19,9 @@ def initialize_distributed(dist_cfg) -> None:
     kwargs = {}
     if explicit:
         if dist_cfg.num_processes < 1 or dist_cfg.process_id < 0:
-            raise ValueError("distributed.coordinator_address is set, so distributed.num_processes "
-                             "and distributed.process_id must be set too "
-                             f"(got {dist_cfg.num_processes}, {dist_cfg.process_id})")
+            raise ConfigError("distributed.coordinator_address is set, so distributed.num_processes "
+                              "and distributed.process_id must be set too "
+                              f"(got {dist_cfg.num_processes}, {dist_cfg.process_id})")
         kwargs = dict(coordinator_address=dist_cfg.coordinator_address,
                       num_processes=dist_cfg.num_processes, process_id=dist_cfg.process_id)
     if dist_cfg.local_device_ids:
