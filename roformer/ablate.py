@@ -88,7 +88,7 @@ def load_config_file(name: str, arg: str | None = None) -> ml_collections.Config
 def scheme_config_file(scheme: str) -> str:
     """The pretraining config file of an ablation arm: a position scheme's registry name
     (learned, rope, ...), a variant (rope_linear) or a config file name (absolute, ...)."""
-    from roformer.positions import POSITION_SCHEMES
+    from roformer.model.positions import POSITION_SCHEMES
 
     if scheme in POSITION_SCHEMES:
         return POSITION_SCHEMES[scheme].config_file
@@ -219,7 +219,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     all problems)."""
     from roformer.extrapolation import SCALINGS
     from roformer.glue.tasks import parse_task_list
-    from roformer.positions import POSITION_SCHEMES
+    from roformer.model.positions import POSITION_SCHEMES
 
     problems = []
     schemes = split_list(config.schemes)
@@ -833,8 +833,8 @@ def _seeds_text(config: ml_collections.ConfigDict) -> int | str:
 
 def _position_signals(workdir: Path, config: ml_collections.ConfigDict) -> dict[str, dict]:
     """Per scheme, the position / token signal ratios at initialisation
-    (roformer.position_signal), at the pretraining length, cached in the workdir."""
-    from roformer.position_signal import position_signals
+    (roformer.model.position_signal), at the pretraining length, cached in the workdir."""
+    from roformer.model.position_signal import position_signals
     from roformer.train.loop import build_model_config
 
     cache = workdir / "position_signal.json"

@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from roformer.model import ModelConfig, RoFormerForMaskedLM
-from roformer.positions import POSITION_SCHEMES
+from roformer.model.positions import POSITION_SCHEMES
 from roformer.train.checkpoint import PretrainWorkdir
 from roformer.train.steps import make_eval_step, summarize_eval
 

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 # leaves a notebook's backend alone.
 from matplotlib.figure import Figure
 
-from roformer import attention_stats
+from roformer.model import attention_stats
 
 REPORT_JSON = "ablation.json"
 REPORT_MD = "ablation.md"
@@ -43,7 +43,7 @@ EXTENSION_LABELS = {"none": "plain extrapolation", "linear": "position interpola
 # Final metrics aggregated over seeds; the first three are compared with the reference.
 RUN_METRICS = ("eval_loss", "eval_mlm_accuracy", "eval_order_gap", "train_loss", "tokens_per_sec")
 COMPARED = ("eval_loss", "eval_mlm_accuracy", "eval_order_gap")
-# Per-evaluation curves aggregated over seeds (the last two from roformer.attention_stats).
+# Per-evaluation curves aggregated over seeds (the last two from roformer.model.attention_stats).
 CURVES = ("eval_loss", "eval_order_gap", "nearest_head_distance", "last_hidden_cosine")
 
 
@@ -539,12 +539,12 @@ def to_markdown(result: Mapping) -> str:
                        _pm((s.get("curve") or {}).get("last_hidden_cosine", [None])[-1], 3)]
                       for s in schemes if (s.get("curve") or {}).get("nearest_head_distance")]
     if attention_rows:
-        lines += ["", "Attention at the last evaluation (roformer/attention_stats.py; over training in "
+        lines += ["", "Attention at the last evaluation (roformer/model/attention_stats.py; over training in "
                   f"{ATTENTION_PNG}): the mean distance (tokens) the most local head looks, and the mean cosine "
                   "similarity of two positions' hidden states at the encoder's output (near 1: collapsed).", "",
                   _table(["scheme", "nearest head's distance", "hidden-state cosine"], attention_rows)]
     if result.get("position_signal"):
-        lines += ["", "Position signal at initialisation (roformer/position_signal.py): RMS of the position "
+        lines += ["", "Position signal at initialisation (roformer/model/position_signal.py): RMS of the position "
                   "embeddings / RMS of the token embeddings they are added to (absolute schemes), and RMS of "
                   "the change the scheme makes to layer 0's attention logits / RMS of those logits without it.",
                   "", _table(["scheme", "input: position / token", "layer-0 logits: change / content"],
@@ -704,7 +704,7 @@ def plot_extension(result: Mapping, out_path: str | Path | None = None):
 
 def plot_attention(result: Mapping, out_path: str | Path | None = None):
     """Over training, mean ± std over seeds per scheme: the mean distance the most local head
-    looks, and the hidden states' cosine similarity across positions (roformer.attention_stats)."""
+    looks, and the hidden states' cosine similarity across positions (roformer.model.attention_stats)."""
     fig, axes = _curve_panels(result, [
         ("nearest_head_distance", "most local head: mean attention distance", "tokens"),
         ("last_hidden_cosine", "hidden states: cosine similarity across positions", "cosine")])

@@ -13,14 +13,14 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-
 from conftest import needs_torch, needs_transformers
-from roformer import host_memory, rope
+
+from roformer import host_memory
 from roformer.bench import __main__ as bench_main
 from roformer.bench import rope as rope_bench
 from roformer.bench.common import alternate, format_table, ratio_stats
 from roformer.bench.hf import FLAX_PYTHON_ENV, flax_port_peer
-from roformer.model import ModelConfig
+from roformer.model import ModelConfig, rope
 
 REPO = Path(__file__).resolve().parents[1]
 # A Python environment with transformers < 5 (which still has FlaxRoFormerForMaskedLM),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from roformer import attention, positions
+from roformer.model import attention, positions
 from roformer.model import (PRESETS, ModelConfig, RoFormerForMaskedLM, RoFormerForSequenceClassification,
                             RoFormerModel)
 
@@ -299,7 +299,7 @@ def test_token_matmul_is_nnx_linears_product_on_flattened_tokens():
     """Dense layers' dot_general: the same values and gradients as jax.lax.dot_general on
     [B, L, in] inputs (computed as [B*L, in] @ [in, out]); shapes it does not flatten
     (2-D input, other contractions) go to jax.lax.dot_general unchanged."""
-    from roformer.dense import dense, token_matmul
+    from roformer.model.dense import dense, token_matmul
     x = jax.random.normal(jax.random.key(0), (3, 5, 8))
     w = jax.random.normal(jax.random.key(1), (8, 6))
     dims = (((2,), (0,)), ((), ()))

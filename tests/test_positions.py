@@ -10,8 +10,7 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roformer import attention, positions
-from roformer.model import ModelConfig, RoFormerModel
+from roformer.model import ModelConfig, RoFormerModel, attention, positions
 
 TINY = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
             max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)

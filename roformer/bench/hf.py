@@ -40,11 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
-from roformer.attention import ATTENTION_IMPLEMENTATIONS
 from roformer.bench.common import TRAIN_STEP_WARMUP, alternate, ratio_stats
 from roformer.bench.step import default_peak_size, step_figures, time_with_matmul
 from roformer.bench.workload import build_train_workload, synthetic_batch, train_config
 from roformer.model import PRESETS, ModelConfig
+from roformer.model.attention import ATTENTION_IMPLEMENTATIONS
 
 PEERS = ("hf_torch", "hf_torch_compile", "hf_flax")
 FLAX_PYTHON_ENV = "ROFORMER_BENCH_FLAX_PYTHON"

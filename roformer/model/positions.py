@@ -11,7 +11,7 @@ and tests).  A scheme validates its own settings (`validate`) and states what it
 do (`config_file`, `rope_scaling`, `max_length`), so the model, length extrapolation,
 benchmarks and the ablation ask the scheme instead of comparing names.  Schemes read
 their settings duck-typed from the ModelConfig.  Each parameter a scheme creates
-declares its logical axes (roformer.axes); training refuses to shard one that does not.
+declares its logical axes (roformer.model.axes); training refuses to shard one that does not.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from roformer import rope
-from roformer.axes import EMBEDDING, KV, LAYERS, NUM_HEADS, declare
+from roformer.model import rope
+from roformer.model.axes import EMBEDDING, KV, LAYERS, NUM_HEADS, declare
 
 PositionContext = Any  # whatever a scheme's `prepare` returns; opaque to the model
 

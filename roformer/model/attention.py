@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from roformer.axes import EMBED, HEADS
-from roformer.dense import dense
-from roformer.positions import PositionScheme
+from roformer.model.axes import EMBED, HEADS
+from roformer.model.dense import dense
+from roformer.model.positions import PositionScheme
 
 ATTENTION_KINDS = ("softmax", "linear")
 # "xla" and "cudnn" are jax.nn.dot_product_attention's kernels (the portable one, the fused

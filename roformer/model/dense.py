@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from roformer.axes import declare
+from roformer.model.axes import declare
 
 
 def token_matmul(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,

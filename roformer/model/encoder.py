@@ -12,7 +12,7 @@ Module and parameter names follow HF so conversion is a rename + transpose:
   cls.predictions.{transform.dense, transform.LayerNorm, bias}   (decoder tied to word_embeddings)
   classifier.{dense, out_proj}
 Params are float32; computation runs in `config.dtype`.  Every parameter declares its logical
-axes where it is created (roformer.axes), which is all that sharding reads.
+axes where it is created (roformer.model.axes), which is all that sharding reads.
 """
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from roformer.attention import ATTENTION_IMPLEMENTATIONS, ATTENTION_KINDS, RoFormerSelfAttention
-from roformer.axes import EMBED, EMBEDDING, HEADS, MLP, NORM, VOCAB, declare
-from roformer.dense import dense
-from roformer.positions import POSITION_SCHEMES, make_position_scheme
-from roformer.rope import ROPE_LAYOUTS, ROPE_SCALINGS
+from roformer.model.attention import ATTENTION_IMPLEMENTATIONS, ATTENTION_KINDS, RoFormerSelfAttention
+from roformer.model.axes import EMBED, EMBEDDING, HEADS, MLP, NORM, VOCAB, declare
+from roformer.model.dense import dense
+from roformer.model.positions import POSITION_SCHEMES, make_position_scheme
+from roformer.model.rope import ROPE_LAYOUTS, ROPE_SCALINGS
 
 ACTIVATIONS = {
     # Exact gelu written as HF/torch do, x/2 (1 + erf(x/sqrt2)): on XLA:CPU erf is one
