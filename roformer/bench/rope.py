@@ -9,7 +9,7 @@ cost is reported in the `cis_table` row). Variants:
   complex_half      roformer.model.rope.apply_rope, split-half pairs (planar complex layout)
   complex_stack     the same complex64 product written the obvious way: (Re, Im) stacked
                     back on the pair axis, autodiff backward (apply_rope before its tuning)
-  complex_pairs     the f32 product of `complex` (roformer.model.rope.rotate_pairs) on x given and
+  complex_pairs     the f32 product of `complex` (roformer.model.backend.rotate_pairs) on x given and
                     returned as [..., head_dim / 2, 2] pairs, not flattened to head_dim;
                     backward: the product by conj(cis). What the product costs when XLA
                     does not flatten its result in the same loop (apply_rope's result is
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from roformer.bench.common import alternate, ratio_stats
-from roformer.model import rope
+from roformer.model import backend, rope
 
 REAL_FORMS = ("real_interleaved", "rotate_half")
 PASSES = ("fwd", "fwd+bwd")
@@ -79,7 +79,7 @@ def complex_stack(x, cis):
 
 @jax.custom_vjp
 def complex_pairs(pairs, cis):
-    return rope.rotate_pairs(pairs.astype(jnp.float32), cis).astype(pairs.dtype)
+    return backend.rotate_pairs(pairs.astype(jnp.float32), cis).astype(pairs.dtype)
 
 
 def _complex_pairs_fwd(pairs, cis):
