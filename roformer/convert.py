@@ -10,7 +10,7 @@ package's converted format: `model_config.json` (our ModelConfig + head) and an
 orbax checkpoint of the parameters in `params/`; `to-hf` also takes a pretraining
 workdir (`checkpoints/<step>`, newest by default).  Tokenizer files travel along.
 
-Our modules carry HF's names (see roformer/model.py), so a parameter's HF key is
+Our modules carry HF's names (see roformer/model/encoder.py), so a parameter's HF key is
 its path joined by dots with the leaf renamed (Linear kernel <-> weight, transposed;
 Embed embedding <-> weight; LayerNorm scale <-> weight).  Two things are not a rename:
   * HF's frozen sinusoid table (`encoder.embed_positions.weight`) is position-only
@@ -38,16 +38,17 @@ import orbax.checkpoint as ocp
 import safetensors.numpy
 from flax import nnx, traverse_util
 
-from roformer import cli, rope
+from roformer import cli
 from roformer.errors import ConfigError
-from roformer.positions import POSITION_SCHEMES
 from roformer.model import (
     DTYPES,
     ModelConfig,
     RoFormerForMaskedLM,
     RoFormerForSequenceClassification,
     RoFormerModel,
+    rope,
 )
+from roformer.model.positions import POSITION_SCHEMES
 from roformer.train.checkpoint import CHECKPOINTS, PretrainWorkdir
 
 log = logging.getLogger(__name__)

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from configs.ablation import SHARED_DATA  # noqa: E402
 from roformer.model import ModelConfig  # noqa: E402
-from roformer.positions import POSITION_SCHEMES  # noqa: E402
+from roformer.model.positions import POSITION_SCHEMES  # noqa: E402
 from roformer.train.metrics import read_metrics  # noqa: E402
 
 # The baseline every variant changes: tiny model, a WordPiece vocabulary trained on

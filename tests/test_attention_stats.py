@@ -1,12 +1,11 @@
-"""Attention distance and hidden-state cosine (roformer.attention_stats), and the
+"""Attention distance and hidden-state cosine (roformer.model.attention_stats), and the
 probabilities they are read from (RoFormerSelfAttention.probabilities)."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from roformer import attention_stats
-from roformer.model import ModelConfig, RoFormerModel
+from roformer.model import ModelConfig, RoFormerModel, attention_stats
 from roformer.train import read_metrics, train_and_evaluate
 
 TINY = dict(vocab_size=50, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,

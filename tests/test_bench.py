@@ -13,19 +13,16 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-
 from conftest import needs_torch, needs_transformers
-from roformer import host_memory, rope
+
+from roformer import host_memory
 from roformer.bench import __main__ as bench_main
 from roformer.bench import rope as rope_bench
 from roformer.bench.common import alternate, format_table, ratio_stats
-from roformer.bench.hf import FLAX_PYTHON_ENV, flax_port_peer
-from roformer.model import ModelConfig
+from roformer.bench.hf import flax_port_peer
+from roformer.model import ModelConfig, rope
 
 REPO = Path(__file__).resolve().parents[1]
-# A Python environment with transformers < 5 (which still has FlaxRoFormerForMaskedLM),
-# beside the project like the shared data, or named by the environment variable.
-FLAX_PYTHON = Path(os.environ.get(FLAX_PYTHON_ENV) or REPO.parent / "venv-tf4" / "bin" / "python")
 
 
 def run_bench(tmp_path, *argv):
@@ -223,7 +220,7 @@ def test_hf_bench_with_torch_compile_and_an_unavailable_flax_port(tmp_path, caps
     assert flax["measured"] == [] and set(flax["not_available"]) == {"tiny/16/2", "tiny/32/1"}
     assert "cannot start" in flax["not_available"]["tiny/16/2"]
     assert result["peers"]["hf_torch_compile"]["measured"] == ["tiny/16/2", "tiny/32/1"]
-    assert "note: hf_flax not available at tiny/16/2" in capsys.readouterr().out
+    assert "note: hf_flax not run at tiny/16/2: RuntimeError: cannot start" in capsys.readouterr().out
     # the PyTorch peers ran in processes of their own (hf_torch_peer.py), which report their versions
     for name in ("hf_torch", "hf_torch_compile"):
         assert result["versions"][name]["torch"] == result["versions"]["torch"]
@@ -263,17 +260,6 @@ def test_flax_port_peer_reports_a_python_without_the_port(tmp_path, monkeypatch)
     config = ModelConfig.from_preset("tiny", vocab_size=64)
     with pytest.raises(RuntimeError, match="ImportError: this transformers has no Flax models"):
         flax_port_peer(sys.executable, config, synthetic_batch(config, 2, 16))
-
-
-@pytest.mark.skipif(not FLAX_PYTHON.is_file(), reason=f"no transformers<5 Python at {FLAX_PYTHON} "
-                                                        f"(set {FLAX_PYTHON_ENV})")
-def test_hf_bench_runs_the_flax_port_in_its_own_python(tmp_path):
-    result = run_bench(tmp_path, "hf", "--shapes", "tiny/16/2", "--vocab-size", "64", "--rounds", "1",
-                       "--iters", "1", "--peak-size", "128", "--peers", "hf_flax",
-                       "--flax-python", str(FLAX_PYTHON))
-    assert [r["impl"] for r in result["rows"]] == ["ours_jax", "hf_flax"]
-    assert result["rows"][1]["ours_x"] > 0 and result["peers"]["hf_flax"]["measured"] == ["tiny/16/2"]
-    assert result["versions"]["hf_flax"]["transformers"].startswith("4.")
 
 
 def test_gpu_bench_refuses_a_cpu(capsys):

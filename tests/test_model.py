@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from roformer import attention, positions
-from roformer.model import (PRESETS, ModelConfig, RoFormerForMaskedLM, RoFormerForSequenceClassification,
-                            RoFormerModel)
+from roformer.model import (ACTIVATIONS, PRESETS, ModelConfig, RoFormerForMaskedLM,
+                            RoFormerForSequenceClassification, RoFormerModel, attention, positions,
+                            tied_decoder)
+from roformer.model.backend import token_matmul
+from roformer.model.dense import dense
 
 TINY = dict(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64,
             max_position_embeddings=64)
@@ -263,7 +265,6 @@ def test_gradients_are_finite():
 def test_tied_decoder_gradients_are_autodiffs_to_every_order():
     """The decoder's hand-written backward (bias gradient as a matrix-vector product) gives
     the gradients autodiff gives for x @ table.T + bias, and can itself be differentiated."""
-    from roformer.model import tied_decoder
     keys = jax.random.split(jax.random.key(0), 4)
     x, table = jax.random.normal(keys[0], (2, 3, 8)), jax.random.normal(keys[1], (11, 8))
     bias, weights = jax.random.normal(keys[2], (11,)), jax.random.normal(keys[3], (2, 3, 11))
@@ -286,7 +287,6 @@ def test_gelu_is_the_exact_erf_form():
     """Within 1e-6 of float64 x/2 erfc(-x/sqrt2) everywhere (torch's own gelu is within 9e-7),
     gradients included."""
     import math
-    from roformer.model import ACTIVATIONS
     x = np.linspace(-8.0, 8.0, 2001, dtype=np.float32)
     exact = [0.5 * v * math.erfc(-v / math.sqrt(2.0)) for v in x.astype(np.float64)]
     np.testing.assert_allclose(ACTIVATIONS["gelu"](jnp.asarray(x)), exact, atol=1e-6, rtol=0)
@@ -299,7 +299,6 @@ def test_token_matmul_is_nnx_linears_product_on_flattened_tokens():
     """Dense layers' dot_general: the same values and gradients as jax.lax.dot_general on
     [B, L, in] inputs (computed as [B*L, in] @ [in, out]); shapes it does not flatten
     (2-D input, other contractions) go to jax.lax.dot_general unchanged."""
-    from roformer.dense import dense, token_matmul
     x = jax.random.normal(jax.random.key(0), (3, 5, 8))
     w = jax.random.normal(jax.random.key(1), (8, 6))
     dims = (((2,), (0,)), ((), ()))

@@ -1,10 +1,10 @@
-"""Position / token signal ratios at initialisation (roformer.position_signal)."""
+"""Position / token signal ratios at initialisation (roformer.model.position_signal)."""
 import math
 
 import pytest
 
 from roformer.model import ModelConfig
-from roformer.position_signal import position_signal
+from roformer.model.position_signal import position_signal
 
 TINY = dict(vocab_size=500, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128,
             max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)

@@ -1,6 +1,8 @@
 """Position schemes: golden values, shift invariance, efficient == naive Shaw, registry errors."""
 import functools
+import importlib
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +12,9 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roformer import attention, positions
-from roformer.model import ModelConfig, RoFormerModel
+from roformer.model import ModelConfig, RoFormerModel, attention, positions
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 TINY = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
             max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
@@ -31,12 +34,12 @@ def encode(model, input_ids, positions):
 
 
 def test_every_scheme_has_a_config_file_that_selects_it_and_unknown_lists_choices():
-    from roformer.ablation.plan import CONFIG_DIR, load_config_file
-
     for name, scheme in positions.POSITION_SCHEMES.items():
         path = CONFIG_DIR / f"{scheme.config_file}.py"
         assert path.is_file(), f"{name}: no {path}"
-        assert load_config_file(scheme.config_file).model.position == name
+        # the config files are the `configs` package (pytest puts the repository root on sys.path)
+        config_file = importlib.import_module(f"configs.{scheme.config_file}")
+        assert config_file.get_config().model.position == name
     with pytest.raises(ValueError, match=r"unknown position 'no such scheme'.*'alibi'.*'t5'"):
         ModelConfig(**TINY, position="no such scheme")
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roformer import rope
+from roformer.model import rope
 
 SETTINGS = settings(max_examples=25, deadline=None)
 

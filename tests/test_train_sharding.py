@@ -5,9 +5,9 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from roformer.axes import declare
+from roformer.model.axes import declare
 from roformer.model import ModelConfig, RoFormerForMaskedLM, RoFormerForSequenceClassification
-from roformer.positions import POSITION_SCHEMES
+from roformer.model.positions import POSITION_SCHEMES
 from roformer.train import sharding
 from roformer.train.optim import make_optimizer
 from roformer.train.state import TrainSetup

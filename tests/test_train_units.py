@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from roformer.model import ModelConfig, RoFormerForMaskedLM
-from roformer.positions import POSITION_SCHEMES
+from roformer.model.positions import POSITION_SCHEMES
 from roformer.train import build_model_config, flops, read_metrics
 from roformer.train.loop import check_same_model_config
 from roformer.train.metrics import MetricsWriter, ThroughputTimer

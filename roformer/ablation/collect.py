@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 
 import ml_collections
 
-from roformer import attention_stats
+from roformer.model import attention_stats
 from roformer.ablation import report
 from roformer.ablation.plan import (EXTENSION_STAGES, RUN_STAGES, extension_seeds, fingerprint, planned_runs,
                                     pretrain_steps, scheme_pretrain_config, scheme_seeds, split_list)
@@ -215,7 +215,7 @@ def _machine() -> str:
 
 def _position_signals(workdir: Path, config: ml_collections.ConfigDict) -> dict[str, dict]:
     """Per scheme, the position / token signal ratios at initialisation
-    (roformer.position_signal), at the pretraining length, cached in the workdir."""
+    (roformer.model.position_signal), at the pretraining length, cached in the workdir."""
     cache = workdir / "position_signal.json"
     configs = {scheme: scheme_pretrain_config(config, scheme) for scheme in split_list(config.schemes)}
     fp = fingerprint({s: c.model.to_dict() for s, c in configs.items()}, config.pretrain.data.vocab_size)
@@ -224,7 +224,7 @@ def _position_signals(workdir: Path, config: ml_collections.ConfigDict) -> dict[
         if saved.get("fingerprint") == fp:
             return saved["ratios"]
     # flax and the model: only when the cache is stale.
-    from roformer.position_signal import position_signals
+    from roformer.model.position_signal import position_signals
     from roformer.train.loop import build_model_config
 
     # The ratios do not depend on which ids the vocabulary holds, only on the parameters.

@@ -53,8 +53,8 @@ def load_config_file(name: str, arg: str | None = None) -> ml_collections.Config
 
 
 def _position_schemes() -> dict:
-    # roformer.positions imports jax: only when a scheme name is looked up, not at start-up.
-    from roformer.positions import POSITION_SCHEMES
+    # roformer.model imports jax: only when a scheme name is looked up, not at start-up.
+    from roformer.model.positions import POSITION_SCHEMES
 
     return POSITION_SCHEMES
 

@@ -48,7 +48,7 @@ EXTENSION_LABELS = {"none": "plain extrapolation", "linear": "position interpola
 # Final metrics aggregated over seeds; the first three are compared with the reference.
 RUN_METRICS = ("eval_loss", "eval_mlm_accuracy", "eval_order_gap", "train_loss", "tokens_per_sec")
 COMPARED = ("eval_loss", "eval_mlm_accuracy", "eval_order_gap")
-# Per-evaluation curves aggregated over seeds (the last two from roformer.attention_stats).
+# Per-evaluation curves aggregated over seeds (the last two from roformer.model.attention_stats).
 CURVES = ("eval_loss", "eval_order_gap", "nearest_head_distance", "last_hidden_cosine")
 
 
@@ -464,7 +464,7 @@ def _attention_md(schemes: list[Mapping]) -> list[str]:
                       for s in schemes if (s.get("curve") or {}).get("nearest_head_distance")]
     if not attention_rows:
         return []
-    return ["", "Attention at the last evaluation (roformer/attention_stats.py; over training in "
+    return ["", "Attention at the last evaluation (roformer/model/attention_stats.py; over training in "
             f"{ATTENTION_PNG}): the mean distance (tokens) the most local head looks, and the mean cosine "
             "similarity of two positions' hidden states at the encoder's output (near 1: collapsed).", "",
             _table(["scheme", "nearest head's distance", "hidden-state cosine"], attention_rows)]
@@ -473,7 +473,7 @@ def _attention_md(schemes: list[Mapping]) -> list[str]:
 def _position_signal_md(position_signal: Mapping | None) -> list[str]:
     if not position_signal:
         return []
-    return ["", "Position signal at initialisation (roformer/position_signal.py): RMS of the position "
+    return ["", "Position signal at initialisation (roformer/model/position_signal.py): RMS of the position "
             "embeddings / RMS of the token embeddings they are added to (absolute schemes), and RMS of "
             "the change the scheme makes to layer 0's attention logits / RMS of those logits without it.",
             "", _table(["scheme", "input: position / token", "layer-0 logits: change / content"],
@@ -659,7 +659,7 @@ def plot_extension(result: Mapping, out_path: str | Path | None = None):
 
 def plot_attention(result: Mapping, out_path: str | Path | None = None):
     """Over training, mean ± std over seeds per scheme: the mean distance the most local head
-    looks, and the hidden states' cosine similarity across positions (roformer.attention_stats)."""
+    looks, and the hidden states' cosine similarity across positions (roformer.model.attention_stats)."""
     fig, axes = _curve_panels(result, [
         ("nearest_head_distance", "most local head: mean attention distance", "tokens"),
         ("last_hidden_cosine", "hidden states: cosine similarity across positions", "cosine")])

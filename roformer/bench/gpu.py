@@ -10,7 +10,7 @@
               kernel has none; hidden dropout stays 0.1), so on and off differ only in the
               kernel. Each group runs in alternating rounds with a bf16 matmul; ratios are
               to learned (x_learned) and to the fused rope step (x_fused).
-  rope        roformer.rope.apply_rope against a scale-copy and the real forms (the `rope`
+  rope        roformer.model.rope.apply_rope against a scale-copy and the real forms (the `rope`
               benchmark's variants) at --rope-lengths, batch 8, f32 and bf16, forward
               and forward+backward.
 Groups run largest first, so that --budget-s (default 9 minutes), which starts no group

@@ -19,7 +19,11 @@ in the Python given by --flax-python.
 The peers compute logits at every position and take the loss at the masked ones (labels
 -100 elsewhere); ours computes logits only at the masked positions, which is part of what
 is compared. A peer that cannot run (not installed, import or compile failure) is listed
-under "peers" with the reason and printed as a note; the others are still measured.
+under "peers" with the reason and printed as a note ("hf_flax not run at SHAPE: why"); the
+others are still measured. This benchmark is also the check of the Flax port peer, which the
+test suite cannot run (it needs a Python with transformers < 5):
+  python -m roformer.bench hf --shapes tiny/16/2 --peers hf_flax --rounds 1 --iters 1 \
+      --flax-python ../venv-tf4/bin/python
 
 Each shape (size/seq/batch) times ours and every available peer in >= 5 alternating rounds.
 Per peer: ours_x = peer step time / our step time (= our tokens/s over theirs), the median of
@@ -40,11 +44,11 @@ from pathlib import Path
 
 import numpy as np
 
-from roformer.attention import ATTENTION_IMPLEMENTATIONS
 from roformer.bench.common import TRAIN_STEP_WARMUP, alternate, ratio_stats
 from roformer.bench.step import default_peak_size, step_figures, time_with_matmul
 from roformer.bench.workload import build_train_workload, synthetic_batch, train_config
 from roformer.model import PRESETS, ModelConfig
+from roformer.model.attention import ATTENTION_IMPLEMENTATIONS
 
 PEERS = ("hf_torch", "hf_torch_compile", "hf_flax")
 FLAX_PYTHON_ENV = "ROFORMER_BENCH_FLAX_PYTHON"
@@ -297,7 +301,7 @@ def run(args: argparse.Namespace) -> dict:
         for name in args.peers:
             if name in unavailable:
                 peers[name]["not_available"][shape] = unavailable[name]
-                notes.append(f"{name} not available at {shape}: {unavailable[name]}")
+                notes.append(f"{name} not run at {shape}: {unavailable[name]}")
             else:
                 peers[name]["measured"].append(shape)
     return {"rows": rows, "columns": TABLE_COLUMNS, "comparisons": comparisons, "notes": notes,

@@ -37,7 +37,7 @@ from roformer.bench import step as step_bench
 from roformer.bench.common import TRAIN_STEP_WARMUP, matmul_probe, time_call, warm_up
 from roformer.bench.workload import build_train_workload, num_predictions
 from roformer.model import PRESETS
-from roformer.positions import POSITION_SCHEMES
+from roformer.model.positions import POSITION_SCHEMES
 
 KINDS = ("matmul", "layout copy", "reduction", "random bits", "elementwise and other")
 PROBE_ROW = "2,048^2 matmul"

@@ -5,11 +5,11 @@ position table computed once beforehand, because that is how the model uses RoPE
 `rope_cis` runs once per forward pass and every layer's q and k reuse it (its own
 cost is reported in the `cis_table` row). Variants:
   copy              x * scale: one read and one write, the memory-bandwidth floor
-  complex           roformer.rope.apply_rope, interleaved pairs (paper, HF; the default)
-  complex_half      roformer.rope.apply_rope, split-half pairs (planar complex layout)
+  complex           roformer.model.rope.apply_rope, interleaved pairs (paper, HF; the default)
+  complex_half      roformer.model.rope.apply_rope, split-half pairs (planar complex layout)
   complex_stack     the same complex64 product written the obvious way: (Re, Im) stacked
                     back on the pair axis, autodiff backward (apply_rope before its tuning)
-  complex_pairs     the f32 product of `complex` (roformer.rope.rotate_pairs) on x given and
+  complex_pairs     the f32 product of `complex` (roformer.model.backend.rotate_pairs) on x given and
                     returned as [..., head_dim / 2, 2] pairs, not flattened to head_dim;
                     backward: the product by conj(cis). What the product costs when XLA
                     does not flatten its result in the same loop (apply_rope's result is
@@ -33,8 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from roformer import rope
 from roformer.bench.common import alternate, ratio_stats
+from roformer.model import backend, rope
 
 REAL_FORMS = ("real_interleaved", "rotate_half")
 PASSES = ("fwd", "fwd+bwd")
@@ -79,7 +79,7 @@ def complex_stack(x, cis):
 
 @jax.custom_vjp
 def complex_pairs(pairs, cis):
-    return rope.rotate_pairs(pairs.astype(jnp.float32), cis).astype(pairs.dtype)
+    return backend.rotate_pairs(pairs.astype(jnp.float32), cis).astype(pairs.dtype)
 
 
 def _complex_pairs_fwd(pairs, cis):
@@ -112,7 +112,7 @@ def rotate_half(x, cos_full, sin_full):
 
 
 def position_tables(batch: int, length: int, head_dim: int):
-    """The per-forward tables each formulation consumes, built by roformer.rope."""
+    """The per-forward tables each formulation consumes, built by roformer.model.rope."""
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
     inv_freq, magnitude = rope.rope_frequencies(head_dim)
     cis_fn = jax.jit(lambda p: rope.rope_cis(p, inv_freq, magnitude))

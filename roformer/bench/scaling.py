@@ -12,7 +12,7 @@ import argparse
 from roformer.bench import step
 from roformer.errors import ConfigError
 from roformer.model import PRESETS
-from roformer.positions import POSITION_SCHEMES
+from roformer.model.positions import POSITION_SCHEMES
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:

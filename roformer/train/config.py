@@ -49,7 +49,7 @@ class TrainConfig:
     eval_shuffled: bool = True       # also evaluate with each document's tokens shuffled: the loss
                                      # increase (eval_order_gap) says how much the model uses word order
     eval_attention_stats: bool = True   # also log each head's mean attention distance and the hidden
-                                     # states' cosine similarity across positions (roformer.attention_stats)
+                                     # states' cosine similarity across positions (roformer.model.attention_stats)
     checkpoint_every: int = 2_000
     keep_checkpoints: int = 3        # the newest; the one with the lowest held-out loss stays too
     async_checkpoints: bool = True

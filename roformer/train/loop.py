@@ -22,12 +22,12 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from roformer import attention_stats
 from roformer.checkpoint_source import may_differ
 from roformer.data import DataConfig, make_pretrain_data
 from roformer.distributed import initialize_distributed
 from roformer.errors import ConfigError
 from roformer.files import write_json_atomic
+from roformer.model import attention_stats
 from roformer.model import ModelConfig
 from roformer.train import flops, sharding, steps, warm_start
 from roformer.train.checkpoint import CHECKPOINTS, Checkpointer, PretrainWorkdir, _allgather_json

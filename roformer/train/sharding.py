@@ -1,7 +1,7 @@
 """Device mesh, logical-axis sharding rules for parameters, and batch placement.
 
 Every parameter declares logical axis names ("embed", "mlp", "heads", "vocab", ...)
-where the model creates it (roformer.axes); a rules table maps those names to mesh
+where the model creates it (roformer.model.axes); a rules table maps those names to mesh
 axes (MaxText style), so the same model runs data-parallel, FSDP or tensor-parallel
 by changing only the `mesh` config.
 """
@@ -86,7 +86,7 @@ def param_logical_axes(params: nnx.State) -> dict:
         where = "/".join(str(p) for p in path)
         if names is None:
             raise ValueError(f"parameter {where} declares no logical axes; create it with "
-                             "roformer.axes.declare(...) metadata")
+                             "roformer.model.axes.declare(...) metadata")
         names, shape = tuple(names), tuple(var.shape)
         if len(names) != len(shape):
             raise ValueError(f"parameter {where} of shape {shape} declares {len(names)} logical axes {names}")

@@ -76,7 +76,7 @@ class TrainSetup:
             out_shardings=(self.state_shardings, self.replicated), donate_argnums=0)
 
     def jit_attention_stats_step(self):
-        """`(params, rest, batch) -> roformer.attention_stats` (attention distance, hidden cosine)."""
+        """`(params, rest, batch) -> roformer.model.attention_stats` (attention distance, hidden cosine)."""
         return jax.jit(steps.make_attention_stats_step(self.graphdef), out_shardings=self.replicated)
 
     def jit_eval_step(self):

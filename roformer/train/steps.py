@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from roformer.attention_stats import attention_stats
 from roformer.errors import ConfigError
+from roformer.model.attention_stats import attention_stats
 
 TrainState = dict[str, Any]
 Batch = dict[str, jax.Array]
@@ -140,7 +140,7 @@ def make_eval_step(graphdef) -> Callable[..., dict]:
 
 
 def make_attention_stats_step(graphdef) -> Callable[..., dict]:
-    """`stats_step(params, rest_state, batch) -> roformer.attention_stats` of the encoder,
+    """`stats_step(params, rest_state, batch) -> roformer.model.attention_stats` of the encoder,
     dropout off."""
     def stats_step(params, rest_state, batch: Batch):
         model = nnx.merge(graphdef, nnx.State(params), reseeded(rest_state, jax.random.key(0)))

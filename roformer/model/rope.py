@@ -14,19 +14,44 @@ jits, vmaps and is easy to test.  The usual flow is::
     inv_freq, scale = rope_frequencies(rotary_dim, base=10000.0)   # host, once
     cis = rope_cis(positions, inv_freq, scale)                      # once per forward
     q = apply_rope(q, cis, layout="interleaved")                    # every layer
+
+`complex_product` is the definition. What a train step runs is the same product in the
+form roformer.model.backend gives for it (a select interleave and a jvp rule written for
+the backward pass, both for XLA:CPU), and the cis table as that module shares it.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.custom_derivatives import SymbolicZero
+
+from roformer.errors import ConfigError
+from roformer.model import backend
 
 ROPE_LAYOUTS = ("interleaved", "half")
 ROPE_SCALINGS = ("none", "linear", "ntk", "yarn")
+
+
+def complex_product(x: jax.Array, cis: jax.Array, layout: str) -> jax.Array:
+    """Eq. 34: x [..., H, R] float32 viewed as R/2 complex numbers, times cis [..., R/2]
+    (the same rotation for every head).
+
+    layout "interleaved" makes features (2j, 2j+1) the real and imaginary parts of the j-th
+    number (paper, HF); "half" makes them (j, j + R/2)."""
+    half = cis.shape[-1]
+    if layout == "half":
+        z = jax.lax.complex(x[..., :half], x[..., half:]) * cis[..., None, :]
+        return jnp.concatenate([z.real, z.imag], axis=-1)
+    pairs = x.reshape(*x.shape[:-1], half, 2)
+    z = jax.lax.complex(pairs[..., 0], pairs[..., 1]) * cis[..., None, :]
+    return jnp.stack([z.real, z.imag], axis=-1).reshape(x.shape)
+
+
+# complex_product in the form the backend compiles well: same values (roformer.model.backend).
+_rotate = backend.rope_rotation(complex_product)
+
 
 # YaRN's ramp boundaries, in rotations over the original context (Peng et al. 2023).
 YARN_BETA_FAST = 32.0
@@ -59,11 +84,11 @@ def rope_frequencies(
     Returns (inv_freq [rotary_dim // 2] float64, magnitude).
     """
     if rotary_dim <= 0 or rotary_dim % 2:
-        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+        raise ConfigError(f"rotary_dim must be a positive even number, got {rotary_dim}")
     if scaling not in ROPE_SCALINGS:
-        raise ValueError(f"unknown rope_scaling {scaling!r}; choose one of {ROPE_SCALINGS}")
+        raise ConfigError(f"unknown rope_scaling {scaling!r}; choose one of {ROPE_SCALINGS}")
     if scaling != "none" and factor < 1.0:
-        raise ValueError(f"rope_scaling_factor must be >= 1 for scaling {scaling!r}, got {factor}")
+        raise ConfigError(f"rope_scaling_factor must be >= 1 for scaling {scaling!r}, got {factor}")
     exponents = np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim
     magnitude = 1.0
     if scaling == "ntk":
@@ -97,106 +122,25 @@ def rope_cis(positions: jax.Array, inv_freq: np.ndarray, magnitude: float = 1.0)
             cos, sin = cos * magnitude, sin * magnitude
         return jax.lax.complex(cos, sin)
 
-    if jax.default_backend() != "cpu":
-        return table(positions)
-    # XLA:CPU fuses this small producer into every consumer, recomputing cos/sin for
-    # every head in every layer's q and k rotation, forward and backward (about 2/3 of
-    # RoPE's cost in a train step). A conditional is never fused across, so the table
-    # stays one array computed once. Both branches are the same table: the predicate's
-    # value is irrelevant, it only has to be traced. (Not used on GPU, where a
-    # conditional syncs with the host, nor needed there.)
-    return jax.lax.cond(jnp.sum(positions) >= 0, table, table, positions)
+    return backend.shared_table(table, positions)
 
 
 def apply_rope(x: jax.Array, cis: jax.Array, layout: str = "interleaved") -> jax.Array:
     """Rotate the first 2 * cis.shape[-1] features of x [B, L, H, D] by cis [B, L, R/2].
 
     layout "interleaved" pairs features (2j, 2j+1) (paper, HF); "half" pairs (j, j + R/2).
-    Features past the rotary dimension pass through unchanged (partial rotary).
+    Features past the rotary dimension pass through unchanged (partial rotary). The product
+    runs in float32 whatever x's dtype, and the result is cast back to it.
     """
     if layout not in ROPE_LAYOUTS:
-        raise ValueError(f"unknown rope_layout {layout!r}; choose one of {ROPE_LAYOUTS}")
-    half = cis.shape[-1]
-    rotary_dim = 2 * half
+        raise ConfigError(f"unknown rope_layout {layout!r}; choose one of {ROPE_LAYOUTS}")
+    rotary_dim = 2 * cis.shape[-1]
     if rotary_dim > x.shape[-1]:
         raise ValueError(f"rotary dim {rotary_dim} exceeds head dim {x.shape[-1]}")
-    # Interleaving (Re, Im) back by a select is the faster form on XLA:CPU for f32 input
-    # (a stack on the size-2 pair axis becomes a per-element branch, ~1.6x slower);
-    # with bf16 input fused in, the select loop is the slow one, so those keep the stack.
-    interleave = "select" if x.dtype == jnp.float32 else "stack"
-    out = _rotate(x[..., :rotary_dim].astype(jnp.float32), cis, layout, interleave).astype(x.dtype)
+    out = _rotate(x[..., :rotary_dim].astype(jnp.float32), cis, layout, x.dtype).astype(x.dtype)
     if rotary_dim == x.shape[-1]:
         return out
     return jnp.concatenate([out, x[..., rotary_dim:]], axis=-1)
-
-
-def _complex_product(x: jax.Array, cis: jax.Array, layout: str, interleave: str) -> jax.Array:
-    """x [..., H, R] float32 viewed as R/2 complex numbers, times cis [..., R/2] (over heads)."""
-    half = cis.shape[-1]
-    if layout == "half":
-        z = jax.lax.complex(x[..., :half], x[..., half:]) * cis[..., None, :]
-        return jnp.concatenate([z.real, z.imag], axis=-1)
-    pairs = x.reshape(*x.shape[:-1], half, 2)
-    if interleave == "select":
-        return rotate_pairs(pairs, cis).reshape(x.shape)
-    z = jax.lax.complex(pairs[..., 0], pairs[..., 1]) * cis[..., None, :]
-    return jnp.stack([z.real, z.imag], axis=-1).reshape(x.shape)
-
-
-def rotate_pairs(pairs: jax.Array, cis: jax.Array) -> jax.Array:
-    """pairs [..., H, R/2, 2] float32, each (Re, Im) one complex number, times cis [..., R/2]
-    (shared over heads), returned as pairs. apply_rope's interleaved product for f32 input.
-
-    On XLA:CPU this loop vectorises (about a copy's time) when its result stays [..., R/2, 2];
-    flattened to [..., R] in the same fusion, as apply_rope returns it, the loop runs over
-    features with the pair index recomputed per element and about doubles
-    (docs/results/2026-11-25-rope-pairs-cpu.md)."""
-    z = jax.lax.complex(pairs[..., 0], pairs[..., 1]) * cis[..., None, :]
-    is_real_slot = jax.lax.broadcasted_iota(jnp.int32, pairs.shape, pairs.ndim - 1) == 0
-    return jnp.where(is_real_slot, z.real[..., None], z.imag[..., None])
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
-def _rotate(x: jax.Array, cis: jax.Array, layout: str, interleave: str) -> jax.Array:
-    return _complex_product(x, cis, layout, interleave)
-
-
-def _rotate_jvp(layout, interleave, primals, tangents):
-    """The product is linear in x and in cis: its tangent is x_dot * cis + x * cis_dot.
-    Reverse mode transposes this linear map, so jvp, grad and every higher order come from
-    this one rule. A cis without tangent (cis from integer positions) adds no term."""
-    x, cis = primals
-    x_dot, cis_dot = tangents
-    out = _complex_product(x, cis, layout, interleave)
-    terms = []
-    if type(x_dot) is not SymbolicZero:
-        terms.append(_rotation_tangent(x_dot, cis, layout, interleave))
-    if type(cis_dot) is not SymbolicZero:
-        terms.append(_complex_product(x, cis_dot, layout, interleave))
-    return out, functools.reduce(jnp.add, terms)
-
-
-_rotate.defjvp(_rotate_jvp, symbolic_zeros=True)
-
-
-def _rotation_tangent(x_dot: jax.Array, cis: jax.Array, layout: str, interleave: str) -> jax.Array:
-    """x_dot * cis in real arithmetic, written for its transpose (the backward pass, a rotation
-    by conj(cis)) rather than for itself: the pairs are taken apart by a split, whose
-    transpose is a concatenate, or for f32 interleaved pairs swapped by a reverse of the
-    pair axis, a branch-free loop on XLA:CPU. Transposing the complex product instead
-    (its indexing and select) makes the backward pass 1.1-15x slower on CPU."""
-    half = cis.shape[-1]
-    cos, sin = jnp.real(cis)[..., None, :], jnp.imag(cis)[..., None, :]
-    if layout == "half":
-        re, im = jax.lax.split(x_dot, (half, half), axis=x_dot.ndim - 1)
-        return jnp.concatenate([re * cos - im * sin, re * sin + im * cos], axis=-1)
-    pairs = x_dot.reshape(*x_dot.shape[:-1], half, 2)
-    cos, sin = cos[..., None], sin[..., None]
-    if interleave == "select":  # f32 input
-        swapped = pairs[..., ::-1] * jnp.concatenate([-sin, sin], axis=-1)
-        return (pairs * cos + swapped).reshape(x_dot.shape)
-    re, im = jax.lax.split(pairs, (1, 1), axis=pairs.ndim - 1)
-    return jnp.concatenate([re * cos - im * sin, re * sin + im * cos], axis=-1).reshape(x_dot.shape)
 
 
 def interleaved_to_half(x: jax.Array | np.ndarray, rotary_dim: int | None = None):

@@ -11,7 +11,7 @@ and tests).  A scheme validates its own settings (`validate`) and states what it
 do (`config_file`, `rope_scaling`, `max_length`), so the model, length extrapolation,
 benchmarks and the ablation ask the scheme instead of comparing names.  Schemes read
 their settings duck-typed from the ModelConfig.  Each parameter a scheme creates
-declares its logical axes (roformer.axes); training refuses to shard one that does not.
+declares its logical axes (roformer.model.axes); training refuses to shard one that does not.
 """
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from roformer import rope
-from roformer.axes import EMBEDDING, KV, LAYERS, NUM_HEADS, declare
+from roformer.errors import ConfigError
+from roformer.model import rope
+from roformer.model.axes import EMBEDDING, KV, LAYERS, NUM_HEADS, declare
 
 PositionContext = Any  # whatever a scheme's `prepare` returns; opaque to the model
 
@@ -50,7 +51,7 @@ class PositionScheme(nnx.Module):
 
     @classmethod
     def validate(cls, config) -> None:
-        """Raise ValueError naming the setting when `config` is not valid for this scheme."""
+        """Raise ConfigError naming the setting when `config` is not valid for this scheme."""
         del config
 
     @classmethod
@@ -107,7 +108,7 @@ class LearnedAbsolute(PositionScheme):
 
     def embed(self, positions, dtype):
         if positions.shape[-1] > self.max_positions:
-            raise ValueError(
+            raise ConfigError(
                 f"sequence length {positions.shape[-1]} is longer than the learned position table "
                 f"(max_position_embeddings={self.max_positions})")
         return self.position_embeddings(positions).astype(dtype)
@@ -133,9 +134,9 @@ class SinusoidalAbsolute(PositionScheme):
     def validate(cls, config) -> None:
         size = config.embedding_size or config.hidden_size
         if size % 2:
-            raise ValueError(f"sinusoidal positions need an even embedding size, got {size}")
+            raise ConfigError(f"sinusoidal positions need an even embedding size, got {size}")
         if config.sinusoidal_scaling not in cls.SCALINGS:
-            raise ValueError(f"unknown sinusoidal_scaling {config.sinusoidal_scaling!r}; "
+            raise ConfigError(f"unknown sinusoidal_scaling {config.sinusoidal_scaling!r}; "
                              f"choose one of {list(cls.SCALINGS)}")
 
     def __init__(self, config, *, rngs: nnx.Rngs):
@@ -166,12 +167,12 @@ class Rotary(PositionScheme):
     def validate(cls, config) -> None:
         head_dim = config.hidden_size // config.num_heads
         if config.rotary_dim is not None and not 0 < config.rotary_dim <= head_dim:
-            raise ValueError(f"rotary_dim {config.rotary_dim} must be in (0, head_dim={head_dim}]")
+            raise ConfigError(f"rotary_dim {config.rotary_dim} must be in (0, head_dim={head_dim}]")
         if (config.rotary_dim or head_dim) % 2:
-            raise ValueError(f"rotary dim must be even (features rotate in pairs), "
+            raise ConfigError(f"rotary dim must be even (features rotate in pairs), "
                              f"got {config.rotary_dim or head_dim}")
         if config.rope_base <= 1:
-            raise ValueError(f"rope_base must be > 1, got {config.rope_base}")
+            raise ConfigError(f"rope_base must be > 1, got {config.rope_base}")
 
     def __init__(self, config, *, rngs: nnx.Rngs):
         rotary_dim = config.rotary_dim or config.hidden_size // config.num_heads
@@ -226,9 +227,9 @@ class T5Bias(PositionScheme):
         # Half the buckets per direction, half of those exact: at least one exact bucket, and
         # the log-spaced ones must start below max_distance.
         if config.t5_num_buckets < 4:
-            raise ValueError(f"t5_num_buckets must be >= 4, got {config.t5_num_buckets}")
+            raise ConfigError(f"t5_num_buckets must be >= 4, got {config.t5_num_buckets}")
         if config.t5_max_distance <= config.t5_num_buckets // 4:
-            raise ValueError(f"t5_max_distance must exceed t5_num_buckets // 4 = {config.t5_num_buckets // 4}, "
+            raise ConfigError(f"t5_max_distance must exceed t5_num_buckets // 4 = {config.t5_num_buckets // 4}, "
                              f"got {config.t5_max_distance}")
 
     def __init__(self, config, *, rngs: nnx.Rngs):
@@ -284,7 +285,7 @@ class ShawRelative(PositionScheme):
 
     Each layer has its own [2k+1, head_dim] key and value tables, shared across heads.
     `prepare` returns the clipped relative index [B, L, L] in [0, 2k]; attention uses
-    `relative_tables(layer)` (see attention.shaw_attention, which never builds an
+    `relative_tables(layer)` (see attention.explicit_softmax_attention, which never builds an
     [L, L, head_dim] tensor).
     """
 
@@ -294,7 +295,7 @@ class ShawRelative(PositionScheme):
     @classmethod
     def validate(cls, config) -> None:
         if config.shaw_max_distance < 1:
-            raise ValueError(f"shaw_max_distance must be >= 1, got {config.shaw_max_distance}")
+            raise ConfigError(f"shaw_max_distance must be >= 1, got {config.shaw_max_distance}")
 
     def __init__(self, config, *, rngs: nnx.Rngs):
         self.max_distance = config.shaw_max_distance
@@ -329,6 +330,6 @@ def make_position_scheme(config, *, rngs: nnx.Rngs) -> PositionScheme:
     try:
         scheme_cls = POSITION_SCHEMES[config.position]
     except KeyError:
-        raise ValueError(f"unknown position scheme {config.position!r}; "
+        raise ConfigError(f"unknown position scheme {config.position!r}; "
                          f"choose one of {sorted(POSITION_SCHEMES)}") from None
     return scheme_cls(config, rngs=rngs)

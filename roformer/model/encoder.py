@@ -12,7 +12,7 @@ Module and parameter names follow HF so conversion is a rename + transpose:
   cls.predictions.{transform.dense, transform.LayerNorm, bias}   (decoder tied to word_embeddings)
   classifier.{dense, out_proj}
 Params are float32; computation runs in `config.dtype`.  Every parameter declares its logical
-axes where it is created (roformer.axes), which is all that sharding reads.
+axes where it is created (roformer.model.axes), which is all that sharding reads.
 """
 from __future__ import annotations
 
@@ -23,15 +23,18 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from roformer.attention import ATTENTION_IMPLEMENTATIONS, ATTENTION_KINDS, RoFormerSelfAttention
-from roformer.axes import EMBED, EMBEDDING, HEADS, MLP, NORM, VOCAB, declare
-from roformer.dense import dense
-from roformer.positions import POSITION_SCHEMES, make_position_scheme
-from roformer.rope import ROPE_LAYOUTS, ROPE_SCALINGS
+from roformer.errors import ConfigError
+from roformer.model.attention import ATTENTION_IMPLEMENTATIONS, ATTENTION_KINDS, RoFormerSelfAttention
+from roformer.model.axes import EMBED, EMBEDDING, HEADS, MLP, NORM, VOCAB, declare
+from roformer.model.backend import tied_decoder
+from roformer.model.dense import dense
+from roformer.model.positions import POSITION_SCHEMES, make_position_scheme
+from roformer.model.rope import ROPE_LAYOUTS, ROPE_SCALINGS
 
 ACTIVATIONS = {
     # Exact gelu written as HF/torch do, x/2 (1 + erf(x/sqrt2)): on XLA:CPU erf is one
-    # rational polynomial, jax.nn.gelu's erfc form two branches (~2% of a mini train step).
+    # rational polynomial, jax.nn.gelu's erfc form two branches
+    # (docs/results/2026-11-25-train-step-profile-cpu.md).
     "gelu": lambda x: 0.5 * x * (1.0 + jax.lax.erf(x * (2.0 ** -0.5))),
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
     "relu": jax.nn.relu,
@@ -86,7 +89,7 @@ class ModelConfig:
         def choose(field, choices):
             value = getattr(self, field)
             if value not in choices:
-                raise ValueError(f"unknown {field} {value!r}; choose one of {sorted(choices)}")
+                raise ConfigError(f"unknown {field} {value!r}; choose one of {sorted(choices)}")
 
         choose("position", POSITION_SCHEMES)
         choose("attention", ATTENTION_KINDS)
@@ -96,13 +99,13 @@ class ModelConfig:
         choose("dtype", DTYPES)
         choose("hidden_act", ACTIVATIONS)
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         POSITION_SCHEMES[self.position].validate(self)
         if self.attention == "linear":
             needs_scores = {name for name, scheme in POSITION_SCHEMES.items()
                             if scheme.has_bias or scheme.relative_kv}
             if self.position in needs_scores:
-                raise ValueError(
+                raise ConfigError(
                     f"attention='linear' cannot use position {self.position!r} (a logit bias or relative "
                     f"keys need the L x L scores); use one of {sorted(set(POSITION_SCHEMES) - needs_scores)}")
 
@@ -117,7 +120,7 @@ class ModelConfig:
     @classmethod
     def from_preset(cls, size: str, **overrides) -> "ModelConfig":
         if size not in PRESETS:
-            raise ValueError(f"unknown model size {size!r}; choose one of {list(PRESETS)}")
+            raise ConfigError(f"unknown model size {size!r}; choose one of {list(PRESETS)}")
         return cls(**{**PRESETS[size], **overrides})
 
     @classmethod
@@ -128,15 +131,15 @@ class ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known - {"size"})
         if unknown:
-            raise ValueError(f"unknown ModelConfig keys {unknown}; valid keys are {sorted(known)}")
+            raise ConfigError(f"unknown ModelConfig keys {unknown}; valid keys are {sorted(known)}")
         size = d.pop("size", None)
         if size is None:
             return cls(**d)
         if size not in PRESETS:
-            raise ValueError(f"unknown model size {size!r}; choose one of {list(PRESETS)}")
+            raise ConfigError(f"unknown model size {size!r}; choose one of {list(PRESETS)}")
         clashes = {k: (d[k], v) for k, v in PRESETS[size].items() if k in d and d[k] != v}
         if clashes:
-            raise ValueError(f"size {size!r} does not match the given fields (given, preset): {clashes}")
+            raise ConfigError(f"size {size!r} does not match the given fields (given, preset): {clashes}")
         return cls.from_preset(size, **d)
 
     def to_dict(self) -> dict:
@@ -309,39 +312,6 @@ class RoFormerPredictionHeadTransform(nnx.Module):
 
     def __call__(self, x):
         return self.LayerNorm(self.act(self.dense(x)))
-
-
-@jax.custom_vjp
-def tied_decoder(x: jax.Array, table: jax.Array, bias: jax.Array) -> jax.Array:
-    """float32 logits x @ table.T + bias: [..., E] x [V, E] -> [..., V].
-
-    Its gradients are autodiff's, written out so that the bias gradient is a matrix-vector
-    product (ones @ d_logits) rather than a reduction over the [N, V] cotangent, which
-    XLA:CPU runs slowly: a mini train step is ~6% faster
-    (docs/results/2026-11-25-train-step-profile-cpu.md). Reverse mode only (grad of grad
-    works; jvp through the MLM head does not)."""
-    return _tied_logits(x, table, bias)
-
-
-def _tied_logits(x, table, bias):
-    return jnp.einsum("...e,ve->...v", x, table, preferred_element_type=jnp.float32) + bias
-
-
-def _tied_decoder_fwd(x, table, bias):
-    return _tied_logits(x, table, bias), (x, table)
-
-
-def _tied_decoder_bwd(residuals, d_logits):
-    x, table = residuals
-    rows = d_logits.reshape(-1, d_logits.shape[-1])
-    d_x = jnp.einsum("...v,ve->...e", d_logits.astype(table.dtype), table, preferred_element_type=jnp.float32)
-    d_table = jnp.einsum("nv,ne->ve", rows.astype(x.dtype), x.reshape(-1, x.shape[-1]),
-                         preferred_element_type=jnp.float32)
-    d_bias = jnp.ones(rows.shape[:1], rows.dtype) @ rows
-    return d_x.astype(x.dtype), d_table.astype(table.dtype), d_bias
-
-
-tied_decoder.defvjp(_tied_decoder_fwd, _tied_decoder_bwd)
 
 
 class RoFormerLMPredictionHead(nnx.Module):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from roformer.model import ModelConfig, RoFormerForMaskedLM
+from roformer.model.encoder import ModelConfig, RoFormerForMaskedLM
 
 
 def _rms(x) -> float:

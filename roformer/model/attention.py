@@ -1,7 +1,8 @@
 """Self-attention: softmax (jax.nn.dot_product_attention) and linear (elu + 1) attention.
 
 q, k, v and outputs are [batch, length, heads, head_dim] (what dot_product_attention
-takes); the explicit path multiplies head-major [batch, heads, length, head_dim] copies.
+takes); the written-out path multiplies head-major [batch, heads, length, head_dim] copies,
+as HF does. Which of the two runs is asked of roformer.model.backend.
 Masks are given as optional `key_mask` [B, L] (True = real token) and optional
 `segment_ids` [B, L] (packed documents 1..n, 0 = padding; attention stays inside a
 document).
@@ -12,16 +13,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from roformer.axes import EMBED, HEADS
-from roformer.dense import dense
-from roformer.positions import PositionScheme
+from roformer.model import backend
+from roformer.model.axes import EMBED, HEADS
+from roformer.model.dense import dense
+from roformer.model.positions import PositionScheme
 
 ATTENTION_KINDS = ("softmax", "linear")
 # "xla" and "cudnn" are jax.nn.dot_product_attention's kernels (the portable one, the fused
-# GPU one for bf16/fp16). "auto" lets jax choose, except on CPU, where jax would choose its
-# XLA kernel and the explicit path below computes the same thing faster (head-major
-# operands; ~4% of a train step without attention dropout,
-# docs/results/2026-11-25-attention-dots-cpu.md).
+# GPU one for bf16/fp16); "auto" lets the backend seam choose (roformer.model.backend).
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 
 
@@ -37,18 +36,19 @@ def attention_mask(key_mask: jax.Array | None, segment_ids: jax.Array | None) ->
 
 def softmax_attention(q, k, v, *, bias=None, mask=None, dropout: nnx.Dropout | None = None,
                       implementation: str = "auto"):
-    """Scaled dot-product attention; q, k, v [B, L, H, D] -> [B, L, H, D].
+    """Scaled dot-product attention, softmax(q k^T / sqrt(D) + bias) v, with masked keys left
+    out; q, k, v [B, L, H, D] -> [B, L, H, D].
 
-    Goes through jax.nn.dot_product_attention (fused / cuDNN kernels) unless attention
+    jax.nn.dot_product_attention computes it (fused / cuDNN kernels), except when attention
     dropout is active (the kernel has no dropout on probabilities, so training with
-    attention_dropout > 0, HF's behaviour, takes the explicit path below) or the
-    implementation is "auto" on CPU (the explicit path is jax's XLA kernel, faster there).
+    attention_dropout > 0, HF's behaviour, writes it out) or when the backend seam prefers
+    the written-out form for this `implementation`. Both are the same attention.
     """
     # The bias stays float32: the XLA kernel adds it to float32 logits, and ALiBi's large
     # distances would lose their resolution in bf16.
     if dropout is not None and not dropout.deterministic and dropout.rate > 0.0:
         return explicit_softmax_attention(q, k, v, bias=bias, mask=mask, dropout=dropout)
-    if implementation == "auto" and jax.default_backend() == "cpu":
+    if backend.explicit_attention(implementation):
         return explicit_softmax_attention(q, k, v, bias=bias, mask=mask)
     return jax.nn.dot_product_attention(
         q, k, v, bias=bias, mask=mask, implementation=None if implementation == "auto" else implementation)
@@ -73,9 +73,8 @@ def explicit_softmax_attention(q, k, v, *, bias=None, mask=None, dropout=None, r
     term could be passed as a bias, but the value term needs the probabilities, which the
     kernel does not return.
     """
-    # Head-major operands: the batched dots then see [B x H] plain matrices, which XLA:CPU's
-    # dot library multiplies faster than the head-interleaved layout
-    # (docs/results/2026-11-25-attention-dots-cpu.md); one transpose in, one out.
+    # Head-major operands, as HF's transpose_for_scores: the batched dots see [B x H] plain
+    # matrices, which XLA:CPU's dot library also prefers (roformer.model.backend).
     q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))   # [B, H, L, D]
     probs = _masked_probs(_head_major_logits(q, k, bias=bias, relative=relative), mask)
     if dropout is not None:
