@@ -648,13 +648,7 @@ def plot_extension(result: Mapping, out_path: str | Path | None = None):
             _band(ax, pts, "step", m["label"], scale=1.0, marker="o", ms=3)
     ax.set(title=f"context extension: held-out loss at {ext.get('length')} tokens", xlabel="extension step",
            ylabel="held-out MLM loss")
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    if out_path is not None:
-        _save(fig, out_path)
-    return fig
+    return _finish(fig, (ax,), out_path)
 
 
 def plot_attention(result: Mapping, out_path: str | Path | None = None):
