@@ -7,8 +7,11 @@ Each rate is an ordinary `python -m roformer.ablate --config=configs/ablation.py
 in <workdir>/lr_<rate> with one seed and neither GLUE nor the context extension (resumable
 like any ablation: finished runs are skipped). Extra `--config.*` flags go to every one.
 The table gives, per scheme and rate, the final held-out MLM loss and order gap, marks
-each scheme's best rate (lowest held-out loss) and prints the `scheme_learning_rates`
-value that runs every scheme at its best; lr_sweep.json and lr_sweep.md hold the same.
+each scheme's best rate (lowest held-out loss among the rates it ran, once it ran two),
+says when that best is the lowest or highest rate it ran (extend the grid that way: e.g.
+`--rates 5e-4 --config.schemes=...` adds a column for some schemes), and prints the
+`scheme_learning_rates` value that runs every scheme at its best; lr_sweep.json and
+lr_sweep.md hold the same.
 """
 from __future__ import annotations
 
@@ -19,6 +22,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))   # the project's package, also when it is not installed
+from roformer.files import write_json_atomic, write_text_atomic  # noqa: E402
+
 DEFAULT_RATES = "1e-3,2e-3,4e-3"
 
 
@@ -46,12 +52,17 @@ def collect(root: Path, rates: list[str]) -> dict:
             table.setdefault(row["scheme"], {})[rate] = {
                 "eval_loss": row.get("eval_loss"), "eval_order_gap": row.get("eval_order_gap"),
                 "status": row.get("status")}
-    best = {}
+    best, edge = {}, {}
     for scheme, by_rate in table.items():
         done = {r: v["eval_loss"] for r, v in by_rate.items() if v["status"] == "done" and v["eval_loss"] is not None}
-        if len(done) == len(rates):
-            best[scheme] = min(done, key=done.get)
-    return {"rates": rates, "schemes": table, "best": best,
+        if len(done) < 2:   # one rate is not a choice
+            continue
+        best[scheme] = min(done, key=done.get)
+        # Best at the lowest or highest rate the scheme ran: the optimum may lie beyond it.
+        tried = sorted(done, key=float)
+        if best[scheme] in (tried[0], tried[-1]):
+            edge[scheme] = "lower" if best[scheme] == tried[0] else "higher"
+    return {"rates": rates, "schemes": table, "best": best, "edge": edge,
             "scheme_learning_rates": ",".join(f"{s}={float(r):g}" for s, r in best.items())}
 
 
@@ -63,14 +74,17 @@ def to_markdown(result: dict) -> str:
         cells = []
         for rate in rates:
             v = by_rate.get(rate)
-            if v is None or v["eval_loss"] is None:
+            if v is None or v["status"] != "done" or v["eval_loss"] is None:
                 cells.append(v["status"] if v else "not run")
                 continue
             mark = "**" if result["best"].get(scheme) == rate else ""
             gap = "n/a" if v["eval_order_gap"] is None else f"{v['eval_order_gap']:+.3f}"
             cells.append(f"{mark}{v['eval_loss']:.3f}{mark} / {gap}")
         best = result["best"].get(scheme)
-        lines.append(f"| {scheme} | " + " | ".join(cells) + f" | {'-' if best is None else f'{float(best):g}'} |")
+        text = "-" if best is None else f"{float(best):g}"
+        if scheme in result.get("edge", {}):
+            text += f" (edge of the rates run: try {result['edge'][scheme]})"
+        lines.append(f"| {scheme} | " + " | ".join(cells) + f" | {text} |")
     lines += ["", f"--config.scheme_learning_rates={result['scheme_learning_rates']}"]
     return "\n".join(lines) + "\n"
 
@@ -94,8 +108,8 @@ def main() -> int:
             failed |= run_rate(args.workdir.expanduser().resolve(), rate, extra) != 0
     result = collect(args.workdir.expanduser().resolve(), rates)
     text = to_markdown(result)
-    (args.workdir / "lr_sweep.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.workdir / "lr_sweep.md").write_text(text)
+    write_json_atomic(args.workdir / "lr_sweep.json", result)
+    write_text_atomic(args.workdir / "lr_sweep.md", text)
     print(text)
     return 1 if failed else 0
 
