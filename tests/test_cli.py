@@ -57,6 +57,16 @@ def test_refused_input_is_one_line_without_a_workdir_left_behind(tmp_path):
     assert "Traceback (most recent call last)" in shown.stderr and "ConfigError: data.files" in shown.stderr
 
 
+def test_ablation_report_of_a_workdir_without_an_ablation_is_one_line(tmp_path):
+    """--report_to reads an ablation's workdir and trains nothing: a directory that holds no
+    ablation is refused on one line, and nothing is written."""
+    line = one_error_line(run("roformer.ablate", "--config=configs/ablation.py:smoke", f"--workdir={tmp_path}",
+                              f"--report_to={tmp_path / 'report'}"))
+    assert line == (f"error: {tmp_path.resolve()} holds no ablation (ablation_config.json is missing): give the "
+                    "workdir of a `python -m roformer.ablate` run")
+    assert not any(tmp_path.iterdir())
+
+
 def test_flag_mistakes_and_a_missing_config_file_are_one_line(tmp_path):
     workdir = f"--workdir={tmp_path / 'run'}"
     assert one_error_line(run("roformer.pretrain", "--config=configs/tny.py", workdir)) == (
