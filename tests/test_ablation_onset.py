@@ -74,8 +74,22 @@ def test_loss_at_matched_tokens_pairs_seeds_with_the_reference():
 def test_markdown_and_plot(tmp_path):
     result = onset.summarize_onset(runs(), reference="rope", threshold=0.1)
     text = onset.onset_markdown(result)
-    assert "| learned | 1 / 3 | 0.3M | 0.3M | 0.2M, 0.4M | — |" in text
-    assert "| rope | 2 / 2 | 0.1M | 0.1M, 0.2M | — | — |" in text
+    assert "| learned | 1 / 3 | 0.3M | 0.3M | 0.2M, 0.4M | — | — |" in text
+    assert "| rope | 2 / 2 | 0.1M | 0.1M, 0.2M | — | — | — |" in text
     assert "(+2.050 [" in text
     onset.fraction_started_figure(result).savefig(tmp_path / "onset.png")
     assert (tmp_path / "onset.png").stat().st_size > 0
+
+
+def test_loss_spike_is_a_jump_above_the_best_so_far():
+    # Falling, then back to the unigram level at 400k, then recovering only partly.
+    spiked = curve([0, 0, 0, 0, 0, 0], losses=[6.5, 6.35, 6.3, 6.95, 6.8, 6.55])
+    assert onset.loss_spike(spiked) == {"step": 400, "tokens": 400_000, "rise": pytest.approx(0.65),
+                                        "recovered": False}
+    assert onset.loss_spike(curve([0, 0, 0], losses=[6.5, 6.9, 6.45]))["recovered"] is True
+    # Noise between evaluations is not a spike; neither is a high start.
+    assert onset.loss_spike(curve([0, 0, 0, 0], losses=[7.0, 6.4, 6.45, 6.41])) is None
+    runs_ = [{"scheme": "learned", "seed": 0, "status": "done", "curve": spiked}]
+    result = onset.summarize_onset(runs_, reference="learned", threshold=0.1)
+    assert result["schemes"][0]["loss_spikes"] == [{"seed": 0, **onset.loss_spike(spiked)}]
+    assert "seed 0 at 0.4M (+0.65, not recovered)" in onset.onset_markdown(result)

@@ -19,12 +19,16 @@ and `curve`, the per-evaluation points of `roformer.ablation.collect.eval_curve`
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
 from roformer.ablation.stats import finite, paired_difference
 
 ORDER_KEY = "eval_order_gap"
+# A held-out loss this far (nats) above the run's best so far is a loss spike; evaluations of
+# one run move by a few hundredths from one to the next.
+SPIKE_NATS = 0.2
 
 
 def run_onset(curve: Sequence[Mapping], threshold: float, key: str = ORDER_KEY) -> dict:
@@ -42,6 +46,23 @@ def run_onset(curve: Sequence[Mapping], threshold: float, key: str = ORDER_KEY) 
                     "last_tokens": last, "sustained": all(p[key] >= threshold for p in points[i:])}
     return {"started": False, "onset_tokens": None, "onset_step": None, "last_tokens": last,
             "sustained": None}
+
+
+def loss_spike(curve: Sequence[Mapping], rise: float = SPIKE_NATS, key: str = "eval_loss") -> dict | None:
+    """The first evaluation whose held-out loss is at least `rise` nats above the run's best so
+    far (a loss spike: the divergence guard stops only runs whose loss leaves its range, a
+    jump back to the unigram level stays inside it), or None. `{"step", "tokens", "rise",
+    "recovered"}`: `recovered` says whether a later evaluation came back within `rise` of the
+    best before the spike."""
+    points = [p for p in curve if finite(p.get(key))]
+    best = math.inf
+    for i, point in enumerate(points):
+        if point[key] >= best + rise:
+            later = [p[key] for p in points[i + 1:]]
+            return {"step": point["step"], "tokens": point["tokens"], "rise": point[key] - best,
+                    "recovered": any(v < best + rise for v in later)}
+        best = min(best, point[key])
+    return None
 
 
 def fraction_started(observations: Iterable[tuple[float, bool]]) -> list[dict]:
@@ -77,7 +98,8 @@ def scheme_onsets(runs: Sequence[Mapping], threshold: float) -> list[dict]:
         for run in (r for r in runs if r["scheme"] == scheme):
             onset = run_onset(run.get("curve") or [], threshold)
             if onset["last_tokens"] is not None:
-                per_run.append({"seed": run["seed"], "status": run.get("status"), **onset})
+                per_run.append({"seed": run["seed"], "status": run.get("status"), **onset,
+                                "loss_spike": loss_spike(run.get("curve") or [])})
         observations = [(o["onset_tokens"] if o["started"] else o["last_tokens"], o["started"]) for o in per_run]
         curve = fraction_started(observations)
         onsets = sorted(o["onset_tokens"] for o in per_run if o["started"])
@@ -86,6 +108,7 @@ def scheme_onsets(runs: Sequence[Mapping], threshold: float) -> list[dict]:
             "onsets": onsets,
             "censored": sorted(o["last_tokens"] for o in per_run if not o["started"]),
             "fell_back": [o["seed"] for o in per_run if o["started"] and not o["sustained"]],
+            "loss_spikes": [{"seed": o["seed"], **o["loss_spike"]} for o in per_run if o["loss_spike"]],
             "fraction_started": curve,
             "median_onset": median_onset(curve),
             "onset_range": [onsets[0], onsets[-1]] if onsets else None,
@@ -156,13 +179,16 @@ def onset_markdown(onset: Mapping) -> str:
     lines = [f"A run uses word order from its first evaluation with an order gap >= {onset['threshold']:g} nats. "
              "`fraction started` is the Kaplan-Meier estimate (runs not started yet are censored at their "
              "last evaluation).", "",
-             "| scheme | seeds started / observed | median onset | onsets (tokens) | not started by | fell back |",
-             "|---|---|---|---|---|---|"]
+             "| scheme | seeds started / observed | median onset | onsets (tokens) | not started by | fell back "
+             f"| held-out loss spikes (>= {SPIKE_NATS:g} nats above the best so far) |",
+             "|---|---|---|---|---|---|---|"]
     for s in onset["schemes"]:
+        spikes = ", ".join(f"seed {x['seed']} at {_mtokens(x['tokens'])} (+{x['rise']:.2f}"
+                           f"{', recovered' if x['recovered'] else ', not recovered'})" for x in s.get("loss_spikes", []))
         lines.append(f"| {s['scheme']} | {s['started']} / {s['observed']} | {_mtokens(s['median_onset'])} | "
                      f"{', '.join(_mtokens(t) for t in s['onsets']) or '—'} | "
                      f"{', '.join(_mtokens(t) for t in s['censored']) or '—'} | "
-                     f"{', '.join(f'seed {x}' for x in s['fell_back']) or '—'} |")
+                     f"{', '.join(f'seed {x}' for x in s['fell_back']) or '—'} | {spikes or '—'} |")
     rows = onset["loss_at_matched_tokens"]
     if rows and rows[0]["cells"]:
         cells0 = rows[0]["cells"]
