@@ -503,11 +503,46 @@ def _extension_md(ext: Mapping, setup: Mapping) -> list[str]:
             f"({setup.get('extension', '')})", "", _table(header, body)]
 
 
+def _mtokens(n: float | None) -> str:
+    return "—" if n is None else f"{n / 1e6:.1f}M"
+
+
 def _onset_md(onset_result: Mapping | None) -> list[str]:
-    """When each scheme's seeds start to use word order, and the loss at matched tokens."""
+    """When each scheme's seeds start to use word order (roformer.ablation.onset), and the
+    held-out loss at matched tokens with differences to the reference."""
     if not onset_result or not onset_result.get("schemes"):
         return []
-    return ["", "## Onset of word-order use (per seed)", "", onset.onset_markdown(onset_result).rstrip()]
+    header = ["scheme", "seeds started / observed", "median onset", "onsets (tokens)", "not started by",
+              "fell back", f"held-out loss spikes (>= {onset.SPIKE_NATS:g} nats above the best so far)"]
+    body = []
+    for s in onset_result["schemes"]:
+        spikes = ", ".join(f"seed {x['seed']} at {_mtokens(x['tokens'])} (+{x['rise']:.2f}"
+                           f"{', recovered' if x['recovered'] else ', not recovered'})" for x in s.get("loss_spikes", []))
+        body.append([s["scheme"], f"{s['started']} / {s['observed']}", _mtokens(s["median_onset"]),
+                     ", ".join(_mtokens(t) for t in s["onsets"]) or "—",
+                     ", ".join(_mtokens(t) for t in s["censored"]) or "—",
+                     ", ".join(f"seed {x}" for x in s["fell_back"]) or "—", spikes or "—"])
+    lines = ["", "## Onset of word-order use (per seed)", "",
+             f"A run uses word order from its first evaluation with an order gap >= {onset_result['threshold']:g} "
+             "nats. `fraction started` is the Kaplan-Meier estimate (runs not started yet are censored at their "
+             "last evaluation).", "", _table(header, body)]
+    rows = onset_result["loss_at_matched_tokens"]
+    if rows and rows[0]["cells"]:
+        lines += ["", f"Held-out MLM loss at matched tokens (mean over seeds; in brackets the paired difference "
+                  f"to {onset_result['reference']} with its 95% interval):", "",
+                  _table(["scheme"] + [_mtokens(c["tokens"]) for c in rows[0]["cells"]],
+                         [[row["scheme"]] + [_matched_cell(c) for c in row["cells"]] for row in rows])]
+    return lines
+
+
+def _matched_cell(cell: Mapping) -> str:
+    text = "—" if cell["mean"] is None else f"{cell['mean']:.3f}"
+    d = cell["vs_reference"]
+    if d is not None and d["lo"] is not None:
+        text += f" ({d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}])"
+    elif d is not None:
+        text += f" ({d['diff']:+.3f}, n=1)"
+    return text
 
 
 def _convergence_md(conv: Mapping | None) -> list[str]:
@@ -660,6 +695,25 @@ def plot_attention(result: Mapping, out_path: str | Path | None = None):
     return _finish(fig, axes, out_path)
 
 
+def plot_onset(result: Mapping, out_path: str | Path | None = None):
+    """Step curves of the estimated fraction of each scheme's seeds using word order against
+    tokens (roformer.ablation.onset)."""
+    onset_result = result["onset"]
+    fig = Figure(figsize=(6.5, 4))
+    ax = fig.subplots()
+    for s in onset_result["schemes"]:
+        xs, ys = [0.0], [0.0]
+        for p in s["fraction_started"]:
+            xs += [p["tokens"], p["tokens"]]
+            ys += [ys[-1], p["fraction"]]
+        xs.append(max([r["last_tokens"] for r in s["runs"]] + [xs[-1]]))
+        ys.append(ys[-1])
+        ax.plot([x / 1e6 for x in xs], ys, label=f"{s['scheme']} ({s['started']}/{s['observed']})")
+    ax.set(xlabel="tokens (M)", ylabel="fraction of seeds using word order", ylim=(-0.03, 1.03),
+           title=f"onset of word-order use (order gap >= {onset_result['threshold']:g} nats)")
+    return _finish(fig, (ax,), out_path)
+
+
 def write_report(result: Mapping, report_dir: str | Path) -> None:
     """Write ablation.json, ablation.md and the figures into report_dir."""
     report_dir = Path(report_dir)
@@ -671,7 +725,7 @@ def write_report(result: Mapping, report_dir: str | Path) -> None:
     if (result.get("extension") or {}).get("methods"):
         plot_extension(result, report_dir / EXTENSION_PNG)
     if any(s["started"] for s in (result.get("onset") or {}).get("schemes", [])):
-        _save(onset.fraction_started_figure(result["onset"]), report_dir / ONSET_PNG)
+        plot_onset(result, report_dir / ONSET_PNG)
     if any((s.get("curve") or {}).get("nearest_head_distance") for s in result["schemes"]):
         plot_attention(result, report_dir / ATTENTION_PNG)
 
