@@ -62,7 +62,17 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:   # exists, owned by someone else
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Linux: `pid` has exited and waits to be reaped. A killed run whose parent died too is
+    reaped by init, which in a container may take seconds or never happen; it holds nothing."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:   # no procfs (macOS), or gone meanwhile
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
 
 
 def _acquire(path: Path, me: dict) -> None:

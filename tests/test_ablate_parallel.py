@@ -223,6 +223,14 @@ def _alive(pid):
     return state != "Z"
 
 
+def why_failed(workdir, result):
+    """The errors of the failed runs with their tracebacks and the tails of their logs."""
+    parts = [f"{r['scheme']}/seed{r['seed']}: {r.get('error')}" for r in result["runs"] if r["status"] != "done"]
+    for path in sorted((workdir / "errors").glob("*.txt")) + sorted((workdir / "logs").glob("*.log")):
+        parts.append(f"--- {path.name}\n{path.read_text()[-4000:]}")
+    return "\n".join(parts)
+
+
 def held_out_losses(workdir, runs):
     out = {}
     for run in runs:
@@ -242,7 +250,7 @@ def test_side_by_side_runs_give_the_losses_of_runs_in_turn_and_resume_after_kill
         # In turn, only the first run has started when it is killed; side by side, both.
         kill_after_first_checkpoints(workdir, config, runs[:parallel])
         result = runner.run_ablation(config, workdir)   # resumes from the checkpoints
-        assert [r["status"] for r in result["runs"]] == ["done", "done"]
+        assert [r["status"] for r in result["runs"]] == ["done", "done"], why_failed(workdir, result)
         assert {r["scheme"]: r["eval_loss"] for r in result["runs"]}   # a row per run
         results[parallel] = held_out_losses(workdir, runs)
         assert all(sorted(losses) == [20, 40] for losses in results[parallel].values())

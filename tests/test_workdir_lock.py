@@ -105,6 +105,23 @@ def test_stale_lock_is_taken_over_and_a_live_or_foreign_one_refused(tmp_path, ca
             pass
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="tells a zombie by /proc (Linux)")
+def test_a_killed_holder_not_yet_reaped_is_taken_over(tmp_path, caplog):
+    # A run killed with its parent waits for init to reap it, seconds in some containers;
+    # its pid still answers kill(pid, 0) meanwhile.
+    holder = hold(tmp_path, 60)
+    holder.kill()
+    while (Path(f"/proc/{holder.pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]) != "Z":
+        time.sleep(0.01)
+    try:
+        with caplog.at_level(logging.WARNING, logger="roformer"):
+            with workdir_lock(tmp_path):
+                assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+        assert f"pid {holder.pid}" in caplog.text
+    finally:
+        holder.wait()
+
+
 def test_same_process_reenters_and_only_process_0_locks(tmp_path, monkeypatch):
     with workdir_lock(tmp_path):
         with workdir_lock(tmp_path / "."):   # the same directory, entered again
