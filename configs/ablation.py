@@ -61,6 +61,10 @@ def get_config(arg=None):
     # long enough gain (docs/performance.md). Each run keeps its workdir, metrics, checkpoints
     # and report row; its output goes to DIR/logs/<run>.log.
     c.parallel = 1
+    # With parallel > 1, the runs' processes keep the programs they compile in
+    # DIR/compile_cache (jax's persistent compilation cache), so the seeds of a scheme and a
+    # resumed run load them instead of compiling them again; False compiles in every process.
+    c.compile_cache = True
 
     # Shared pretraining config (configs/base.py layout) for every scheme.
     pre = c.pretrain = base.get_config("size=mini")

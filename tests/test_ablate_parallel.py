@@ -44,6 +44,17 @@ def test_core_slots_deal_the_cores_and_one_core_turns_off_xlas_thread_pool():
     assert every.get("XLA_FLAGS", "") == os.environ.get("XLA_FLAGS", "")
 
 
+def test_runs_share_a_compile_cache_unless_the_caller_keeps_their_own(tmp_path, monkeypatch):
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    assert "JAX_COMPILATION_CACHE_DIR" not in parallel_runs.child_env(None)
+    env = parallel_runs.child_env(None, compile_cache=tmp_path)
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path)
+    assert float(env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]) == parallel_runs.COMPILE_CACHE_MIN_SECONDS
+    assert int(env["JAX_COMPILATION_CACHE_MAX_SIZE"]) > 0   # jax locks entries only with a limit
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/theirs")
+    assert parallel_runs.child_env(None, compile_cache=tmp_path)["JAX_COMPILATION_CACHE_DIR"] == "/theirs"
+
+
 def test_a_pinned_process_takes_its_cores_before_jax_starts():
     code = ("import os, sys; from roformer.ablation import parallel; parallel.enter_slot(); "
             "import jax; jax.devices(); print(sorted(os.sched_getaffinity(0)), 'jax' in sys.modules)")
@@ -257,6 +268,8 @@ def test_side_by_side_runs_give_the_losses_of_runs_in_turn_and_resume_after_kill
         if parallel > 1:
             assert all((workdir / "logs" / f"{run.replace('/', '.')}.log").stat().st_size for run in runs)
             assert not (workdir / runner.JOBS_DIR).exists()
+            # The killed runs' programs, which the resumed ones loaded (their losses are checked below).
+            assert any((workdir / runner.COMPILE_CACHE_DIR).glob("jit_train_step-*"))
     # Identical floats wherever measured (here, and the reference recipe at 200 steps:
     # docs/results/2026-11-25-many-runs-cpu.md); XLA:CPU on one thread may still sum some
     # product in another order than on two, hence a tolerance.

@@ -58,11 +58,25 @@ CORES_ENV = "ROFORMER_RUN_CORES"
 PARENT_ENV = "ROFORMER_RUN_PARENT"
 
 
-def child_env(cores: list[int] | None, pin: bool = False) -> dict[str, str]:
+# jax's persistent compilation cache, as the runs' processes share it: programs that took at
+# least this long to compile are written, and a size limit turns on jax's file lock, so that
+# no process reads an entry another is still writing.
+COMPILE_CACHE_MIN_SECONDS = 0.2
+COMPILE_CACHE_MAX_BYTES = 1 << 30
+
+
+def child_env(cores: list[int] | None, pin: bool = False, compile_cache: Path | None = None) -> dict[str, str]:
     """The environment of a run's process: this one's, plus its cores (None: every core) and
     XLA:CPU's one-core settings when it gets one; `enter_slot()` in the child applies them.
-    `pin=True` also confines the process to `cores` (see the module doc for why runs are not)."""
+    `pin=True` also confines the process to `cores` (see the module doc for why runs are not).
+    `compile_cache`: a directory where the processes keep the programs they compiled, so a run
+    whose programs another run compiled before (the seeds of a scheme, a resumed run) loads
+    them instead; a JAX_COMPILATION_CACHE_DIR of the caller's own is kept instead."""
     env = dict(os.environ)
+    if compile_cache is not None and not env.get("JAX_COMPILATION_CACHE_DIR"):
+        env["JAX_COMPILATION_CACHE_DIR"] = str(compile_cache)
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", str(COMPILE_CACHE_MIN_SECONDS))
+        env.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(COMPILE_CACHE_MAX_BYTES))
     # The run's process imports this very package, wherever the command was started.
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))

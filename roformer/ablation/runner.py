@@ -48,6 +48,7 @@ log = logging.getLogger("roformer.ablate")
 # in DIR/logs/<run>.log.
 JOBS_DIR = "parallel"
 LOGS_DIR = "logs"
+COMPILE_CACHE_DIR = "compile_cache"      # programs the runs' processes compiled (config.compile_cache)
 CONFIG_RECORD = "ablation_config.json"   # the config of the latest session, written when it starts
 POLL_S = 0.2
 
@@ -234,7 +235,13 @@ def _start_job(config, workdir: Path, state: AblationState, vocab: str, job: Job
     log.info("%s: starting in a process of its own (log: %s)", job.run, logs_dir / f"{name}.log")
     with open(logs_dir / f"{name}.log", "a") as out:
         return subprocess.Popen([sys.executable, "-m", "roformer.ablation.job", str(jobs_dir / f"{name}.job.json")],
-                                env=parallel.child_env(cores), stdout=out, stderr=subprocess.STDOUT)
+                                env=parallel.child_env(cores, compile_cache=_compile_cache(config, workdir)),
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+def _compile_cache(config, workdir: Path) -> Path | None:
+    """Where the runs' processes share compiled programs (config.compile_cache), if they do."""
+    return workdir / COMPILE_CACHE_DIR if config.compile_cache else None
 
 
 def _merge_job_states(state: AblationState, workdir: Path, run: str | None = None) -> None:
