@@ -62,17 +62,19 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:   # exists, owned by someone else
         return True
-    return not _zombie(pid)
+    # A zombie has exited and waits to be reaped: a killed run whose parent died too is reaped
+    # by init, which in a container may take seconds or never happen; it holds nothing.
+    return process_state(pid) not in ("Z", "X")
 
 
-def _zombie(pid: int) -> bool:
-    """Linux: `pid` has exited and waits to be reaped. A killed run whose parent died too is
-    reaped by init, which in a container may take seconds or never happen; it holds nothing."""
+def process_state(pid: int) -> str | None:
+    """Linux: the state letter of `pid` in /proc (R, S, Z, ...); None without procfs (macOS)
+    or once the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:   # no procfs (macOS), or gone meanwhile
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[0]   # after the command name, which may hold ")"
 
 
 def _acquire(path: Path, me: dict) -> None:

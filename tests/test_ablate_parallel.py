@@ -20,6 +20,7 @@ from roformer.ablation import plan, runner
 from roformer.ablation.stages import PREEMPTED_EXIT, error_name, job_stages, run_stages
 from roformer.ablation.state import PINNED_TOKENIZER, STATE_FILE, AblationState
 from roformer.train.metrics import read_metrics
+from roformer.workdir_lock import process_state
 
 from test_ablate import FakeStages, small_config, stub_figures
 
@@ -221,17 +222,10 @@ def kill_after_first_checkpoints(workdir, config, runs):
     process.send_signal(signal.SIGKILL)
     process.wait()
     deadline = time.time() + 30
-    while any(_alive(pid) for pid in holders):   # the runs' processes die with the ablation
+    # The runs' processes die with the ablation (exited: gone, or a zombie until init reaps it).
+    while any(process_state(pid) not in (None, "Z", "X") for pid in holders):
         assert time.time() < deadline, "a run's process outlived the ablation"
         time.sleep(0.1)
-
-
-def _alive(pid):
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 def why_failed(workdir, result):

@@ -17,7 +17,7 @@ from configs import tiny
 from roformer.ablation import plan, runner, stages
 from roformer.glue.run import run_glue
 from roformer.train import train_and_evaluate
-from roformer.workdir_lock import LOCK_FILE, WorkdirBusy, workdir_lock
+from roformer.workdir_lock import LOCK_FILE, WorkdirBusy, process_state, workdir_lock
 
 REPO = Path(__file__).resolve().parents[1]
 HOLD = ("import sys, time\nfrom roformer.workdir_lock import workdir_lock\n"
@@ -111,7 +111,7 @@ def test_a_killed_holder_not_yet_reaped_is_taken_over(tmp_path, caplog):
     # its pid still answers kill(pid, 0) meanwhile.
     holder = hold(tmp_path, 60)
     holder.kill()
-    while (Path(f"/proc/{holder.pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]) != "Z":
+    while process_state(holder.pid) != "Z":
         time.sleep(0.01)
     try:
         with caplog.at_level(logging.WARNING, logger="roformer"):
