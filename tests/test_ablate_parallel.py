@@ -45,6 +45,13 @@ def test_core_slots_deal_the_cores_and_one_core_turns_off_xlas_thread_pool():
     assert every.get("XLA_FLAGS", "") == os.environ.get("XLA_FLAGS", "")
 
 
+def test_runs_on_one_gpu_do_not_each_reserve_most_of_its_memory(monkeypatch):
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+    assert parallel_runs.child_env(None)["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")   # a caller's own choice is kept
+    assert parallel_runs.child_env([0])["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
+
+
 def test_runs_share_a_compile_cache_unless_the_caller_keeps_their_own(tmp_path, monkeypatch):
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     assert "JAX_COMPILATION_CACHE_DIR" not in parallel_runs.child_env(None)

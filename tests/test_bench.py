@@ -362,6 +362,7 @@ def test_runs_bench_times_one_process_runs_side_by_side_and_vmapped_seeds(tmp_pa
     assert rows["one"]["x_one"] == 1.0
     for row in rows.values():
         assert row["tokens_s"] > 0 and row["rss_MB_per_run"] > 0 and row["cpu_per_wall"] > 0
+        assert "device_MB_per_run" not in row   # an accelerator's memory; on CPU the RSS holds all
         assert within(row, "x_one")
         assert row["runs_per_hour"] == pytest.approx(row["tokens_s"] * 3600 / (2000 * 16 * 2))
 

@@ -292,3 +292,59 @@ def test_divergence_guard_stops_a_finite_spike_after_patience_but_not_warmup_or_
     assert issubclass(TrainingDiverged, FloatingPointError)
     with pytest.raises(ValueError, match="divergence_factor=0.5 must be above 1"):
         DivergenceGuard(factor=0.5)
+
+
+
+def test_the_jitted_initial_state_is_the_seeds_model_and_takes_the_key_as_input(monkeypatch):
+    """TrainSetup's state and RNG streams are those of RoFormerForMaskedLM(rngs=nnx.Rngs(seed)),
+    and its jitted initialisers read the key as an argument: with no input a program is all
+    constants, which XLA's GPU pipeline tries to fold at compile time."""
+    from test_train_sharding import TINY
+
+    from roformer.train import sharding
+    from roformer.train.state import TrainSetup
+
+    jit, arguments = jax.jit, []
+
+    def recording_jit(fun, **options):
+        jitted = jit(fun, **options)
+
+        def call(*args):
+            arguments.append(args)
+            return jitted(*args)
+        return call
+
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
+    setup = TrainSetup(TINY, *optimizer(), mesh, seed=5)
+    monkeypatch.setattr(jax, "jit", recording_jit)
+    with jax.set_mesh(mesh):
+        state, rest = setup.init_state(), setup.init_rest()
+    monkeypatch.undo()
+    assert [len(args) for args in arguments] == [1, 1]
+    assert all(jnp.issubdtype(args[0].dtype, jax.dtypes.prng_key) for args in arguments)
+
+    _, params, expected_rest = nnx.split(RoFormerForMaskedLM(TINY, rngs=nnx.Rngs(5)), nnx.Param, ...)
+
+    # The same draws; jitted and eager initialisers round the last bit differently.
+    for got, want in zip(jax.tree.leaves(state["params"]), jax.tree.leaves(nnx.to_pure_dict(params)), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    for got, want in zip(jax.tree.leaves(rest), jax.tree.leaves(expected_rest), strict=True):
+        if jnp.issubdtype(got.dtype, jax.dtypes.prng_key):
+            got, want = jax.random.key_data(got), jax.random.key_data(want)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_stacked_initial_states_are_each_seeds_state():
+    from test_train_sharding import TINY
+
+    from roformer.train import sharding
+    from roformer.train.state import TrainSetup
+
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
+    stacked = TrainSetup(TINY, *optimizer(), mesh).init_states([3, 8])
+    for index, seed in enumerate([3, 8]):
+        setup = TrainSetup(TINY, *optimizer(), mesh, seed=seed)
+        with jax.set_mesh(mesh):
+            alone = setup.init_state()
+        for got, want in zip(jax.tree.leaves(stacked), jax.tree.leaves(alone), strict=True):
+            np.testing.assert_array_equal(got[index], want)

@@ -23,7 +23,8 @@ mode at once; a mode's tokens/s is all its runs' tokens over the time from the s
 the round to the end of its last run. `x_one` is the median of the per-round ratios of a
 mode's tokens/s to `one`'s (min and max beside it); `cpu_per_wall` is the CPU seconds the
 mode's processes used per wall second; `rss_MB_per_run` the peak resident memory of a
-process divided by the runs it holds. Training only: what starting its own process costs a
+process divided by the runs it holds, and on an accelerator `device_MB_per_run` the same for
+its peak device memory (jax's allocator statistics). Training only: what starting its own process costs a
 run (Python, jax, compiling) is not in these figures. Every mode's processes stay alive
 together, so mind the memory at larger shapes (`--modes` runs fewer).
 """
@@ -43,7 +44,7 @@ from roformer.ablation import parallel as parallel_runs   # `parallel` here coun
 
 MODES = ("one", "procs", "procs_pinned", "procs_plain", "vmap")
 TABLE_COLUMNS = ("shape", "mode", "runs", "tokens_s", "x_one", "x_one_min", "x_one_max", "runs_per_hour",
-                 "cpu_per_wall", "rss_MB_per_run")
+                 "cpu_per_wall", "rss_MB_per_run", "device_MB_per_run")
 
 
 def reference_run() -> dict:
@@ -157,6 +158,8 @@ def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
                "runs_per_hour": statistics.median(rates) * 3600 / (steps_per_run * tokens_per_step),
                "cpu_per_wall": statistics.median(cpu[mode]),
                "rss_MB_per_run": max(r["rss_MB"] / w.seeds for r, w in zip(ready[mode], modes[mode]))}
+        if all(r.get("device_MB") is not None for r in ready[mode]):
+            row["device_MB_per_run"] = max(r["device_MB"] / w.seeds for r, w in zip(ready[mode], modes[mode]))
         if "one" in seconds:
             # Ratio of throughputs = ratio of (runs / time): per round, against one's round.
             one_rates = [tokens_per_step * args.steps / s for s in seconds["one"]]
@@ -213,13 +216,13 @@ def _worker(shape: str, scheme: str, seeds: int) -> None:
 
         tx, schedule = optim.make_optimizer(**train_config())
         mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
-        setups = [TrainSetup(config, tx, schedule, mesh, seed=k) for k in range(seeds)]
+        setup = TrainSetup(config, tx, schedule, mesh)
         # Each seed its own initialisation and batch; stacked on a leading axis.
-        holder = {"state": jax.tree.map(lambda *xs: jnp.stack(xs), *[s.init_state() for s in setups])}
+        holder = {"state": setup.init_states(range(seeds))}
         batches = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]),
                                *[synthetic_batch(config, batch, seq_len, seed=k) for k in range(seeds)])
         # The reference run has no dropout, so the seeds may share the (unused) dropout stream.
-        vmapped = jax.jit(jax.vmap(train_steps.make_train_step(setups[0].graphdef, tx, schedule, seed=0),
+        vmapped = jax.jit(jax.vmap(train_steps.make_train_step(setup.graphdef, tx, schedule, seed=0),
                                    in_axes=(0, None, 0)), donate_argnums=0)
         rest = workload.rest_state
         del workload
@@ -230,7 +233,10 @@ def _worker(shape: str, scheme: str, seeds: int) -> None:
     for _ in range(TRAIN_STEP_WARMUP):
         jax.block_until_ready(step())
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # KiB on Linux
-    print(json.dumps({"ready": True, "rss_MB": rss}), flush=True)
+    # An accelerator's own memory (None on CPU, where the RSS above holds everything).
+    device_peak = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+    print(json.dumps({"ready": True, "rss_MB": rss,
+                      "device_MB": None if device_peak is None else device_peak / 2**20}), flush=True)
     for line in sys.stdin:
         count = int(line)
         cpu0 = time.process_time()

@@ -17,17 +17,17 @@ from roformer.model import ModelConfig, RoFormerForMaskedLM
 from roformer.train import sharding, steps
 
 
-def _init_state(model_cfg: ModelConfig, tx: optax.GradientTransformation, seed: int) -> dict:
+def _init_state(model_cfg: ModelConfig, tx: optax.GradientTransformation, key: jax.Array) -> dict:
     """Fresh training state: params from the model's initialisers, optimizer state, step 0."""
-    model = RoFormerForMaskedLM(model_cfg, rngs=nnx.Rngs(seed))
+    model = RoFormerForMaskedLM(model_cfg, rngs=nnx.Rngs(key))
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
 
 
-def _init_rest(model_cfg: ModelConfig, seed: int):
+def _init_rest(model_cfg: ModelConfig, key: jax.Array):
     """The model's non-parameter state (RNG streams); under jit the unused parameter
     initialisation is dead code and is dropped."""
-    return nnx.split(RoFormerForMaskedLM(model_cfg, rngs=nnx.Rngs(seed)), nnx.Param, ...)[2]
+    return nnx.split(RoFormerForMaskedLM(model_cfg, rngs=nnx.Rngs(key)), nnx.Param, ...)[2]
 
 
 @dataclasses.dataclass
@@ -44,7 +44,7 @@ class TrainSetup:
         replicated = NamedSharding(self.mesh, P())
         abstract_model = nnx.eval_shape(lambda: RoFormerForMaskedLM(self.model_cfg, rngs=nnx.Rngs(self.seed)))
         self.graphdef, abstract_params, abstract_rest = nnx.split(abstract_model, nnx.Param, ...)
-        self.abstract_state = jax.eval_shape(lambda: _init_state(self.model_cfg, self.tx, self.seed))
+        self.abstract_state = jax.eval_shape(lambda: _init_state(self.model_cfg, self.tx, jax.random.key(self.seed)))
         logical = sharding.param_logical_axes(abstract_params)
         param_shardings = sharding.state_shardings(self.abstract_state["params"], logical, self.mesh)
         opt_shardings = optax.tree_map_params(
@@ -59,12 +59,25 @@ class TrainSetup:
         return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             self.abstract_state, self.state_shardings)
 
+    # The key is an argument of the jitted initialisers, not a constant inside them: a program
+    # without inputs is all constants, and XLA's GPU pipeline then tries to constant-fold the
+    # random initialisers at compile time (the same values, far slower to compile).
     def init_state(self) -> dict:
-        return jax.jit(lambda: _init_state(self.model_cfg, self.tx, self.seed),
-                       out_shardings=self.state_shardings)()
+        return jax.jit(lambda key: _init_state(self.model_cfg, self.tx, key),
+                       out_shardings=self.state_shardings)(jax.random.key(self.seed))
+
+    def init_states(self, seeds) -> dict:
+        """The initial states of `seeds` stacked on a leading axis (vmapped seeds), each
+        `TrainSetup(seed=...).init_state()`, from one compiled program called once per seed
+        (a vmapped initialiser would hold every seed's random draws at once; so would calls
+        left in flight together, hence the wait after each)."""
+        init = jax.jit(lambda key: _init_state(self.model_cfg, self.tx, key))
+        states = [jax.block_until_ready(init(jax.random.key(seed))) for seed in seeds]
+        return jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
 
     def init_rest(self):
-        return jax.jit(lambda: _init_rest(self.model_cfg, self.seed), out_shardings=self.rest_shardings)()
+        return jax.jit(lambda key: _init_rest(self.model_cfg, key),
+                       out_shardings=self.rest_shardings)(jax.random.key(self.seed))
 
     def jit_train_step(self, *, grad_accum: int = 1, debug_nan_step: int = -1):
         """`(state, rest, batch) -> (state, metrics)`, donating the old state."""

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The accelerator benchmarks in one command, under ten minutes on one GPU:
+#   gpu.json            the train-step table (tiny..base at 128 and 512, bf16, MFU) and RoPE kernels
+#   runs_<shape>.json   small runs per GPU-hour at tiny/128/16 and mini/128/32: one run, 8 runs
+#                       side by side (a process each), 8 vmapped seeds in one process
+#   runs64_<shape>.json one run against 64 vmapped seeds (seeds per GPU-hour, device memory per seed)
+#   log.txt             everything the commands printed, with each compilation's time
+# Each step has its own time limit and its own file, so a slow one costs only itself.
+# Usage: scripts/bench_accelerator.sh OUTDIR   (PYTHON=... to choose the interpreter)
+set -u
+out=${1:?usage: scripts/bench_accelerator.sh OUTDIR}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+log="$out/log.txt"
+export PYTHONUNBUFFERED=1 JAX_LOG_COMPILES=1
+
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit \
+    --format=csv 2>&1; "$py" -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"; } \
+  2>&1 | tee "$out/host.txt"
+
+bench() {   # bench NAME SECONDS ARGS...: one benchmark, its JSON as NAME.json, its table printed
+  local name=$1 limit=$2 start=$SECONDS status
+  shift 2
+  echo "=== $name: $*" >>"$log"
+  timeout "$limit" "$py" -m roformer.bench "$@" --json "$out/$name.json" >>"$log" 2>&1
+  status=$?
+  echo "=== $name: exit $status after $((SECONDS - start)) s" | tee -a "$log"
+  [ -f "$out/$name.json" ] && "$py" -c "import json, sys
+from roformer.bench.common import format_table
+result = json.load(open(sys.argv[1]))
+print(format_table(result['rows'], result.get('columns')))
+for note in result.get('notes', []): print('note:', note)" "$out/$name.json"
+}
+
+bench gpu 300 gpu --sizes base small mini tiny --seq-lens 512 128 --budget-s 240
+for shape in tiny/128/16 mini/128/32; do
+  bench "runs_${shape%%/*}" 75 runs --shapes "$shape" --modes one procs vmap --parallel 8 --rounds 3 --steps 30
+done
+for shape in tiny/128/16 mini/128/32; do
+  bench "runs64_${shape%%/*}" 60 runs --shapes "$shape" --modes one vmap --parallel 64 --rounds 3 --steps 20
+done
+echo "slowest compilations:"
+grep -o "Finished XLA compilation of .* in [0-9.]* sec" "$log" | sort -k7 -g | tail -n 5
+date -u | tee -a "$out/host.txt"
