@@ -157,6 +157,7 @@ def run(args: argparse.Namespace) -> dict:
             group_start = time.perf_counter()
             rows += timed_group(size, seq_len, kernels, args, table_peak, notes)
             last_group_s = time.perf_counter() - group_start
+            print(f"gpu {size}/{seq_len}: {last_group_s:.0f} s", file=sys.stderr, flush=True)
             write_partial(args, result(partial=True))
     if skipped:
         notes.append(f"not measured, over the {args.budget_s:.0f} s budget: {', '.join(skipped)}")

@@ -135,7 +135,12 @@ def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
     parallel = args.parallel or len(parallel_runs.available_cores())
     modes = {mode: start_mode(mode, shape, args.scheme, parallel) for mode in args.modes}
     try:
-        ready = {mode: [w.ready() for w in workers] for mode, workers in modes.items()}
+        start, ready = time.perf_counter(), {}
+        for mode, workers in modes.items():
+            ready[mode] = [w.ready() for w in workers]
+            # Progress on stderr: where a slow start (compiling) goes, if a time limit ends the run.
+            print(f"runs {shape} {mode}: ready {time.perf_counter() - start:.0f} s after the start",
+                  file=sys.stderr, flush=True)
         names = list(modes)
         seconds = {m: [] for m in names}
         cpu = {m: [] for m in names}
