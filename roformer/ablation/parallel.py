@@ -73,7 +73,7 @@ def child_env(cores: list[int] | None, pin: bool = False, compile_cache: Path | 
     whose programs another run compiled before (the seeds of a scheme, a resumed run) loads
     them instead; a JAX_COMPILATION_CACHE_DIR of the caller's own is kept instead."""
     env = dict(os.environ)
-    # Runs side by side on one GPU: by default each process would reserve most of its memory.
+    # Processes side by side on one GPU (bench runs'): by default each would reserve most of its memory.
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     if compile_cache is not None and not env.get("JAX_COMPILATION_CACHE_DIR"):
         env["JAX_COMPILATION_CACHE_DIR"] = str(compile_cache)
