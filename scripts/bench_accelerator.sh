@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The accelerator benchmarks in one command, under ten minutes on one GPU:
 #   gpu.json            the train-step table (tiny..base at 128 and 512, bf16, MFU) and RoPE kernels
+#                       (batch 32: at 8 an H200 shows only the per-call floor)
 #   runs_<shape>.json   small runs per GPU-hour at tiny/128/16 and mini/128/32: one run, 8 runs
 #                       side by side (a process each), 8 vmapped seeds in one process
 #   runs64_<shape>.json one run against 64 vmapped seeds (seeds per GPU-hour, device memory per seed)
@@ -32,7 +33,7 @@ print(format_table(result['rows'], result.get('columns')))
 for note in result.get('notes', []): print('note:', note)" "$out/$name.json"
 }
 
-bench gpu 300 gpu --sizes base small mini tiny --seq-lens 512 128 --budget-s 240
+bench gpu 300 gpu --sizes base small mini tiny --seq-lens 512 128 --rope-batch 32 --budget-s 240
 for shape in tiny/128/16 mini/128/32; do
   bench "runs_${shape%%/*}" 75 runs --shapes "$shape" --modes one procs vmap --parallel 8 --rounds 3 --steps 30
 done
