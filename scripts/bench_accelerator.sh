@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The accelerator benchmarks in one command, under ten minutes on one GPU:
 #   gpu.json            the train-step table (tiny..base at 128 and 512, bf16, MFU) and RoPE kernels
-#                       (batch 32: at 8 an H200 shows only the per-call floor)
+#                       (batch 32: at 8 the per-call floor hides most of the kernel time on an H200)
 #   runs_<shape>.json   small runs per GPU-hour at tiny/128/16 and mini/128/32: one run, 8 runs
 #                       side by side (a process each), 8 vmapped seeds in one process
 #   runs64_<shape>.json one run against 64 vmapped seeds (seeds per GPU-hour, device memory per seed)
