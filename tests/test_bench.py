@@ -371,3 +371,15 @@ def test_unknown_benchmark_is_rejected(capsys):
     with pytest.raises(SystemExit) as stopped:
         bench_main.main(["nope"])
     assert stopped.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_gpu_bench_versions_name_the_copy_that_import_takes(tmp_path, monkeypatch):
+    """A package carried onto the path ahead of an installed one is the one imported, so it
+    is the version the result records (not whichever copy the listing meets last)."""
+    from roformer.bench import gpu
+
+    info = tmp_path / "flax-9.9.9.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flax\nVersion: 9.9.9\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert gpu.versions()["flax"] == "9.9.9"

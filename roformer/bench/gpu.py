@@ -101,11 +101,14 @@ def train_group(size: str, seq_len: int, kernels: list[str], args: argparse.Name
 
 
 def versions() -> dict:
+    """Installed versions of the packages that decide the figures. Distributions come in
+    sys.path order, so where a package is installed twice (one carried onto PYTHONPATH over
+    an image's own) the first one is the one `import` takes."""
     found = {}
     for dist in importlib.metadata.distributions():
         name = dist.metadata["Name"] or ""
         if name in VERSIONED or name.startswith(("jax-cuda", "jax_cuda", "nvidia-cudnn", "libtpu")):
-            found[name] = dist.version
+            found.setdefault(name, dist.version)
     return dict(sorted(found.items()))
 
 
