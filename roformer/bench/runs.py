@@ -162,9 +162,9 @@ def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
         row = {"shape": shape, "mode": mode, "runs": runs, "tokens_s": statistics.median(rates),
                "runs_per_hour": statistics.median(rates) * 3600 / (steps_per_run * tokens_per_step),
                "cpu_per_wall": statistics.median(cpu[mode]),
-               "rss_MB_per_run": max(r["rss_MB"] / w.seeds for r, w in zip(ready[mode], modes[mode]))}
+               "rss_MB_per_run": per_run(ready[mode], modes[mode], "rss_MB")}
         if all(r.get("device_MB") is not None for r in ready[mode]):
-            row["device_MB_per_run"] = max(r["device_MB"] / w.seeds for r, w in zip(ready[mode], modes[mode]))
+            row["device_MB_per_run"] = per_run(ready[mode], modes[mode], "device_MB")
         if "one" in seconds:
             # Ratio of throughputs = ratio of (runs / time): per round, against one's round.
             one_rates = [tokens_per_step * args.steps / s for s in seconds["one"]]
@@ -172,6 +172,11 @@ def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
             row.update(x_one=stats["median"], x_one_min=stats["min"], x_one_max=stats["max"])
         rows.append(row)
     return rows
+
+
+def per_run(ready: list[dict], workers: list[Worker], key: str) -> float:
+    """The largest of a mode's processes' `key` figure (at ready) over the runs it holds."""
+    return max(r[key] / w.seeds for r, w in zip(ready, workers))
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -211,9 +216,8 @@ def _worker(shape: str, scheme: str, seeds: int) -> None:
                                      hidden_dropout=reference["hidden_dropout"],
                                      attention_dropout=reference["attention_dropout"],
                                      max_position_embeddings=seq_len)
-    workload = build_train_workload(config, batch_size=batch, seq_len=seq_len)
     if seeds == 1:
-        step = workload.step
+        step = build_train_workload(config, batch_size=batch, seq_len=seq_len).step
     else:
         from roformer.bench.workload import train_config   # as the imports above: after the slot is set
         from roformer.train import optim
@@ -229,8 +233,8 @@ def _worker(shape: str, scheme: str, seeds: int) -> None:
         # The reference run has no dropout, so the seeds may share the (unused) dropout stream.
         vmapped = jax.jit(jax.vmap(train_steps.make_train_step(setup.graphdef, tx, schedule, seed=0),
                                    in_axes=(0, None, 0)), donate_argnums=0)
-        rest = workload.rest_state
-        del workload
+        with jax.set_mesh(mesh):
+            rest = setup.init_rest()
 
         def step():
             holder["state"], metrics = vmapped(holder["state"], rest, batches)

@@ -62,16 +62,18 @@ class TrainSetup:
     # The key is an argument of the jitted initialisers, not a constant inside them: a program
     # without inputs is all constants, and XLA's GPU pipeline then tries to constant-fold the
     # random initialisers at compile time (the same values, far slower to compile).
+    def _jitted_init_state(self, **jit_options):
+        return jax.jit(lambda key: _init_state(self.model_cfg, self.tx, key), **jit_options)
+
     def init_state(self) -> dict:
-        return jax.jit(lambda key: _init_state(self.model_cfg, self.tx, key),
-                       out_shardings=self.state_shardings)(jax.random.key(self.seed))
+        return self._jitted_init_state(out_shardings=self.state_shardings)(jax.random.key(self.seed))
 
     def init_states(self, seeds) -> dict:
         """The initial states of `seeds` stacked on a leading axis (vmapped seeds), each
         `TrainSetup(seed=...).init_state()`, from one compiled program called once per seed
         (a vmapped initialiser would hold every seed's random draws at once; so would calls
         left in flight together, hence the wait after each)."""
-        init = jax.jit(lambda key: _init_state(self.model_cfg, self.tx, key))
+        init = self._jitted_init_state()
         states = [jax.block_until_ready(init(jax.random.key(seed))) for seed in seeds]
         return jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
 
