@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The accelerator benchmarks in one command, under ten minutes on one GPU:
+#   profile.json        where a base/512 bf16 train step's time goes, op by op (fused attention),
+#                       with its trace and compiled program in profile_trace/
 #   gpu.json            the train-step table (tiny..base at 128 and 512, bf16, MFU) and RoPE kernels
 #                       (batch 32: at 8 the per-call floor hides most of the kernel time on an H200)
 #   runs_<shape>.json   small runs per GPU-hour at tiny/128/16 and mini/128/32: one run, 8 runs
@@ -7,10 +9,18 @@
 #   runs64_<shape>.json one run against 64 vmapped seeds (seeds per GPU-hour, device memory per seed)
 #   log.txt             everything the commands printed, with each compilation's time
 # Each step has its own time limit and its own file, so a slow one costs only itself.
+# STEPS picks and orders them (default: all, in the order above). Their limits add up to
+# 715 s, so on a machine lent for ten minutes a call, split them, e.g.
+#   STEPS="profile gpu runs_mini" then STEPS="runs_tiny runs64_tiny runs64_mini"
 # Usage: scripts/bench_accelerator.sh OUTDIR   (PYTHON=... to choose the interpreter)
 set -u
 out=${1:?usage: scripts/bench_accelerator.sh OUTDIR}
 py=${PYTHON:-python3}
+known=" profile gpu runs_tiny runs_mini runs64_tiny runs64_mini "
+steps=${STEPS:-$known}
+for step in $steps; do   # a misspelt step stops the script before any benchmark runs
+  [[ $known == *" $step "* ]] || { echo "unknown step '$step'; choose from:$known" >&2; exit 2; }
+done
 mkdir -p "$out"
 log="$out/log.txt"
 export PYTHONUNBUFFERED=1 JAX_LOG_COMPILES=1
@@ -33,12 +43,19 @@ print(format_table(result['rows'], result.get('columns')))
 for note in result.get('notes', []): print('note:', note)" "$out/$name.json"
 }
 
-bench gpu 300 gpu --sizes base small mini tiny --seq-lens 512 128 --rope-batch 32 --budget-s 240
-for shape in tiny/128/16 mini/128/32; do
-  bench "runs_${shape%%/*}" 75 runs --shapes "$shape" --modes one procs vmap --parallel 8 --rounds 3 --steps 30
-done
-for shape in tiny/128/16 mini/128/32; do
-  bench "runs64_${shape%%/*}" 60 runs --shapes "$shape" --modes one vmap --parallel 64 --rounds 3 --steps 20
+run_step() {
+  case $1 in
+    profile) bench profile 120 profile --size base --seq-len 512 --batch 64 --scheme rope --dtype bfloat16 \
+               --attention-impl cudnn --attention-dropout 0 --top 40 --trace-dir "$out/profile_trace" ;;
+    gpu) bench gpu 300 gpu --sizes base small mini tiny --seq-lens 512 128 --rope-batch 32 --budget-s 240 ;;
+    runs_tiny) bench runs_tiny 75 runs --shapes tiny/128/16 --modes one procs vmap --parallel 8 --rounds 3 --steps 30 ;;
+    runs_mini) bench runs_mini 100 runs --shapes mini/128/32 --modes one procs vmap --parallel 8 --rounds 3 --steps 30 ;;
+    runs64_tiny) bench runs64_tiny 60 runs --shapes tiny/128/16 --modes one vmap --parallel 64 --rounds 3 --steps 20 ;;
+    runs64_mini) bench runs64_mini 60 runs --shapes mini/128/32 --modes one vmap --parallel 64 --rounds 3 --steps 20 ;;
+  esac
+}
+for step in $steps; do
+  run_step "$step"
 done
 echo "slowest compilations:"
 grep -o "Finished XLA compilation of .* in [0-9.]* sec" "$log" | sort -k7 -g | tail -n 5

@@ -127,6 +127,30 @@ def test_profile_bench_splits_a_traced_step_by_kind(tmp_path):
                              "MLM decoder (masked positions)", "2,048^2 matmul"]
     assert all(row["ms"] > 0 and row["GFLOP/s"] > 0 and row["cpu_per_wall"] > 0 for row in matmuls.values())
     assert list((tmp_path / "trace").rglob("*.xplane.pb"))   # kept for TensorBoard / Perfetto
+    assert "ENTRY" in (tmp_path / "trace" / "train_step.hlo.txt").read_text()
+
+
+def test_op_events_names_gpu_kernels_by_their_instruction(tmp_path):
+    import gzip
+    import json
+
+    from roformer.bench.profile import op_events
+    gpu = [   # host launch events named after instructions; kernels with args.hlo_op
+        {"ph": "X", "name": "loop_add_fusion.1", "ts": 0, "dur": 5, "pid": 1},
+        {"ph": "X", "name": "loop_add_fusion_1", "ts": 10, "dur": 2, "pid": 2, "args": {"hlo_op": "loop_add_fusion.1"}},
+        {"ph": "X", "name": "sm90_xmma_gemm_bf16bf16", "ts": 12, "dur": 30, "pid": 2,
+         "args": {"hlo_op": "custom-call.3", "hlo_module": "jit_train_step"}},
+        {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/device:GPU:0"}},
+    ]
+    (tmp_path / "gpu").mkdir()
+    with gzip.open(tmp_path / "gpu" / "h.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": gpu}, f)
+    assert op_events(tmp_path / "gpu") == [("loop_add_fusion.1", 10e-6, 12e-6), ("custom-call.3", 12e-6, 42e-6)]
+    cpu = [{"ph": "X", "name": "dot.2", "ts": 1, "dur": 3}, {"ph": "i", "name": "marker", "ts": 2}]
+    (tmp_path / "cpu").mkdir()
+    with gzip.open(tmp_path / "cpu" / "h.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": cpu}, f)
+    assert op_events(tmp_path / "cpu") == [("dot.2", 1e-6, 4e-6)]
 
 
 def test_busy_and_concurrent_time_of_intervals():

@@ -348,3 +348,19 @@ def test_stacked_initial_states_are_each_seeds_state():
             alone = setup.init_state()
         for got, want in zip(jax.tree.leaves(stacked), jax.tree.leaves(alone), strict=True):
             np.testing.assert_array_equal(got[index], want)
+
+
+def test_initial_state_op_by_op_equals_the_compiled_one():
+    from test_train_sharding import TINY
+
+    from roformer.train import sharding
+    from roformer.train.state import TrainSetup
+
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
+    setup = TrainSetup(TINY, *optimizer(), mesh, seed=4)
+    with jax.set_mesh(mesh):
+        compiled, op_by_op = setup.init_state(), setup.init_state(compiled=False)
+    assert jax.tree.structure(op_by_op) == jax.tree.structure(compiled)
+    for got, want in zip(jax.tree.leaves(op_by_op), jax.tree.leaves(compiled), strict=True):
+        assert got.sharding == want.sharding and got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

@@ -37,6 +37,7 @@ from roformer.bench import step as step_bench
 from roformer.bench.common import TRAIN_STEP_WARMUP, matmul_probe, time_call, warm_up
 from roformer.bench.workload import build_train_workload, num_predictions
 from roformer.model import PRESETS
+from roformer.model.attention import ATTENTION_IMPLEMENTATIONS
 from roformer.model.positions import POSITION_SCHEMES
 
 KINDS = ("matmul", "layout copy", "reduction", "random bits", "elementwise and other")
@@ -55,6 +56,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab-size", type=int, default=30522)
     parser.add_argument("--attention-dropout", type=float, default=None,
                         help="override attention dropout (default: the model config's 0.1)")
+    parser.add_argument("--attention-impl", default="auto", choices=ATTENTION_IMPLEMENTATIONS,
+                        help="jax.nn.dot_product_attention implementation (cudnn: the fused kernel on a GPU, "
+                             "with --attention-dropout 0)")
     parser.add_argument("--steps", type=int, default=3, help="traced steps (after 3 untraced)")
     parser.add_argument("--top", type=int, default=25, help="rows of the most expensive ops")
     parser.add_argument("--trace-dir", type=Path, default=None,
@@ -151,15 +155,22 @@ def parse_program(hlo_text: str) -> dict[str, dict]:
 
 
 def op_events(trace_dir: Path) -> list[tuple[str, float, float]]:
-    """(name, start, end) in seconds of every complete event in the newest *.trace.json.gz
-    under trace_dir."""
+    """(HLO instruction name, start, end) in seconds of every complete event in the newest
+    *.trace.json.gz under trace_dir.
+
+    On a CPU an op's event is named after its instruction. On a GPU the device's kernel
+    events carry the instruction in args.hlo_op and are named after the kernel (a cuBLAS or
+    cuDNN kernel's own name, or the fusion's name with '_' for '.'), while the host's
+    launch events carry the instruction names too: where any event has args.hlo_op, only
+    those count, so that each kernel is counted once, on the device."""
     traces = sorted(trace_dir.rglob("*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
     if not traces:
         raise RuntimeError(f"the jax profiler wrote no *.trace.json.gz under {trace_dir}")
     with gzip.open(traces[-1]) as f:
-        events = json.load(f)["traceEvents"]
-    return [(event["name"], event["ts"] / 1e6, (event["ts"] + event.get("dur", 0)) / 1e6)
-            for event in events if event.get("ph") == "X" and "name" in event]
+        events = [event for event in json.load(f)["traceEvents"] if event.get("ph") == "X" and "name" in event]
+    device = [event for event in events if isinstance(event.get("args"), dict) and "hlo_op" in event["args"]]
+    return [(event["args"]["hlo_op"] if device else event["name"], event["ts"] / 1e6,
+             (event["ts"] + event.get("dur", 0)) / 1e6) for event in (device or events)]
 
 
 def busy_and_concurrent(intervals: list[tuple[float, float]]) -> tuple[float, float]:
@@ -243,7 +254,8 @@ def _short_op(op_name: str) -> str:
 
 def run(args: argparse.Namespace) -> dict:
     config = step_bench.model_config(args.size, args.scheme, args, args.seq_len)
-    workload = build_train_workload(config, batch_size=args.batch, seq_len=args.seq_len)
+    workload = build_train_workload(config, batch_size=args.batch, seq_len=args.seq_len,
+                                    attention_impl=args.attention_impl)
     warm_up({"step": workload.step}, TRAIN_STEP_WARMUP)
     untraced_steps = max(args.steps, 3)
     before = resource.getrusage(resource.RUSAGE_SELF)
@@ -260,7 +272,10 @@ def run(args: argparse.Namespace) -> dict:
             for _ in range(args.steps):
                 jax.block_until_ready(workload.step())
         events = op_events(trace_dir)
-    program = parse_program(workload.step_fn.as_text())
+    hlo_text = workload.step_fn.as_text()
+    program = parse_program(hlo_text)
+    if args.trace_dir:   # the compiled program beside its trace, to read the ops' fusions
+        (args.trace_dir / "train_step.hlo.txt").write_text(hlo_text)
 
     seconds: dict[str, float] = collections.defaultdict(float)
     calls: dict[str, int] = collections.Counter()
@@ -294,7 +309,8 @@ def run(args: argparse.Namespace) -> dict:
     probe = next(row for row in matmuls if row["matmul"] == PROBE_ROW)
     notes += early_returns(rate, program, probe_gflops=probe["GFLOP/s"])
     if args.trace_dir:
-        notes.append(f"trace kept in {args.trace_dir} (TensorBoard profile plugin or Perfetto)")
+        notes.append(f"trace kept in {args.trace_dir} (TensorBoard profile plugin or Perfetto), "
+                     "with the compiled step as train_step.hlo.txt")
     return {"rows": rows, "tables": {"most expensive ops": {"rows": top},
                                      "the step's matmul shapes alone": {"rows": matmuls}},
             "step_ms": step_ms, "traced_ms": traced * 1e3, "busy_ms": busy / args.steps * 1e3,

@@ -65,8 +65,16 @@ class TrainSetup:
     def _jitted_init_state(self, **jit_options):
         return jax.jit(lambda key: _init_state(self.model_cfg, self.tx, key), **jit_options)
 
-    def init_state(self) -> dict:
-        return self._jitted_init_state(out_shardings=self.state_shardings)(jax.random.key(self.seed))
+    def init_state(self, *, compiled: bool = True) -> dict:
+        """The initial state, made by one compiled program (each parameter sharded as it is
+        made), or with `compiled=False` op by op and then placed: no compilation of a program
+        with one inlined random-bits generator per parameter, which for a base model takes
+        tens of seconds, but the whole state passes through the default device first, so
+        it is for one-device use (benchmarks). Equal to float rounding (test)."""
+        key = jax.random.key(self.seed)
+        if not compiled:
+            return jax.device_put(_init_state(self.model_cfg, self.tx, key), self.state_shardings)
+        return self._jitted_init_state(out_shardings=self.state_shardings)(key)
 
     def init_states(self, seeds) -> dict:
         """The initial states of `seeds` stacked on a leading axis (vmapped seeds), each
