@@ -205,6 +205,20 @@ def test_no_readable_checkpoint_starts_over_saying_so(finished_run, cache, tmp_p
         f"--config.task=<task|all> --config.init={workdir} --workdir={workdir}_glue")
 
 
+def test_only_our_own_unrequested_items_are_quiet():
+    from roformer.train.checkpoint import _UnrequestedItems
+
+    def record(message):
+        return logging.LogRecord("absl", logging.WARNING, __file__, 1, message, None, None)
+
+    keep = _UnrequestedItems().filter
+    tail = (" was found in the checkpoint, but could not be restored. Please provide a `CheckpointHandlerRegistry`, "
+            "or call `restore` with an appropriate `CheckpointArgs` subclass.")
+    assert not keep(record('Item "data"' + tail)) and not keep(record('Item "state"' + tail))
+    assert keep(record('Item "someone_elses"' + tail))
+    assert keep(record("Item \"data\" could not be written"))
+
+
 def test_abandoned_restore_reads_are_not_echoed_but_other_lost_errors_are():
     """The asyncio log filter that restore_latest installs drops 'exception was never
     retrieved' for orbax's tasks and for tensorstore reads whose future had no one left to
@@ -227,15 +241,18 @@ def test_abandoned_restore_reads_are_not_echoed_but_other_lost_errors_are():
     assert keep(record("unrelated asyncio error", read))
 
 
-def test_resume_logs_each_step_once(finished_run, cache, tmp_path):
+def test_resume_logs_each_step_once(finished_run, cache, tmp_path, caplog):
     """Extending a finished run resumes it; rows an interrupted attempt logged past the
-    checkpoint it resumes from (and a torn last line) are dropped, not duplicated."""
+    checkpoint it resumes from (and a torn last line) are dropped, not duplicated; orbax
+    does not warn about the checkpoint items that a partial restore leaves unread."""
     workdir = tmp_path / "run"
     shutil.copytree(finished_run, workdir)
     with open(workdir / "metrics.jsonl", "a") as f:   # steps 5-6 of an attempt killed before saving
         f.write(json.dumps({"step": 5, "loss": 99.0}) + "\n" + json.dumps({"step": 6, "loss": 99.0}) + "\n")
         f.write('{"step": 6, "eval_lo')
-    summary = train_and_evaluate(make_config(cache, **{"train.steps": 6}), workdir)
+    with caplog.at_level(logging.WARNING):
+        summary = train_and_evaluate(make_config(cache, **{"train.steps": 6}), workdir)
+    assert not [r.getMessage() for r in caplog.records if "could not be restored" in r.getMessage()]
     assert summary["start_step"] == 4 and summary["final_step"] == 6 and summary["final_loss"] is not None
     rows = read_metrics(workdir)
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5, 6]

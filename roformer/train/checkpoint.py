@@ -87,6 +87,25 @@ class _AbandonedOrbaxTasks(logging.Filter):
         return not any("orbax/checkpoint" in name for name in [message, *files])
 
 
+class _UnrequestedItems(logging.Filter):
+    """orbax's warning that a checkpoint item was 'found in the checkpoint, but could not be
+    restored', for one of our own items: a restore that asks for some of them (the model
+    config alone, or the parameters without the iterator state) leaves the others unread
+    on purpose, and a resume would otherwise print one such line per item left."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Item ") and "was found in the checkpoint, but could not be restored" in message
+                    and any(f'"{item}"' in message.split(" was found")[0] for item in ITEMS))
+
+
+def _quiet_unrequested_items() -> None:
+    """Install _UnrequestedItems on orbax's logger (absl's), once per process."""
+    absl_log = logging.getLogger("absl")
+    if not any(isinstance(f, _UnrequestedItems) for f in absl_log.filters):
+        absl_log.addFilter(_UnrequestedItems())
+
+
 def _quiet_failed_restores() -> None:
     """Silence the echo of a failed restore (installed once per process, before the first).
 
@@ -274,6 +293,7 @@ class Checkpointer:
 
     def saved_model_config(self) -> dict | None:
         """Model config of the newest readable checkpoint, or None when there is none."""
+        _quiet_unrequested_items()
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 restored = self.manager.restore(step, args=ocp.args.Composite(
@@ -289,6 +309,7 @@ class Checkpointer:
         said in one warning when unreadable checkpoints were moved aside). `abstract_state`
         carries the shapes, dtypes and shardings to restore into."""
         _quiet_failed_restores()
+        _quiet_unrequested_items()
         steps = sorted(self.manager.all_steps(), reverse=True)
         for index, step in enumerate(steps):
             try:
@@ -392,6 +413,7 @@ class PretrainWorkdir:
         return step
 
     def _manager(self) -> ocp.CheckpointManager:
+        _quiet_unrequested_items()   # model_config and params each read some of the items
         return ocp.CheckpointManager(self.checkpoints, item_names=ITEMS)
 
     def model_config(self, step: int = -1):
