@@ -57,6 +57,10 @@ def test_findings_say_which_differences_exceed_the_seed_spread_and_who_ignores_w
                            baseline="learned")
     assert "Only one seed finished for rope: differences have no interval yet." in one["findings"]
     assert "(+0.500 (one seed))" in report.to_markdown(one)
+    convergence = next(f for f in one["findings"] if f.startswith("Convergence"))
+    assert convergence.startswith("Convergence (RoFormer Fig. 3): one seed in common, no interval yet; "
+                                  "learned - rope held-out loss is +0.500 at 3.00M tokens")
+    assert "does not reproduce" not in convergence
     assert not any(f.startswith("Not distinguishable") for f in one["findings"])
     # An unfinished seed: a scheme with one seed in common is listed as such, not as
     # "not distinguishable" at the reference's seed count.
@@ -82,3 +86,16 @@ def test_report_helpers():
     result = report.summarize({}, runs, [], reference="a")
     md = report.to_markdown(result)
     assert "| a | done |" in md and "| c | failed | n/a |" in md and "- c seed 0 pretrain: RuntimeError: boom" in md
+
+
+def test_convergence_table_shows_at_most_twelve_evaluations_and_the_first_separated_one():
+    points = [{"step": k, "tokens": k * 1_000_000, "diff": 0.1, "lo": 0.0, "hi": 0.2, "exceeds": k >= 40}
+              for k in range(1, 81)]
+    shown = report._convergence_points(points)
+    assert shown[0]["step"] == 1 and shown[-1]["step"] == 80
+    assert 40 in [p["step"] for p in shown] and len(shown) == 13   # 12 evenly spaced + the first separated
+    assert report._convergence_points(points[:12]) == points[:12]
+    md = "\n".join(report._convergence_md({"baseline": "learned", "reference": "rope", "seeds": [0, 1],
+                                           "at_step": points}))
+    assert "13 of 80 evaluations, all of them in ablation.json" in md
+    assert md.splitlines()[-1].count("|") == 14 + 1   # "Δ loss" and 13 cells

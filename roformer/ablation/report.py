@@ -318,7 +318,11 @@ def _convergence_finding(conv: Mapping) -> str:
     share = conv.get("budget_share_to_baseline_final")
     text = (f"Convergence (RoFormer Fig. 3): {conv['reference']}'s held-out loss is below "
             f"{conv['baseline']}'s beyond the seed spread ")
-    if first is None:
+    if len(conv["seeds"]) < 2:   # no interval from one pair, so nothing is "beyond the spread"
+        last = conv["at_step"][-1]
+        text = (f"Convergence (RoFormer Fig. 3): one seed in common, no interval yet; {conv['baseline']} - "
+                f"{conv['reference']} held-out loss is {last['diff']:+.3f} at {_tokens(last['tokens'])} tokens")
+    elif first is None:
         text = (f"Convergence (RoFormer Fig. 3): at no evaluation is {conv['baseline']}'s held-out loss above "
                 f"{conv['reference']}'s beyond the seed spread, so the claim does not reproduce here")
     elif stays:
@@ -545,13 +549,28 @@ def _matched_cell(cell: Mapping) -> str:
     return text
 
 
+CONVERGENCE_COLUMNS = 12   # evaluations shown in the convergence table (all of them are in the JSON)
+
+
+def _convergence_points(points: list[Mapping], columns: int = CONVERGENCE_COLUMNS) -> list[Mapping]:
+    """At most `columns` evaluations, evenly spaced from the first to the last, plus the first
+    whose difference exceeds the seed spread (where the finding's words point)."""
+    if len(points) <= columns:
+        return list(points)
+    chosen = {round(i * (len(points) - 1) / (columns - 1)) for i in range(columns)}
+    chosen |= {next((i for i, p in enumerate(points) if p.get("exceeds")), 0)}
+    return [points[i] for i in sorted(chosen)]
+
+
 def _convergence_md(conv: Mapping | None) -> list[str]:
     if not (conv and conv["at_step"]):
         return []
+    shown = _convergence_points(conv["at_step"])
+    thinned = "" if len(shown) == len(conv["at_step"]) else (
+        f"; {len(shown)} of {len(conv['at_step'])} evaluations, all of them in ablation.json")
     return ["", f"## Convergence: {conv['baseline']} - {conv['reference']} held-out loss (paired over seeds "
-            f"{conv['seeds']})", "",
-            _table(["tokens"] + [_tokens(p["tokens"]) for p in conv["at_step"]],
-                   [["Δ loss"] + [_diff(p, 3) for p in conv["at_step"]]])]
+            f"{conv['seeds']}{thinned})", "",
+            _table(["tokens"] + [_tokens(p["tokens"]) for p in shown], [["Δ loss"] + [_diff(p, 3) for p in shown]])]
 
 
 def _glue_md(schemes: list[Mapping]) -> list[str]:
