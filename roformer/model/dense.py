@@ -12,11 +12,23 @@ from roformer.model import backend
 from roformer.model.axes import declare
 
 
+class Dense(nnx.Linear):
+    """nnx.Linear, with the float32 bias broadcast to the output's shape before it is cast to
+    the compute dtype. The forward values are the same. In the backward pass the bias
+    gradient, a sum over every token of the batch, is then taken in float32. nnx.Linear
+    casts first, so with bfloat16 compute the sum runs in bfloat16."""
+
+    def __call__(self, inputs):
+        inputs, kernel = self.promote_dtype((inputs, self.kernel[...]), dtype=self.dtype)
+        y = self.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
+        return y + jnp.broadcast_to(self.bias[...], y.shape).astype(y.dtype)
+
+
 def dense(in_features: int, out_features: int, axes: tuple[str | None, str | None], *, dtype,
-          initializer_range: float, rngs: nnx.Rngs) -> nnx.Linear:
-    """HF-initialised Linear (normal(initializer_range) kernel, zero bias) whose kernel [in, out]
+          initializer_range: float, rngs: nnx.Rngs) -> Dense:
+    """HF-initialised Dense (normal(initializer_range) kernel, zero bias) whose kernel [in, out]
     has logical `axes`; the bias stays replicated. Parameters are float32, compute in `dtype`."""
-    return nnx.Linear(in_features, out_features, dtype=dtype, param_dtype=jnp.float32,
-                      kernel_init=nnx.initializers.normal(initializer_range),
-                      dot_general=backend.token_matmul,
-                      kernel_metadata=declare(*axes), bias_metadata=declare(None), rngs=rngs)
+    return Dense(in_features, out_features, dtype=dtype, param_dtype=jnp.float32,
+                 kernel_init=nnx.initializers.normal(initializer_range),
+                 dot_general=backend.token_matmul,
+                 kernel_metadata=declare(*axes), bias_metadata=declare(None), rngs=rngs)

@@ -27,7 +27,8 @@ from roformer.errors import ConfigError
 from roformer.model.attention import ATTENTION_IMPLEMENTATIONS, ATTENTION_KINDS, RoFormerSelfAttention
 from roformer.model.axes import EMBED, EMBEDDING, HEADS, MLP, NORM, VOCAB, declare
 from roformer.model.backend import tied_decoder
-from roformer.model.dense import dense
+from roformer.model.dense import Dense, dense
+from roformer.model.embedding import Embed
 from roformer.model.positions import POSITION_SCHEMES, make_position_scheme
 from roformer.model.rope import ROPE_LAYOUTS, ROPE_SCALINGS
 
@@ -157,7 +158,7 @@ class ModelConfig:
 
 
 def _dense(config: ModelConfig, in_features: int, out_features: int,
-           axes: tuple[str | None, str | None], rngs: nnx.Rngs) -> nnx.Linear:
+           axes: tuple[str | None, str | None], rngs: nnx.Rngs) -> Dense:
     return dense(in_features, out_features, axes, dtype=config.jnp_dtype,
                  initializer_range=config.initializer_range, rngs=rngs)
 
@@ -174,10 +175,10 @@ class RoFormerEmbeddings(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         size = config.embedding_size or config.hidden_size
         init = nnx.initializers.normal(config.initializer_range)
-        self.word_embeddings = nnx.Embed(config.vocab_size, size, dtype=config.jnp_dtype,
+        self.word_embeddings = Embed(config.vocab_size, size, dtype=config.jnp_dtype,
                                          embedding_init=init, rngs=rngs,
                                          embedding_metadata=declare(VOCAB, EMBEDDING))
-        self.token_type_embeddings = nnx.Embed(config.type_vocab_size, size, dtype=config.jnp_dtype,
+        self.token_type_embeddings = Embed(config.type_vocab_size, size, dtype=config.jnp_dtype,
                                                embedding_init=init, rngs=rngs,
                                                embedding_metadata=declare(None, EMBEDDING))
         self.LayerNorm = _layer_norm(config, size, rngs)
