@@ -378,11 +378,11 @@ def test_gpu_bench_keeps_what_it_has_when_a_group_fails(tmp_path, monkeypatch):
 
 @pytest.mark.slow   # four benchmark processes start jax and compile
 def test_runs_bench_times_one_process_runs_side_by_side_and_vmapped_seeds(tmp_path):
-    result = run_bench(tmp_path, "runs", "--shapes", "tiny/16/2", "--modes", "one", "procs", "vmap",
-                       "--parallel", "2", "--rounds", "2", "--steps", "1")
+    result = run_bench(tmp_path, "runs", "--shapes", "tiny/16/2", "--modes", "one", "procs", "vmap", "procs_vmap",
+                       "--parallel", "2", "--seeds-per-process", "3", "--rounds", "2", "--steps", "1")
     rows = {row["mode"]: row for row in result["rows"]}
-    assert list(rows) == ["one", "procs", "vmap"]
-    assert [rows[m]["runs"] for m in rows] == [1, 2, 2]
+    assert list(rows) == ["one", "procs", "vmap", "procs_vmap"]
+    assert [rows[m]["runs"] for m in rows] == [1, 2, 2, 6]   # procs_vmap: 2 processes x 3 seeds
     assert rows["one"]["x_one"] == 1.0
     for row in rows.values():
         assert row["tokens_s"] > 0 and row["rss_MB_per_run"] > 0 and row["cpu_per_wall"] > 0

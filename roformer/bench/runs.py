@@ -16,6 +16,10 @@ an 8,000-word vocabulary, as configs/ablation.py:reference) runs in these modes:
 - `vmap`: `--parallel` seeds of one scheme in one process, parameters, optimizer state and
   batches stacked on a leading axis and the step `jax.vmap`ped (each seed its own
   initialisation and batch).
+- `procs_vmap`: both: `--parallel` processes as in `procs`, each holding
+  `--seeds-per-process` vmapped seeds. On XLA:CPU a vmapped step's batched products run on
+  one core, which costs a one-core process nothing, while its per-op overhead is shared by
+  the seeds.
 
 Every mode's processes are started once, compiled and warmed up, then the modes run in
 alternating rounds (the order rotating), each round `--steps` steps of every run of the
@@ -42,7 +46,7 @@ import time
 # first (`python -m roformer.bench.runs --worker`).
 from roformer.ablation import parallel as parallel_runs   # `parallel` here counts runs
 
-MODES = ("one", "procs", "procs_pinned", "procs_plain", "vmap")
+MODES = ("one", "procs", "procs_pinned", "procs_plain", "vmap", "procs_vmap")
 TABLE_COLUMNS = ("shape", "mode", "runs", "tokens_s", "x_one", "x_one_min", "x_one_max", "runs_per_hour",
                  "cpu_per_wall", "rss_MB_per_run", "device_MB_per_run")
 
@@ -63,7 +67,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="size/seq_len/batch of the run")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--parallel", type=int, default=0,
-                        help="runs at once in procs and vmap (0: one per core)")
+                        help="runs at once in procs and vmap, processes in procs_vmap (0: one per core)")
+    parser.add_argument("--seeds-per-process", type=int, default=2, help="vmapped seeds per process in procs_vmap")
     parser.add_argument("--scheme", default="rope", help="position scheme of the runs")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds")
     parser.add_argument("--steps", type=int, default=30, help="steps of every run per round")
@@ -106,7 +111,7 @@ class Worker:
             self.proc.wait()
 
 
-def start_mode(mode: str, shape: str, scheme: str, parallel: int) -> list[Worker]:
+def start_mode(mode: str, shape: str, scheme: str, parallel: int, seeds_per_process: int = 2) -> list[Worker]:
     if mode == "one":
         return [Worker(shape, scheme, 1, parallel_runs.child_env(None))]
     if mode == "vmap":
@@ -114,6 +119,8 @@ def start_mode(mode: str, shape: str, scheme: str, parallel: int) -> list[Worker
     slots = parallel_runs.core_slots(parallel)
     if mode == "procs_plain":
         return [Worker(shape, scheme, 1, parallel_runs.child_env(None)) for _ in slots]
+    if mode == "procs_vmap":
+        return [Worker(shape, scheme, seeds_per_process, parallel_runs.child_env(cores)) for cores in slots]
     return [Worker(shape, scheme, 1, parallel_runs.child_env(cores, pin=mode == "procs_pinned")) for cores in slots]
 
 
@@ -133,7 +140,7 @@ def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
     steps_per_run = reference_run()["steps"]
     size, seq_len, batch = parse_shape(shape)
     parallel = args.parallel or len(parallel_runs.available_cores())
-    modes = {mode: start_mode(mode, shape, args.scheme, parallel) for mode in args.modes}
+    modes = {mode: start_mode(mode, shape, args.scheme, parallel, args.seeds_per_process) for mode in args.modes}
     try:
         start, ready = time.perf_counter(), {}
         for mode, workers in modes.items():
