@@ -112,6 +112,7 @@ def test_profile_bench_splits_a_traced_step_by_kind(tmp_path):
     top = result["tables"]["most expensive ops"]["rows"]
     assert len(top) == 5 and all(row["ms_step"] > 0 and row["kind"] in kinds for row in top)
     assert all((row["GFLOP/s"] is None) == (row["kind"] != "matmul") for row in top)
+    assert all(row["GB/s"] > 0 for row in top)
     assert result["step_ms"] > 0 and result["traced_ms"] > 0
     kernel = result["kernel"]
     assert kernel["page_faults_per_step"] >= 0 and kernel["user_cpu_ms_per_step"] > 0
@@ -209,6 +210,17 @@ ENTRY %main (a: f32[4,4], b: f32[4,4]) -> f32[4,4] {
     # 2 x outputs x contracted size; a fusion counts the dots it calls
     assert program["mm"]["flops"] == 2 * 16 * 4 and program["bmm"]["flops"] == 2 * 24 * 5
     assert program["tr"]["flops"] == program["out"]["flops"] == 0
+    # bytes read and written: operands and result (4-byte floats)
+    assert program["mm"]["bytes"] == 3 * 16 * 4 and program["bmm"]["bytes"] == (40 + 30 + 24) * 4
+    assert program["tr"]["bytes"] == (16 + 16) * 4
+
+
+def test_bytes_of_array_and_tuple_shapes_and_operands_of_an_instruction():
+    from roformer.bench.profile import _bytes, _operands
+    assert _bytes("bf16[128,768]{1,0}") == 128 * 768 * 2 and _bytes("f32[]") == 4
+    assert _bytes("(bf16[128,768]{1,0}, pred[64,512]{1,0}, c64[2]{0})") == 128 * 768 * 2 + 64 * 512 + 16
+    assert _operands("%a, %b.1), kind=kLoop, calls=%fused_dot, metadata={op_name=\"f(%x)\"}") == ["a", "b.1"]
+    assert _operands("), custom_call_target=\"x\"") == []
 
 
 def test_early_returns_names_matmuls_traced_faster_than_the_probe():

@@ -71,6 +71,29 @@ def _dims(shape: str) -> list[int]:
     return [int(d) for d in match.group(1).split(",") if d] if match else []
 
 
+_ELEMENT_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "bf16": 2, "f16": 2,
+                  "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8,
+                  "c128": 16}
+
+
+def _bytes(shape: str) -> int:
+    """Bytes of an array shape, or of every array in a tuple shape such as
+    '(bf16[128,768]{1,0}, f32[2]{0})' (element types not in the table count 4 bytes)."""
+    return sum(_ELEMENT_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
+               for dtype, dims in re.findall(r"\b([a-z][a-z0-9]*)\[([\d,]*)\]", shape))
+
+
+def _operands(rest: str) -> list[str]:
+    """Operand names of an instruction, from the text after its opcode's '('."""
+    depth, end = 1, len(rest)
+    for index, char in enumerate(rest):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            end = index
+            break
+    return re.findall(r"%([\w.\-]+)", rest[:end])
+
+
 def _dot_flops(shape: str, rest: str, shapes: dict[str, str]) -> float:
     """2 x output elements x contracted size of one dot instruction."""
     lhs = re.match(r"%([\w.\-]+)", rest)
@@ -81,8 +104,9 @@ def _dot_flops(shape: str, rest: str, shapes: dict[str, str]) -> float:
 
 
 def parse_program(hlo_text: str) -> dict[str, dict]:
-    """Instruction name -> {kind, shape, op, flops} for every instruction of a compiled HLO
-    module; flops counts the dots in the instruction (and in what it calls)."""
+    """Instruction name -> {kind, shape, op, flops, bytes} for every instruction of a compiled
+    HLO module; flops counts the dots in the instruction (and in what it calls), bytes the
+    operands it reads and the result it writes (what a memory-bound op's time is set by)."""
     bodies: dict[str, list[tuple]] = {}
     current = None
     for line in hlo_text.splitlines():
@@ -138,7 +162,8 @@ def parse_program(hlo_text: str) -> dict[str, dict]:
             called = re.search(r"calls=%([\w.\-]+)", rest)
             opcodes = {opcode} | (contents(called.group(1), set()) if called else set())
             root = root_opcode(called.group(1)) if called else opcode
-            library_matmul = "custom-call" in opcodes and re.search(r"gemm|matmul|cublas", rest)
+            # cuBLAS GEMMs and cuDNN's fused attention (its two batched products) on a GPU
+            library_matmul = "custom-call" in opcodes and re.search(r"gemm|matmul|cublas|fmha", rest)
             if opcodes & {"dot", "convolution"} or library_matmul:
                 kind = "matmul"
             elif any(marker in op_name for marker in _RANDOM) or "rng-bit-generator" in opcodes:
@@ -150,7 +175,8 @@ def parse_program(hlo_text: str) -> dict[str, dict]:
             else:
                 kind = "elementwise and other"
             program[name] = {"kind": kind, "shape": shape, "op": op_name,
-                             "flops": instruction_flops(instruction, shapes, set())}
+                             "flops": instruction_flops(instruction, shapes, set()),
+                             "bytes": _bytes(shape) + sum(_bytes(shapes.get(operand, "")) for operand in _operands(rest))}
     return program
 
 
@@ -296,6 +322,7 @@ def run(args: argparse.Namespace) -> dict:
     rate = {name: entry["flops"] * calls[name] / seconds[name] / 1e9
             for _, name, entry in ops if entry["flops"] and seconds[name] > 0}
     top = [{"op": name, "kind": entry["kind"], "ms_step": s * 1e3, "GFLOP/s": rate.get(name),
+            "GB/s": entry["bytes"] * calls[name] / seconds[name] / 1e9 if seconds[name] > 0 else None,
             "shape": entry["shape"][:40], "from": _short_op(entry["op"])[-70:]}
            for s, name, entry in sorted(ops, key=lambda item: item[0], reverse=True)[:args.top]]
     notes = [f"{args.size}/{args.seq_len}/{args.batch} {args.scheme} {args.dtype}: "
