@@ -215,6 +215,22 @@ ENTRY %main (a: f32[4,4], b: f32[4,4]) -> f32[4,4] {
     assert program["tr"]["bytes"] == (16 + 16) * 4
 
 
+def test_a_gpu_library_gemm_is_a_matmul_with_its_flops():
+    from roformer.bench.profile import parse_program
+    hlo = """HloModule m
+
+ENTRY %main (a: bf16[32768,768], b: bf16[768,3072]) -> bf16[32768,3072] {
+  %a = bf16[32768,768]{1,0} parameter(0)
+  %b = bf16[768,3072]{1,0} parameter(1)
+  %custom-call.3 = (bf16[32768,3072]{1,0}, s8[4194304]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"alpha_real":1,"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
+  ROOT %get-tuple-element = bf16[32768,3072]{1,0} get-tuple-element(%custom-call.3), index=0
+}
+"""
+    gemm = parse_program(hlo)["custom-call.3"]
+    assert gemm["kind"] == "matmul" and gemm["flops"] == 2 * 32768 * 3072 * 768
+    assert gemm["bytes"] == (32768 * 3072 + 32768 * 768 + 768 * 3072) * 2 + 4194304
+
+
 def test_bytes_of_array_and_tuple_shapes_and_operands_of_an_instruction():
     from roformer.bench.profile import _bytes, _operands
     assert _bytes("bf16[128,768]{1,0}") == 128 * 768 * 2 and _bytes("f32[]") == 4

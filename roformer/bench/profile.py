@@ -103,6 +103,23 @@ def _dot_flops(shape: str, rest: str, shapes: dict[str, str]) -> float:
     return 2.0 * math.prod(_dims(shape)) * math.prod(lhs_dims[a] for a in axes if a < len(lhs_dims))
 
 
+def _library_gemm_flops(shape: str, rest: str, shapes: dict[str, str]) -> float:
+    """2 x result elements x contracted size of a GPU library GEMM (a custom-call such as
+    __cublas$gemm or __cublas$lt$matmul), from the dot dimension numbers in its backend config; its result is the
+    first array of a (result, workspace) tuple."""
+    if not re.search(r'custom_call_target="[^"]*(gemm|matmul)', rest):
+        return 0.0
+    contracting = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', rest)
+    operands = _operands(rest)
+    if not (contracting and operands):
+        return 0.0
+    lhs_dims = _dims(shapes.get(operands[0], ""))
+    axes = [int(d) for d in re.findall(r"\d+", contracting.group(1))]
+    result = re.search(r"[a-z][a-z0-9]*\[[\d,]*\]", shape)
+    return 2.0 * math.prod(_dims(result.group(0)) if result else []) * math.prod(
+        lhs_dims[a] for a in axes if a < len(lhs_dims))
+
+
 def parse_program(hlo_text: str) -> dict[str, dict]:
     """Instruction name -> {kind, shape, op, flops, bytes} for every instruction of a compiled
     HLO module; flops counts the dots in the instruction (and in what it calls), bytes the
@@ -133,7 +150,8 @@ def parse_program(hlo_text: str) -> dict[str, dict]:
     def instruction_flops(instruction: tuple, shapes: dict[str, str], seen: set) -> float:
         """FLOPs of an instruction's own dot and of the dots in the computations it calls."""
         _, _, shape, opcode, rest = instruction
-        total = _dot_flops(shape, rest, shapes) if opcode == "dot" else 0.0
+        total = (_dot_flops(shape, rest, shapes) if opcode == "dot"
+                 else _library_gemm_flops(shape, rest, shapes) if opcode == "custom-call" else 0.0)
         for called in re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", rest):
             if called not in seen:
                 seen.add(called)
