@@ -104,7 +104,10 @@ def test_step_and_scaling_bench(tmp_path):
 
 def test_profile_bench_splits_a_traced_step_by_kind(tmp_path):
     result = run_bench(tmp_path, "profile", "--size", "tiny", "--seq-len", "16", "--batch", "2",
-                       "--vocab-size", "64", "--steps", "1", "--top", "5", "--trace-dir", str(tmp_path / "trace"))
+                       "--vocab-size", "64", "--steps", "1", "--top", "5", "--trace-dir", str(tmp_path / "trace"),
+                       "--attention-impl", "cudnn", "--attention-dropout", "0")
+    # no cuDNN on a CPU: the profile goes on with XLA attention, and says so first
+    assert result["notes"][0].startswith("cuDNN attention failed (") and "profiled with XLA attention" in result["notes"][0]
     kinds = {row["kind"]: row for row in result["rows"]}
     assert list(kinds) == ["matmul", "layout copy", "reduction", "random bits", "elementwise and other"]
     assert kinds["matmul"]["ms_step"] > 0 and kinds["random bits"]["ms_step"] > 0   # dots; dropout masks
