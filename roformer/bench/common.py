@@ -118,3 +118,10 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(row.get(c)) for c in columns) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def failure(error: Exception) -> str:
+    """'Type: first line of the message' (at most 200 characters of it), for a benchmark's
+    note on what failed."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"

@@ -34,7 +34,7 @@ import time
 import jax
 
 from roformer.bench import rope as rope_bench
-from roformer.bench.common import machine_info, ratio_stats, write_json
+from roformer.bench.common import failure, machine_info, ratio_stats, write_json
 from roformer.bench.step import default_peak_size, step_figures, time_with_matmul, vendor_peak
 from roformer.bench.workload import build_train_workload
 from roformer.model import PRESETS, ModelConfig
@@ -180,12 +180,6 @@ def timed_group(size: str, seq_len: int, kernels: list[str], args: argparse.Name
             notes.append(f"{size}/{seq_len} with {'+'.join(attempt)} attention failed ({failure(error)}){retry}")
         gc.collect()   # the failed group's buffers, now that its traceback is gone
     return []
-
-
-def failure(error: Exception) -> str:
-    """'Type: first line of the message' (at most 200 characters of it)."""
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
 
 
 def write_partial(args: argparse.Namespace, result: dict) -> None:

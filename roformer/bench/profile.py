@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from roformer.bench import step as step_bench
-from roformer.bench.common import TRAIN_STEP_WARMUP, matmul_probe, time_call, warm_up
+from roformer.bench.common import TRAIN_STEP_WARMUP, failure, matmul_probe, time_call, warm_up
 from roformer.bench.workload import build_train_workload, num_predictions
 from roformer.model import PRESETS
 from roformer.model.attention import ATTENTION_IMPLEMENTATIONS
@@ -94,30 +94,35 @@ def _operands(rest: str) -> list[str]:
     return re.findall(r"%([\w.\-]+)", rest[:end])
 
 
+def _contraction_flops(result_shape: str, lhs_shape: str, lhs_contracting: str) -> float:
+    """2 x result elements x contracted size: `result_shape` the first array of the result
+    (a GPU library call returns (result, workspace)), `lhs_contracting` the text listing the
+    contracted dimensions of the left operand."""
+    result = re.search(r"[a-z][a-z0-9]*\[[\d,]*\]", result_shape)
+    lhs_dims = _dims(lhs_shape)
+    axes = [int(d) for d in re.findall(r"\d+", lhs_contracting)]
+    return 2.0 * math.prod(_dims(result.group(0)) if result else []) * math.prod(
+        lhs_dims[a] for a in axes if a < len(lhs_dims))
+
+
 def _dot_flops(shape: str, rest: str, shapes: dict[str, str]) -> float:
-    """2 x output elements x contracted size of one dot instruction."""
-    lhs = re.match(r"%([\w.\-]+)", rest)
+    """FLOPs of one dot instruction."""
+    operands = _operands(rest)
     contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
-    lhs_dims = _dims(shapes.get(lhs.group(1), "")) if lhs else []
-    axes = [int(d) for d in contracting.group(1).split(",") if d] if contracting else []
-    return 2.0 * math.prod(_dims(shape)) * math.prod(lhs_dims[a] for a in axes if a < len(lhs_dims))
+    return _contraction_flops(shape, shapes.get(operands[0], "") if operands else "",
+                              contracting.group(1) if contracting else "")
 
 
 def _library_gemm_flops(shape: str, rest: str, shapes: dict[str, str]) -> float:
-    """2 x result elements x contracted size of a GPU library GEMM (a custom-call such as
-    __cublas$gemm or __cublas$lt$matmul), from the dot dimension numbers in its backend config; its result is the
-    first array of a (result, workspace) tuple."""
+    """FLOPs of a GPU library GEMM (a custom-call such as __cublas$gemm or
+    __cublas$lt$matmul), from the dot dimension numbers in its backend config."""
     if not re.search(r'custom_call_target="[^"]*(gemm|matmul)', rest):
         return 0.0
     contracting = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', rest)
     operands = _operands(rest)
     if not (contracting and operands):
         return 0.0
-    lhs_dims = _dims(shapes.get(operands[0], ""))
-    axes = [int(d) for d in re.findall(r"\d+", contracting.group(1))]
-    result = re.search(r"[a-z][a-z0-9]*\[[\d,]*\]", shape)
-    return 2.0 * math.prod(_dims(result.group(0)) if result else []) * math.prod(
-        lhs_dims[a] for a in axes if a < len(lhs_dims))
+    return _contraction_flops(shape, shapes.get(operands[0], ""), contracting.group(1))
 
 
 def parse_program(hlo_text: str) -> dict[str, dict]:
@@ -305,8 +310,7 @@ def run(args: argparse.Namespace) -> dict:
     except Exception as error:   # noqa: BLE001 (a device's time is scarce: profile XLA attention instead)
         if args.attention_impl != "cudnn":
             raise
-        fallback.append(f"cuDNN attention failed ({type(error).__name__}: {str(error).strip().splitlines()[0][:200]}); "
-                        "profiled with XLA attention")
+        fallback.append(f"cuDNN attention failed ({failure(error)}); profiled with XLA attention")
         workload = build_train_workload(config, batch_size=args.batch, seq_len=args.seq_len, attention_impl="xla")
     warm_up({"step": workload.step}, TRAIN_STEP_WARMUP)
     untraced_steps = max(args.steps, 3)
