@@ -176,11 +176,11 @@ class RoFormerEmbeddings(nnx.Module):
         size = config.embedding_size or config.hidden_size
         init = nnx.initializers.normal(config.initializer_range)
         self.word_embeddings = Embed(config.vocab_size, size, dtype=config.jnp_dtype,
-                                         embedding_init=init, rngs=rngs,
-                                         embedding_metadata=declare(VOCAB, EMBEDDING))
+                                     embedding_init=init, rngs=rngs,
+                                     embedding_metadata=declare(VOCAB, EMBEDDING))
         self.token_type_embeddings = Embed(config.type_vocab_size, size, dtype=config.jnp_dtype,
-                                               embedding_init=init, rngs=rngs,
-                                               embedding_metadata=declare(None, EMBEDDING))
+                                           embedding_init=init, rngs=rngs,
+                                           embedding_metadata=declare(None, EMBEDDING))
         self.LayerNorm = _layer_norm(config, size, rngs)
         self.dropout = nnx.Dropout(config.hidden_dropout, rngs=rngs)
 

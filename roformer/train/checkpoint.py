@@ -199,6 +199,7 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             preservation_policy=retention, best_fn=_eval_loss, best_mode="min",   # best_fn: metrics are saved
             create=True, enable_async_checkpointing=async_save)
+        _quiet_unrequested_items()   # saved_model_config and restore_latest each read some of the items
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
         self._closed = False
         self._pending: dict | None = None   # the save in flight: step, bytes, free space
@@ -293,7 +294,6 @@ class Checkpointer:
 
     def saved_model_config(self) -> dict | None:
         """Model config of the newest readable checkpoint, or None when there is none."""
-        _quiet_unrequested_items()
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 restored = self.manager.restore(step, args=ocp.args.Composite(
@@ -309,7 +309,6 @@ class Checkpointer:
         said in one warning when unreadable checkpoints were moved aside). `abstract_state`
         carries the shapes, dtypes and shardings to restore into."""
         _quiet_failed_restores()
-        _quiet_unrequested_items()
         steps = sorted(self.manager.all_steps(), reverse=True)
         for index, step in enumerate(steps):
             try:
