@@ -65,6 +65,11 @@ def get_config(arg=None):
     # DIR/compile_cache (jax's persistent compilation cache), so the seeds of a scheme and a
     # resumed run load them instead of compiling them again; False compiles in every process.
     c.compile_cache = True
+    # Seeds of a scheme pretrained together, this many at a time, stacked in one vmapped step on
+    # one device (roformer.train.seeds): on an accelerator a small run leaves the device mostly
+    # idle; on XLA:CPU it gains nothing (docs/performance.md). Same workdirs, records and resume;
+    # the runs' other stages go as before. 1: every run on its own.
+    c.vmap_seeds = 1
 
     # Shared pretraining config (configs/base.py layout) for every scheme.
     pre = c.pretrain = base.get_config("size=mini")

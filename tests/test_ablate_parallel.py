@@ -204,7 +204,8 @@ def tiny_config(parallel):
 def overrides(config):
     """The command-line flags that give `config` from configs/ablation.py:smoke."""
     pre = config.pretrain.train
-    flags = {"seeds": config.seeds, "parallel": config.parallel, "glue.task": "",
+    flags = {"schemes": config.schemes, "seeds": config.seeds, "parallel": config.parallel,
+             "vmap_seeds": config.vmap_seeds, "glue.task": "",
              "extension.enabled": False, "extrapolation.factors": "1", "extrapolation.scalings": "",
              "extrapolation.num_docs": 2, "budget_tokens": config.budget_tokens,
              "pretrain.train.eval_every": pre.eval_every, "pretrain.train.checkpoint_every": pre.checkpoint_every,

@@ -212,6 +212,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     schemes = split_list(config.schemes)
     problems = _scheme_problems(config, schemes)
     problems += _parallel_problems(config.parallel)
+    problems += _vmap_problems(config)
     if config.reference not in schemes:
         problems.append(f"config.reference={config.reference!r} is not one of config.schemes {schemes}")
     problems += _evaluation_problems(config)
@@ -262,6 +263,20 @@ def _parallel_problems(parallel_runs: Any) -> list[str]:
     except ValueError as error:
         return [f"config.parallel={parallel_runs}: {error}"]
     return []
+
+
+def _vmap_problems(config: ml_collections.ConfigDict) -> list[str]:
+    seeds = config.get("vmap_seeds", 1)
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
+        return [f"config.vmap_seeds={seeds!r}: give how many seeds of a scheme train in one vmapped step (>= 1)"]
+    if seeds == 1:
+        return []
+    problems = []
+    if str(config.pretrain.train.get("phases") or "").strip():
+        problems.append(f"config.vmap_seeds={seeds}: vmapped seeds do not train in phases (pretrain.train.phases)")
+    if config.pretrain.train.get("init_from"):
+        problems.append(f"config.vmap_seeds={seeds}: vmapped seeds do not warm-start (pretrain.train.init_from)")
+    return problems
 
 
 def _evaluation_problems(config: ml_collections.ConfigDict) -> list[str]:

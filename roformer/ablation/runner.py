@@ -33,7 +33,7 @@ import ml_collections
 from jax.experimental import multihost_utils
 
 from roformer.ablation import collect, parallel, report
-from roformer.ablation.plan import Job, extension_jobs, scheme_jobs, validate
+from roformer.ablation.plan import Job, extension_jobs, scheme_jobs, scheme_pretrain_config, validate
 from roformer.ablation.stages import (PREEMPTED_EXIT, Preempted, Stage, error_name, job_stages, record_failure,
                                       run_stages)
 from roformer.ablation.state import PINNED_TOKENIZER, AblationState, is_main_process
@@ -74,6 +74,8 @@ def _run_ablation(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     try:
         # config.parallel > 1: every run in a process of its own, that many at once.
         run_jobs = _run_side_by_side if config.parallel > 1 else _run_in_turn
+        if config.get("vmap_seeds", 1) > 1:   # the schemes' pretraining first, seeds vmapped; the other stages below
+            _pretrain_vmapped(config, workdir, state, vocab, scheme_jobs(config))
         result = run_jobs(config, workdir, state, vocab, scheme_jobs(config))
         if config.extension.enabled:   # after the comparison itself, which it builds on
             result = run_jobs(config, workdir, state, vocab, extension_jobs(config))
@@ -151,6 +153,57 @@ def _run_in_turn(config, workdir: Path, state: AblationState, vocab: str, jobs: 
         run_stages(state, workdir, job.run, job_stages(config, workdir, job, vocab))
         result = write_report(config, workdir, state)   # readable while the next run trains
     return result
+
+
+# --------------------------------------------------------------------------- vmapped seeds
+
+
+def _pretrain_vmapped(config, workdir: Path, state: AblationState, vocab: str, jobs: list[Job]) -> None:
+    """The pretrain stage of every scheme's unfinished seeds, config.vmap_seeds at a time in
+    one vmapped step (roformer.train.seeds), recorded as the stage would record it; a seed
+    left alone trains with the other stages. Raises Preempted when SIGTERM stopped a group."""
+    from roformer.train.seeds import train_seeds_and_evaluate   # jax: only when vmapping
+
+    _merge_job_states(state, workdir)   # what a killed side-by-side session left
+    todo: dict[str, list[tuple[Job, Stage]]] = {}
+    for job in jobs:
+        pretrain = job_stages(config, workdir, job, vocab)[0]
+        if not state.is_done(job.run, pretrain[0], pretrain[1]):
+            todo.setdefault(job.key, []).append((job, pretrain))
+    size = int(config.vmap_seeds)
+    for scheme, runs in todo.items():
+        for start in range(0, len(runs), size):
+            group = runs[start:start + size]
+            if len(group) < 2:
+                continue
+            names = [job.run for job, _ in group]
+            log.info("%s: pretraining as %d vmapped seeds", ", ".join(names), len(group))
+            configs = [scheme_pretrain_config(config, scheme, job.seed) for job, _ in group]
+            for cfg in configs:
+                cfg.data.vocab = vocab
+            dirs = [workdir / "pretrain" / scheme / f"seed{job.seed}" for job, _ in group]
+            begun = time.time()
+            try:
+                outcomes = train_seeds_and_evaluate(configs, dirs)
+            except Exception as error:  # noqa: BLE001 - recorded for every seed of the group, as a stage's
+                outcomes = [error] * len(group)
+            wall = round(time.time() - begun, 1)
+            preempted = False
+            for (job, (stage, fp, _)), cfg, outcome in zip(group, configs, outcomes):
+                if isinstance(outcome, Exception):
+                    record_failure(state, workdir, job.run, stage, fp, outcome)
+                elif outcome["preempted"]:
+                    preempted = True
+                elif outcome["final_step"] < cfg.train.steps:
+                    record_failure(state, workdir, job.run, stage, fp, RuntimeError(
+                        f"training stopped at step {outcome['final_step']} of {cfg.train.steps}"))
+                else:   # wall_s: the group's, as each seed's training took all of it
+                    state.set(job.run, stage, {"status": "done", "fingerprint": fp, "wall_s": wall,
+                                               "result": {"steps": outcome["final_step"],
+                                                          "seeds_in_step": outcome["seeds_in_step"]}})
+            write_report(config, workdir, state)
+            if preempted:
+                raise Preempted(f"{', '.join(names)} preempted")
 
 
 # --------------------------------------------------------------------------- side by side

@@ -233,18 +233,18 @@ def _worker(shape: str, scheme: str, seeds: int) -> None:
         tx, schedule = optim.make_optimizer(**train_config())
         mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
         setup = TrainSetup(config, tx, schedule, mesh)
-        # Each seed its own initialisation and batch; stacked on a leading axis.
+        # Each seed its own initialisation, batch and dropout key, stacked on a leading axis: the
+        # step `python -m roformer.ablate --config.vmap_seeds=K` trains (roformer.train.seeds).
         holder = {"state": setup.init_states(range(seeds))}
         batches = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]),
                                *[synthetic_batch(config, batch, seq_len, seed=k) for k in range(seeds)])
-        # The reference run has no dropout, so the seeds may share the (unused) dropout stream.
-        vmapped = jax.jit(jax.vmap(train_steps.make_train_step(setup.graphdef, tx, schedule, seed=0),
-                                   in_axes=(0, None, 0)), donate_argnums=0)
+        keys = jnp.stack([train_steps.dropout_base_key(k) for k in range(seeds)])
+        vmapped = setup.jit_seeds_train_step()
         with jax.set_mesh(mesh):
             rest = setup.init_rest()
 
         def step():
-            holder["state"], metrics = vmapped(holder["state"], rest, batches)
+            holder["state"], metrics = vmapped(holder["state"], rest, batches, keys)
             return holder["state"], metrics
     for _ in range(TRAIN_STEP_WARMUP):
         jax.block_until_ready(step())

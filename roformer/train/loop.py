@@ -166,18 +166,9 @@ def _train_phase(config, workdir: Path) -> dict:
     is_main = jax.process_index() == 0
 
     with contextlib.ExitStack() as cleanup:   # closes the progress bar, signal handler, logs, checkpoints
-        checkpointer = cleanup.enter_context(contextlib.closing(Checkpointer(
-            workdir / CHECKPOINTS, max_to_keep=tc.keep_checkpoints, async_save=tc.async_checkpoints)))
-        check_same_model_config(checkpointer.saved_model_config(), model_cfg.to_dict(), workdir)
-        finished = finished_summary(workdir, checkpointer.latest_step(), tc.steps)
+        checkpointer, finished = open_run(cleanup, config, workdir, tc, model_cfg, data.tokenizer, is_main=is_main)
         if finished is not None:
-            log.info("%s: already complete at step %d (train.steps=%d); nothing to do",
-                     workdir, finished["final_step"], tc.steps)
             return finished
-        if is_main:
-            if checkpointer.latest_step() is not None:
-                _say_changed_optimizer(checkpointer, workdir, tc, checkpointer.latest_step())
-            _write_run_files(workdir, config, model_cfg, data.tokenizer)
         # measured outside the mesh context: a CPU peak is timed on one local device
         peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
         setup = TrainSetup(model_cfg, *_optimizer(tc), mesh, seed=tc.seed,
@@ -261,6 +252,26 @@ def _train_phase(config, workdir: Path) -> dict:
     if is_main:
         _write_summary(workdir, summary)
     return summary
+
+
+def open_run(cleanup: contextlib.ExitStack, config, workdir: Path, tc: TrainConfig, model_cfg: ModelConfig,
+             tokenizer, *, is_main: bool = True) -> tuple[Checkpointer, dict | None]:
+    """The run's Checkpointer (closed by `cleanup`), after refusing a workdir of another
+    architecture, and the summary of a run already finished (None otherwise; then the run's
+    files are written and a changed optimizer setting is said)."""
+    checkpointer = cleanup.enter_context(contextlib.closing(Checkpointer(
+        workdir / CHECKPOINTS, max_to_keep=tc.keep_checkpoints, async_save=tc.async_checkpoints)))
+    check_same_model_config(checkpointer.saved_model_config(), model_cfg.to_dict(), workdir)
+    finished = finished_summary(workdir, checkpointer.latest_step(), tc.steps)
+    if finished is not None:
+        log.info("%s: already complete at step %d (train.steps=%d); nothing to do",
+                 workdir, finished["final_step"], tc.steps)
+        return checkpointer, finished
+    if is_main:
+        if checkpointer.latest_step() is not None:
+            _say_changed_optimizer(checkpointer, workdir, tc, checkpointer.latest_step())
+        _write_run_files(workdir, config, model_cfg, tokenizer)
+    return checkpointer, None
 
 
 def _write_run_files(workdir: Path, config, model_cfg: ModelConfig, tokenizer) -> None:
@@ -398,9 +409,13 @@ class TrainLog:
         self.last_loss: float | None = None
 
     def add(self, step: int, metrics: dict) -> None:
-        self.pending.append((step, metrics))
+        self.queue(step, metrics)
         self.bar.update(1)
         self.timer.step(metrics)
+
+    def queue(self, step: int, metrics: dict) -> None:
+        """Keep a step's metrics (device or host values) for the next `flush`."""
+        self.pending.append((step, metrics))
 
     def write(self, step: int, row: dict) -> None:
         self.writer.write(step, {**row, **self.mark})

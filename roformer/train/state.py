@@ -65,13 +65,14 @@ class TrainSetup:
     def _jitted_init_state(self, **jit_options):
         return jax.jit(lambda key: _init_state(self.model_cfg, self.tx, key), **jit_options)
 
-    def init_state(self, *, compiled: bool = True) -> dict:
+    def init_state(self, *, compiled: bool = True, seed: int | None = None) -> dict:
         """The initial state, made by one compiled program (each parameter sharded as it is
         made), or with `compiled=False` op by op and then placed: no compilation of a program
         with one inlined random-bits generator per parameter, which for a base model takes
         tens of seconds, but the whole state passes through the default device first, so
-        it is for one-device use (benchmarks). Equal to float rounding (test)."""
-        key = jax.random.key(self.seed)
+        it is for one-device use (benchmarks). Equal to float rounding (test). `seed`: another
+        seed's initial state (vmapped seeds), default the setup's."""
+        key = jax.random.key(self.seed if seed is None else seed)
         if not compiled:
             return jax.device_put(_init_state(self.model_cfg, self.tx, key), self.state_shardings)
         return self._jitted_init_state(out_shardings=self.state_shardings)(key)
@@ -97,6 +98,21 @@ class TrainSetup:
                                   dropout_rng_impl=self.dropout_rng_impl),
             in_shardings=(self.state_shardings, self.rest_shardings, sharding.batch_sharding(self.mesh)),
             out_shardings=(self.state_shardings, self.replicated), donate_argnums=0)
+
+    # Seeds stacked on a leading axis (roformer.train.seeds): one device, no shardings.
+    def jit_seeds_train_step(self, *, grad_accum: int = 1, debug_nan_step: int = -1):
+        """`(states, rest, batches, base_keys) -> (states, metrics)` for stacked seeds, each its
+        own dropout base key (steps.dropout_base_key); donates the old states."""
+        step = steps.make_keyed_train_step(self.graphdef, self.tx, self.schedule, grad_accum=grad_accum,
+                                           debug_nan_step=debug_nan_step)
+        return jax.jit(jax.vmap(step, in_axes=(0, None, 0, 0)), donate_argnums=0)
+
+    def jit_seeds_eval_step(self):
+        """`(stacked params, rest, batch) -> stacked sums`: every seed on the same batch."""
+        return jax.jit(jax.vmap(steps.make_eval_step(self.graphdef), in_axes=(0, None, None)))
+
+    def jit_seeds_attention_stats_step(self):
+        return jax.jit(jax.vmap(steps.make_attention_stats_step(self.graphdef), in_axes=(0, None, None)))
 
     def jit_attention_stats_step(self):
         """`(params, rest, batch) -> roformer.model.attention_stats` (attention distance, hidden cosine)."""

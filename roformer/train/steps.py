@@ -72,6 +72,14 @@ def _split_microbatches(batch: Batch, num: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
+def dropout_base_key(seed, dropout_rng_impl: str = "threefry2x32") -> jax.Array:
+    """The key every step's dropout key is folded from (`seed` may be traced: vmapped seeds)."""
+    if dropout_rng_impl not in DROPOUT_RNG_IMPLS:
+        raise ConfigError(f"unknown dropout RNG implementation {dropout_rng_impl!r}; "
+                          f"choose one of {DROPOUT_RNG_IMPLS}")
+    return jax.random.key(seed, impl=dropout_rng_impl)
+
+
 def make_train_step(graphdef, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, *, seed: int, grad_accum: int = 1,
                     debug_nan_step: int = -1,
@@ -84,10 +92,20 @@ def make_train_step(graphdef, tx: optax.GradientTransformation,
 
     `debug_nan_step` (>0) poisons the loss and gradients of that step, to test the
     non-finite-loss guard."""
-    if dropout_rng_impl not in DROPOUT_RNG_IMPLS:
-        raise ConfigError(f"unknown dropout RNG implementation {dropout_rng_impl!r}; "
-                          f"choose one of {DROPOUT_RNG_IMPLS}")
-    base_key = jax.random.key(seed, impl=dropout_rng_impl)
+    base_key = dropout_base_key(seed, dropout_rng_impl)
+    keyed = make_keyed_train_step(graphdef, tx, schedule, grad_accum=grad_accum, debug_nan_step=debug_nan_step)
+
+    def train_step(state: TrainState, rest_state, batch: Batch):
+        return keyed(state, rest_state, batch, base_key)
+
+    return train_step
+
+
+def make_keyed_train_step(graphdef, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
+                          grad_accum: int = 1, debug_nan_step: int = -1) -> Callable[..., tuple[TrainState, dict]]:
+    """`train_step(state, rest_state, batch, base_key) -> (state, metrics)`: make_train_step's
+    step with the dropout base key (`dropout_base_key`) an argument, so that vmapped seeds
+    each bring their own."""
 
     def loss_fn(params, rest_state, micro_batch, dropout_key):
         model = nnx.merge(graphdef, nnx.State(params), reseeded(rest_state, dropout_key))
@@ -97,7 +115,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation,
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def train_step(state: TrainState, rest_state, batch: Batch):
+    def train_step(state: TrainState, rest_state, batch: Batch, base_key: jax.Array):
         params, step = state["params"], state["step"]
         step_key = jax.random.fold_in(base_key, step)
         if grad_accum == 1:

@@ -1,0 +1,336 @@
+"""`train_seeds_and_evaluate(configs, workdirs)`: several seeds of one pretraining config,
+trained together in one vmapped step on one device.
+
+A small model leaves an accelerator mostly idle, and the research loop is many small runs:
+stacked on a leading axis, K seeds train in one program (docs/performance.md has what that
+gains, and where it loses: XLA:CPU). Each seed stays an ordinary run: its own workdir,
+initialisation, data order and masking, dropout keys, metrics.jsonl, checkpoints, divergence
+guard and summary.json, as `train_and_evaluate` writes them, so every reader of a workdir
+(resume, GLUE, extrapolation, the ablation report) takes it as it is.
+
+The seeds go in lockstep: each segment trains the seeds at the lowest step up to the next
+step another seed is at (or the end), so seeds resumed from checkpoints of different steps
+(a kill between their saves) catch up before they join. A seed that diverges or whose
+checkpoint save fails stops alone; the others go on without it. SIGTERM saves every seed.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from roformer.errors import ConfigError
+from roformer.model import attention_stats
+from roformer.train import flops, sharding, steps
+from roformer.train.checkpoint import Checkpointer
+from roformer.train.config import TrainConfig
+from roformer.train.guard import DivergenceGuard, TrainingStopped
+from roformer.train.loop import (StopFlag, TrainLog, _eval_batches, _logged_history, _make_data, _optimizer,
+                                 _optimizer_settings, _write_summary, build_model_config, open_run)
+from roformer.train.metrics import MetricsWriter, ThroughputTimer
+from roformer.train.state import TrainSetup
+from roformer.workdir_lock import workdir_lock
+
+log = logging.getLogger("roformer.train")
+
+
+def check_seed_group(configs) -> None:
+    """The configs must differ in train.seed only, and ask for nothing a vmapped group does
+    not do (more than one process, phases, a warm start); ConfigError says what."""
+    if not configs:
+        raise ConfigError("no seeds to train")
+    seeds = [int(c.train.seed) for c in configs]
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"vmapped seeds must differ: train.seed {seeds}")
+
+    def without_seed(config) -> dict:
+        values = config.to_dict()
+        values["train"] = {k: v for k, v in values["train"].items() if k != "seed"}
+        return values
+
+    first = without_seed(configs[0])
+    for config in configs[1:]:
+        if without_seed(config) != first:
+            raise ConfigError("vmapped seeds must share every setting but train.seed")
+    if jax.process_count() > 1:
+        raise ConfigError("vmapped seeds train in one process; this job has "
+                          f"{jax.process_count()} (train each seed as a run of its own)")
+    train = configs[0].train
+    if str(train.get("phases") or "").strip():
+        raise ConfigError("vmapped seeds do not train in phases (train.phases); train each seed as a run of its own")
+    if train.get("init_from"):
+        raise ConfigError("vmapped seeds start from their own initialisations, not a warm start (train.init_from)")
+
+
+def train_seeds_and_evaluate(configs, workdirs) -> list[dict | TrainingStopped]:
+    """Pretrain (or resume) the seeds of `configs` (equal but for train.seed), each in its
+    workdir, vmapped on the first device; returns per seed its summary (as
+    `train_and_evaluate`'s, with `seeds_in_step`) or the TrainingStopped that stopped it.
+    Workdirs another live run is using are refused (roformer.workdir_lock)."""
+    if len(configs) != len(workdirs):
+        raise ValueError(f"{len(configs)} configs for {len(workdirs)} workdirs")
+    check_seed_group(configs)
+    workdirs = [Path(w).resolve() for w in workdirs]
+    if len(set(workdirs)) != len(workdirs):
+        raise ConfigError("every vmapped seed needs a workdir of its own")
+    with contextlib.ExitStack() as locks:
+        for workdir in workdirs:
+            locks.enter_context(workdir_lock(workdir))
+        return _train_group(configs, workdirs)
+
+
+@dataclasses.dataclass
+class _Seed:
+    """One seed's run: its files, data and, between segments, its own (unstacked) state."""
+    index: int
+    config: object
+    workdir: Path
+    tc: TrainConfig
+    data: object
+    checkpointer: Checkpointer
+    state: dict | None = None
+    step: int = 0
+    start_step: int = 0
+    train_iter: object = None
+    log: TrainLog | None = None
+    evaluated: dict = dataclasses.field(default_factory=dict)   # step -> held-out loss
+    last_eval: dict = dataclasses.field(default_factory=dict)
+    error: TrainingStopped | None = None
+
+    def save(self, state: dict, model_cfg) -> None:
+        metrics = {"eval_loss": self.evaluated[self.step]} if self.step in self.evaluated else None
+        self.checkpointer.save(self.step, state, self.train_iter.get_state(), model_cfg.to_dict(),
+                               metrics=metrics, optimizer=_optimizer_settings(self.tc))
+
+
+def _train_group(configs, workdirs: list[Path]) -> list[dict | TrainingStopped]:
+    tcs = [TrainConfig.from_section(c.train) for c in configs]
+    tc = tcs[0]
+    if tc.batch_size % tc.grad_accum:
+        raise ConfigError(f"train.batch_size={tc.batch_size} must be divisible by train.grad_accum={tc.grad_accum}")
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+    datas = [_make_data(c.data, t, None) for c, t in zip(configs, tcs)]
+    model_cfg = build_model_config(configs[0].model, vocab_size=datas[0].vocab_size, pad_token_id=datas[0].pad_id)
+    results: list = [None] * len(configs)
+    wall_start = time.perf_counter()
+
+    with contextlib.ExitStack() as cleanup:
+        seeds: list[_Seed] = []
+        for index, (config, workdir, t, data) in enumerate(zip(configs, workdirs, tcs, datas)):
+            checkpointer, finished = open_run(cleanup, config, workdir, t, model_cfg, data.tokenizer)
+            if finished is not None:
+                results[index] = finished
+                continue
+            seeds.append(_Seed(index, config, workdir, t, data, checkpointer))
+        if not seeds:
+            return results
+
+        peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
+        setup = TrainSetup(model_cfg, *_optimizer(tc), mesh, seed=tc.seed, dropout_rng_impl=tc.dropout_rng_impl)
+        cleanup.enter_context(jax.set_mesh(mesh))
+        rest = setup.init_rest()   # RNG streams only: every step re-derives them from its seed's key
+        step_flops = flops.train_flops_per_step(model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
+                                                num_predictions=datas[0].masker.max_predictions)
+        for seed in seeds:
+            _restore_or_init(seed, setup)
+            writer = cleanup.enter_context(contextlib.closing(MetricsWriter(seed.workdir, resume_step=seed.start_step)))
+            logged = _logged_history(seed.workdir, seed.start_step, tc.divergence_window)
+            guard = DivergenceGuard(tc.divergence_factor, tc.divergence_patience, tc.divergence_window,
+                                    after_step=tc.warmup_steps, history=logged["losses"], best_eval=logged["best_eval"],
+                                    last_good_step=seed.start_step, last_good_eval_step=seed.start_step,
+                                    resumed_step=seed.start_step)
+            # Each seed's tokens/s and MFU are its own: the group's step time, one seed's tokens.
+            timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,
+                                    peak_flops=peak_flops, num_devices=1)
+            seed.log = TrainLog(writer, timer, tqdm(disable=True), seed.checkpointer, guard,
+                                first_loss=logged["first_loss"],
+                                mark={"phase": seed.train_iter.phase, "seq_len": tc.seq_len})
+
+        group = _Group(setup, model_cfg, rest, tc, _eval_batches(datas[0], tc, mesh))
+        stop = cleanup.enter_context(StopFlag())
+        bar = cleanup.enter_context(tqdm(total=tc.steps, initial=min(s.step for s in seeds), dynamic_ncols=True,
+                                         desc=f"pretrain {len(seeds)} seeds", unit="step", disable=not tc.progress_bar))
+        preempted = False
+        while not preempted:
+            live = [s for s in seeds if s.error is None and s.step < tc.steps]
+            if not live:
+                break
+            low = min(s.step for s in live)
+            members = [s for s in live if s.step == low]
+            end = min([s.step for s in live if s.step > low] + [tc.steps])
+            preempted = group.train(members, end, stop, bar)
+        if not preempted:   # nothing left to train (summary.json was missing): report the evaluation only
+            untrained = [s for s in seeds if s.error is None and s.step == s.start_step]
+            if untrained:
+                group.evaluate(untrained, _stack([s.state for s in untrained]))
+
+    wall = time.perf_counter() - wall_start
+    for seed in seeds:
+        if seed.error is not None:
+            results[seed.index] = seed.error
+            continue
+        summary = {
+            "workdir": str(seed.workdir), "final_step": int(seed.step), "start_step": int(seed.start_step),
+            "preempted": preempted, "first_loss": seed.log.first_loss, "final_loss": seed.log.last_loss,
+            **seed.last_eval, **seed.log.timer.medians(), "wall_time_s": wall, "num_devices": 1,
+            "num_processes": 1, "seeds_in_step": len(seeds), "data": seed.data.manifest,
+        }
+        _write_summary(seed.workdir, summary)
+        results[seed.index] = summary
+    return results
+
+
+def _restore_or_init(seed: _Seed, setup: TrainSetup) -> None:
+    restored = seed.checkpointer.restore_latest(setup.sharded_abstract_state())
+    seed.train_iter = seed.data.train_iterator()
+    if restored is None:
+        seed.state, seed.step = setup.init_state(seed=seed.tc.seed), 0
+    else:
+        seed.step, seed.state, data_state = restored
+        if data_state is not None:
+            seed.train_iter.resume(data_state)
+        log.info("%s: resumed at step %d", seed.workdir, seed.step)
+    seed.start_step = seed.step
+
+
+def _stack(trees: list) -> dict:
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+def _unstack(tree, count: int) -> list:
+    return [jax.tree.map(lambda leaf: leaf[i], tree) for i in range(count)]
+
+
+class _Group:
+    """The compiled steps (one program per number of seeds in a segment) and the segment loop."""
+
+    def __init__(self, setup: TrainSetup, model_cfg, rest, tc: TrainConfig, eval_batches: dict):
+        self.setup, self.model_cfg, self.rest, self.tc, self.eval_batches = setup, model_cfg, rest, tc, eval_batches
+        self.train_step = setup.jit_seeds_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
+        self.eval_step = setup.jit_seeds_eval_step()
+        # Linear attention forms no probabilities to measure.
+        self.stats_step = (setup.jit_seeds_attention_stats_step()
+                           if tc.eval_attention_stats and model_cfg.attention == "softmax" else None)
+
+    def train(self, members: list[_Seed], end: int, stop: StopFlag, bar) -> bool:
+        """Train `members` (all at one step) together up to step `end`, or until one of them
+        stops (the rest go on in the next segment); True when SIGTERM stopped the segment."""
+        tc = self.tc
+        states = _stack([seed.state for seed in members])
+        for seed in members:
+            seed.state = None
+        keys = jnp.stack([steps.dropout_base_key(seed.tc.seed, tc.dropout_rng_impl) for seed in members])
+        pending: list[tuple[int, dict]] = []
+        step, preempted, stopped = members[0].step, False, False
+        while step < end and not stopped:
+            batch = {k: jnp.asarray(np.stack(v)) for k, v in
+                     _by_key([next(seed.train_iter) for seed in members]).items()}
+            states, metrics = self.train_step(states, self.rest, batch, keys)
+            step += 1
+            for seed in members:
+                seed.step = step
+                seed.log.timer.step(metrics)
+            pending.append((step, metrics))
+            bar.update(1)
+            checkpoint_due = step % tc.checkpoint_every == 0 or step == tc.steps
+            preempted = stop.should_stop(step, tc.log_every)
+            if step % tc.log_every == 0 or checkpoint_due or preempted or step == end:
+                stopped |= self._flush(members, pending)
+                pending = []
+            if preempted:
+                self._save(members, states)
+                log.warning("SIGTERM received: saved a checkpoint of every seed at step %d; exiting", step)
+                break
+            with contextlib.ExitStack() as paused:
+                for seed in members:
+                    paused.enter_context(seed.log.timer.paused())
+                if step % tc.eval_every == 0 or step == tc.steps:
+                    stopped |= self.evaluate(members, states)
+                if checkpoint_due:
+                    self._save(members, states, postpone=step < tc.steps)
+        if pending:   # a seed stopped at an evaluation between two logged rows: the others' rows
+            self._flush(members, pending)
+        for seed, state in zip(members, _unstack(states, len(members))):
+            seed.state = state
+        return preempted
+
+    def _flush(self, members: list[_Seed], pending: list[tuple[int, dict]]) -> bool:
+        """Each seed's rows from the stacked metrics (one fetch); True when one stopped."""
+        fetched = jax.device_get([m for _, m in pending])
+        stopped = False
+        for i, seed in enumerate(members):
+            if seed.error is not None:
+                continue
+            for (step, _), metrics in zip(pending, fetched):
+                seed.log.queue(step, {name: value[i] for name, value in metrics.items()})
+            stopped |= _guarded(seed, lambda: seed.log.flush(pending[-1][0]))
+        return stopped
+
+    def evaluate(self, members: list[_Seed], states) -> bool:
+        """Every seed's held-out loss (and attention statistics) on the same batches; True
+        when one stopped."""
+        rows = [{} for _ in members]
+        for name, batches in self.eval_batches.items():
+            totals = None
+            for batch in batches:
+                sums = jax.device_get(self.eval_step(states["params"], self.rest, batch))
+                totals = sums if totals is None else {k: totals[k] + sums[k] for k in totals}
+            for i, row in enumerate(rows):
+                row.update(steps.summarize_eval({k: float(v[i]) for k, v in totals.items()},
+                                                prefix=f"eval_{name}_" if name else "eval_"))
+        if self.stats_step is not None:
+            stats = jax.device_get(self.stats_step(states["params"], self.rest, self.eval_batches[""][0]))
+            for i, row in enumerate(rows):
+                row.update(attention_stats.as_metrics(jax.tree.map(lambda leaf: leaf[i], stats)))
+        stopped = False
+        for seed, row in zip(members, rows):
+            if seed.error is not None:
+                continue
+            if "eval_shuffled_loss" in row:   # as the single-run loop: how much the model uses word order
+                row["eval_order_gap"] = row["eval_shuffled_loss"] - row["eval_loss"]
+            seed.last_eval = row
+            seed.log.write(seed.step, row)
+            seed.evaluated[seed.step] = row["eval_loss"]
+
+            def check(seed=seed, row=row):
+                reason = seed.log.guard.check_eval(seed.step, row["eval_loss"])
+                if reason:
+                    seed.log.stop(reason, seed.step,
+                                  min(seed.log.guard.last_good_eval_step, seed.log.guard.good_checkpoint_step()),
+                                  guard_check=math.isfinite(row["eval_loss"]))
+            stopped |= _guarded(seed, check)
+        return stopped
+
+    def _save(self, members: list[_Seed], states, *, postpone: bool = False) -> None:
+        for seed, state in zip(members, _unstack(states, len(members))):
+            if seed.error is not None:
+                continue
+            if postpone and seed.log.guard.suspicious:
+                log.warning("%s: step %d: checkpoint postponed while the training loss is out of range",
+                            seed.workdir, seed.step)
+                continue
+            _guarded(seed, lambda: seed.save(state, self.model_cfg))
+
+
+def _by_key(batches: list[dict]) -> dict[str, list]:
+    return {key: [batch[key] for batch in batches] for key in batches[0]}
+
+
+def _guarded(seed: _Seed, call) -> bool:
+    """Run `call` for one seed; a TrainingStopped (divergence, failed save) stops that seed
+    alone: recorded, logged, True."""
+    try:
+        call()
+    except TrainingStopped as error:
+        seed.error = error
+        log.error("%s: %s", seed.workdir, error)
+        return True
+    return False

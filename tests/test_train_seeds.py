@@ -1,0 +1,132 @@
+"""Vmapped seeds (roformer.train.seeds): K seeds of one config in one jitted step, each an
+ordinary run of its own.
+
+Two seeds trained together give each seed's losses as it trains alone; a group stopped by
+SIGTERM, one of whose seeds then loses its newest checkpoint (a kill between the seeds'
+saves), resumes with that seed catching up alone and ends where the uninterrupted group
+ended; a seed that diverges stops alone; configs that are not one config's seeds are refused.
+"""
+import shutil
+
+import pytest
+
+from roformer.errors import ConfigError
+from roformer.train import read_metrics, train_and_evaluate
+from roformer.train import loop as train_loop
+from roformer.train import seeds as train_seeds
+from roformer.train.checkpoint import PretrainWorkdir
+from roformer.train.guard import TrainingDiverged
+from roformer.train.seeds import check_seed_group, train_seeds_and_evaluate
+
+from test_train_phases import make_config
+
+SEEDS = (0, 1)
+# Evaluated at steps 4 and 8, checkpoints every 2 steps (two kept).
+EXTRA = {"train.phases": "", "train.steps": 8, "train.eval_every": 4}
+
+
+def seed_configs(cache, seeds=SEEDS, **extra):
+    return [make_config(cache, **EXTRA, **extra, **{"train.seed": seed}) for seed in seeds]
+
+
+def rows(workdir):
+    """(step, training loss or held-out loss) of every metrics row."""
+    return [(r["step"], r.get("loss", r.get("eval_loss"))) for r in read_metrics(workdir)]
+
+
+def losses_match(got, want):
+    assert [s for s, _ in got] == [s for s, _ in want]
+    # One program for K seeds may sum a product in another order than one seed's: float rounding.
+    assert [x for _, x in got] == pytest.approx([x for _, x in want], rel=1e-5, abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("seeds_cache")
+
+
+@pytest.fixture(scope="module")
+def alone(cache, tmp_path_factory):
+    """Each seed trained on its own (train_and_evaluate)."""
+    root = tmp_path_factory.mktemp("alone")
+    for config in seed_configs(cache):
+        train_and_evaluate(config, root / f"seed{config.train.seed}")
+    return root
+
+
+@pytest.fixture(scope="module")
+def together(cache, tmp_path_factory):
+    """The seeds trained as one vmapped group, uninterrupted."""
+    root = tmp_path_factory.mktemp("together")
+    results = train_seeds_and_evaluate(seed_configs(cache), [root / f"seed{s}" for s in SEEDS])
+    return root, results
+
+
+def test_vmapped_seeds_train_as_each_seed_alone(cache, alone, together):
+    root, results = together
+    for seed, result in zip(SEEDS, results):
+        assert result["final_step"] == 8 and not result["preempted"] and result["seeds_in_step"] == 2
+        losses_match(rows(root / f"seed{seed}"), rows(alone / f"seed{seed}"))
+        assert PretrainWorkdir(root / f"seed{seed}").steps() == PretrainWorkdir(alone / f"seed{seed}").steps()
+        # What the other readers of a workdir take: its config and tokenizer, as a run alone writes them.
+        assert (PretrainWorkdir(root / f"seed{seed}").run_config()["train"]["seed"] == seed)
+        assert PretrainWorkdir(root / f"seed{seed}").tokenizer_file.is_file()
+    assert rows(root / "seed0") != rows(root / "seed1")   # each seed its own initialisation and data
+    again = train_seeds_and_evaluate(seed_configs(cache), [root / f"seed{s}" for s in SEEDS])
+    assert [r["eval_loss"] for r in again] == [r["eval_loss"] for r in results]   # finished: nothing to do
+
+
+def test_a_stopped_group_resumes_and_a_seed_behind_catches_up(cache, together, tmp_path, monkeypatch):
+    dirs = [tmp_path / f"seed{s}" for s in SEEDS]
+    stop_at = {"step": 3}   # SIGTERM saves at once; the evaluations at 4 and 8 still come
+    monkeypatch.setattr(train_loop.StopFlag, "should_stop", lambda self, step, every: step == stop_at["step"])
+    stopped = train_seeds_and_evaluate(seed_configs(cache), dirs)
+    assert all(r["preempted"] and r["final_step"] == 3 for r in stopped)
+    assert all(PretrainWorkdir(d).steps() == [2, 3] for d in dirs)
+    # A kill between the seeds' saves: seed 1's newest checkpoint never made it.
+    shutil.rmtree(dirs[1] / "checkpoints" / "3")
+    stop_at["step"] = -1
+    resumed = train_seeds_and_evaluate(seed_configs(cache), dirs)
+    assert [r["start_step"] for r in resumed] == [3, 2]
+    root, _ = together
+    for seed, directory in zip(SEEDS, dirs):
+        losses_match(rows(directory), rows(root / f"seed{seed}"))
+
+
+def test_a_seed_that_diverges_stops_alone(cache, alone, tmp_path, monkeypatch):
+    dirs = [tmp_path / f"seed{s}" for s in SEEDS]
+    flush = train_loop.TrainLog.flush
+
+    def diverge_seed1(self, step):
+        if self.writer.path.parent.resolve() == dirs[1].resolve() and step >= 5:
+            self.stop("a test's divergence", step, 4)
+        flush(self, step)
+
+    monkeypatch.setattr(train_loop.TrainLog, "flush", diverge_seed1)
+    results = train_seeds_and_evaluate(seed_configs(cache), dirs)
+    assert isinstance(results[1], TrainingDiverged) and "a test's divergence" in str(results[1])
+    assert not (dirs[1] / "summary.json").exists()
+    assert results[0]["final_step"] == 8
+    losses_match(rows(dirs[0]), rows(alone / "seed0"))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"train.learning_rate": 5e-3}, "share every setting"),
+    ({"train.phases": "4:32:8,4:64:4"}, "phases"),
+    ({"train.init_from": "/somewhere"}, "warm start"),
+])
+def test_configs_that_are_not_one_configs_seeds_are_refused(cache, change, message):
+    configs = seed_configs(cache)
+    for key, value in change.items():
+        section, name = key.split(".")
+        for config in configs if name != "learning_rate" else configs[1:]:
+            config[section][name] = value
+    with pytest.raises(ConfigError, match=message):
+        check_seed_group(configs)
+
+
+def test_seeds_must_differ_and_have_workdirs_of_their_own(cache, tmp_path):
+    with pytest.raises(ConfigError, match="must differ"):
+        check_seed_group(seed_configs(cache, seeds=(3, 3)))
+    with pytest.raises(ConfigError, match="workdir of its own"):
+        train_seeds.train_seeds_and_evaluate(seed_configs(cache), [tmp_path, tmp_path])
