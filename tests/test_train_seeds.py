@@ -76,6 +76,15 @@ def test_vmapped_seeds_train_as_each_seed_alone(cache, alone, together):
     assert [r["eval_loss"] for r in again] == [r["eval_loss"] for r in results]   # finished: nothing to do
 
 
+def test_batches_made_in_worker_processes_train_the_same_floats(cache, together, tmp_path):
+    root, _ = together   # batches made in the training process (no workers on a CPU backend)
+    dirs = [tmp_path / f"seed{s}" for s in SEEDS]
+    results = train_seeds_and_evaluate(seed_configs(cache), dirs, data_workers=2)
+    assert all(r["final_step"] == 8 for r in results)
+    for seed, directory in zip(SEEDS, dirs):
+        assert rows(directory) == rows(root / f"seed{seed}")
+
+
 def test_a_stopped_group_resumes_and_a_seed_behind_catches_up(cache, together, tmp_path, monkeypatch):
     dirs = [tmp_path / f"seed{s}" for s in SEEDS]
     stop_at = {"step": 3}   # SIGTERM saves at once; the evaluations at 4 and 8 still come
@@ -86,7 +95,8 @@ def test_a_stopped_group_resumes_and_a_seed_behind_catches_up(cache, together, t
     # A kill between the seeds' saves: seed 1's newest checkpoint never made it.
     shutil.rmtree(dirs[1] / "checkpoints" / "3")
     stop_at["step"] = -1
-    resumed = train_seeds_and_evaluate(seed_configs(cache), dirs)
+    # Resumed with batch workers: each stream continues from its seed's checkpointed state.
+    resumed = train_seeds_and_evaluate(seed_configs(cache), dirs, data_workers=2)
     assert [r["start_step"] for r in resumed] == [3, 2]
     root, _ = together
     for seed, directory in zip(SEEDS, dirs):

@@ -8,6 +8,11 @@ Measures, on the shared Wikipedia files by default:
                  for each --seq-len, median over --rounds
   prepare        the shard build split over --processes new local processes (fresh cache,
                  start-up included), each with its share of the cores
+  streams        one batch of each of --streams streams per step (vmapped seeds), the
+                 caller's time: made in the calling process, or taken from --stream-workers
+                 worker processes (roformer.data.workers), back to back and with a pause of
+                 --stream-pause seconds before each step (a train step's time, in which the
+                 workers make the next batches ahead)
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from roformer.data.prepare import prepare_locally
 from roformer.data.shards import chunk_documents, load_or_build
 from roformer.data.sources import FilesSource
 from roformer.data.tokenizer import load_tokenizer
+from roformer.data.workers import StreamSpec, WorkerStreams
 
 SHARED_DATA = Path(os.environ.get("ROFORMER_SHARED_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
 
@@ -42,6 +48,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-workers", type=int, default=0, help="tokenizer threads (0 = all cores)")
     parser.add_argument("--processes", type=int, nargs="*", default=[1, 2],
                         help="local process counts to build the shards with (prepare rows)")
+    parser.add_argument("--streams", type=int, default=16, help="batch streams for the streams rows (0: none)")
+    parser.add_argument("--stream-workers", type=int, nargs="*", default=[2], help="worker processes for the streams rows")
+    parser.add_argument("--stream-pause", type=float, default=0.02, help="seconds before each step, made-ahead rows")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -94,6 +103,8 @@ def run(args: argparse.Namespace) -> dict:
             data.epoch_plan(1)
             row["epoch_plan_s"] = round(time.perf_counter() - start, 3)
             rows.append(row)
+        if args.streams:
+            rows += _stream_rows(cfg, args)
 
     for processes in args.processes:
         with tempfile.TemporaryDirectory(prefix="roformer-bench-input-") as cache:
@@ -110,6 +121,50 @@ def run(args: argparse.Namespace) -> dict:
             "corpus": {"files": len(source.paths), "documents": corpus.num_docs,
                                      "tokens": corpus.num_tokens, "chars": chars,
                                      "read_parse_s": round(read_seconds, 3), "cache_reuse_s": round(reuse_seconds, 3)}}
+
+
+def _stream_rows(cfg: DataConfig, args: argparse.Namespace) -> list[dict]:
+    """The caller's time for one batch of each of `args.streams` streams per step, at the
+    first --seq-len: made in this process, and taken from worker processes."""
+    seq_len, count = args.seq_len[0], args.streams
+    iterators = [make_pretrain_data(cfg, seq_len=seq_len, batch_size=args.batch_size, seed=seed,
+                                    show_progress=False).train_iterator() for seed in range(count)]
+    for iterator in iterators:
+        next(iterator)   # the epoch plan, outside the timing
+    steps = max(1, args.batches // count)
+    tokens = steps * count * args.batch_size * seq_len
+    label = f"{count} streams L={seq_len} B={args.batch_size}"
+
+    def timed(take, pause: float) -> tuple[float, float]:
+        seconds, cpus = [], []
+        for _ in range(args.rounds):
+            spent, cpu = 0.0, time.process_time()
+            for _ in range(steps):
+                time.sleep(pause)
+                start = time.perf_counter()
+                for index in range(count):
+                    take(index)
+                spent += time.perf_counter() - start
+            seconds.append(spent)
+            cpus.append(time.process_time() - cpu)
+        return statistics.median(seconds), statistics.median(cpus)
+
+    rows = [_row("stream batches, caller's time", f"{label}, in process", tokens,
+                 *timed(lambda i: next(iterators[i]), 0.0))]
+    for workers in args.stream_workers:
+        streams = WorkerStreams([StreamSpec(cfg, seq_len, args.batch_size, seed, iterators[seed].get_state())
+                                 for seed in range(count)], workers)
+        try:
+            for index in range(count):
+                streams.take(index)   # the workers' start and data, outside the timing
+            rows.append(_row("stream batches, caller's time", f"{label}, {workers} workers back to back", tokens,
+                             *timed(streams.take, 0.0)))
+            rows.append(_row("stream batches, caller's time",
+                             f"{label}, {workers} workers, made ahead ({args.stream_pause:g} s pause)", tokens,
+                             *timed(streams.take, args.stream_pause)))
+        finally:
+            streams.close()
+    return rows
 
 
 def _row(stage: str, setting: str, tokens: int, seconds: float, cpu_seconds: float) -> dict:

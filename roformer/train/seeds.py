@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import time
 from pathlib import Path
 
@@ -27,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from roformer.data import DataConfig
+from roformer.data.workers import StreamSpec, WorkerStreams
 from roformer.errors import ConfigError
 from roformer.model import attention_stats
 from roformer.train import flops, sharding, steps
@@ -70,11 +73,23 @@ def check_seed_group(configs) -> None:
         raise ConfigError("vmapped seeds start from their own initialisations, not a warm start (train.init_from)")
 
 
-def train_seeds_and_evaluate(configs, workdirs) -> list[dict | TrainingStopped]:
+def default_data_workers(seeds: int) -> int:
+    """Batch-making processes for `seeds` streams: none on a CPU backend (its cores run the
+    step), else one per seed up to the host's cores less two (the training process and its
+    transfers)."""
+    if jax.default_backend() == "cpu":
+        return 0
+    return max(1, min(seeds, (os.cpu_count() or 1) - 2))
+
+
+def train_seeds_and_evaluate(configs, workdirs, *, data_workers: int | None = None) -> list[dict | TrainingStopped]:
     """Pretrain (or resume) the seeds of `configs` (equal but for train.seed), each in its
     workdir, vmapped on the first device; returns per seed its summary (as
     `train_and_evaluate`'s, with `seeds_in_step`) or the TrainingStopped that stopped it.
-    Workdirs another live run is using are refused (roformer.workdir_lock)."""
+    Workdirs another live run is using are refused (roformer.workdir_lock).
+
+    `data_workers`: processes that make the seeds' training batches ahead
+    (roformer.data.workers; the same batches), 0 in this process; None: `default_data_workers`."""
     if len(configs) != len(workdirs):
         raise ValueError(f"{len(configs)} configs for {len(workdirs)} workdirs")
     check_seed_group(configs)
@@ -84,7 +99,7 @@ def train_seeds_and_evaluate(configs, workdirs) -> list[dict | TrainingStopped]:
     with contextlib.ExitStack() as locks:
         for workdir in workdirs:
             locks.enter_context(workdir_lock(workdir))
-        return _train_group(configs, workdirs)
+        return _train_group(configs, workdirs, data_workers)
 
 
 @dataclasses.dataclass
@@ -111,7 +126,7 @@ class _Seed:
                                metrics=metrics, optimizer=_optimizer_settings(self.tc))
 
 
-def _train_group(configs, workdirs: list[Path]) -> list[dict | TrainingStopped]:
+def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> list[dict | TrainingStopped]:
     tcs = [TrainConfig.from_section(c.train) for c in configs]
     tc = tcs[0]
     if tc.batch_size % tc.grad_accum:
@@ -154,6 +169,14 @@ def _train_group(configs, workdirs: list[Path]) -> list[dict | TrainingStopped]:
                                 first_loss=logged["first_loss"],
                                 mark={"phase": seed.train_iter.phase, "seq_len": tc.seq_len})
 
+        workers = default_data_workers(len(seeds)) if data_workers is None else min(data_workers, len(seeds))
+        if workers > 0:
+            streams = WorkerStreams([StreamSpec(DataConfig.from_mapping(seed.config.data), tc.seq_len, tc.batch_size,
+                                                seed.tc.seed, seed.train_iter.get_state()) for seed in seeds], workers)
+            cleanup.callback(streams.close)
+            for index, seed in enumerate(seeds):
+                seed.train_iter = _WorkerStream(streams, index, seed.train_iter.phase)
+            log.info("%d seeds' batches made in %d processes", len(seeds), workers)
         group = _Group(setup, model_cfg, rest, tc, _eval_batches(datas[0], tc, mesh))
         stop = cleanup.enter_context(StopFlag())
         bar = cleanup.enter_context(tqdm(total=tc.steps, initial=min(s.step for s in seeds), dynamic_ncols=True,
@@ -199,6 +222,19 @@ def _restore_or_init(seed: _Seed, setup: TrainSetup) -> None:
             seed.train_iter.resume(data_state)
         log.info("%s: resumed at step %d", seed.workdir, seed.step)
     seed.start_step = seed.step
+
+
+class _WorkerStream:
+    """One seed's batch stream made in a worker process, read as its BatchIterator."""
+
+    def __init__(self, streams: WorkerStreams, index: int, phase: int):
+        self.streams, self.index, self.phase = streams, index, phase
+
+    def __next__(self) -> dict:
+        return self.streams.take(self.index)
+
+    def get_state(self) -> dict:
+        return self.streams.state(self.index)
 
 
 def _stack(trees: list) -> dict:
