@@ -7,16 +7,19 @@
 #   runs_<shape>.json   small runs per GPU-hour at tiny/128/16 and mini/128/32: one run, 8 runs
 #                       side by side (a process each), 8 vmapped seeds in one process
 #   runs64_<shape>.json one run against 64 vmapped seeds (seeds per GPU-hour, device memory per seed)
+#   ablation_vmap.json  whole ablation sessions, 8 rope seeds of the reference recipe on the embedded
+#                       corpus: vmapped (--config.vmap_seeds=8) and in turn; wall time, each run's
+#                       tokens/s and held-out losses (ABLATION_FLAGS: more --config flags for both)
 #   log.txt             everything the commands printed, with each compilation's time
 # Each step has its own time limit and its own file, so a slow one costs only itself.
 # STEPS picks and orders them (default: all, in the order above). Their limits add up to
-# 715 s, so on a machine lent for ten minutes a call, split them, e.g.
-#   STEPS="profile gpu runs_mini" then STEPS="runs_tiny runs64_tiny runs64_mini"
+# 1,015 s, so on a machine lent for ten minutes a call, split them, e.g.
+#   STEPS="profile gpu runs_mini" then STEPS="runs_tiny runs64_tiny runs64_mini ablation_vmap"
 # Usage: scripts/bench_accelerator.sh OUTDIR   (PYTHON=... to choose the interpreter)
 set -u
 out=${1:?usage: scripts/bench_accelerator.sh OUTDIR}
 py=${PYTHON:-python3}
-known=" profile gpu runs_tiny runs_mini runs64_tiny runs64_mini "
+known=" profile gpu runs_tiny runs_mini runs64_tiny runs64_mini ablation_vmap "
 steps=${STEPS:-$known}
 for step in $steps; do   # a misspelt step stops the script before any benchmark runs
   [[ $known == *" $step "* ]] || { echo "unknown step '$step'; choose from:$known" >&2; exit 2; }
@@ -43,6 +46,42 @@ print(format_table(result['rows'], result.get('columns')))
 for note in result.get('notes', []): print('note:', note)" "$out/$name.json"
 }
 
+ablations() {   # whole ablation sessions, vmapped and in turn (workdirs outside OUTDIR: many files)
+  local work start status mode
+  work=$(mktemp -d)
+  for mode in vmap turn; do
+    start=$SECONDS
+    echo "=== ablation_$mode" >>"$log"
+    timeout 140 "$py" -m roformer.ablate --config=configs/ablation.py:reference --config.schemes=rope \
+      --config.seeds=8 --config.scheme_seeds= --config.pretrain.data.source=embedded --config.glue.task= \
+      --config.extension.enabled=False --config.extrapolation.factors=1 --config.extrapolation.scalings= \
+      --config.extrapolation.num_docs=2 --config.pretrain.train.progress_bar=False \
+      --config.vmap_seeds=$([ $mode = vmap ] && echo 8 || echo 1) ${ABLATION_FLAGS:-} --workdir="$work/$mode" >>"$log" 2>&1
+    status=$?
+    echo "$mode $status $((SECONDS - start))" >>"$work/times.txt"
+    echo "=== ablation_$mode: exit $status after $((SECONDS - start)) s" | tee -a "$log"
+  done
+  "$py" - "$work" "$out/ablation_vmap.json" <<'PY'
+import json, sys
+from pathlib import Path
+from roformer.train.metrics import read_metrics
+work, result = Path(sys.argv[1]), {}
+for line in (work / "times.txt").read_text().split("\n"):
+    if line:
+        mode, status, seconds = line.split()
+        runs = {}
+        for run in sorted((work / mode / "pretrain" / "rope").glob("seed*")):
+            summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
+            runs[run.name] = {"tokens_per_sec": summary.get("tokens_per_sec"), "wall_time_s": summary.get("wall_time_s"),
+                              "seeds_in_step": summary.get("seeds_in_step"),
+                              "eval_loss": {r["step"]: r["eval_loss"] for r in read_metrics(run) if "eval_loss" in r}}
+        result[mode] = {"exit": int(status), "wall_s": int(seconds), "runs": runs}
+json.dump(result, open(sys.argv[2], "w"), indent=1)
+print({mode: (r["exit"], r["wall_s"], len(r["runs"])) for mode, r in result.items()})
+PY
+  rm -rf "$work"
+}
+
 run_step() {
   case $1 in
     profile) bench profile 120 profile --size base --seq-len 512 --batch 64 --scheme rope --dtype bfloat16 \
@@ -52,6 +91,7 @@ run_step() {
     runs_mini) bench runs_mini 100 runs --shapes mini/128/32 --modes one procs vmap --parallel 8 --rounds 3 --steps 30 ;;
     runs64_tiny) bench runs64_tiny 60 runs --shapes tiny/128/16 --modes one vmap --parallel 64 --rounds 3 --steps 20 ;;
     runs64_mini) bench runs64_mini 60 runs --shapes mini/128/32 --modes one vmap --parallel 64 --rounds 3 --steps 20 ;;
+    ablation_vmap) ablations ;;
   esac
 }
 for step in $steps; do

@@ -8,8 +8,10 @@ import pytest
 
 from roformer.ablation import runner
 from roformer.ablation.state import AblationState
+from roformer.train import seeds as train_seeds
+from roformer.train.guard import TrainingDiverged
 
-from test_ablate import small_config, stub_figures
+from test_ablate import FakeStages, small_config, stub_figures
 from test_ablate_parallel import held_out_losses, kill_after_first_checkpoints, tiny_config, why_failed
 
 
@@ -17,6 +19,7 @@ from test_ablate_parallel import held_out_losses, kill_after_first_checkpoints, 
     ({"vmap_seeds": 0}, "vmap_seeds=0"),
     ({"vmap_seeds": 2, "pretrain.train.phases": "20:64:8,20:128:4"}, "phases"),
     ({"vmap_seeds": 2, "pretrain.train.init_from": "/a/pretrain/workdir"}, "warm-start"),
+    ({"vmap_seeds": 2, "pretrain.train.dropout_rng_impl": "rbg"}, "threefry2x32 only"),
 ])
 def test_validate_refuses_what_vmapped_seeds_cannot_do(changes, message):
     config = small_config()
@@ -28,6 +31,36 @@ def test_validate_refuses_what_vmapped_seeds_cannot_do(changes, message):
         section[key] = value
     with pytest.raises(ValueError, match=message):
         runner.run_ablation(config, "/nonexistent/never/written")
+
+
+def test_the_vmapped_pass_records_each_seed_and_does_not_retry_a_failed_one_in_the_session(tmp_path, monkeypatch):
+    """The group's outcomes as train_seeds_and_evaluate gives them: a seed finished earlier on
+    its own (its summary has no seeds_in_step), one that trained in the group, one that diverged."""
+    stub_figures(monkeypatch)
+    stages = FakeStages()
+    stages.install(monkeypatch)
+    groups = []
+
+    def train_group(configs, workdirs):
+        groups.append([c.train.seed for c in configs])
+        done = {"final_step": configs[0].train.steps, "preempted": False}
+        return [dict(done), {**done, "seeds_in_step": 3}, TrainingDiverged("diverged in a test")]
+
+    monkeypatch.setattr(train_seeds, "train_seeds_and_evaluate", train_group)
+    config = small_config("rope", seeds=3)
+    config.vmap_seeds, config.glue.task, config.extension.enabled = 4, "", False
+    (tmp_path / "errors").mkdir()
+    (tmp_path / "errors" / "rope.seed0.pretrain.txt").write_text("an earlier failure")
+    runner.run_ablation(config, tmp_path)
+    assert groups == [[0, 1, 2]]
+    records = AblationState(tmp_path).data
+    assert [records[f"rope/seed{k}"]["pretrain"].get("result", {}).get("seeds_in_step") for k in (0, 1)] == [1, 3]
+    assert records["rope/seed2"]["pretrain"]["status"] == "failed"
+    assert "diverged in a test" in records["rope/seed2"]["pretrain"]["error"]
+    assert not (tmp_path / "errors" / "rope.seed0.pretrain.txt").exists()
+    # The stages after pretraining ran for the seeds that trained; the failed seed is left for
+    # the next session, not trained again alone in this one.
+    assert stages.calls == [("rope/seed0", "extrapolation"), ("rope/seed1", "extrapolation")]
 
 
 @pytest.mark.slow

@@ -14,8 +14,8 @@ from roformer.errors import ConfigError
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train import loop as train_loop
 from roformer.train import seeds as train_seeds
-from roformer.train.checkpoint import PretrainWorkdir
-from roformer.train.guard import TrainingDiverged
+from roformer.train.checkpoint import Checkpointer, PretrainWorkdir
+from roformer.train.guard import CheckpointSaveFailed, TrainingDiverged
 from roformer.train.seeds import check_seed_group, train_seeds_and_evaluate
 
 from test_train_phases import make_config
@@ -120,10 +120,29 @@ def test_a_seed_that_diverges_stops_alone(cache, alone, tmp_path, monkeypatch):
     losses_match(rows(dirs[0]), rows(alone / "seed0"))
 
 
+def test_a_seed_whose_last_save_fails_stops_alone(cache, together, tmp_path, monkeypatch):
+    dirs = [tmp_path / f"seed{s}" for s in SEEDS]
+    wait = Checkpointer.wait
+
+    def fail_seed1_at_the_end(self):
+        if self.directory == (dirs[1] / "checkpoints").resolve() and (self._pending or {}).get("step") == 8:
+            self.manager.wait_until_finished()
+            self._failed(OSError(28, "No space left on device"))
+        wait(self)
+
+    monkeypatch.setattr(Checkpointer, "wait", fail_seed1_at_the_end)
+    results = train_seeds_and_evaluate(seed_configs(cache), dirs)
+    assert isinstance(results[1], CheckpointSaveFailed) and "no space left" in str(results[1])
+    assert not (dirs[1] / "summary.json").exists()
+    root, _ = together
+    assert results[0]["final_step"] == 8 and rows(dirs[0]) == rows(root / "seed0")
+
+
 @pytest.mark.parametrize("change, message", [
     ({"train.learning_rate": 5e-3}, "share every setting"),
     ({"train.phases": "4:32:8,4:64:4"}, "phases"),
     ({"train.init_from": "/somewhere"}, "warm start"),
+    ({"train.dropout_rng_impl": "rbg"}, "threefry2x32 only"),
 ])
 def test_configs_that_are_not_one_configs_seeds_are_refused(cache, change, message):
     configs = seed_configs(cache)

@@ -276,6 +276,14 @@ def _vmap_problems(config: ml_collections.ConfigDict) -> list[str]:
         problems.append(f"config.vmap_seeds={seeds}: vmapped seeds do not train in phases (pretrain.train.phases)")
     if config.pretrain.train.get("init_from"):
         problems.append(f"config.vmap_seeds={seeds}: vmapped seeds do not warm-start (pretrain.train.init_from)")
+    if config.pretrain.train.get("dropout_rng_impl", "threefry2x32") != "threefry2x32":
+        problems.append(f"config.vmap_seeds={seeds}: vmapped seeds draw dropout with threefry2x32 only "
+                        "(pretrain.train.dropout_rng_impl)")
+    import jax   # as _evaluation_problems, only when validating
+
+    if jax.process_count() > 1:
+        problems.append(f"config.vmap_seeds={seeds}: vmapped seeds train in one process, this job has "
+                        f"{jax.process_count()}")
     return problems
 
 

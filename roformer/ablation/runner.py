@@ -74,9 +74,11 @@ def _run_ablation(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     try:
         # config.parallel > 1: every run in a process of its own, that many at once.
         run_jobs = _run_side_by_side if config.parallel > 1 else _run_in_turn
+        jobs = scheme_jobs(config)
         if config.get("vmap_seeds", 1) > 1:   # the schemes' pretraining first, seeds vmapped; the other stages below
-            _pretrain_vmapped(config, workdir, state, vocab, scheme_jobs(config))
-        result = run_jobs(config, workdir, state, vocab, scheme_jobs(config))
+            failed = _pretrain_vmapped(config, workdir, state, vocab, jobs)
+            jobs = [job for job in jobs if job.run not in failed]   # retried next session, as a failed stage is
+        result = run_jobs(config, workdir, state, vocab, jobs)
         if config.extension.enabled:   # after the comparison itself, which it builds on
             result = run_jobs(config, workdir, state, vocab, extension_jobs(config))
     except Preempted as error:
@@ -158,10 +160,11 @@ def _run_in_turn(config, workdir: Path, state: AblationState, vocab: str, jobs: 
 # --------------------------------------------------------------------------- vmapped seeds
 
 
-def _pretrain_vmapped(config, workdir: Path, state: AblationState, vocab: str, jobs: list[Job]) -> None:
+def _pretrain_vmapped(config, workdir: Path, state: AblationState, vocab: str, jobs: list[Job]) -> set[str]:
     """The pretrain stage of every scheme's unfinished seeds, config.vmap_seeds at a time in
     one vmapped step (roformer.train.seeds), recorded as the stage would record it; a seed
-    left alone trains with the other stages. Raises Preempted when SIGTERM stopped a group."""
+    left alone trains with the other stages. Returns the runs whose pretraining failed here;
+    raises Preempted when SIGTERM stopped a group."""
     from roformer.train.seeds import train_seeds_and_evaluate   # jax: only when vmapping
 
     _merge_job_states(state, workdir)   # what a killed side-by-side session left
@@ -170,7 +173,7 @@ def _pretrain_vmapped(config, workdir: Path, state: AblationState, vocab: str, j
         pretrain = job_stages(config, workdir, job, vocab)[0]
         if not state.is_done(job.run, pretrain[0], pretrain[1]):
             todo.setdefault(job.key, []).append((job, pretrain))
-    size = int(config.vmap_seeds)
+    size, failed = int(config.vmap_seeds), set()
     for scheme, runs in todo.items():
         for start in range(0, len(runs), size):
             group = runs[start:start + size]
@@ -190,20 +193,26 @@ def _pretrain_vmapped(config, workdir: Path, state: AblationState, vocab: str, j
             wall = round(time.time() - begun, 1)
             preempted = False
             for (job, (stage, fp, _)), cfg, outcome in zip(group, configs, outcomes):
+                if not isinstance(outcome, Exception) and outcome["preempted"]:
+                    preempted = True
+                    continue
+                if not isinstance(outcome, Exception) and outcome["final_step"] < cfg.train.steps:
+                    outcome = RuntimeError(f"training stopped at step {outcome['final_step']} of {cfg.train.steps}")
                 if isinstance(outcome, Exception):
                     record_failure(state, workdir, job.run, stage, fp, outcome)
-                elif outcome["preempted"]:
-                    preempted = True
-                elif outcome["final_step"] < cfg.train.steps:
-                    record_failure(state, workdir, job.run, stage, fp, RuntimeError(
-                        f"training stopped at step {outcome['final_step']} of {cfg.train.steps}"))
-                else:   # wall_s: the group's, as each seed's training took all of it
-                    state.set(job.run, stage, {"status": "done", "fingerprint": fp, "wall_s": wall,
-                                               "result": {"steps": outcome["final_step"],
-                                                          "seeds_in_step": outcome["seeds_in_step"]}})
+                    failed.add(job.run)
+                    continue
+                # wall_s: the group's, as each seed's training took all of it; a seed that had
+                # finished alone before (its summary has no seeds_in_step) trained on its own.
+                state.set(job.run, stage, {"status": "done", "fingerprint": fp, "wall_s": wall,
+                                           "result": {"steps": outcome["final_step"],
+                                                      "seeds_in_step": outcome.get("seeds_in_step", 1)}})
+                if is_main_process():
+                    (workdir / "errors" / f"{error_name(job.run)}.{stage}.txt").unlink(missing_ok=True)
             write_report(config, workdir, state)
             if preempted:
                 raise Preempted(f"{', '.join(names)} preempted")
+    return failed
 
 
 # --------------------------------------------------------------------------- side by side

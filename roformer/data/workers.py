@@ -52,15 +52,19 @@ class WorkerStreams:
         package_root = str(Path(__file__).resolve().parents[2])   # this roformer, installed or not
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         self._processes = []
-        for w in range(workers):
-            process = subprocess.Popen([sys.executable, "-m", "roformer.data.workers"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, env=env)
-            try:
-                fcntl.fcntl(process.stdout.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
-            except OSError:   # not Linux, or above the system's limit: the default pipe
-                pass
-            self._processes.append(process)
-            self._send(w, {i: spec for i, spec in enumerate(specs) if self._owner[i] == w})
+        try:
+            for w in range(workers):
+                process = subprocess.Popen([sys.executable, "-m", "roformer.data.workers"], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, env=env)
+                try:
+                    fcntl.fcntl(process.stdout.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
+                except OSError:   # not Linux, or above the system's limit: the default pipe
+                    pass
+                self._processes.append(process)
+                self._send(w, {i: spec for i, spec in enumerate(specs) if self._owner[i] == w})
+        except BaseException:
+            self.close()
+            raise
         self._ready = {i: collections.deque() for i in range(len(specs))}   # (batch, state) arrived
         self._asked = [0] * len(specs)                                      # requested, not yet arrived
         self._state = [spec.state for spec in specs]
@@ -89,6 +93,7 @@ class WorkerStreams:
             pickle.dump(message, process.stdin)
             process.stdin.flush()
         except BrokenPipeError:
+            self._receive(worker)   # a failed worker's traceback, if it left one
             raise RuntimeError(f"batch worker {worker} exited with status {process.wait()}") from None
 
     def _receive(self, worker: int):
@@ -102,18 +107,20 @@ class WorkerStreams:
         return got
 
     def close(self) -> None:
+        """End the workers. They hold no state, and batches made ahead are dropped: closing both
+        pipes ends a worker that waits for a request or is writing a batch nobody will read."""
+        for process in self._processes:
+            for pipe in (process.stdin, process.stdout):
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
         for process in self._processes:
             try:
-                process.stdin.close()   # the worker's signal to end
-            except OSError:
-                pass
-        for process in self._processes:
-            try:
-                process.wait(timeout=10)
+                process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-            process.stdout.close()
 
 
 def _work() -> None:

@@ -71,6 +71,9 @@ def check_seed_group(configs) -> None:
         raise ConfigError("vmapped seeds do not train in phases (train.phases); train each seed as a run of its own")
     if train.get("init_from"):
         raise ConfigError("vmapped seeds start from their own initialisations, not a warm start (train.init_from)")
+    if train.get("dropout_rng_impl", "threefry2x32") != "threefry2x32":
+        raise ConfigError(f"vmapped seeds draw dropout with threefry2x32 only (train.dropout_rng_impl="
+                          f"{train.dropout_rng_impl!r}): vmapped, rbg keys give other bits than the run alone")
 
 
 def default_data_workers(seeds: int) -> int:
@@ -194,6 +197,9 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
             untrained = [s for s in seeds if s.error is None and s.step == s.start_step]
             if untrained:
                 group.evaluate(untrained, _stack([s.state for s in untrained]))
+        for seed in seeds:   # the last saves' outcome, each seed's own (a failed one stops that seed only)
+            if seed.error is None:
+                _guarded(seed, seed.checkpointer.wait)
 
     wall = time.perf_counter() - wall_start
     for seed in seeds:
@@ -278,7 +284,7 @@ class _Group:
             bar.update(1)
             checkpoint_due = step % tc.checkpoint_every == 0 or step == tc.steps
             preempted = stop.should_stop(step, tc.log_every)
-            if step % tc.log_every == 0 or checkpoint_due or preempted or step == end:
+            if step % tc.log_every == 0 or checkpoint_due or preempted:
                 stopped |= self._flush(members, pending)
                 pending = []
             if preempted:
@@ -292,22 +298,28 @@ class _Group:
                     stopped |= self.evaluate(members, states)
                 if checkpoint_due:
                     self._save(members, states, postpone=step < tc.steps)
-        if pending:   # a seed stopped at an evaluation between two logged rows: the others' rows
-            self._flush(members, pending)
+        # Steps not logged yet (the segment ended between two logged rows) wait in each seed's
+        # log for its next row, which covers them as a run's alone would.
+        self._queue(members, pending)
         for seed, state in zip(members, _unstack(states, len(members))):
             seed.state = state
         return preempted
 
-    def _flush(self, members: list[_Seed], pending: list[tuple[int, dict]]) -> bool:
-        """Each seed's rows from the stacked metrics (one fetch); True when one stopped."""
+    def _queue(self, members: list[_Seed], pending: list[tuple[int, dict]]) -> None:
+        """Each live seed's share of the stacked metrics of `pending` steps (one fetch), queued in its log."""
         fetched = jax.device_get([m for _, m in pending])
-        stopped = False
         for i, seed in enumerate(members):
-            if seed.error is not None:
-                continue
-            for (step, _), metrics in zip(pending, fetched):
-                seed.log.queue(step, {name: value[i] for name, value in metrics.items()})
-            stopped |= _guarded(seed, lambda: seed.log.flush(pending[-1][0]))
+            if seed.error is None:
+                for (step, _), metrics in zip(pending, fetched):
+                    seed.log.queue(step, {name: value[i] for name, value in metrics.items()})
+
+    def _flush(self, members: list[_Seed], pending: list[tuple[int, dict]]) -> bool:
+        """Each seed's metrics row up to the last of `pending` steps; True when a seed stopped."""
+        self._queue(members, pending)
+        stopped = False
+        for seed in members:
+            if seed.error is None:
+                stopped |= _guarded(seed, lambda: seed.log.flush(pending[-1][0]))
         return stopped
 
     def evaluate(self, members: list[_Seed], states) -> bool:

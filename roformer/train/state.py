@@ -6,6 +6,7 @@ them build, shard and jit the state the same way.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,7 @@ class TrainSetup:
     mesh: Mesh
     seed: int = 0
     dropout_rng_impl: str = "threefry2x32"   # steps.DROPOUT_RNG_IMPLS
+    _sharded_init: Any = dataclasses.field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         replicated = NamedSharding(self.mesh, P())
@@ -75,7 +77,9 @@ class TrainSetup:
         key = jax.random.key(self.seed if seed is None else seed)
         if not compiled:
             return jax.device_put(_init_state(self.model_cfg, self.tx, key), self.state_shardings)
-        return self._jitted_init_state(out_shardings=self.state_shardings)(key)
+        if self._sharded_init is None:   # compiled once, then called with each seed's key
+            self._sharded_init = self._jitted_init_state(out_shardings=self.state_shardings)
+        return self._sharded_init(key)
 
     def init_states(self, seeds) -> dict:
         """The initial states of `seeds` stacked on a leading axis (vmapped seeds), each
