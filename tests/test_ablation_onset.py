@@ -93,3 +93,41 @@ def test_loss_spike_is_a_jump_above_the_best_so_far():
     result = onset.summarize_onset(runs_, reference="learned", threshold=0.1)
     assert result["schemes"][0]["loss_spikes"] == [{"seed": 0, **onset.loss_spike(spiked)}]
     assert "seed 0 at 0.4M (+0.65, not recovered)" in "\n".join(report._onset_md(result))
+
+
+def trend_runs():
+    """Eight evaluations 1M tokens apart (the last quarter: the last three); the reference's loss
+    falls by 0.1 per evaluation, each scheme's difference to it moves per its kind, seed 1 a
+    little off seed 0."""
+    every, n = 1000, 8   # 1M tokens per evaluation at TPS
+    ref = [6.0 - 0.1 * i for i in range(n)]
+    kinds = {"closing": lambda i, k: 2.0 - 0.10 * i + 0.01 * k,        # -1.0 nats per 10M tokens
+             "level": lambda i, k: 1.0 + 0.002 * ((i + k) % 2),         # flat, up to 0.002 noise
+             "widening": lambda i, k: 0.5 + 0.05 * i - 0.002 * k,
+             "noisy": lambda i, k: 1.0 + (0.3 if (i + k) % 2 else -0.3) * (i - 4) / 3}
+    out = [{"scheme": "rope", "seed": k, "status": "done", "curve": curve([1.0] * n, ref, every)} for k in (0, 1)]
+    for name, diff in kinds.items():
+        out += [{"scheme": name, "seed": k, "status": "done",
+                 "curve": curve([0.0] * n, [r + diff(i, k) for i, r in enumerate(ref)], every)} for k in (0, 1)]
+    out.append({"scheme": "alone", "seed": 0, "status": "done", "curve": curve([0.0] * n, ref, every)})
+    return out
+
+
+def test_gap_trend_says_whether_the_gap_to_the_reference_is_still_closing():
+    by = {t["scheme"]: t for t in onset.gap_trend(trend_runs(), "rope")}
+    assert set(by) == {"closing", "level", "widening", "noisy", "alone"}
+    closing = by["closing"]
+    assert (closing["from_step"], closing["to_step"], closing["from_tokens"]) == (6000, 8000, 6_000_000)
+    assert closing["slope"]["diff"] == pytest.approx(-1.0) and closing["trend"] == "closing"
+    # The mean gap at the last evaluation, 2.0 - 0.7 + 0.005, closed at 1 nat per 10M tokens.
+    assert closing["gap"] == pytest.approx(1.305)
+    assert closing["closes_in_tokens"] == pytest.approx(13_050_000)
+    assert by["level"]["trend"] == "parallel" and by["level"]["closes_in_tokens"] is None
+    assert by["widening"]["trend"] == "widening"
+    assert by["noisy"]["trend"] == "unclear"
+    assert by["alone"]["trend"] is None and by["alone"]["seeds"] == [0]   # one seed: no interval
+    result = onset.summarize_onset(trend_runs(), reference="rope", threshold=0.1)
+    text = "\n".join(report._onset_md(result))
+    assert "| closing | 2 | +1.305 | -1.000 [-1.000, -1.000] | closing | 13.0M more tokens |" in text
+    finding = report._gap_trend_findings(result["gap_trend"], "rope")[0]
+    assert "closing: closing (-1.000 [" in finding and "parallel: level" in finding and "unclear: noisy" in finding

@@ -16,6 +16,11 @@ and `curve`, the per-evaluation points of `roformer.ablation.collect.eval_curve`
 - Held-out loss at matched token counts, each scheme against the reference scheme, paired
   by seed with a 95% interval, so the comparison can be read before and after the other
   schemes start.
+- Whether each scheme is still catching up with the reference at the end of the budget:
+  the slope of its loss difference to the reference over the last quarter of the
+  evaluations, per seed, with a 95% interval over seeds. An interval below 0 says the gap
+  is still closing (the budget has not decided the comparison); one inside a small band
+  around 0 says the curves run parallel there; a wide one that includes 0 cannot say yet.
 """
 from __future__ import annotations
 
@@ -29,6 +34,14 @@ ORDER_KEY = "eval_order_gap"
 # A held-out loss this far (nats) above the run's best so far is a loss spike; evaluations of
 # one run move by a few hundredths from one to the next.
 SPIKE_NATS = 0.2
+# The gap trend is fitted over this last share of the common evaluations, in nats per this many tokens.
+TREND_FRACTION = 0.25
+TREND_TOKENS = 10_000_000
+MIN_TREND_POINTS = 3
+# Curves run parallel when the whole interval of the slope lies within this many nats per
+# TREND_TOKENS: over the onset study's last quarter (10M tokens) about the seed-to-seed spread
+# of its closest schemes' final losses.
+PARALLEL_SLOPE = 0.05
 
 
 def run_onset(curve: Sequence[Mapping], threshold: float, key: str = ORDER_KEY) -> dict:
@@ -161,9 +174,60 @@ def loss_at_matched_tokens(runs: Sequence[Mapping], reference: str, steps: Seque
     return rows
 
 
+def _slope(points: Sequence[tuple[float, float]]) -> float:
+    """Least-squares slope of y over x."""
+    mx = statistics.fmean(x for x, _ in points)
+    my = statistics.fmean(y for _, y in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+
+
+def gap_trend(runs: Sequence[Mapping], reference: str, key: str = "eval_loss",
+              fraction: float = TREND_FRACTION) -> list[dict]:
+    """Per scheme other than `reference` (finished runs, paired by seed): over the last
+    `fraction` of the evaluation steps that the scheme's and the reference's runs share, the
+    least-squares slope of (scheme - reference) `key` against tokens, in nats per
+    TREND_TOKENS, each seed's own, then their mean with a 95% t-interval. `trend`: "closing"
+    (interval below 0), "widening" (above 0), "parallel" (inside +-PARALLEL_SLOPE), "unclear"
+    (includes 0 but reaches past that), None below two seeds.
+    `closes_in_tokens`: with a closing gap, the tokens a straight line from the last common
+    evaluation's mean gap at the mean slope takes to reach 0 (an extrapolation, not a forecast)."""
+    done = [r for r in runs if r.get("status") == "done" and r.get("curve")]
+    ref = {r["seed"]: r for r in done if r["scheme"] == reference}
+    out = []
+    for scheme in dict.fromkeys(r["scheme"] for r in done):
+        if scheme == reference:
+            continue
+        mine = {r["seed"]: r for r in done if r["scheme"] == scheme and r["seed"] in ref}
+        steps = [{p["step"] for p in r["curve"] if finite(p.get(key))} for r in (*mine.values(), *(ref[s] for s in mine))]
+        common = sorted(set.intersection(*steps)) if steps else []
+        window = [s for s in common if s >= (1 - fraction) * common[-1]] if common else []
+        if len(window) < MIN_TREND_POINTS:
+            continue
+        slopes, last = {}, {}
+        for seed, run in mine.items():
+            diffs = [(_point_at(run["curve"], s)["tokens"], _point_at(run["curve"], s)[key]
+                      - _point_at(ref[seed]["curve"], s)[key]) for s in window]
+            slopes[seed] = _slope(diffs) * TREND_TOKENS
+            last[seed] = diffs[-1][1]
+        slope = paired_difference(slopes, {seed: 0.0 for seed in slopes})
+        trend = None
+        if slope is not None and slope["lo"] is not None:
+            trend = ("closing" if slope["hi"] < 0 else "widening" if slope["lo"] > 0
+                     else "parallel" if -PARALLEL_SLOPE <= slope["lo"] and slope["hi"] <= PARALLEL_SLOPE else "unclear")
+        gap = statistics.fmean(last.values())
+        closes = gap / -slope["diff"] * TREND_TOKENS if trend == "closing" and gap > 0 else None
+        out.append({"scheme": scheme, "seeds": sorted(slopes), "from_step": window[0], "to_step": window[-1],
+                    "from_tokens": _point_at(ref[next(iter(mine))]["curve"], window[0])["tokens"],
+                    "to_tokens": _point_at(ref[next(iter(mine))]["curve"], window[-1])["tokens"],
+                    "gap": gap, "slope": slope, "trend": trend, "closes_in_tokens": closes})
+    return out
+
+
 def summarize_onset(runs: Sequence[Mapping], *, reference: str, threshold: float) -> dict:
     """The onset section of the ablation report: per-scheme onsets and fractions started,
-    and the held-out loss at matched token counts against `reference`."""
+    the held-out loss at matched token counts against `reference`, and whether each scheme's
+    gap to it is still closing at the end of the budget."""
     steps = matched_steps(runs)
     return {"threshold": threshold, "reference": reference, "schemes": scheme_onsets(runs, threshold),
-            "matched_steps": steps, "loss_at_matched_tokens": loss_at_matched_tokens(runs, reference, steps)}
+            "matched_steps": steps, "loss_at_matched_tokens": loss_at_matched_tokens(runs, reference, steps),
+            "gap_trend": gap_trend(runs, reference)}

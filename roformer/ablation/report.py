@@ -246,6 +246,7 @@ def findings(result: Mapping) -> list[str]:
     rows = {r["scheme"]: r for r in result["schemes"]}
     out = _reference_findings(rows, result["reference"])
     out += _word_order_findings(rows, result.get("order_threshold", 0.1))
+    out += _gap_trend_findings((result.get("onset") or {}).get("gap_trend") or [], result["reference"])
     conv = result.get("convergence")
     if conv and conv["at_step"]:
         out.append(_convergence_finding(conv))
@@ -307,6 +308,29 @@ def _word_order_findings(rows: Mapping[str, Mapping], threshold: float) -> list[
         out.append(f"Ignore word order through the whole budget (gap < {threshold} nats at every evaluation): "
                    f"{'; '.join(never)}.")
     return out
+
+
+def _gap_trend_findings(trends: list[Mapping], reference: str) -> list[str]:
+    """Whether the budget decided the comparison: which schemes' gap to the reference is still
+    closing at its end (roformer.ablation.onset.gap_trend)."""
+    judged = [t for t in trends if t["trend"]]
+    if not judged:
+        return []
+    window = f"{_mtokens(judged[0]['from_tokens'])}-{_mtokens(judged[0]['to_tokens'])} tokens"
+    parts = []
+    for trend in ("closing", "parallel", "widening", "unclear"):
+        names = []
+        for t in (t for t in judged if t["trend"] == trend):
+            text = f"{t['scheme']} ({_diff(t['slope'])}"
+            if t["closes_in_tokens"] is not None:
+                text += f"; a straight line reaches 0 after {_mtokens(t['closes_in_tokens'])} more tokens"
+            names.append(text + ")")
+        if names:
+            parts.append(f"{trend}: {', '.join(names)}")
+    return [f"Gap to {reference} at the end of the budget (slope of the paired loss difference over "
+            f"{window}, nats per {onset.TREND_TOKENS / 1e6:.0f}M tokens, 95% interval over seeds): "
+            + "; ".join(parts) + f". A closing gap means the budget has not decided that comparison; parallel: "
+            f"the interval lies within +-{onset.PARALLEL_SLOPE:g}; unclear: it includes 0 but is wider than that."]
 
 
 def _convergence_finding(conv: Mapping) -> str:
@@ -536,6 +560,19 @@ def _onset_md(onset_result: Mapping | None) -> list[str]:
                   f"to {onset_result['reference']} with its 95% interval):", "",
                   _table(["scheme"] + [_mtokens(c["tokens"]) for c in rows[0]["cells"]],
                          [[row["scheme"]] + [_matched_cell(c) for c in row["cells"]] for row in rows])]
+    trends = onset_result.get("gap_trend") or []
+    if trends:
+        t0 = trends[0]
+        lines += ["", f"Is the gap to {onset_result['reference']} still closing? The slope of each seed's loss "
+                  f"difference to {onset_result['reference']} over the last evaluations "
+                  f"({_mtokens(t0['from_tokens'])}-{_mtokens(t0['to_tokens'])} tokens), in nats per "
+                  f"{onset.TREND_TOKENS / 1e6:.0f}M tokens, mean over seeds with its 95% interval; the straight "
+                  "line to 0 extends the mean gap at the mean slope (an extrapolation, not a forecast):", "",
+                  _table(["scheme", "seeds", "gap at the end", "slope", "trend", "straight line to 0"],
+                         [[t["scheme"], str(len(t["seeds"])), f"{t['gap']:+.3f}", _diff(t["slope"]),
+                           t["trend"] or "—",
+                           f"{_mtokens(t['closes_in_tokens'])} more tokens" if t["closes_in_tokens"] else "—"]
+                          for t in trends])]
     return lines
 
 
