@@ -205,8 +205,8 @@ def gap_trend(runs: Sequence[Mapping], reference: str, key: str = "eval_loss",
             continue
         slopes, last = {}, {}
         for seed, run in mine.items():
-            diffs = [(_point_at(run["curve"], s)["tokens"], _point_at(run["curve"], s)[key]
-                      - _point_at(ref[seed]["curve"], s)[key]) for s in window]
+            diffs = [(p["tokens"], p[key] - _point_at(ref[seed]["curve"], s)[key])
+                     for s in window for p in [_point_at(run["curve"], s)]]
             slopes[seed] = _slope(diffs) * TREND_TOKENS
             last[seed] = diffs[-1][1]
         slope = paired_difference(slopes, {seed: 0.0 for seed in slopes})
@@ -216,9 +216,10 @@ def gap_trend(runs: Sequence[Mapping], reference: str, key: str = "eval_loss",
                      else "parallel" if -PARALLEL_SLOPE <= slope["lo"] and slope["hi"] <= PARALLEL_SLOPE else "unclear")
         gap = statistics.fmean(last.values())
         closes = gap / -slope["diff"] * TREND_TOKENS if trend == "closing" and gap > 0 else None
+        ref_curve = ref[next(iter(mine))]["curve"]
         out.append({"scheme": scheme, "seeds": sorted(slopes), "from_step": window[0], "to_step": window[-1],
-                    "from_tokens": _point_at(ref[next(iter(mine))]["curve"], window[0])["tokens"],
-                    "to_tokens": _point_at(ref[next(iter(mine))]["curve"], window[-1])["tokens"],
+                    "from_tokens": _point_at(ref_curve, window[0])["tokens"],
+                    "to_tokens": _point_at(ref_curve, window[-1])["tokens"],
                     "gap": gap, "slope": slope, "trend": trend, "closes_in_tokens": closes})
     return out
 

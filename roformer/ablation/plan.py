@@ -271,20 +271,10 @@ def _vmap_problems(config: ml_collections.ConfigDict) -> list[str]:
         return [f"config.vmap_seeds={seeds!r}: give how many seeds of a scheme train in one vmapped step (>= 1)"]
     if seeds == 1:
         return []
-    problems = []
-    if str(config.pretrain.train.get("phases") or "").strip():
-        problems.append(f"config.vmap_seeds={seeds}: vmapped seeds do not train in phases (pretrain.train.phases)")
-    if config.pretrain.train.get("init_from"):
-        problems.append(f"config.vmap_seeds={seeds}: vmapped seeds do not warm-start (pretrain.train.init_from)")
-    if config.pretrain.train.get("dropout_rng_impl", "threefry2x32") != "threefry2x32":
-        problems.append(f"config.vmap_seeds={seeds}: vmapped seeds draw dropout with threefry2x32 only "
-                        "(pretrain.train.dropout_rng_impl)")
-    import jax   # as _evaluation_problems, only when validating
+    # The vmapped group's own check (jax and the train loop: only when validating, as _evaluation_problems).
+    from roformer.train.seeds import seed_group_problems
 
-    if jax.process_count() > 1:
-        problems.append(f"config.vmap_seeds={seeds}: vmapped seeds train in one process, this job has "
-                        f"{jax.process_count()}")
-    return problems
+    return [f"config.vmap_seeds={seeds}: {problem}" for problem in seed_group_problems(config.pretrain.train)]
 
 
 def _evaluation_problems(config: ml_collections.ConfigDict) -> list[str]:

@@ -33,9 +33,9 @@ import ml_collections
 from jax.experimental import multihost_utils
 
 from roformer.ablation import collect, parallel, report
-from roformer.ablation.plan import Job, extension_jobs, scheme_jobs, scheme_pretrain_config, validate
-from roformer.ablation.stages import (PREEMPTED_EXIT, Preempted, Stage, error_name, job_stages, record_failure,
-                                      run_stages)
+from roformer.ablation.plan import Job, extension_jobs, scheme_jobs, validate
+from roformer.ablation.stages import (PREEMPTED_EXIT, Preempted, Stage, error_name, job_stages, record_done,
+                                      record_failure, run_stages, scheme_pretrain, trained)
 from roformer.ablation.state import PINNED_TOKENIZER, AblationState, is_main_process
 from roformer.errors import ConfigError
 from roformer.files import write_json_atomic, write_text_atomic
@@ -168,50 +168,42 @@ def _pretrain_vmapped(config, workdir: Path, state: AblationState, vocab: str, j
     from roformer.train.seeds import train_seeds_and_evaluate   # jax: only when vmapping
 
     _merge_job_states(state, workdir)   # what a killed side-by-side session left
-    todo: dict[str, list[tuple[Job, Stage]]] = {}
+    todo: dict[str, list[tuple[Job, tuple]]] = {}
     for job in jobs:
-        pretrain = job_stages(config, workdir, job, vocab)[0]
-        if not state.is_done(job.run, pretrain[0], pretrain[1]):
-            todo.setdefault(job.key, []).append((job, pretrain))
+        run = scheme_pretrain(config, workdir, job.key, job.seed, vocab)   # (config, workdir, fingerprint)
+        if not state.is_done(job.run, "pretrain", run[2]):
+            todo.setdefault(job.key, []).append((job, run))
     size, failed = int(config.vmap_seeds), set()
-    for scheme, runs in todo.items():
-        for start in range(0, len(runs), size):
-            group = runs[start:start + size]
-            if len(group) < 2:
-                continue
-            names = [job.run for job, _ in group]
-            log.info("%s: pretraining as %d vmapped seeds", ", ".join(names), len(group))
-            configs = [scheme_pretrain_config(config, scheme, job.seed) for job, _ in group]
-            for cfg in configs:
-                cfg.data.vocab = vocab
-            dirs = [workdir / "pretrain" / scheme / f"seed{job.seed}" for job, _ in group]
-            begun = time.time()
+    for group in (runs[start:start + size] for runs in todo.values() for start in range(0, len(runs), size)):
+        if len(group) < 2:
+            continue
+        names = [job.run for job, _ in group]
+        log.info("%s: pretraining as %d vmapped seeds", ", ".join(names), len(group))
+        begun = time.time()
+        try:
+            outcomes = train_seeds_and_evaluate([cfg for _, (cfg, _, _) in group], [d for _, (_, d, _) in group])
+        except Exception as error:  # noqa: BLE001 - recorded for every seed of the group, as a stage's
+            outcomes = [error] * len(group)
+        wall, preempted = time.time() - begun, False
+        for (job, (cfg, _, fp)), outcome in zip(group, outcomes):
             try:
-                outcomes = train_seeds_and_evaluate(configs, dirs)
-            except Exception as error:  # noqa: BLE001 - recorded for every seed of the group, as a stage's
-                outcomes = [error] * len(group)
-            wall = round(time.time() - begun, 1)
-            preempted = False
-            for (job, (stage, fp, _)), cfg, outcome in zip(group, configs, outcomes):
-                if not isinstance(outcome, Exception) and outcome["preempted"]:
-                    preempted = True
-                    continue
-                if not isinstance(outcome, Exception) and outcome["final_step"] < cfg.train.steps:
-                    outcome = RuntimeError(f"training stopped at step {outcome['final_step']} of {cfg.train.steps}")
                 if isinstance(outcome, Exception):
-                    record_failure(state, workdir, job.run, stage, fp, outcome)
-                    failed.add(job.run)
-                    continue
-                # wall_s: the group's, as each seed's training took all of it; a seed that had
-                # finished alone before (its summary has no seeds_in_step) trained on its own.
-                state.set(job.run, stage, {"status": "done", "fingerprint": fp, "wall_s": wall,
-                                           "result": {"steps": outcome["final_step"],
-                                                      "seeds_in_step": outcome.get("seeds_in_step", 1)}})
-                if is_main_process():
-                    (workdir / "errors" / f"{error_name(job.run)}.{stage}.txt").unlink(missing_ok=True)
-            write_report(config, workdir, state)
-            if preempted:
-                raise Preempted(f"{', '.join(names)} preempted")
+                    raise outcome
+                result = trained(outcome, cfg)
+            except Preempted:
+                preempted = True
+                continue
+            except Exception as error:  # noqa: BLE001 - recorded, as run_stages records a failed stage
+                record_failure(state, workdir, job.run, "pretrain", fp, error)
+                failed.add(job.run)
+                continue
+            # wall_s: the group's, as each seed's training took all of it; a seed that had
+            # finished alone before (its summary has no seeds_in_step) trained on its own.
+            record_done(state, workdir, job.run, "pretrain", fp, wall,
+                        {**result, "seeds_in_step": outcome.get("seeds_in_step", 1)})
+        write_report(config, workdir, state)
+        if preempted:
+            raise Preempted(f"{', '.join(names)} preempted")
     return failed
 
 

@@ -39,9 +39,14 @@ class Preempted(Exception):
 def _train(cfg: ml_collections.ConfigDict, workdir: Path) -> dict:
     from roformer.train import train_and_evaluate   # jax: when a stage runs
 
-    summary = train_and_evaluate(cfg, workdir)
+    return trained(train_and_evaluate(cfg, workdir), cfg)
+
+
+def trained(summary: dict, cfg: ml_collections.ConfigDict) -> dict:
+    """A training stage's result from its run's summary: Preempted when SIGTERM stopped it,
+    RuntimeError when it ended short of cfg.train.steps."""
     if summary["preempted"]:
-        raise Preempted(f"{workdir} preempted at step {summary['final_step']}")
+        raise Preempted(f"{summary['workdir']} preempted at step {summary['final_step']}")
     if summary["final_step"] < cfg.train.steps:
         raise RuntimeError(f"training stopped at step {summary['final_step']} of {cfg.train.steps}")
     return {"steps": summary["final_step"]}
@@ -92,14 +97,21 @@ STAGE_RUNNERS: dict[str, Callable] = {
 # --------------------------------------------------------------------------- a run's stages
 
 
-def scheme_stages(config, workdir: Path, scheme: str, seed: int, vocab: str) -> list[Stage]:
-    """(stage, fingerprint, call) for one scheme and seed."""
+def scheme_pretrain(config, workdir: Path, scheme: str, seed: int, vocab: str
+                    ) -> tuple[ml_collections.ConfigDict, Path, str]:
+    """A scheme's pretraining run: its config (reading the pinned vocabulary), workdir and
+    fingerprint."""
     pretrain_cfg = scheme_pretrain_config(config, scheme, seed)
-    pretrain_dir = workdir / "pretrain" / scheme / f"seed{seed}"
     # The pinned vocabulary is a property of the workdir, not of the config: fingerprints
     # stay those of the config as written, so moving the workdir resumes it.
     fp = fingerprint(pretrain_cfg)
     pretrain_cfg.data.vocab = vocab
+    return pretrain_cfg, workdir / "pretrain" / scheme / f"seed{seed}", fp
+
+
+def scheme_stages(config, workdir: Path, scheme: str, seed: int, vocab: str) -> list[Stage]:
+    """(stage, fingerprint, call) for one scheme and seed."""
+    pretrain_cfg, pretrain_dir, fp = scheme_pretrain(config, workdir, scheme, seed, vocab)
     stages = [
         ("pretrain", fp, lambda: STAGE_RUNNERS["pretrain"](pretrain_cfg, pretrain_dir)),
         ("extrapolation", fingerprint(fp, config.extrapolation),
@@ -148,15 +160,19 @@ def run_stages(state: AblationState, workdir: Path, run: str, stages: list[Stage
             if index == 0:
                 return
             continue
-        state.set(run, stage, {"status": "done", "fingerprint": fp,
-                               "wall_s": round(time.time() - start, 1), "result": result})
-        if is_main_process():
-            (workdir / "errors" / f"{error_name(run)}.{stage}.txt").unlink(missing_ok=True)  # an earlier failure
+        record_done(state, workdir, run, stage, fp, time.time() - start, result)
 
 
 def error_name(run: str) -> str:
     """A run's name in file names (errors/, parallel/, logs/): <scheme>.seed<k>."""
     return run.replace("/", ".")
+
+
+def record_done(state: AblationState, workdir: Path, run: str, stage: str, fp: str, wall_s: float,
+                result: dict) -> None:
+    state.set(run, stage, {"status": "done", "fingerprint": fp, "wall_s": round(wall_s, 1), "result": result})
+    if is_main_process():
+        (workdir / "errors" / f"{error_name(run)}.{stage}.txt").unlink(missing_ok=True)  # an earlier failure
 
 
 def record_failure(state: AblationState, workdir: Path, run: str, stage: str, fp: str,

@@ -193,9 +193,7 @@ def _train_phase(config, workdir: Path) -> dict:
                                 peak_flops=peak_flops, num_devices=jax.device_count())
         logged = _logged_history(workdir, start_step, tc.divergence_window) if is_main else None
         logged = logged if jax.process_count() == 1 else _allgather_json(logged)[0]   # one guard everywhere
-        guard = DivergenceGuard(tc.divergence_factor, tc.divergence_patience, tc.divergence_window,
-                                after_step=tc.warmup_steps, history=logged["losses"], best_eval=logged["best_eval"],
-                                last_good_step=start_step, last_good_eval_step=start_step, resumed_step=start_step)
+        guard = resumed_guard(tc, logged, start_step)
         train_log = TrainLog(writer, timer, bar, checkpointer, guard, first_loss=logged["first_loss"],
                              mark={"phase": train_iter.phase, "seq_len": tc.seq_len})   # on every metrics row
         evaluated: dict = {}   # step -> held-out loss, for the checkpoint saved at that step
@@ -207,10 +205,7 @@ def _train_phase(config, workdir: Path) -> dict:
                     stats_step(state["params"], rest, eval_batches[""][0]))))
             train_log.write(step, row)
             evaluated.update({step: row["eval_loss"]})
-            reason = guard.check_eval(step, row["eval_loss"])
-            if reason:
-                train_log.stop(reason, step, min(guard.last_good_eval_step, guard.good_checkpoint_step()),
-                               guard_check=math.isfinite(row["eval_loss"]))
+            train_log.check_eval(step, row["eval_loss"])
             return row
 
         def save(step: int) -> None:
@@ -308,6 +303,14 @@ def _say_changed_optimizer(checkpointer: Checkpointer, workdir: Path, tc: TrainC
         log.warning("resuming from step %d with changed optimizer settings: %s", step, "; ".join(changes))
 
 
+def resumed_guard(tc: TrainConfig, logged: dict, start_step: int) -> DivergenceGuard:
+    """The divergence guard of a run (re)starting at `start_step`, with what metrics.jsonl
+    logged before it (`_logged_history`)."""
+    return DivergenceGuard(tc.divergence_factor, tc.divergence_patience, tc.divergence_window,
+                           after_step=tc.warmup_steps, history=logged["losses"], best_eval=logged["best_eval"],
+                           last_good_step=start_step, last_good_eval_step=start_step, resumed_step=start_step)
+
+
 def _logged_history(workdir: Path, start_step: int, window: int) -> dict:
     """What metrics.jsonl says about the run before `start_step`: its last `window` training
     losses and best held-out loss (the divergence guard's reference) and its first loss."""
@@ -383,13 +386,24 @@ def _eval_batches(data, tc: TrainConfig, mesh) -> dict[str, list]:
 
 
 def _evaluate(eval_step, params, rest, eval_batches: dict[str, list]) -> dict:
+    return eval_row({name: eval_totals(eval_step, params, rest, batches) for name, batches in eval_batches.items()})
+
+
+def eval_totals(eval_step, params, rest, batches: list) -> dict[str, np.ndarray]:
+    """The loss, correct and weight sums of `eval_step` over `batches`, added up in float64
+    (with any leading axis the step's outputs have: vmapped seeds)."""
+    totals = None
+    for batch in batches:
+        sums = {k: np.asarray(v, np.float64) for k, v in jax.device_get(eval_step(params, rest, batch)).items()}
+        totals = sums if totals is None else {k: totals[k] + sums[k] for k in totals}
+    return totals
+
+
+def eval_row(totals: dict[str, dict]) -> dict:
+    """The metrics row of held-out sums per evaluation set ("" plain, "shuffled")."""
     row = {}
-    for name, batches in eval_batches.items():
-        totals = {"loss_sum": 0.0, "correct_sum": 0.0, "weight_sum": 0.0}
-        for batch in batches:
-            sums = jax.device_get(eval_step(params, rest, batch))
-            totals = {k: totals[k] + float(sums[k]) for k in totals}
-        row.update(steps.summarize_eval(totals, prefix=f"eval_{name}_" if name else "eval_"))
+    for name, sums in totals.items():
+        row.update(steps.summarize_eval(sums, prefix=f"eval_{name}_" if name else "eval_"))
     if "eval_shuffled_loss" in row:   # how much the model uses word order (0: not at all)
         row["eval_order_gap"] = row["eval_shuffled_loss"] - row["eval_loss"]
     return row
@@ -419,6 +433,13 @@ class TrainLog:
 
     def write(self, step: int, row: dict) -> None:
         self.writer.write(step, {**row, **self.mark})
+
+    def check_eval(self, step: int, loss: float) -> None:
+        """Give the guard a held-out loss; one out of range stops the run (`stop`)."""
+        reason = self.guard.check_eval(step, loss)
+        if reason:
+            self.stop(reason, step, min(self.guard.last_good_eval_step, self.guard.good_checkpoint_step()),
+                      guard_check=math.isfinite(loss))
 
     def flush(self, step: int) -> None:
         if not self.pending:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -35,9 +34,10 @@ from roformer.model import attention_stats
 from roformer.train import flops, sharding, steps
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.config import TrainConfig
-from roformer.train.guard import DivergenceGuard, TrainingStopped
+from roformer.train.guard import TrainingStopped
 from roformer.train.loop import (StopFlag, TrainLog, _eval_batches, _logged_history, _make_data, _optimizer,
-                                 _optimizer_settings, _write_summary, build_model_config, open_run)
+                                 _optimizer_settings, _write_summary, build_model_config, eval_row, eval_totals,
+                                 open_run, resumed_guard)
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.state import TrainSetup
 from roformer.workdir_lock import workdir_lock
@@ -47,7 +47,7 @@ log = logging.getLogger("roformer.train")
 
 def check_seed_group(configs) -> None:
     """The configs must differ in train.seed only, and ask for nothing a vmapped group does
-    not do (more than one process, phases, a warm start); ConfigError says what."""
+    not do (`seed_group_problems`); ConfigError says what."""
     if not configs:
         raise ConfigError("no seeds to train")
     seeds = [int(c.train.seed) for c in configs]
@@ -63,17 +63,27 @@ def check_seed_group(configs) -> None:
     for config in configs[1:]:
         if without_seed(config) != first:
             raise ConfigError("vmapped seeds must share every setting but train.seed")
+    problems = seed_group_problems(configs[0].train)
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def seed_group_problems(train) -> list[str]:
+    """What a `train` config section asks for that vmapped seeds do not do (also the
+    ablation's check of `vmap_seeds`, before anything trains)."""
+    problems = []
     if jax.process_count() > 1:
-        raise ConfigError("vmapped seeds train in one process; this job has "
-                          f"{jax.process_count()} (train each seed as a run of its own)")
-    train = configs[0].train
+        problems.append(f"vmapped seeds train in one process; this job has {jax.process_count()} "
+                        "(train each seed as a run of its own)")
     if str(train.get("phases") or "").strip():
-        raise ConfigError("vmapped seeds do not train in phases (train.phases); train each seed as a run of its own")
+        problems.append("vmapped seeds do not train in phases (train.phases); train each seed as a run of its own")
     if train.get("init_from"):
-        raise ConfigError("vmapped seeds start from their own initialisations, not a warm start (train.init_from)")
+        problems.append("vmapped seeds start from their own initialisations, not a warm start (train.init_from); "
+                        "warm-start each seed as a run of its own")
     if train.get("dropout_rng_impl", "threefry2x32") != "threefry2x32":
-        raise ConfigError(f"vmapped seeds draw dropout with threefry2x32 only (train.dropout_rng_impl="
-                          f"{train.dropout_rng_impl!r}): vmapped, rbg keys give other bits than the run alone")
+        problems.append(f"vmapped seeds draw dropout with threefry2x32 only (train.dropout_rng_impl="
+                        f"{train.dropout_rng_impl!r}): vmapped, rbg keys give other bits than the run alone")
+    return problems
 
 
 def default_data_workers(seeds: int) -> int:
@@ -161,10 +171,7 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
             _restore_or_init(seed, setup)
             writer = cleanup.enter_context(contextlib.closing(MetricsWriter(seed.workdir, resume_step=seed.start_step)))
             logged = _logged_history(seed.workdir, seed.start_step, tc.divergence_window)
-            guard = DivergenceGuard(tc.divergence_factor, tc.divergence_patience, tc.divergence_window,
-                                    after_step=tc.warmup_steps, history=logged["losses"], best_eval=logged["best_eval"],
-                                    last_good_step=seed.start_step, last_good_eval_step=seed.start_step,
-                                    resumed_step=seed.start_step)
+            guard = resumed_guard(tc, logged, seed.start_step)
             # Each seed's tokens/s and MFU are its own: the group's step time, one seed's tokens.
             timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,
                                     peak_flops=peak_flops, num_devices=1)
@@ -325,15 +332,10 @@ class _Group:
     def evaluate(self, members: list[_Seed], states) -> bool:
         """Every seed's held-out loss (and attention statistics) on the same batches; True
         when one stopped."""
-        rows = [{} for _ in members]
-        for name, batches in self.eval_batches.items():
-            totals = None
-            for batch in batches:
-                sums = jax.device_get(self.eval_step(states["params"], self.rest, batch))
-                totals = sums if totals is None else {k: totals[k] + sums[k] for k in totals}
-            for i, row in enumerate(rows):
-                row.update(steps.summarize_eval({k: float(v[i]) for k, v in totals.items()},
-                                                prefix=f"eval_{name}_" if name else "eval_"))
+        totals = {name: eval_totals(self.eval_step, states["params"], self.rest, batches)
+                  for name, batches in self.eval_batches.items()}
+        rows = [eval_row({name: {k: v[i] for k, v in sums.items()} for name, sums in totals.items()})
+                for i in range(len(members))]
         if self.stats_step is not None:
             stats = jax.device_get(self.stats_step(states["params"], self.rest, self.eval_batches[""][0]))
             for i, row in enumerate(rows):
@@ -342,19 +344,10 @@ class _Group:
         for seed, row in zip(members, rows):
             if seed.error is not None:
                 continue
-            if "eval_shuffled_loss" in row:   # as the single-run loop: how much the model uses word order
-                row["eval_order_gap"] = row["eval_shuffled_loss"] - row["eval_loss"]
             seed.last_eval = row
             seed.log.write(seed.step, row)
             seed.evaluated[seed.step] = row["eval_loss"]
-
-            def check(seed=seed, row=row):
-                reason = seed.log.guard.check_eval(seed.step, row["eval_loss"])
-                if reason:
-                    seed.log.stop(reason, seed.step,
-                                  min(seed.log.guard.last_good_eval_step, seed.log.guard.good_checkpoint_step()),
-                                  guard_check=math.isfinite(row["eval_loss"]))
-            stopped |= _guarded(seed, check)
+            stopped |= _guarded(seed, lambda: seed.log.check_eval(seed.step, row["eval_loss"]))
         return stopped
 
     def _save(self, members: list[_Seed], states, *, postpone: bool = False) -> None:
