@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The accelerator benchmarks in one command, under ten minutes on one GPU:
 #   profile.json        where a base/512 bf16 train step's time goes, op by op (fused attention),
-#                       with its trace and compiled program in profile_trace/
+#                       with its trace and compiled program in profile_trace/ (read them again
+#                       elsewhere: python -m roformer.bench profile --from-trace profile_trace)
 #   gpu.json            the train-step table (tiny..base at 128 and 512, bf16, MFU) and RoPE kernels
 #                       (batch 32: at 8 the per-call floor hides most of the kernel time on an H200)
 #   runs_<shape>.json   small runs per GPU-hour at tiny/128/16 and mini/128/32: one run, 8 runs
@@ -13,7 +14,7 @@
 #   log.txt             everything the commands printed, with each compilation's time
 # Each step has its own time limit and its own file, so a slow one costs only itself.
 # STEPS picks and orders them (default: all, in the order above). Their limits add up to
-# 1,015 s, so on a machine lent for ten minutes a call, split them, e.g.
+# 1,095 s, so on a machine lent for ten minutes a call, split them, e.g.
 #   STEPS="profile gpu runs_mini" then STEPS="runs_tiny runs64_tiny runs64_mini ablation_vmap"
 # Usage: scripts/bench_accelerator.sh OUTDIR   (PYTHON=... to choose the interpreter)
 set -u
@@ -52,7 +53,7 @@ ablations() {   # whole ablation sessions, vmapped and in turn (workdirs outside
   for mode in vmap turn; do
     start=$SECONDS
     echo "=== ablation_$mode" >>"$log"
-    timeout 140 "$py" -m roformer.ablate --config=configs/ablation.py:reference --config.schemes=rope \
+    timeout "$([ $mode = vmap ] && echo 140 || echo 240)" "$py" -m roformer.ablate --config=configs/ablation.py:reference --config.schemes=rope \
       --config.seeds=8 --config.scheme_seeds= --config.pretrain.data.source=embedded --config.glue.task= \
       --config.extension.enabled=False --config.extrapolation.factors=1 --config.extrapolation.scalings= \
       --config.extrapolation.num_docs=2 --config.pretrain.train.progress_bar=False \
@@ -82,10 +83,17 @@ PY
   rm -rf "$work"
 }
 
+keep_trace() {   # the profiler's trace up to DIR itself: a device call brings back files two folders down at most
+  local trace
+  trace=$(find "$1" -name '*.trace.json.gz' -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -n 1 | cut -d' ' -f2-)
+  [ -n "$trace" ] && mv "$trace" "$1/step.trace.json.gz" && rm -rf "$1/plugins"
+}
+
 run_step() {
   case $1 in
     profile) bench profile 120 profile --size base --seq-len 512 --batch 64 --scheme rope --dtype bfloat16 \
-               --attention-impl cudnn --attention-dropout 0 --top 40 --trace-dir "$out/profile_trace" ;;
+               --attention-impl cudnn --attention-dropout 0 --top 40 --trace-dir "$out/profile_trace"
+             keep_trace "$out/profile_trace" ;;
     gpu) bench gpu 300 gpu --sizes base small mini tiny --seq-lens 512 128 --rope-batch 32 --budget-s 240 ;;
     runs_tiny) bench runs_tiny 75 runs --shapes tiny/128/16 --modes one procs vmap --parallel 8 --rounds 3 --steps 30 ;;
     runs_mini) bench runs_mini 100 runs --shapes mini/128/32 --modes one procs vmap --parallel 8 --rounds 3 --steps 30 ;;

@@ -89,11 +89,12 @@ def test_step_and_scaling_bench(tmp_path):
     # the accelerator path's switches: fused attention needs attention dropout off
     result = run_bench(tmp_path, "step", "--sizes", "tiny", "--seq-lens", "16", "--batch", "2",
                        "--schemes", "learned", "rope", "--attention-impl", "xla", "--attention-dropout", "0",
-                       "--dropout-rng-impls", "threefry2x32", "rbg", *common)
-    rows = {(r["scheme"], r["dropout_rng"]): r for r in result["rows"]}
-    assert set(rows) == {(s, i) for s in ("learned", "rope") for i in ("threefry2x32", "rbg")}
-    assert rows["learned", "rbg"]["x_learned"] == 1.0 and rows["rope", "threefry2x32"]["x_dropout_ref"] == 1.0
-    assert rows["rope", "rbg"]["x_dropout_ref"] > 0
+                       "--dropout-rng-impls", "threefry2x32", "rbg", "--hidden-dropouts", "0.1", "0", *common)
+    rows = {(r["scheme"], r["dropout_rng"], r["hidden_dropout"]): r for r in result["rows"]}
+    assert set(rows) == {(s, i, h) for s in ("learned", "rope") for i in ("threefry2x32", "rbg") for h in (0.1, 0)}
+    assert rows["learned", "rbg", 0]["x_learned"] == 1.0 and rows["rope", "threefry2x32", 0]["x_dropout_ref"] == 1.0
+    assert rows["rope", "rbg", 0.1]["x_hidden_ref"] == 1.0 and rows["rope", "rbg", 0]["x_hidden_ref"] > 0
+    assert rows["rope", "rbg", 0]["x_dropout_ref"] > 0
     assert all(r["tokens_s"] > 0 and r["mfu"] > 0 and r["GFLOP_step"] > 0 for r in rows.values())
 
     result = run_bench(tmp_path, "scaling", "--size", "tiny", "--seq-lens", "32", "--tokens", "64",
@@ -132,6 +133,11 @@ def test_profile_bench_splits_a_traced_step_by_kind(tmp_path):
     assert all(row["ms"] > 0 and row["GFLOP/s"] > 0 and row["cpu_per_wall"] > 0 for row in matmuls.values())
     assert list((tmp_path / "trace").rglob("*.xplane.pb"))   # kept for TensorBoard / Perfetto
     assert "ENTRY" in (tmp_path / "trace" / "train_step.hlo.txt").read_text()
+    # the kept trace read again, as one brought back from another machine is
+    again = run_bench(tmp_path, "profile", "--from-trace", str(tmp_path / "trace"), "--steps", "1", "--top", "5")
+    assert [row["kind"] for row in again["rows"]] == list(kinds)
+    assert again["traced_ms"] == pytest.approx(result["traced_ms"])
+    assert [row["op"] for row in again["tables"]["most expensive ops"]["rows"]] == [row["op"] for row in top]
 
 
 def test_op_events_names_gpu_kernels_by_their_instruction(tmp_path):
@@ -155,6 +161,38 @@ def test_op_events_names_gpu_kernels_by_their_instruction(tmp_path):
     with gzip.open(tmp_path / "cpu" / "h.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": cpu}, f)
     assert op_events(tmp_path / "cpu") == [("dot.2", 1e-6, 4e-6)]
+
+
+def test_kernels_run_from_a_command_buffer_are_matched_by_their_kernel_names(tmp_path):
+    """XLA runs a GPU step's kernels in CUDA graphs: every kernel then carries the command
+    buffer as its hlo_op, so the kernel's own name must say which instruction it is."""
+    import gzip
+    import json
+
+    from roformer.bench.profile import op_events, step_breakdown
+    buffer = {"hlo_op": "command_buffer_1", "hlo_module": "jit_train_step"}
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+        {"ph": "X", "name": "loop_add_fusion_1", "ts": 0, "dur": 2, "pid": 1, "args": buffer},
+        {"ph": "X", "name": "input_reduce_fusion", "ts": 2, "dur": 3, "pid": 1, "args": buffer},
+        {"ph": "X", "name": "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NNN", "ts": 5, "dur": 10, "pid": 1, "args": buffer},
+        {"ph": "X", "name": "cudnn_generated_fort_native_sdpa_sm90_flash_fprop", "ts": 15, "dur": 4, "pid": 1, "args": buffer},
+        {"ph": "X", "name": "BUFFER_FLUSH", "ts": 0, "dur": 50, "pid": 2},
+    ]
+    with gzip.open(tmp_path / "vm.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    program = {"loop_add_fusion.1": {"kind": "elementwise and other", "shape": "f32[8]", "op": "add", "flops": 0.0, "bytes": 64},
+               "input_reduce_fusion": {"kind": "reduction", "shape": "f32[1]", "op": "reduce_sum", "flops": 0.0, "bytes": 36}}
+    breakdown = step_breakdown(op_events(tmp_path), program, steps=1, top=10, library_kernels=True)
+    ms = {row["kind"]: row["ms_step"] for row in breakdown["rows"]}
+    assert ms == pytest.approx({"matmul": 0.014, "layout copy": 0, "reduction": 0.003, "random bits": 0,
+                                "elementwise and other": 0.002})
+    assert breakdown["traced_ms"] == pytest.approx(0.019) and breakdown["busy_ms"] == pytest.approx(0.019)
+    assert [op["op"] for op in breakdown["top"]][:2] == ["nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NNN",
+                                                        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop"]
+    # without library kernels (a CPU trace) only instructions count
+    program = {name: entry for name, entry in program.items() if not name.startswith(("nvjet", "cudnn"))}
+    assert step_breakdown(op_events(tmp_path), program, 1, 10, library_kernels=False)["traced_ms"] == pytest.approx(0.005)
 
 
 def test_busy_and_concurrent_time_of_intervals():

@@ -56,6 +56,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab-size", type=int, default=30522)
     parser.add_argument("--attention-dropout", type=float, default=None,
                         help="override attention dropout (default: the model config's 0.1)")
+    parser.add_argument("--hidden-dropout", type=float, default=None,
+                        help="override hidden dropout (default: the model config's 0.1)")
     parser.add_argument("--attention-impl", default="auto", choices=ATTENTION_IMPLEMENTATIONS,
                         help="jax.nn.dot_product_attention implementation (cudnn: the fused kernel on a GPU, "
                              "with --attention-dropout 0)")
@@ -63,6 +65,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=25, help="rows of the most expensive ops")
     parser.add_argument("--trace-dir", type=Path, default=None,
                         help="keep the trace here (TensorBoard/Perfetto); default: a temporary directory")
+    parser.add_argument("--from-trace", type=Path, default=None,
+                        help="read a trace kept with --trace-dir (e.g. brought back from a GPU machine) "
+                             "instead of tracing: its train_step.hlo.txt and newest *.trace.json.gz, "
+                             "--steps traced steps; prints the kinds and the most expensive ops")
 
 
 def _dims(shape: str) -> list[int]:
@@ -204,22 +210,99 @@ def parse_program(hlo_text: str) -> dict[str, dict]:
 
 
 def op_events(trace_dir: Path) -> list[tuple[str, float, float]]:
-    """(HLO instruction name, start, end) in seconds of every complete event in the newest
+    """(op name, start, end) in seconds of every complete event in the newest
     *.trace.json.gz under trace_dir.
 
     On a CPU an op's event is named after its instruction. On a GPU the device's kernel
     events carry the instruction in args.hlo_op and are named after the kernel (a cuBLAS or
     cuDNN kernel's own name, or the fusion's name with '_' for '.'), while the host's
     launch events carry the instruction names too: where any event has args.hlo_op, only
-    those count, so that each kernel is counted once, on the device."""
+    those count, so that each kernel is counted once, on the device. Kernels that XLA ran
+    inside a command buffer (a CUDA graph) all carry that buffer's name instead: they keep
+    their kernel's name, which `instruction_of` maps back."""
     traces = sorted(trace_dir.rglob("*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
     if not traces:
         raise RuntimeError(f"the jax profiler wrote no *.trace.json.gz under {trace_dir}")
     with gzip.open(traces[-1]) as f:
         events = [event for event in json.load(f)["traceEvents"] if event.get("ph") == "X" and "name" in event]
     device = [event for event in events if isinstance(event.get("args"), dict) and "hlo_op" in event["args"]]
-    return [(event["args"]["hlo_op"] if device else event["name"], event["ts"] / 1e6,
-             (event["ts"] + event.get("dur", 0)) / 1e6) for event in (device or events)]
+
+    def name(event: dict) -> str:
+        op = event["args"]["hlo_op"] if device else event["name"]
+        return event["name"] if device and op.startswith("command_buffer") else op
+
+    return [(name(event), event["ts"] / 1e6, (event["ts"] + event.get("dur", 0)) / 1e6) for event in (device or events)]
+
+
+def instruction_of(name: str, program: dict[str, dict]) -> str | None:
+    """The program's instruction an op event stands for: its own name, a fusion kernel's
+    name with its '_N' suffix read as the instruction's '.N', or None (a library kernel
+    run from a command buffer, which names no instruction)."""
+    if name in program:
+        return name
+    dotted = re.sub(r"_(\d+)$", r".\1", name)
+    return dotted if dotted in program else None
+
+
+# cuBLAS (nvjet, cutlass, xmma, gemm) and cuDNN (fused attention and its helper kernels)
+_LIBRARY_MATMUL = re.compile(r"nvjet|cublas|cutlass|xmma|gemm|cudnn|sdpa|fmha|flash", re.IGNORECASE)
+
+
+def library_kernel(name: str) -> dict:
+    """A program entry for a kernel no instruction is named after (see `instruction_of`):
+    cuBLAS GEMMs and cuDNN attention count as matmul, as their custom calls do."""
+    return {"kind": "matmul" if _LIBRARY_MATMUL.search(name) else "elementwise and other",
+            "shape": "", "op": "library kernel", "flops": 0.0, "bytes": 0}
+
+
+def attribute(events: list[tuple[str, float, float]], program: dict[str, dict], *,
+              library_kernels: bool) -> tuple[dict[str, float], collections.Counter, list[tuple[float, float]]]:
+    """Traced seconds and calls per instruction, and the intervals of the events matched.
+    Events that name no instruction are dropped, except with `library_kernels` (a GPU's
+    command buffers): then each such kernel counts under its own name and gets a `program`
+    entry from `library_kernel`."""
+    seconds: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter = collections.Counter()
+    intervals = []
+    for name, start, end in events:
+        instruction = instruction_of(name, program)
+        if instruction is None and library_kernels:
+            instruction = name[:90]
+            program.setdefault(instruction, library_kernel(name))
+        if instruction is None:
+            continue
+        seconds[instruction] += end - start
+        calls[instruction] += 1
+        intervals.append((start, end))
+    return seconds, calls, intervals
+
+
+def step_breakdown(events: list[tuple[str, float, float]], program: dict[str, dict], steps: int, top: int, *,
+                   library_kernels: bool) -> dict:
+    """Per step: the traced time by kind (`rows`), the `top` most expensive ops, each
+    matmul op's GFLOP/s (`rate`), and the traced, busy and concurrent milliseconds."""
+    seconds, calls, intervals = attribute(events, program, library_kernels=library_kernels)
+    busy, concurrent = busy_and_concurrent(intervals)
+    per_kind = dict.fromkeys(KINDS, 0.0)
+    ops = []
+    for name, total in seconds.items():
+        entry = program[name]
+        per_kind[entry["kind"]] += total / steps
+        ops.append((total / steps, name, entry))
+    traced = sum(per_kind.values())
+    rows = [{"kind": kind, "ms_step": per_kind[kind] * 1e3, "share": per_kind[kind] / traced if traced else 0.0}
+            for kind in KINDS]
+    rate = {name: entry["flops"] * calls[name] / seconds[name] / 1e9
+            for _, name, entry in ops if entry["flops"] and seconds[name] > 0}
+    top_ops = [{"op": name, "kind": entry["kind"], "ms_step": s * 1e3, "calls_step": calls[name] / steps,
+                "GFLOP/s": rate.get(name),
+                "GB/s": entry["bytes"] * calls[name] / seconds[name] / 1e9 if seconds[name] > 0 and entry["bytes"] else None,
+                "shape": entry["shape"][:40], "from": _short_op(entry["op"])[-70:]}
+               for s, name, entry in sorted(ops, key=lambda item: item[0], reverse=True)[:top]]
+    notes = [f"ops running: {busy / steps * 1e3:.1f} ms per step (union of the traced ops), "
+             f"{concurrent / steps * 1e3:.1f} ms of it with two or more at once (counted twice by the kinds)"]
+    return {"rows": rows, "top": top_ops, "rate": rate, "traced_ms": traced * 1e3, "busy_ms": busy / steps * 1e3,
+            "concurrent_ms": concurrent / steps * 1e3, "notes": notes}
 
 
 def busy_and_concurrent(intervals: list[tuple[float, float]]) -> tuple[float, float]:
@@ -301,8 +384,32 @@ def _short_op(op_name: str) -> str:
     return re.sub(r"^jit\([^)]*\)/", "", first)
 
 
+def read_kept_trace(trace_dir: Path, steps: int, top: int) -> dict:
+    """The kinds and most expensive ops of a trace kept by an earlier `--trace-dir` run."""
+    programs = sorted(trace_dir.rglob("train_step.hlo.txt"))
+    if not programs:
+        raise SystemExit(f"no train_step.hlo.txt under {trace_dir}: keep a trace with --trace-dir first")
+    program = parse_program(programs[0].read_text())
+    traces = sorted(trace_dir.rglob("*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
+    if not traces:
+        raise SystemExit(f"no *.trace.json.gz under {trace_dir}")
+    with gzip.open(traces[-1]) as f:
+        on_gpu = any(event.get("ph") == "M" and "/device:GPU" in str(event.get("args", {}).get("name"))
+                     for event in json.load(f)["traceEvents"])
+    breakdown = step_breakdown(op_events(trace_dir), program, steps, top, library_kernels=on_gpu)
+    return {"rows": breakdown["rows"], "tables": {"most expensive ops": {"rows": breakdown["top"]}},
+            "traced_ms": breakdown["traced_ms"], "busy_ms": breakdown["busy_ms"],
+            "concurrent_ms": breakdown["concurrent_ms"],
+            "notes": [f"read from {trace_dir}: {breakdown['traced_ms']:.1f} ms of ops per step over {steps} traced steps",
+                      *breakdown["notes"]],
+            "settings": {"from_trace": str(trace_dir), "steps": steps, "top": top}}
+
+
 def run(args: argparse.Namespace) -> dict:
-    config = step_bench.model_config(args.size, args.scheme, args, args.seq_len)
+    if args.from_trace:
+        return read_kept_trace(args.from_trace, args.steps, args.top)
+    config = step_bench.model_config(args.size, args.scheme, args, args.seq_len,
+                                     hidden_dropout=args.hidden_dropout)
     fallback = []
     try:
         workload = build_train_workload(config, batch_size=args.batch, seq_len=args.seq_len,
@@ -333,44 +440,22 @@ def run(args: argparse.Namespace) -> dict:
     if args.trace_dir:   # the compiled program beside its trace, to read the ops' fusions
         (args.trace_dir / "train_step.hlo.txt").write_text(hlo_text)
 
-    seconds: dict[str, float] = collections.defaultdict(float)
-    calls: dict[str, int] = collections.Counter()
-    for name, start, end in events:
-        seconds[name] += end - start
-        calls[name] += 1
-    busy, concurrent = busy_and_concurrent([(start, end) for name, start, end in events if name in program])
-    per_kind = dict.fromkeys(KINDS, 0.0)
-    ops = []
-    for name, total in seconds.items():
-        if name in program:
-            entry = program[name]
-            per_kind[entry["kind"]] += total / args.steps
-            ops.append((total / args.steps, name, entry))
-    traced = sum(per_kind.values())
-    rows = [{"kind": kind, "ms_step": per_kind[kind] * 1e3, "share": per_kind[kind] / traced if traced else 0.0}
-            for kind in KINDS]
-    rate = {name: entry["flops"] * calls[name] / seconds[name] / 1e9
-            for _, name, entry in ops if entry["flops"] and seconds[name] > 0}
-    top = [{"op": name, "kind": entry["kind"], "ms_step": s * 1e3, "GFLOP/s": rate.get(name),
-            "GB/s": entry["bytes"] * calls[name] / seconds[name] / 1e9 if seconds[name] > 0 else None,
-            "shape": entry["shape"][:40], "from": _short_op(entry["op"])[-70:]}
-           for s, name, entry in sorted(ops, key=lambda item: item[0], reverse=True)[:args.top]]
+    breakdown = step_breakdown(events, program, args.steps, args.top, library_kernels=jax.default_backend() == "gpu")
     notes = fallback + [f"{args.size}/{args.seq_len}/{args.batch} {args.scheme} {args.dtype}: "
-             f"{step_ms:.1f} ms per step untraced (median of {untraced_steps}), {traced * 1e3:.1f} ms of ops "
+             f"{step_ms:.1f} ms per step untraced (median of {untraced_steps}), {breakdown['traced_ms']:.1f} ms of ops "
              f"in the trace, {workload.flops_per_step / 1e9:.1f} GFLOP per step",
              f"per untraced step: {kernel['page_faults_per_step']:,.0f} minor page faults, "
              f"{kernel['system_cpu_ms_per_step']:.0f} ms system CPU, {kernel['user_cpu_ms_per_step']:.0f} ms user CPU",
-             f"ops running: {busy / args.steps * 1e3:.1f} ms per step (union of the traced ops), "
-             f"{concurrent / args.steps * 1e3:.1f} ms of it with two or more at once (counted twice by the kinds)"]
+             breakdown["notes"][0]]
     matmuls = time_matmuls(config, args.batch, args.seq_len, args.dtype)
     probe = next(row for row in matmuls if row["matmul"] == PROBE_ROW)
     if jax.default_backend() == "cpu":   # a GPU's kernel events are timed on the device, and its probe
-        notes += early_returns(rate, program, probe_gflops=probe["GFLOP/s"])   # pays the per-call floor
+        notes += early_returns(breakdown["rate"], program, probe_gflops=probe["GFLOP/s"])   # pays the per-call floor
     if args.trace_dir:
         notes.append(f"trace kept in {args.trace_dir} (TensorBoard profile plugin or Perfetto), "
                      "with the compiled step as train_step.hlo.txt")
-    return {"rows": rows, "tables": {"most expensive ops": {"rows": top},
-                                     "the step's matmul shapes alone": {"rows": matmuls}},
-            "step_ms": step_ms, "traced_ms": traced * 1e3, "busy_ms": busy / args.steps * 1e3,
-            "concurrent_ms": concurrent / args.steps * 1e3, "kernel": kernel, "notes": notes,
+    return {"rows": breakdown["rows"], "tables": {"most expensive ops": {"rows": breakdown["top"]},
+                                                  "the step's matmul shapes alone": {"rows": matmuls}},
+            "step_ms": step_ms, "traced_ms": breakdown["traced_ms"], "busy_ms": breakdown["busy_ms"],
+            "concurrent_ms": breakdown["concurrent_ms"], "kernel": kernel, "notes": notes,
             "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}}

@@ -7,8 +7,8 @@ own matmul-peak measurement: MFU = analytic FLOPs per step / step time / that pe
 best matmul rate of any round instead, the conservative figure). On an accelerator
 with a known peak (roformer.train.flops.PEAK_FLOPS) that vendor peak is used instead
 and the measured matmul rate is reported beside it. Ratios to learned absolute
-positions (and, with several --dropout-rng-impls, to the first of them) are medians of
-per-round ratios with their min and max.
+positions (and, with several --dropout-rng-impls or --hidden-dropouts, to the first of
+them) are medians of per-round ratios with their min and max.
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ from roformer.train import flops as train_flops
 from roformer.train.steps import DROPOUT_RNG_IMPLS
 
 BASELINE = "learned"
-TABLE_COLUMNS = ("size", "seq", "scheme", "dropout_rng", "batch", "params_M", "ms_step", "tokens_s",
+TABLE_COLUMNS = ("size", "seq", "scheme", "dropout_rng", "hidden_dropout", "batch", "params_M", "ms_step", "tokens_s",
                  "GFLOP_s", "peak_GFLOP_s", "mfu", "mfu_best_peak", "x_learned", "x_learned_min",
-                 "x_learned_max", "x_dropout_ref")
+                 "x_learned_max", "x_dropout_ref", "x_hidden_ref")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +47,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dropout-rng-impls", nargs="+", default=["threefry2x32"], choices=DROPOUT_RNG_IMPLS,
                         help="dropout key implementations (train.dropout_rng_impl) to time side by side; "
                              "x_dropout_ref is each one's step time over the first's")
+    parser.add_argument("--hidden-dropouts", type=float, nargs="+", default=[None],
+                        help="hidden dropout rates to time side by side (default: the model config's); "
+                             "x_hidden_ref is each one's step time over the first's, e.g. 0.1 0 for "
+                             "what the dropout masks cost")
     parser.add_argument("--vocab-size", type=int, default=30522)
     parser.add_argument("--peak-size", type=int, default=0,
                         help="side of the square matmul probing the peak (0: 2048 on CPU, 8192 otherwise)")
@@ -54,11 +58,14 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", type=int, default=2, help="steps per scheme per round (median taken)")
 
 
-def model_config(size: str, scheme: str, args: argparse.Namespace, max_len: int) -> ModelConfig:
+def model_config(size: str, scheme: str, args: argparse.Namespace, max_len: int,
+                 hidden_dropout: float | None = None) -> ModelConfig:
     overrides = dict(position=scheme, dtype=args.dtype, vocab_size=args.vocab_size,
                      max_position_embeddings=max(512, max_len))
     if args.attention_dropout is not None:
         overrides["attention_dropout"] = args.attention_dropout
+    if hidden_dropout is not None:
+        overrides["hidden_dropout"] = hidden_dropout
     return ModelConfig.from_preset(size, **overrides)
 
 
@@ -105,34 +112,35 @@ def step_figures(workload: TrainWorkload, seconds: list[float], peaks: list[floa
 
 
 def bench_group(size: str, seq_len: int, batch: int, schemes, args: argparse.Namespace,
-                max_len: int | None = None, dropout_rng_impls=("threefry2x32",)) -> list[dict]:
-    """Time every (scheme, dropout key implementation) at one (size, seq_len) in alternating
-    rounds with a matmul; one row each. `max_len` sizes the learned position table (scaling
-    needs the longest)."""
+                max_len: int | None = None, dropout_rng_impls=("threefry2x32",),
+                hidden_dropouts=(None,)) -> list[dict]:
+    """Time every (scheme, dropout key implementation, hidden dropout) at one (size, seq_len)
+    in alternating rounds with a matmul; one row each. `max_len` sizes the learned position
+    table (scaling needs the longest); a hidden dropout of None is the model config's."""
     workloads = {
-        (scheme, impl): build_train_workload(model_config(size, scheme, args, max_len or seq_len),
-                                             batch_size=batch, seq_len=seq_len,
-                                             attention_impl=args.attention_impl, dropout_rng_impl=impl)
-        for scheme in schemes for impl in dropout_rng_impls}
-    labels = {key: "/".join(key) for key in workloads}
+        (scheme, impl, rate): build_train_workload(
+            model_config(size, scheme, args, max_len or seq_len, hidden_dropout=rate),
+            batch_size=batch, seq_len=seq_len, attention_impl=args.attention_impl, dropout_rng_impl=impl)
+        for scheme in schemes for impl in dropout_rng_impls for rate in hidden_dropouts}
+    labels = {key: "/".join(map(str, key)) for key in workloads}
     times, measured_peaks = time_with_matmul(
         {labels[key]: w.step for key, w in workloads.items()}, dtype=args.dtype,
         peak_size=args.peak_size or default_peak_size(), rounds=args.rounds, iters=args.iters)
     table_peak = vendor_peak(args.dtype)
-    reference_impl = dropout_rng_impls[0]
+    reference_impl, reference_rate = dropout_rng_impls[0], hidden_dropouts[0]
     rows = []
-    for (scheme, impl), workload in workloads.items():
-        seconds = times[labels[scheme, impl]]
+    for (scheme, impl, rate), workload in workloads.items():
+        seconds = times[labels[scheme, impl, rate]]
         peaks = [table_peak] * len(seconds) if table_peak else measured_peaks
-        row = {"size": size, "seq": seq_len, "scheme": scheme, "dropout_rng": impl, "batch": batch,
+        row = {"size": size, "seq": seq_len, "scheme": scheme, "dropout_rng": impl,
+               "hidden_dropout": workload.config.hidden_dropout, "batch": batch,
                **step_figures(workload, seconds, peaks, measured_peaks)}
-        if (BASELINE, impl) in workloads:
-            stats = ratio_stats(seconds, times[labels[BASELINE, impl]])
-            row.update(x_learned=stats["median"], x_learned_min=stats["min"], x_learned_max=stats["max"])
-        if len(dropout_rng_impls) > 1:
-            stats = ratio_stats(seconds, times[labels[scheme, reference_impl]])
-            row.update(x_dropout_ref=stats["median"], x_dropout_ref_min=stats["min"],
-                       x_dropout_ref_max=stats["max"])
+        for name, reference, variants in (("x_learned", (BASELINE, impl, rate), True),
+                                          ("x_dropout_ref", (scheme, reference_impl, rate), len(dropout_rng_impls) > 1),
+                                          ("x_hidden_ref", (scheme, impl, reference_rate), len(hidden_dropouts) > 1)):
+            if variants and reference in workloads:
+                stats = ratio_stats(seconds, times[labels[reference]])
+                row.update({name: stats["median"], f"{name}_min": stats["min"], f"{name}_max": stats["max"]})
         rows.append(row)
     del workloads  # free this group's model and optimizer states before the next
     gc.collect()
@@ -144,6 +152,7 @@ def run(args: argparse.Namespace) -> dict:
     for size in args.sizes:
         for seq_len in args.seq_lens:
             rows += bench_group(size, seq_len, args.batch, args.schemes, args,
-                                dropout_rng_impls=tuple(args.dropout_rng_impls))
+                                dropout_rng_impls=tuple(args.dropout_rng_impls),
+                                hidden_dropouts=tuple(args.hidden_dropouts))
     return {"rows": rows, "columns": TABLE_COLUMNS,
             "settings": {k: v for k, v in vars(args).items() if k != "json"}}
