@@ -2,7 +2,7 @@
 
 A stage of an existing ablation workdir is skipped only when its fingerprint is the one
 recorded in ablation_state.json. A changed value below means every existing workdir of
-that variant reruns those stages (hours of training for :reference and :onset): change
+that variant reruns those stages (hours of training for :reference, :onset and :long): change
 the fingerprint, the configs or what is fingerprinted only on purpose, and then update
 these values.
 """
@@ -107,6 +107,24 @@ PINNED = {
         "t5/seed0 extrapolation": "28803214569504d3",
         "t5/seed0 glue": "42e371186b548f9f",
         "t5/seed0 pretrain": "61c911692275977f",
+        "unigram_loss": "c7bc3275850ac174",
+    },
+    "long": {
+        "extension/base/seed0 extension": "b4c53a917385baae",
+        "extension/base/seed0 extension_eval": "dd6fb96c7e7fb530",
+        "extension/linear/seed0 extension": "022334cb62ddc233",
+        "extension/linear/seed0 extension_eval": "ae74848aa8831866",
+        "extension/none/seed0 extension": "adcf86208b4f2d66",
+        "extension/none/seed0 extension_eval": "35b1dc49d196e886",
+        "extension/ntk/seed0 extension": "307c1cb723ac46c0",
+        "extension/ntk/seed0 extension_eval": "fb657b4469d24cad",
+        "extension/yarn/seed0 extension": "8a257b231f1972cb",
+        "extension/yarn/seed0 extension_eval": "f2cf7ec8e675d09a",
+        "learned/seed0 extrapolation": "ec41be5d89dd6280",
+        "learned/seed0 pretrain": "d5327e1a6332b478",
+        "position_signal": "a9ca32580ec81c8e",
+        "rope/seed0 extrapolation": "0b19dd7539719848",
+        "rope/seed0 pretrain": "810785e908ff2d85",
         "unigram_loss": "c7bc3275850ac174",
     },
 }
