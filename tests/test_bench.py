@@ -88,19 +88,21 @@ def test_step_and_scaling_bench(tmp_path):
     common = ["--vocab-size", "64", "--rounds", "1", "--iters", "1", "--peak-size", "128"]
     # the accelerator path's switches: fused attention needs attention dropout off
     result = run_bench(tmp_path, "step", "--sizes", "tiny", "--seq-lens", "16", "--batch", "2",
-                       "--schemes", "learned", "rope", "--attention-impl", "xla", "--attention-dropout", "0",
+                       "--schemes", "rope", "--attention-impl", "xla", "--attention-dropout", "0",
                        "--dropout-rng-impls", "threefry2x32", "rbg", "--hidden-dropouts", "0.1", "0", *common)
-    rows = {(r["scheme"], r["dropout_rng"], r["hidden_dropout"]): r for r in result["rows"]}
-    assert set(rows) == {(s, i, h) for s in ("learned", "rope") for i in ("threefry2x32", "rbg") for h in (0.1, 0)}
-    assert rows["learned", "rbg", 0]["x_learned"] == 1.0 and rows["rope", "threefry2x32", 0]["x_dropout_ref"] == 1.0
-    assert rows["rope", "rbg", 0.1]["x_hidden_ref"] == 1.0 and rows["rope", "rbg", 0]["x_hidden_ref"] > 0
-    assert rows["rope", "rbg", 0]["x_dropout_ref"] > 0
+    rows = {(r["dropout_rng"], r["hidden_dropout"]): r for r in result["rows"]}
+    assert set(rows) == {(i, h) for i in ("threefry2x32", "rbg") for h in (0.1, 0)}
+    assert rows["threefry2x32", 0]["x_dropout_ref"] == 1.0 and rows["rbg", 0]["x_dropout_ref"] > 0
+    assert rows["rbg", 0.1]["x_hidden_ref"] == 1.0 and rows["rbg", 0]["x_hidden_ref"] > 0
+    assert all("x_learned" not in r for r in rows.values())   # no learned baseline among the schemes
     assert all(r["tokens_s"] > 0 and r["mfu"] > 0 and r["GFLOP_step"] > 0 for r in rows.values())
 
     result = run_bench(tmp_path, "scaling", "--size", "tiny", "--seq-lens", "32", "--tokens", "64",
-                       "--schemes", "rope", *common)
-    assert [(r["scheme"], r["seq"], r["batch"]) for r in result["rows"]] == [("rope", 32, 2)]
-    assert result["rows"][0]["growth"] == 1.0 and result["rows"][0]["ms_per_1k_tokens"] > 0
+                       "--schemes", "learned", "rope", *common)
+    rows = {r["scheme"]: r for r in result["rows"]}
+    assert [(r["scheme"], r["seq"], r["batch"]) for r in result["rows"]] == [("learned", 32, 2), ("rope", 32, 2)]
+    assert rows["learned"]["x_learned"] == 1.0 and rows["rope"]["x_learned"] > 0
+    assert rows["rope"]["growth"] == 1.0 and rows["rope"]["ms_per_1k_tokens"] > 0
 
 
 def test_profile_bench_splits_a_traced_step_by_kind(tmp_path):
