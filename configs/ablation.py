@@ -64,9 +64,10 @@ def get_config(arg=None):
     # long enough gain (docs/performance.md). Each run keeps its workdir, metrics, checkpoints
     # and report row; its output goes to DIR/logs/<run>.log.
     c.parallel = 1
-    # With parallel > 1, the runs' processes keep the programs they compile in
-    # DIR/compile_cache (jax's persistent compilation cache), so the seeds of a scheme and a
-    # resumed run load them instead of compiling them again; False compiles in every process.
+    # The ablation's processes (the command's own and, with parallel > 1, the runs') keep the
+    # programs they compile in DIR/compile_cache (jax's persistent compilation cache), so the
+    # seeds of a scheme and a resumed run load them instead of compiling them again; False
+    # compiles in every process.
     c.compile_cache = True
     # Seeds of a scheme pretrained together, this many at a time, stacked in one vmapped step on
     # one device (roformer.train.seeds): on an accelerator a small run leaves the device mostly

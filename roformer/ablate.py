@@ -42,7 +42,8 @@ from absl import flags
 from roformer import cli
 from roformer.ablation.plan import CONFIG_DIR
 from roformer.ablation.report import REPORT_MD
-from roformer.ablation.runner import report_snapshot, run_ablation
+from roformer.ablation.parallel import use_compile_cache
+from roformer.ablation.runner import COMPILE_CACHE_DIR, report_snapshot, run_ablation
 from roformer.ablation.state import is_main_process
 
 
@@ -53,6 +54,8 @@ def main(argv):
         report_snapshot(flags.FLAGS.config, flags.FLAGS.workdir, flags.FLAGS.report_to)
         print((Path(flags.FLAGS.report_to) / REPORT_MD).read_text())
         return
+    if flags.FLAGS.config.compile_cache:   # this process's runs too (in turn, vmapped), before it compiles
+        use_compile_cache(Path(flags.FLAGS.workdir).resolve() / COMPILE_CACHE_DIR)
     result = run_ablation(flags.FLAGS.config, flags.FLAGS.workdir)
     if is_main_process():
         print((Path(flags.FLAGS.workdir) / REPORT_MD).read_text())

@@ -63,6 +63,23 @@ def test_runs_share_a_compile_cache_unless_the_caller_keeps_their_own(tmp_path, 
     assert parallel_runs.child_env(None, compile_cache=tmp_path)["JAX_COMPILATION_CACHE_DIR"] == "/theirs"
 
 
+def test_the_commands_own_process_uses_the_compile_cache_unless_the_caller_keeps_their_own(tmp_path):
+    """Runs in turn compile in the ablate command's own process: it keeps its programs too."""
+    code = ("import sys, jax; from pathlib import Path; from roformer.ablation import parallel; "
+            "parallel.use_compile_cache(Path(sys.argv[1])); "
+            "jax.jit(lambda x: x * 2)(1.0).block_until_ready(); "
+            "print(jax.config.jax_compilation_cache_dir)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"   # keep even this small program
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ours")], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    assert out.strip() == str(tmp_path / "ours") and any((tmp_path / "ours").iterdir())
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "theirs")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ours2")], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    assert out.strip() == str(tmp_path / "theirs") and not (tmp_path / "ours2").exists()
+
+
 def test_a_pinned_process_takes_its_cores_before_jax_starts():
     code = ("import os, sys; from roformer.ablation import parallel; parallel.enter_slot(); "
             "import jax; jax.devices(); print(sorted(os.sched_getaffinity(0)), 'jax' in sys.modules)")
@@ -267,11 +284,12 @@ def test_side_by_side_runs_give_the_losses_of_runs_in_turn_and_resume_after_kill
         assert {r["scheme"]: r["eval_loss"] for r in result["runs"]}   # a row per run
         results[parallel] = held_out_losses(workdir, runs)
         assert all(sorted(losses) == [20, 40] for losses in results[parallel].values())
+        # The killed runs' programs (in turn: the command's own process), which the resumed
+        # side-by-side runs loaded (their losses are checked below).
+        assert any((workdir / runner.COMPILE_CACHE_DIR).glob("jit_train_step-*"))
         if parallel > 1:
             assert all((workdir / "logs" / f"{run.replace('/', '.')}.log").stat().st_size for run in runs)
             assert not (workdir / runner.JOBS_DIR).exists()
-            # The killed runs' programs, which the resumed ones loaded (their losses are checked below).
-            assert any((workdir / runner.COMPILE_CACHE_DIR).glob("jit_train_step-*"))
     # Identical floats wherever measured (here, and the reference recipe at 200 steps:
     # docs/results/2026-11-25-many-runs-cpu.md); XLA:CPU on one thread may still sum some
     # product in another order than on two, hence a tolerance.

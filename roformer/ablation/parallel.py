@@ -65,6 +65,22 @@ COMPILE_CACHE_MIN_SECONDS = 0.2
 COMPILE_CACHE_MAX_BYTES = 1 << 30
 
 
+def use_compile_cache(directory: Path) -> None:
+    """Keep this process's compiled programs in `directory`, as `child_env` has the runs'
+    processes do, so that runs in turn (the seeds of a scheme, a resumed run) load what an
+    earlier one compiled. jax reads the setting at its first compilation: call this before
+    the process compiles anything. A JAX_COMPILATION_CACHE_DIR of the caller's own is kept."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    import jax   # not at module level: a run's process sets XLA's flags before jax is imported
+
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    if not os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", COMPILE_CACHE_MIN_SECONDS)
+    if not os.environ.get("JAX_COMPILATION_CACHE_MAX_SIZE"):
+        jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_MAX_BYTES)
+
+
 def child_env(cores: list[int] | None, pin: bool = False, compile_cache: Path | None = None) -> dict[str, str]:
     """The environment of a run's process: this one's, plus its cores (None: every core) and
     XLA:CPU's one-core settings when it gets one; `enter_slot()` in the child applies them.
