@@ -32,7 +32,7 @@ def test_findings_say_which_differences_exceed_the_seed_spread_and_who_ignores_w
     assert "learned (+0.533 [" in worse and "sinusoidal" not in worse and "none" not in worse
     better = finding("Held-out MLM loss lower than rope beyond the seed spread")
     assert "none (-0.533 [" in better and "learned" not in better
-    same = finding("Not distinguishable from rope at 3 seeds (interval includes 0)")
+    same = finding("Not distinguishable from rope (interval includes 0; paired over 3 seeds unless noted)")
     assert "sinusoidal (+0.033 [" in same and same.endswith("~).")
     assert "learned" not in same and "none" not in same
     uses = finding("Word order (shuffling each document's tokens raises the held-out loss by >= 0.1 nats")

@@ -283,7 +283,8 @@ def _reference_findings(rows: Mapping[str, Mapping], reference: str) -> list[str
     if better:
         out.append(f"Held-out MLM loss lower than {reference} beyond the seed spread: {', '.join(better)}.")
     if same:
-        out.append(f"Not distinguishable from {reference} at {n} seeds (interval includes 0): {', '.join(same)}.")
+        out.append(f"Not distinguishable from {reference} (interval includes 0; paired over {n} seeds unless "
+                   f"noted): {', '.join(same)}.")
     if single:
         out.append(f"One seed in common with {reference} so far, no interval yet: {', '.join(single)}.")
     return out
