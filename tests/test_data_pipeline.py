@@ -221,6 +221,9 @@ def test_one_document_corpus_is_refused_with_advice_that_helps(shared_data, tmp_
     assert (len(data.train_docs), len(data.heldout_docs)) == (1, 1) and data.eval_batches(1)
     # too few held-out documents for the processes: there a larger fraction is the advice
     one.write_text(one.read_text() + "\na third document.\n")
+    # tokenized here first: a process of two that finds no cache would wait for its peer
+    make_pretrain_data(wiki_cfg(shared_data, tmp_path / "cache", files=str(one), heldout_fraction=0.01),
+                       seq_len=16, batch_size=2, seed=0, show_progress=False)
     data = make_pretrain_data(wiki_cfg(shared_data, tmp_path / "cache", files=str(one), heldout_fraction=0.01),
                               seq_len=16, batch_size=2, seed=0, process_index=1, process_count=2,
                               show_progress=False)
