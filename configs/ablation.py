@@ -19,7 +19,7 @@ then SST-2 and MRPC with 3 seeds. Variants (`configs/ablation.py:<arg>`):
          and none), each scheme at its own learning rate: the onset study in docs/ablation.md
   long   learned and rope from `onset` at twice its budget (40,000 steps, 82M tokens), 5 seeds
          each, vmapped 5 at a time: the comparison the onset budget left undecided, sized
-         for an accelerator (on a 2-core CPU, about 12 hours)
+         for an accelerator (on a 2-core CPU, about 5 hours)
 Any key can be changed on the command line, e.g. `--config.schemes=rope,learned
 --config.pretrain.model.size=tiny --config.budget_tokens=2000000 --config.glue.task=mrpc`.
 """
