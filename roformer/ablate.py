@@ -43,7 +43,7 @@ from roformer import cli
 from roformer.ablation.plan import CONFIG_DIR
 from roformer.ablation.report import REPORT_MD
 from roformer.ablation.parallel import use_compile_cache
-from roformer.ablation.runner import COMPILE_CACHE_DIR, report_snapshot, run_ablation
+from roformer.ablation.runner import compile_cache_dir, report_snapshot, run_ablation
 from roformer.ablation.state import is_main_process
 
 
@@ -54,8 +54,9 @@ def main(argv):
         report_snapshot(flags.FLAGS.config, flags.FLAGS.workdir, flags.FLAGS.report_to)
         print((Path(flags.FLAGS.report_to) / REPORT_MD).read_text())
         return
-    if flags.FLAGS.config.compile_cache:   # this process's runs too (in turn, vmapped), before it compiles
-        use_compile_cache(Path(flags.FLAGS.workdir).resolve() / COMPILE_CACHE_DIR)
+    cache = compile_cache_dir(flags.FLAGS.config, Path(flags.FLAGS.workdir).resolve())
+    if cache:   # this process's runs too (in turn, vmapped), before it compiles anything
+        use_compile_cache(cache)
     result = run_ablation(flags.FLAGS.config, flags.FLAGS.workdir)
     if is_main_process():
         print((Path(flags.FLAGS.workdir) / REPORT_MD).read_text())

@@ -65,20 +65,30 @@ COMPILE_CACHE_MIN_SECONDS = 0.2
 COMPILE_CACHE_MAX_BYTES = 1 << 30
 
 
+def compile_cache_settings(directory: Path) -> dict[str, object]:
+    """jax's persistent-cache settings (environment names) that keep compiled programs in
+    `directory`; {} when the caller keeps a JAX_COMPILATION_CACHE_DIR of their own, and the
+    caller's own minimum compile time or size limit stays."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return {}
+    defaults = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": COMPILE_CACHE_MIN_SECONDS,
+                "JAX_COMPILATION_CACHE_MAX_SIZE": COMPILE_CACHE_MAX_BYTES}
+    return {"JAX_COMPILATION_CACHE_DIR": str(directory),
+            **{name: value for name, value in defaults.items() if name not in os.environ}}
+
+
 def use_compile_cache(directory: Path) -> None:
     """Keep this process's compiled programs in `directory`, as `child_env` has the runs'
     processes do, so that runs in turn (the seeds of a scheme, a resumed run) load what an
     earlier one compiled. jax reads the setting at its first compilation: call this before
-    the process compiles anything. A JAX_COMPILATION_CACHE_DIR of the caller's own is kept."""
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    the process compiles anything."""
+    settings = compile_cache_settings(directory)
+    if not settings:
         return
     import jax   # not at module level: a run's process sets XLA's flags before jax is imported
 
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    if not os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", COMPILE_CACHE_MIN_SECONDS)
-    if not os.environ.get("JAX_COMPILATION_CACHE_MAX_SIZE"):
-        jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_MAX_BYTES)
+    for name, value in settings.items():   # each environment variable's config option
+        jax.config.update(name.lower(), value)
 
 
 def child_env(cores: list[int] | None, pin: bool = False, compile_cache: Path | None = None) -> dict[str, str]:
@@ -91,10 +101,8 @@ def child_env(cores: list[int] | None, pin: bool = False, compile_cache: Path | 
     env = dict(os.environ)
     # Processes side by side on one GPU (bench runs'): by default each would reserve most of its memory.
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    if compile_cache is not None and not env.get("JAX_COMPILATION_CACHE_DIR"):
-        env["JAX_COMPILATION_CACHE_DIR"] = str(compile_cache)
-        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", str(COMPILE_CACHE_MIN_SECONDS))
-        env.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(COMPILE_CACHE_MAX_BYTES))
+    if compile_cache is not None:
+        env.update({name: str(value) for name, value in compile_cache_settings(compile_cache).items()})
     # The run's process imports this very package, wherever the command was started.
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))

@@ -289,12 +289,13 @@ def _start_job(config, workdir: Path, state: AblationState, vocab: str, job: Job
     log.info("%s: starting in a process of its own (log: %s)", job.run, logs_dir / f"{name}.log")
     with open(logs_dir / f"{name}.log", "a") as out:
         return subprocess.Popen([sys.executable, "-m", "roformer.ablation.job", str(jobs_dir / f"{name}.job.json")],
-                                env=parallel.child_env(cores, compile_cache=_compile_cache(config, workdir)),
+                                env=parallel.child_env(cores, compile_cache=compile_cache_dir(config, workdir)),
                                 stdout=out, stderr=subprocess.STDOUT)
 
 
-def _compile_cache(config, workdir: Path) -> Path | None:
-    """Where the runs' processes share compiled programs (config.compile_cache), if they do."""
+def compile_cache_dir(config, workdir: Path) -> Path | None:
+    """Where the ablation's processes (the command's own and the runs') share compiled
+    programs (config.compile_cache), if they do."""
     return workdir / COMPILE_CACHE_DIR if config.compile_cache else None
 
 

@@ -220,11 +220,26 @@ def op_events(trace_dir: Path) -> list[tuple[str, float, float]]:
     those count, so that each kernel is counted once, on the device. Kernels that XLA ran
     inside a command buffer (a CUDA graph) all carry that buffer's name instead: they keep
     their kernel's name, which `instruction_of` maps back."""
+    return _op_events(_trace_events(trace_dir))
+
+
+def _trace_events(trace_dir: Path) -> list[dict]:
+    """Every event of the newest *.trace.json.gz under trace_dir."""
     traces = sorted(trace_dir.rglob("*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
     if not traces:
         raise RuntimeError(f"the jax profiler wrote no *.trace.json.gz under {trace_dir}")
     with gzip.open(traces[-1]) as f:
-        events = [event for event in json.load(f)["traceEvents"] if event.get("ph") == "X" and "name" in event]
+        return json.load(f)["traceEvents"]
+
+
+def _on_gpu(trace_events: list[dict]) -> bool:
+    """Whether the trace has a GPU's device process (its kernels may run from command buffers)."""
+    return any(event.get("ph") == "M" and "/device:GPU" in str(event.get("args", {}).get("name"))
+               for event in trace_events)
+
+
+def _op_events(trace_events: list[dict]) -> list[tuple[str, float, float]]:
+    events = [event for event in trace_events if event.get("ph") == "X" and "name" in event]
     device = [event for event in events if isinstance(event.get("args"), dict) and "hlo_op" in event["args"]]
 
     def name(event: dict) -> str:
@@ -390,13 +405,11 @@ def read_kept_trace(trace_dir: Path, steps: int, top: int) -> dict:
     if not programs:
         raise SystemExit(f"no train_step.hlo.txt under {trace_dir}: keep a trace with --trace-dir first")
     program = parse_program(programs[0].read_text())
-    traces = sorted(trace_dir.rglob("*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
-    if not traces:
-        raise SystemExit(f"no *.trace.json.gz under {trace_dir}")
-    with gzip.open(traces[-1]) as f:
-        on_gpu = any(event.get("ph") == "M" and "/device:GPU" in str(event.get("args", {}).get("name"))
-                     for event in json.load(f)["traceEvents"])
-    breakdown = step_breakdown(op_events(trace_dir), program, steps, top, library_kernels=on_gpu)
+    try:
+        trace_events = _trace_events(trace_dir)   # read once: its kernels and whether they ran on a GPU
+    except RuntimeError:
+        raise SystemExit(f"no *.trace.json.gz under {trace_dir}") from None
+    breakdown = step_breakdown(_op_events(trace_events), program, steps, top, library_kernels=_on_gpu(trace_events))
     return {"rows": breakdown["rows"], "tables": {"most expensive ops": {"rows": breakdown["top"]}},
             "traced_ms": breakdown["traced_ms"], "busy_ms": breakdown["busy_ms"],
             "concurrent_ms": breakdown["concurrent_ms"],
