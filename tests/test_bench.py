@@ -96,6 +96,8 @@ def test_step_and_scaling_bench(tmp_path):
     assert rows["rbg", 0.1]["x_hidden_ref"] == 1.0 and rows["rbg", 0]["x_hidden_ref"] > 0
     assert all("x_learned" not in r for r in rows.values())   # no learned baseline among the schemes
     assert all(r["tokens_s"] > 0 and r["mfu"] > 0 and r["GFLOP_step"] > 0 for r in rows.values())
+    # the first step's loss, from the same initial parameters and batch for every dropout key
+    assert len({r["loss_step1"] for r in rows.values() if r["hidden_dropout"] == 0}) == 1
 
     result = run_bench(tmp_path, "scaling", "--size", "tiny", "--seq-lens", "32", "--tokens", "64",
                        "--schemes", "learned", "rope", *common)
@@ -478,3 +480,19 @@ def test_gpu_bench_versions_name_the_copy_that_import_takes(tmp_path, monkeypatc
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flax\nVersion: 9.9.9\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert gpu.versions()["flax"] == "9.9.9"
+
+
+def test_flags_bench_runs_each_flag_set_in_its_own_process_between_two_references(tmp_path):
+    # An unknown flag stops only its own process (which shows the set reached XLA_FLAGS there);
+    # the reference runs before and after it still give their rows.
+    result = run_bench(tmp_path, "flags", "--flag-set=--xla_no_such_flag_here=1", "--step-args",
+                       "--sizes tiny --seq-lens 16 --batch 2 --schemes rope --vocab-size 64 --rounds 1 --iters 1")
+    first, failed, last = result["rows"]
+    assert [row["xla_flags"] for row in result["rows"]] == ["(none)", "--xla_no_such_flag_here=1", "(none)"]
+    assert failed["error"].startswith("exit status") and "ms_step" not in failed
+    assert (first["size"], first["seq"], first["scheme"], first["batch"]) == ("tiny", 16, "rope", 2)
+    assert first["x_ref"] == 1.0 and first["dloss_step1"] == 0.0
+    # the same initial parameters and batch in every process: the same first loss, to the bit
+    assert last["loss_step1"] == first["loss_step1"] and last["dloss_step1"] == 0.0
+    assert last["x_ref"] == pytest.approx(last["ms_step"] / first["ms_step"])
+    assert any("drift" in note for note in result["notes"])

@@ -123,6 +123,9 @@ def bench_group(size: str, seq_len: int, batch: int, schemes, args: argparse.Nam
             batch_size=batch, seq_len=seq_len, attention_impl=args.attention_impl, dropout_rng_impl=impl)
         for scheme in schemes for impl in dropout_rng_impls for rate in hidden_dropouts}
     labels = {key: "/".join(map(str, key)) for key in workloads}
+    # The first step's loss, from the seed's initial parameters and batch: the same in every
+    # process unless a setting changes the arithmetic (roformer.bench.flags compares it).
+    first_losses = {key: float(w.step()[1]["loss"]) for key, w in workloads.items()}
     times, measured_peaks = time_with_matmul(
         {labels[key]: w.step for key, w in workloads.items()}, dtype=args.dtype,
         peak_size=args.peak_size or default_peak_size(), rounds=args.rounds, iters=args.iters)
@@ -134,7 +137,8 @@ def bench_group(size: str, seq_len: int, batch: int, schemes, args: argparse.Nam
         peaks = [table_peak] * len(seconds) if table_peak else measured_peaks
         row = {"size": size, "seq": seq_len, "scheme": scheme, "dropout_rng": impl,
                "hidden_dropout": workload.config.hidden_dropout, "batch": batch,
-               **step_figures(workload, seconds, peaks, measured_peaks)}
+               **step_figures(workload, seconds, peaks, measured_peaks),
+               "loss_step1": first_losses[scheme, impl, rate]}
         for name, reference, variants in (("x_learned", (BASELINE, impl, rate), True),
                                           ("x_dropout_ref", (scheme, reference_impl, rate), len(dropout_rng_impls) > 1),
                                           ("x_hidden_ref", (scheme, impl, reference_rate), len(hidden_dropouts) > 1)):

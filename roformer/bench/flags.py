@@ -1,0 +1,123 @@
+"""The train step under XLA flag sets: which compiler settings make it faster, and whether
+they change its numbers.
+
+XLA reads `XLA_FLAGS` once, when a process starts its backend, so each flag set runs the
+`step` benchmark (`--step-args`, its options) in a process of its own, one after another:
+first with no extra flags (the reference), then each `--flag-set`, then the reference again.
+The two reference runs bracket the others: how far they differ is how far the machine drifted
+meanwhile (a note gives it), which is the resolution of `x_ref`, each row's step time over
+the first reference run's for the same size, length and scheme. `loss_step1` is the loss of
+the first step, from the same initial parameters and batch in every process: a flag set that
+changes the step's arithmetic (fast math, another GEMM library, other fusions) changes it,
+and `dloss_step1` says by how much. A flag this XLA does not know stops its process; its row
+says so and the other sets still run.
+
+Without `--flag-set`, the platform's candidates run (`CANDIDATES`): on a GPU, settings that
+fold the step's memory-bound passes into other kernels (GEMM epilogues, cuDNN layer norms,
+Triton normalisation fusions) or change how kernels are launched; on a CPU, XLA:CPU's
+scheduling, vector width and math settings.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REFERENCE = ""
+CANDIDATES = {
+    "gpu": (
+        "--xla_gpu_enable_cublaslt=true",
+        "--xla_gpu_enable_cudnn_layer_norm=true",
+        "--xla_gpu_experimental_enable_triton_softmax_priority_fusion=true",
+        "--xla_gpu_experimental_enable_fusion_block_level_rewriter=true",
+        "--xla_gpu_enable_triton_gemm=false",
+        "--xla_gpu_cudnn_gemm_fusion_level=2",
+        "--xla_gpu_enable_command_buffer=",
+    ),
+    "cpu": (
+        "--xla_cpu_enable_concurrency_optimized_scheduler=true",
+        "--xla_cpu_prefer_vector_width=512",
+        "--xla_cpu_enable_fast_math=true",
+    ),
+}
+ROW_KEYS = ("size", "seq", "scheme")
+TABLE_COLUMNS = ("xla_flags", "size", "seq", "scheme", "batch", "ms_step", "tokens_s", "mfu", "x_ref",
+                 "loss_step1", "dloss_step1", "error")
+# The `step` benchmark's options when --step-args is not given: one small group, quick anywhere.
+DEFAULT_STEP_ARGS = "--sizes tiny --seq-lens 128 --batch 16 --schemes rope --rounds 5 --iters 10"
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--flag-set", action="append", default=None, metavar="FLAGS",
+                        help="XLA flags (space-separated) to time against none; repeat for more sets, "
+                             "written as --flag-set=\"--xla_...=... --xla_...\" (default: this platform's "
+                             "candidates)")
+    parser.add_argument("--step-args", default=DEFAULT_STEP_ARGS,
+                        help="options of the step benchmark, in one string (python -m roformer.bench step "
+                             f"--help); default: {DEFAULT_STEP_ARGS!r}")
+    parser.add_argument("--timeout-s", type=float, default=600.0,
+                        help="time limit of each flag set's process")
+
+
+def platform() -> str:
+    """'gpu', 'cpu' or another jax platform name, from the parent (which runs no step)."""
+    import jax
+
+    return jax.devices()[0].platform
+
+
+def run_step(flags: str, step_args: list[str], timeout_s: float) -> tuple[list[dict], str | None]:
+    """The step benchmark's rows in a process with `flags` added to XLA_FLAGS, or ([], why not)."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(filter(None, [env.get("XLA_FLAGS", ""), flags]))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "step.json"
+        try:
+            done = subprocess.run([sys.executable, "-m", "roformer.bench", "step", *step_args, "--json", str(out)],
+                                  env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return [], f"no result within {timeout_s:g} s"
+        if done.returncode != 0 or not out.exists():
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            return [], f"exit status {done.returncode}: {lines[-1][:200] if lines else 'no message'}"
+        return json.loads(out.read_text())["rows"], None
+
+
+def run(args: argparse.Namespace) -> dict:
+    step_args = shlex.split(args.step_args)
+    sets = args.flag_set if args.flag_set is not None else list(CANDIDATES.get(platform(), ()))
+    order = [REFERENCE, *sets, REFERENCE]
+    results = []
+    for index, flags in enumerate(order):
+        print(f"flags {index + 1}/{len(order)}: {flags or '(none)'}", file=sys.stderr, flush=True)
+        results.append((flags, *run_step(flags, step_args, args.timeout_s)))
+    reference = {tuple(row[k] for k in ROW_KEYS): row for row in results[0][1]}
+    rows, notes = [], []
+    for flags, step_rows, error in results:
+        if error is not None:
+            rows.append({"xla_flags": flags or "(none)", "error": error})
+            continue
+        for step_row in step_rows:
+            base = reference.get(tuple(step_row[k] for k in ROW_KEYS))
+            row = {"xla_flags": flags or "(none)", **step_row}
+            if base is not None:
+                row["x_ref"] = step_row["ms_step"] / base["ms_step"]
+                row["dloss_step1"] = step_row["loss_step1"] - base["loss_step1"]
+            rows.append(row)
+    if results[0][2] is None and results[-1][2] is None:
+        drift = [b["ms_step"] / a["ms_step"] for a, b in zip(results[0][1], results[-1][1])]
+        notes.append("the reference ran first and last; its last run took "
+                     + ", ".join(f"{d:.3f}x" for d in drift) + " the first's step time (the machine's "
+                     "drift over the runs: x_ref differences within it are not resolved)")
+    else:
+        notes.append("a reference run failed, so x_ref is missing where it has no row to compare with")
+    notes.append(f"every flag set ran `python -m roformer.bench step {args.step_args}` in a process of its own, "
+                 "one after another, with the flags added to XLA_FLAGS"
+                 + (f" (already set: {os.environ['XLA_FLAGS']!r})" if os.environ.get("XLA_FLAGS") else ""))
+    return {"rows": rows, "columns": TABLE_COLUMNS, "notes": notes,
+            "settings": {k: v for k, v in vars(args).items() if k != "json"}}
