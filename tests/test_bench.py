@@ -17,6 +17,7 @@ from conftest import needs_torch, needs_transformers
 
 from roformer import host_memory
 from roformer.bench import __main__ as bench_main
+from roformer.bench import flags as flags_bench
 from roformer.bench import rope as rope_bench
 from roformer.bench.common import alternate, format_table, ratio_stats
 from roformer.bench.hf import flax_port_peer
@@ -496,3 +497,25 @@ def test_flags_bench_runs_each_flag_set_in_its_own_process_between_two_reference
     assert last["loss_step1"] == first["loss_step1"] and last["dloss_step1"] == 0.0
     assert last["x_ref"] == pytest.approx(last["ms_step"] / first["ms_step"])
     assert any("drift" in note for note in result["notes"])
+
+
+def test_flags_bench_starts_no_backend_of_its_own_and_takes_the_candidates_of_the_steps_platform():
+    # On a GPU a backend in the parent would hold the memory the steps' processes need.
+    script = """
+import argparse
+from jax._src import xla_bridge
+from roformer.bench import flags
+ran = []
+def fake_step(flag_set, step_args, timeout_s):
+    ran.append(flag_set)
+    row = {"size": "tiny", "seq": 16, "scheme": "rope", "ms_step": 2.0, "loss_step1": 4.0}
+    return flags.StepRun(flag_set, [row], "gpu", None)
+flags.run_step = fake_step
+result = flags.run(argparse.Namespace(flag_set=None, step_args="", timeout_s=1.0))
+assert ran == ["", *flags.CANDIDATES["gpu"], ""], ran
+assert not xla_bridge.backends_are_initialized()
+print("ok", len(result["rows"]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["ok", str(len(flags_bench.CANDIDATES["gpu"]) + 2)]

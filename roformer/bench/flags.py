@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 REFERENCE = ""
 CANDIDATES = {
@@ -64,15 +65,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="time limit of each flag set's process")
 
 
-def platform() -> str:
-    """'gpu', 'cpu' or another jax platform name, from the parent (which runs no step)."""
-    import jax
+class StepRun(NamedTuple):
+    """One flag set's process: the step benchmark's rows and platform, or why there are none."""
+    flags: str
+    rows: list[dict]
+    platform: str | None
+    error: str | None
 
-    return jax.devices()[0].platform
 
-
-def run_step(flags: str, step_args: list[str], timeout_s: float) -> tuple[list[dict], str | None]:
-    """The step benchmark's rows in a process with `flags` added to XLA_FLAGS, or ([], why not)."""
+def run_step(flags: str, step_args: list[str], timeout_s: float) -> StepRun:
+    """The step benchmark in a process of its own with `flags` added to XLA_FLAGS."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = " ".join(filter(None, [env.get("XLA_FLAGS", ""), flags]))
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,41 +83,49 @@ def run_step(flags: str, step_args: list[str], timeout_s: float) -> tuple[list[d
             done = subprocess.run([sys.executable, "-m", "roformer.bench", "step", *step_args, "--json", str(out)],
                                   env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            return [], f"no result within {timeout_s:g} s"
+            return StepRun(flags, [], None, f"no result within {timeout_s:g} s")
         if done.returncode != 0 or not out.exists():
             lines = [line for line in done.stderr.splitlines() if line.strip()]
-            return [], f"exit status {done.returncode}: {lines[-1][:200] if lines else 'no message'}"
-        return json.loads(out.read_text())["rows"], None
+            return StepRun(flags, [], None, f"exit status {done.returncode}: {lines[-1][:200] if lines else 'no message'}")
+        result = json.loads(out.read_text())
+        return StepRun(flags, result["rows"], result["machine"]["platform"], None)
 
 
 def run(args: argparse.Namespace) -> dict:
+    # This process starts no jax backend while the steps run: on a GPU it would hold memory
+    # their processes need. The platform, which picks the default candidates, is the first
+    # reference process's.
     step_args = shlex.split(args.step_args)
-    sets = args.flag_set if args.flag_set is not None else list(CANDIDATES.get(platform(), ()))
-    order = [REFERENCE, *sets, REFERENCE]
-    results = []
-    for index, flags in enumerate(order):
-        print(f"flags {index + 1}/{len(order)}: {flags or '(none)'}", file=sys.stderr, flush=True)
-        results.append((flags, *run_step(flags, step_args, args.timeout_s)))
-    reference = {tuple(row[k] for k in ROW_KEYS): row for row in results[0][1]}
+    first = run_step(REFERENCE, step_args, args.timeout_s)
+    sets = args.flag_set if args.flag_set is not None else list(CANDIDATES.get(first.platform or "", ()))
+    runs = [first]
+    for index, flags in enumerate([*sets, REFERENCE]):
+        print(f"flag set {index + 1} of {len(sets) + 1} after the reference: {flags or '(none)'}",
+              file=sys.stderr, flush=True)
+        runs.append(run_step(flags, step_args, args.timeout_s))
+    reference = {tuple(row[k] for k in ROW_KEYS): row for row in first.rows}
     rows, notes = [], []
-    for flags, step_rows, error in results:
-        if error is not None:
-            rows.append({"xla_flags": flags or "(none)", "error": error})
-            continue
-        for step_row in step_rows:
+    for step_run in runs:
+        label = step_run.flags or "(none)"
+        if step_run.error is not None:
+            rows.append({"xla_flags": label, "error": step_run.error})
+        for step_row in step_run.rows:
             base = reference.get(tuple(step_row[k] for k in ROW_KEYS))
-            row = {"xla_flags": flags or "(none)", **step_row}
+            row = {"xla_flags": label, **step_row}
             if base is not None:
                 row["x_ref"] = step_row["ms_step"] / base["ms_step"]
                 row["dloss_step1"] = step_row["loss_step1"] - base["loss_step1"]
             rows.append(row)
-    if results[0][2] is None and results[-1][2] is None:
-        drift = [b["ms_step"] / a["ms_step"] for a, b in zip(results[0][1], results[-1][1])]
+    last = runs[-1]
+    if first.error is None and last.error is None:
+        drift = [b["ms_step"] / a["ms_step"] for a, b in zip(first.rows, last.rows)]
         notes.append("the reference ran first and last; its last run took "
                      + ", ".join(f"{d:.3f}x" for d in drift) + " the first's step time (the machine's "
                      "drift over the runs: x_ref differences within it are not resolved)")
     else:
-        notes.append("a reference run failed, so x_ref is missing where it has no row to compare with")
+        notes.append("a reference run failed, so x_ref is missing where it has no row to compare with"
+                     + ("; without the first one's platform, no candidate set ran"
+                        if first.error is not None and args.flag_set is None else ""))
     notes.append(f"every flag set ran `python -m roformer.bench step {args.step_args}` in a process of its own, "
                  "one after another, with the flags added to XLA_FLAGS"
                  + (f" (already set: {os.environ['XLA_FLAGS']!r})" if os.environ.get("XLA_FLAGS") else ""))
