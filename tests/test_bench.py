@@ -509,7 +509,8 @@ from roformer.bench import flags
 ran = []
 def fake_step(flag_set, step_args, timeout_s):
     ran.append(flag_set)
-    row = {"size": "tiny", "seq": 16, "scheme": "rope", "ms_step": 2.0, "loss_step1": 4.0}
+    row = {"size": "tiny", "seq": 16, "scheme": "rope", "dropout_rng": "threefry2x32", "hidden_dropout": 0.0,
+           "ms_step": 2.0, "loss_step1": 4.0}
     return flags.StepRun(flag_set, [row], "gpu", None)
 flags.run_step = fake_step
 result = flags.run(argparse.Namespace(flag_set=None, step_args="", timeout_s=1.0))

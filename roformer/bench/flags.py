@@ -6,7 +6,9 @@ XLA reads `XLA_FLAGS` once, when a process starts its backend, so each flag set 
 first with no extra flags (the reference), then each `--flag-set`, then the reference again.
 The two reference runs bracket the others: how far they differ is how far the machine drifted
 meanwhile (a note gives it), which is the resolution of `x_ref`, each row's step time over
-the first reference run's for the same size, length and scheme. `loss_step1` is the loss of
+the first reference run's for the same size, length and scheme. On a CPU, whose rate drifts
+with other load, the `mfu` column is the steadier comparison: it divides by a matmul timed
+in the same rounds as the step. `loss_step1` is the loss of
 the first step, from the same initial parameters and batch in every process: a flag set that
 changes the step's arithmetic (fast math, another GEMM library, other fusions) changes it,
 and `dloss_step1` says by how much. A flag this XLA does not know stops its process; its row
@@ -46,7 +48,7 @@ CANDIDATES = {
         "--xla_cpu_enable_fast_math=true",
     ),
 }
-ROW_KEYS = ("size", "seq", "scheme")
+ROW_KEYS = ("size", "seq", "scheme", "dropout_rng", "hidden_dropout")   # what tells a step's rows apart
 TABLE_COLUMNS = ("xla_flags", "size", "seq", "scheme", "batch", "ms_step", "tokens_s", "mfu", "x_ref",
                  "loss_step1", "dloss_step1", "error")
 # The `step` benchmark's options when --step-args is not given: one small group, quick anywhere.
