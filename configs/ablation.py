@@ -12,14 +12,14 @@ size, sequence 128, on the shared English Wikipedia (../shared/data/wikipedia_en
 then SST-2 and MRPC with 3 seeds. Variants (`configs/ablation.py:<arg>`):
   reference  every scheme + the `none` control, tiny model, 3 seeds, 4.1M tokens, shuffle
          probe, extrapolation to 8x, context extension of rope at 4x: the comparison in
-         docs/ablation.md, 2-3 hours on a 2-core CPU
+         docs/ablation.md (which gives its time on a 2-core CPU)
   smoke  tiny model, 2 schemes, 40 steps on the embedded corpus (BERT vocab), MRPC on
          256 examples: a CPU check of the whole pipeline in a few minutes
   onset  the reference recipe for 20,000 steps (41M tokens), 3 seeds (5 for rope, learned
          and none), each scheme at its own learning rate: the onset study in docs/ablation.md
   long   learned and rope from `onset` at twice its budget (40,000 steps, 82M tokens), 5 seeds
          each, vmapped 5 at a time: the comparison the onset budget left undecided, sized
-         for an accelerator (on a 2-core CPU, about 5 hours)
+         for an accelerator (its CPU time: docs/ablation.md)
 Any key can be changed on the command line, e.g. `--config.schemes=rope,learned
 --config.pretrain.model.size=tiny --config.budget_tokens=2000000 --config.glue.task=mrpc`.
 """
@@ -164,7 +164,7 @@ def get_config(arg=None):
         # The onset study: the reference recipe run 10x longer (20,000 steps, 41M tokens), to where
         # BERT-style models are known to start using word order, with more seeds for the schemes
         # whose onset varies most; each scheme at its own best learning rate from the sweep
-        # (docs/ablation.md#learning-rate-per-scheme). About 12 CPU-hours on 2 cores.
+        # (docs/ablation.md#learning-rate-per-scheme).
         _reference(c)
         c.scheme_seeds = "rope=5,learned=5,none=5"
         # Each scheme's best of 5e-4 (where 1e-3 was best), 1e-3, 2e-3 and 4e-3 at the reference
@@ -207,7 +207,7 @@ def _reference(c):
     """The reference comparison (configs/ablation.py:reference)."""
     pre, g, x = c.pretrain, c.glue, c.extension
     # The reference comparison: every scheme and the `none` control, 3 seeds, a budget
-    # at which the schemes separate, 2-3 hours on a 2-core CPU. The recipe is the
+    # at which the schemes separate. The recipe is the
     # small-budget one measured in docs/ablation.md (no dropout, a vocabulary sized to
     # the model, batch 16 at a high learning rate); it applies to every scheme alike.
     c.schemes = "learned,sinusoidal,shaw,t5,alibi,rope,none"
