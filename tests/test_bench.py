@@ -484,7 +484,7 @@ def test_gpu_bench_versions_name_the_copy_that_import_takes(tmp_path, monkeypatc
     assert gpu.versions()["flax"] == "9.9.9"
 
 
-def test_flags_bench_runs_each_flag_set_in_its_own_process_between_two_references(tmp_path):
+def test_flags_bench_runs_each_flag_set_in_its_own_process_between_two_references(tmp_path, capsys):
     # An unknown flag stops only its own process (which shows the set reached XLA_FLAGS there);
     # the reference runs before and after it still give their rows.
     result = run_bench(tmp_path, "flags", "--flag-set=--xla_no_such_flag_here=1", "--step-args",
@@ -498,6 +498,10 @@ def test_flags_bench_runs_each_flag_set_in_its_own_process_between_two_reference
     assert last["loss_step1"] == first["loss_step1"] and last["dloss_step1"] == 0.0
     assert last["x_ref"] == pytest.approx(last["ms_step"] / first["ms_step"])
     assert any("drift" in note for note in result["notes"])
+    # each set's figures also on stderr as it ends (a command stopped from outside keeps them in its log)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("flags ")]
+    assert lines[0] == f"flags (none): {first['ms_step']:.3f} ms per step, first loss {first['loss_step1']:.6f}"
+    assert lines[1].startswith("flags --xla_no_such_flag_here=1: exit status") and len(lines) == 3
 
 
 def test_flags_bench_starts_no_backend_of_its_own_and_takes_the_candidates_of_the_steps_platform():

@@ -93,18 +93,27 @@ def run_step(flags: str, step_args: list[str], timeout_s: float) -> StepRun:
         return StepRun(flags, result["rows"], result["machine"]["platform"], None)
 
 
+def say(step_run: StepRun) -> StepRun:
+    """One line on stderr per finished set, so that a command stopped from outside (a time
+    limit) still leaves in its log what each set measured."""
+    figures = "; ".join(f"{row['ms_step']:.3f} ms per step, first loss {row['loss_step1']:.6f}"
+                        for row in step_run.rows)
+    print(f"flags {step_run.flags or '(none)'}: {step_run.error or figures}", file=sys.stderr, flush=True)
+    return step_run
+
+
 def run(args: argparse.Namespace) -> dict:
     # This process starts no jax backend while the steps run: on a GPU it would hold memory
     # their processes need. The platform, which picks the default candidates, is the first
     # reference process's.
     step_args = shlex.split(args.step_args)
-    first = run_step(REFERENCE, step_args, args.timeout_s)
+    first = say(run_step(REFERENCE, step_args, args.timeout_s))
     sets = args.flag_set if args.flag_set is not None else list(CANDIDATES.get(first.platform or "", ()))
     runs = [first]
     for index, flags in enumerate([*sets, REFERENCE]):
         print(f"flag set {index + 1} of {len(sets) + 1} after the reference: {flags or '(none)'}",
               file=sys.stderr, flush=True)
-        runs.append(run_step(flags, step_args, args.timeout_s))
+        runs.append(say(run_step(flags, step_args, args.timeout_s)))
     reference = {tuple(row[k] for k in ROW_KEYS): row for row in first.rows}
     rows, notes = [], []
     for step_run in runs:
