@@ -13,11 +13,12 @@
 #                       tokens/s and held-out losses (ABLATION_FLAGS: more --config flags for both)
 #   flags.json          the base/512 bf16 step under XLA flag sets (bench flags' GPU candidates: GEMM
 #                       epilogues, cuDNN layer norm, Triton normalisation fusions, launches), each set in
-#                       a process of its own between two reference runs, with its first-step loss
+#                       a process of its own between two reference runs, with its first-step loss, then
+#                       the sets that took under 0.99x the reference's step together
 #   log.txt             everything the commands printed, with each compilation's time
 # Each step has its own time limit and its own file, so a slow one costs only itself.
 # STEPS picks and orders them (default: all, in the order above). Their limits add up to
-# 1,635 s, so on a machine lent for ten minutes a call, split them, e.g.
+# 1,595 s, so on a machine lent for ten minutes a call, split them, e.g.
 #   STEPS="profile gpu runs_mini" then STEPS="runs_tiny runs64_tiny runs64_mini ablation_vmap", STEPS=flags
 # Usage: scripts/bench_accelerator.sh OUTDIR   (PYTHON=... to choose the interpreter)
 set -u
@@ -103,7 +104,7 @@ run_step() {
     runs64_tiny) bench runs64_tiny 60 runs --shapes tiny/128/16 --modes one vmap --parallel 64 --rounds 3 --steps 20 ;;
     runs64_mini) bench runs64_mini 60 runs --shapes mini/128/32 --modes one vmap --parallel 64 --rounds 3 --steps 20 ;;
     ablation_vmap) ablations ;;
-    flags) bench flags 540 flags --timeout-s 90 --step-args "--sizes base --seq-lens 512 --batch 64 --schemes rope \
+    flags) bench flags 500 flags --timeout-s 80 --combine-below 0.99 --step-args "--sizes base --seq-lens 512 --batch 64 --schemes rope \
              --dtype bfloat16 --attention-impl cudnn --attention-dropout 0 --rounds 3 --iters 5" ;;
   esac
 }

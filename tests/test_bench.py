@@ -3,6 +3,7 @@
 Timings are not checked (the machine is shared); only that each benchmark runs
 end to end through `python -m roformer.bench`'s main and reports what it should.
 """
+import argparse
 import json
 import os
 import platform
@@ -517,7 +518,7 @@ def fake_step(flag_set, step_args, timeout_s):
            "ms_step": 2.0, "loss_step1": 4.0}
     return flags.StepRun(flag_set, [row], "gpu", None)
 flags.run_step = fake_step
-result = flags.run(argparse.Namespace(flag_set=None, step_args="", timeout_s=1.0))
+result = flags.run(argparse.Namespace(flag_set=None, step_args="", timeout_s=1.0, combine_below=0.0))
 assert ran == ["", *flags.CANDIDATES["gpu"], ""], ran
 assert not xla_bridge.backends_are_initialized()
 print("ok", len(result["rows"]))
@@ -525,3 +526,25 @@ print("ok", len(result["rows"]))
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["ok", str(len(flags_bench.CANDIDATES["gpu"]) + 2)]
+
+
+def test_flags_bench_times_the_sets_that_won_together_before_the_last_reference(monkeypatch):
+    ms = {"": 2.0, "--a": 1.0, "--b": 1.9, "--c": 3.0, "--d": 1.0, "--a --b": 0.9}
+    ran = []
+
+    def fake_step(flag_set, step_args, timeout_s):
+        ran.append(flag_set)
+        if flag_set == "--d":
+            return flags_bench.StepRun(flag_set, [], None, "exit status 1: Unknown flag")
+        row = {"size": "tiny", "seq": 16, "scheme": "rope", "dropout_rng": "threefry2x32", "hidden_dropout": 0.0,
+               "ms_step": ms[flag_set], "loss_step1": 4.0}
+        return flags_bench.StepRun(flag_set, [row], "cpu", None)
+
+    monkeypatch.setattr(flags_bench, "run_step", fake_step)
+    result = flags_bench.run(argparse.Namespace(flag_set=["--a", "--b", "--c", "--d"], step_args="",
+                                                timeout_s=1.0, combine_below=0.99))
+    assert ran == ["", "--a", "--b", "--c", "--d", "--a --b", ""]   # --b: 0.95x; --d failed
+    assert [row["x_ref"] for row in result["rows"] if "x_ref" in row] == [1.0, 0.5, 0.95, 1.5, 0.45, 1.0]
+    ran.clear()
+    flags_bench.run(argparse.Namespace(flag_set=["--a", "--c"], step_args="", timeout_s=1.0, combine_below=0.99))
+    assert ran == ["", "--a", "--c", ""]   # one winner: nothing to combine

@@ -12,7 +12,9 @@ in the same rounds as the step. `loss_step1` is the loss of
 the first step, from the same initial parameters and batch in every process: a flag set that
 changes the step's arithmetic (fast math, another GEMM library, other fusions) changes it,
 and `dloss_step1` says by how much. A flag this XLA does not know stops its process; its row
-says so and the other sets still run.
+says so and the other sets still run. With `--combine-below F`, the sets whose step took
+less than F times the reference's are timed once more all together, before the second
+reference run.
 
 Without `--flag-set`, the platform's candidates run (`CANDIDATES`): on a GPU, settings that
 fold the step's memory-bound passes into other kernels (GEMM epilogues, cuDNN layer norms,
@@ -65,6 +67,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                              f"--help); default: {DEFAULT_STEP_ARGS!r}")
     parser.add_argument("--timeout-s", type=float, default=600.0,
                         help="time limit of each flag set's process")
+    parser.add_argument("--combine-below", type=float, default=0.0,
+                        help="then time the sets whose every row took less than this fraction of the "
+                             "reference's step time, all together, in one more process (e.g. 0.99; "
+                             "0: no combination)")
 
 
 class StepRun(NamedTuple):
@@ -93,6 +99,12 @@ def run_step(flags: str, step_args: list[str], timeout_s: float) -> StepRun:
         return StepRun(flags, result["rows"], result["machine"]["platform"], None)
 
 
+def step_ratios(step_run: StepRun, reference: dict) -> list[float]:
+    """Each of a set's rows' step time over the first reference run's (rows without one left out)."""
+    keys = [tuple(row[k] for k in ROW_KEYS) for row in step_run.rows]
+    return [row["ms_step"] / reference[key]["ms_step"] for row, key in zip(step_run.rows, keys) if key in reference]
+
+
 def say(step_run: StepRun) -> StepRun:
     """One line on stderr per finished set, so that a command stopped from outside (a time
     limit) still leaves in its log what each set measured."""
@@ -109,12 +121,18 @@ def run(args: argparse.Namespace) -> dict:
     step_args = shlex.split(args.step_args)
     first = say(run_step(REFERENCE, step_args, args.timeout_s))
     sets = args.flag_set if args.flag_set is not None else list(CANDIDATES.get(first.platform or "", ()))
-    runs = [first]
-    for index, flags in enumerate([*sets, REFERENCE]):
-        print(f"flag set {index + 1} of {len(sets) + 1} after the reference: {flags or '(none)'}",
-              file=sys.stderr, flush=True)
-        runs.append(say(run_step(flags, step_args, args.timeout_s)))
     reference = {tuple(row[k] for k in ROW_KEYS): row for row in first.rows}
+    runs = [first]
+    for index, flags in enumerate(sets):
+        print(f"flag set {index + 1} of {len(sets)}: {flags}", file=sys.stderr, flush=True)
+        runs.append(say(run_step(flags, step_args, args.timeout_s)))
+    winners = [r.flags for r in runs[1:] if r.error is None and r.rows
+               and all(ratio < args.combine_below for ratio in step_ratios(r, reference))]
+    if len(winners) > 1:
+        print(f"the sets faster than {args.combine_below:g}x the reference, together", file=sys.stderr, flush=True)
+        runs.append(say(run_step(" ".join(winners), step_args, args.timeout_s)))
+    print("the reference again", file=sys.stderr, flush=True)
+    runs.append(say(run_step(REFERENCE, step_args, args.timeout_s)))
     rows, notes = [], []
     for step_run in runs:
         label = step_run.flags or "(none)"
