@@ -17,8 +17,9 @@ less than F times the reference's are timed once more all together, before the s
 reference run.
 
 Without `--flag-set`, the platform's candidates run (`CANDIDATES`): on a GPU, settings that
-fold the step's memory-bound passes into other kernels (GEMM epilogues, cuDNN layer norms,
-Triton normalisation fusions) or change how kernels are launched; on a CPU, XLA:CPU's
+fold the step's memory-bound passes into other kernels (GEMM epilogues, Triton GEMM fusions
+for every GEMM, cuDNN layer norms, Triton normalisation fusions) or change how kernels are
+launched; on a CPU, XLA:CPU's
 scheduling, vector width and math settings.
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ CANDIDATES = {
         "--xla_gpu_enable_cudnn_layer_norm=true",
         "--xla_gpu_experimental_enable_triton_softmax_priority_fusion=true",
         "--xla_gpu_experimental_enable_fusion_block_level_rewriter=true",
-        "--xla_gpu_enable_triton_gemm=false",
+        "--xla_gpu_triton_gemm_any=true",
         "--xla_gpu_cudnn_gemm_fusion_level=2",
         "--xla_gpu_enable_command_buffer=",
     ),
