@@ -6,21 +6,19 @@ XLA reads `XLA_FLAGS` once, when a process starts its backend, so each flag set 
 first with no extra flags (the reference), then each `--flag-set`, then the reference again.
 The two reference runs bracket the others: how far they differ is how far the machine drifted
 meanwhile (a note gives it), which is the resolution of `x_ref`, each row's step time over
-the first reference run's for the same size, length and scheme. On a CPU, whose rate drifts
-with other load, the `mfu` column is the steadier comparison: it divides by a matmul timed
-in the same rounds as the step. `loss_step1` is the loss of
-the first step, from the same initial parameters and batch in every process: a flag set that
-changes the step's arithmetic (fast math, another GEMM library, other fusions) changes it,
-and `dloss_step1` says by how much. A flag this XLA does not know stops its process; its row
-says so and the other sets still run. With `--combine-below F`, the sets whose step took
-less than F times the reference's are timed once more all together, before the second
-reference run.
+the first reference run's for the same step. On a CPU, whose rate drifts with other load,
+the `mfu` column is the steadier comparison: it divides by a matmul timed in the same rounds
+as the step. `loss_step1` is the loss of the first step, from the same initial parameters
+and batch in every process: a flag set that changes the step's arithmetic (fast math,
+another GEMM library, other fusions) changes it, and `dloss_step1` says by how much. A flag
+this XLA does not know stops its process; its row says so and the other sets still run.
+With `--combine-below F`, the sets whose step took less than F times the reference's are
+timed once more all together, before the second reference run.
 
 Without `--flag-set`, the platform's candidates run (`CANDIDATES`): on a GPU, settings that
 fold the step's memory-bound passes into other kernels (GEMM epilogues, Triton GEMM fusions
 for every GEMM, cuDNN layer norms, Triton normalisation fusions) or change how kernels are
-launched; on a CPU, XLA:CPU's
-scheduling, vector width and math settings.
+launched; on a CPU, XLA:CPU's scheduling, vector width and math settings.
 """
 from __future__ import annotations
 
@@ -100,10 +98,15 @@ def run_step(flags: str, step_args: list[str], timeout_s: float) -> StepRun:
         return StepRun(flags, result["rows"], result["machine"]["platform"], None)
 
 
+def reference_row(row: dict, reference: dict) -> dict | None:
+    """The first reference run's row for the same step as `row` (None if it has none)."""
+    return reference.get(tuple(row[k] for k in ROW_KEYS))
+
+
 def step_ratios(step_run: StepRun, reference: dict) -> list[float]:
     """Each of a set's rows' step time over the first reference run's (rows without one left out)."""
-    keys = [tuple(row[k] for k in ROW_KEYS) for row in step_run.rows]
-    return [row["ms_step"] / reference[key]["ms_step"] for row, key in zip(step_run.rows, keys) if key in reference]
+    pairs = [(row, reference_row(row, reference)) for row in step_run.rows]
+    return [row["ms_step"] / base["ms_step"] for row, base in pairs if base is not None]
 
 
 def say(step_run: StepRun) -> StepRun:
@@ -140,7 +143,7 @@ def run(args: argparse.Namespace) -> dict:
         if step_run.error is not None:
             rows.append({"xla_flags": label, "error": step_run.error})
         for step_row in step_run.rows:
-            base = reference.get(tuple(step_row[k] for k in ROW_KEYS))
+            base = reference_row(step_row, reference)
             row = {"xla_flags": label, **step_row}
             if base is not None:
                 row["x_ref"] = step_row["ms_step"] / base["ms_step"]
