@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> dict:
             rows.append(row)
     last = runs[-1]
     if first.error is None and last.error is None:
-        drift = [b["ms_step"] / a["ms_step"] for a, b in zip(first.rows, last.rows)]
+        drift = step_ratios(last, reference)
         notes.append("the reference ran first and last; its last run took "
                      + ", ".join(f"{d:.3f}x" for d in drift) + " the first's step time (the machine's "
                      "drift over the runs: x_ref differences within it are not resolved)")
