@@ -22,7 +22,7 @@ from roformer.ablation.plan import (EXTENSION_STAGES, RUN_STAGES, extension_seed
                                     pretrain_steps, scheme_pretrain_config, scheme_seeds, split_list)
 from roformer.ablation.report import finite
 from roformer.ablation.state import PINNED_TOKENIZER, AblationState, is_main_process, run_status
-from roformer.bench.common import machine_info
+from roformer.bench.common import describe_cpu, machine_info
 from roformer.files import write_json_atomic
 from roformer.glue.tasks import TASKS
 from roformer.train.metrics import read_metrics
@@ -208,6 +208,8 @@ def _machine() -> str:
     """One line saying what ran it; the load average matters on a shared machine."""
     m = machine_info()
     desc = f"{m['device_count']} x {m['device_kind']} ({m['platform']}), {m['cpu_count']} CPU cores"
+    if m["cpu"]:
+        desc += f" ({describe_cpu(m['cpu'])})"
     if hasattr(os, "getloadavg"):
         desc += ", load average {:.1f}".format(os.getloadavg()[1])  # 5-minute
     return desc

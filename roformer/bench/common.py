@@ -84,6 +84,43 @@ def matmul_probe(n: int, dtype: str = "float32") -> tuple[Callable[[], Any], flo
     return (lambda: matmul(a)), 2.0 * n**3
 
 
+# The vector extensions that decide XLA:CPU's matmul and elementwise rates, in the order
+# /proc/cpuinfo's flags name them. A virtual machine of one name can land on hosts with and
+# without AVX-512, at about twice the matmul rate apart.
+VECTOR_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "asimd", "sve")
+
+
+def cpu_identity(cpuinfo: str | None = None) -> dict[str, Any]:
+    """The host processor as /proc/cpuinfo names it (model name, family and model numbers,
+    `VECTOR_FLAGS` present); empty where there is no /proc/cpuinfo (macOS)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return {}
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():   # the first processor's block is enough
+            if fields:
+                break
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    identity = {"model_name": fields.get("model name", ""), "family": fields.get("cpu family", ""),
+                "model": fields.get("model", ""), "vector": " ".join(f for f in VECTOR_FLAGS if f in flags)}
+    return {k: v for k, v in identity.items() if v}
+
+
+def describe_cpu(identity: Mapping[str, Any]) -> str:
+    """`cpu_identity` in one phrase, e.g. 'AMD EPYC, family 25 model 1, avx avx2 fma'."""
+    parts = [identity.get("model_name", "")]
+    if identity.get("family"):
+        parts.append(f"family {identity['family']} model {identity.get('model', '?')}")
+    parts.append(identity.get("vector", ""))
+    return ", ".join(p for p in parts if p)
+
+
 def machine_info() -> dict[str, Any]:
     """What the numbers were measured on, stored next to them in every JSON."""
     device = jax.devices()[0]
@@ -93,6 +130,7 @@ def machine_info() -> dict[str, Any]:
         "device_count": jax.device_count(),
         "cpu_count": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
+        "cpu": cpu_identity(),
         "jax": jax.__version__,
         "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
     }
