@@ -84,9 +84,9 @@ def matmul_probe(n: int, dtype: str = "float32") -> tuple[Callable[[], Any], flo
     return (lambda: matmul(a)), 2.0 * n**3
 
 
-# The vector extensions that decide XLA:CPU's matmul and elementwise rates, in the order
-# /proc/cpuinfo's flags name them. A virtual machine of one name can land on hosts with and
-# without AVX-512, at about twice the matmul rate apart.
+# The vector extensions that decide XLA:CPU's matmul and elementwise rates (x86, then Arm),
+# reported in this order. A virtual machine of one name can land on hosts with and without
+# AVX-512, whose matmul rates differ widely (docs/results/2026-11-26-many-runs-avx2-cpu.md).
 VECTOR_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "asimd", "sve")
 
 
