@@ -1,20 +1,52 @@
 """Test setup shared by every test module.
 
-The device count flag must be set before jax is imported anywhere, so that
-sharding tests see 8 virtual CPU devices; single-device code is unaffected.
+XLA's flags must be set before jax is imported anywhere, so that sharding tests see 8
+virtual CPU devices (single-device code is unaffected); every process a test starts
+inherits them, and the suite's compilation cache (below).
 """
 import os
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
+# 8 virtual CPU devices; and LLVM's lowest optimisation level: the suite's programs are tiny,
+# so compiling them costs far more than running them. XLA's own passes (fusion, layouts),
+# which decide what a program computes, run as they do outside the tests. A setting the
+# caller put in XLA_FLAGS is kept.
+for flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0"):
+    if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
 
 import importlib.util  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    """One jax compilation cache for the whole suite: many tests (and the commands they start
+    as processes) compile the same tiny programs, and a cache hit costs a file read instead of
+    a compilation. Set in the controlling process before xdist starts its workers, so they
+    and every process they start share it; a JAX_COMPILATION_CACHE_DIR of the caller's is kept."""
+    if hasattr(config, "workerinput") or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    from roformer.ablation.parallel import compile_cache_settings
+
+    directory = Path(tempfile.mkdtemp(prefix="roformer-tests-jax-cache-"))
+    config._roformer_jax_cache = directory
+    os.environ.update({name: str(value) for name, value in compile_cache_settings(directory).items()})
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first (a stable sort keeps each group's order), so that none of them
+    starts last and leaves one xdist worker running alone at the end of the suite."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_unconfigure(config):
+    directory = getattr(config, "_roformer_jax_cache", None)
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _needs(module: str) -> pytest.MarkDecorator:

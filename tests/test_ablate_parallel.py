@@ -219,6 +219,7 @@ def tiny_config(parallel):
     # every checkpoint of the 40 steps a 50 MB save.
     config.pretrain.data.vocab = ""
     config.pretrain.data.vocab_size = 1000
+    config.pretrain.mesh.num_devices = 1   # one of the 8 virtual test devices: a smaller program
     return config
 
 
@@ -231,6 +232,7 @@ def overrides(config):
              "extrapolation.num_docs": 2, "budget_tokens": config.budget_tokens,
              "pretrain.data.vocab": config.pretrain.data.vocab,
              "pretrain.data.vocab_size": config.pretrain.data.vocab_size,
+             "pretrain.mesh.num_devices": config.pretrain.mesh.num_devices,
              "pretrain.train.eval_every": pre.eval_every, "pretrain.train.checkpoint_every": pre.checkpoint_every,
              "pretrain.train.log_every": pre.log_every, "pretrain.train.progress_bar": False}
     return [f"--config.{k}={v}" for k, v in flags.items()]
@@ -278,6 +280,8 @@ def held_out_losses(workdir, runs):
 @pytest.mark.slow
 def test_side_by_side_runs_give_the_losses_of_runs_in_turn_and_resume_after_kill(tmp_path, monkeypatch):
     stub_figures(monkeypatch)
+    # The ablation's own compile cache (in its workdir), not the suite's (tests/conftest.py).
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     runs = ["learned/seed0", "rope/seed0"]
     results = {}
     for parallel in (1, 2):

@@ -111,6 +111,7 @@ def test_a_bad_config_is_refused_before_anything_is_written(tmp_path, change, me
 @pytest.mark.slow
 def test_the_whole_check_at_smoke_size_writes_its_table_and_resumes(tmp_path, monkeypatch):
     config = smoke_config()
+    config.pretrain.mesh.num_devices = 1   # one of the 8 virtual test devices: a smaller program
     result = capability.run_capability(config, tmp_path / "check")
     saved = json.loads((tmp_path / "check" / capability.RESULT_JSON).read_text())
     assert [r["scheme"] for r in saved["schemes"]] == ["rope", "none"]

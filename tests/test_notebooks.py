@@ -79,6 +79,7 @@ def tiny_ablation_config(shared_data: Path, cache_dir: Path):
     return config
 
 
+@pytest.mark.slow
 def test_tiny_ablation_and_report_notebook(tmp_path, monkeypatch, shared_data):
     workdir = tmp_path / "ablation"
     result = runner.run_ablation(tiny_ablation_config(shared_data, tmp_path / "cache"), workdir)
