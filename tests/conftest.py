@@ -12,7 +12,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # so compiling them costs far more than running them. XLA's own passes (fusion, layouts),
 # which decide what a program computes, run as they do outside the tests. A setting the
 # caller put in XLA_FLAGS is kept.
-for flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0"):
+COMPILE_FAST_FLAG = "--xla_backend_optimization_level=0"
+for flag in ("--xla_force_host_platform_device_count=8", COMPILE_FAST_FLAG):
     if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
 
