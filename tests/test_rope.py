@@ -198,17 +198,18 @@ def test_forward_mode_and_second_order_equal_autodiff_of_the_complex_product(lay
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
-    tangents = (x_dot, jnp.ones_like(positions))
-    close(jax.jvp(ours, (x, positions), tangents), jax.jvp(plain, (x, positions), tangents))
-    close(jax.jvp(lambda x: ours(x, positions), (x,), (x_dot,)),  # cis without tangent
-          jax.jvp(lambda x: plain(x, positions), (x,), (x_dot,)))
-    close(jax.jacfwd(ours, argnums=(0, 1))(x, positions), jax.jacfwd(plain, argnums=(0, 1))(x, positions))
-    close(jax.grad(loss(ours), argnums=(0, 1))(x, positions), jax.grad(loss(plain), argnums=(0, 1))(x, positions))
+    def agree(transform):  # transform(fn)(x, positions), ours against plain, each one jitted
+        # program (op by op, the many small derivative ops each compiled on their own)
+        close(jax.jit(transform(ours))(x, positions), jax.jit(transform(plain))(x, positions))
 
-    def grad_of_grad(fn):  # d/dx of <grad_x loss, x_dot>, and d/dp of the positions gradient
-        return jax.grad(lambda x, p: jnp.vdot(jax.grad(loss(fn))(x, p), x_dot)
-                        + jnp.sum(jax.grad(loss(fn), argnums=1)(x, p)), argnums=(0, 1))
-    close(grad_of_grad(ours)(x, positions), grad_of_grad(plain)(x, positions))
+    tangents = (x_dot, jnp.ones_like(positions))
+    agree(lambda fn: lambda x, p: jax.jvp(fn, (x, p), tangents))
+    agree(lambda fn: lambda x, p: jax.jvp(lambda x: fn(x, p), (x,), (x_dot,)))  # cis without tangent
+    agree(lambda fn: jax.jacfwd(fn, argnums=(0, 1)))
+    agree(lambda fn: jax.grad(loss(fn), argnums=(0, 1)))
+    # d/dx of <grad_x loss, x_dot>, and d/dp of the positions gradient
+    agree(lambda fn: jax.grad(lambda x, p: jnp.vdot(jax.grad(loss(fn))(x, p), x_dot)
+                              + jnp.sum(jax.grad(loss(fn), argnums=1)(x, p)), argnums=(0, 1)))
 
 
 def test_clear_errors():
