@@ -181,7 +181,8 @@ def get_config(arg=None):
         # still closing on rope at its end (docs/ablation.md, the gap-trend table), so 41M
         # tokens do not say whether they catch up. The same recipe and rates at twice the
         # budget, for those two schemes only. The seeds of a scheme train as one vmapped step
-        # (an accelerator's mode). Evaluations every 1,000 steps (the onsets seen so far are
+        # (an accelerator's mode; a CPU host trains more with --config.vmap_seeds=1
+        # --config.parallel=2, docs/ablation.md). Evaluations every 1,000 steps (the onsets seen so far are
         # 0.5-31M tokens, 2M apart at this spacing); no GLUE, context extension or longer
         # evaluation lengths, whose compilations would cost more than the comparison on a
         # lent accelerator (each is a flag away).
