@@ -198,8 +198,9 @@ def test_forward_mode_and_second_order_equal_autodiff_of_the_complex_product(lay
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
-    def agree(transform):  # transform(fn)(x, positions), ours against plain, each one jitted
-        # program (op by op, the many small derivative ops each compiled on their own)
+    def agree(transform):
+        # transform(ours) against transform(plain) at (x, positions), each one jitted program:
+        # op by op, each of the many small derivative ops would compile on its own
         close(jax.jit(transform(ours))(x, positions), jax.jit(transform(plain))(x, positions))
 
     tangents = (x_dot, jnp.ones_like(positions))
