@@ -74,6 +74,10 @@ def get_config(arg=None):
     # idle; on XLA:CPU it gains nothing (docs/performance.md). Same workdirs, records and resume;
     # the runs' other stages go as before. 1: every run on its own.
     c.vmap_seeds = 1
+    # Seconds between the session's progress lines (each training run's step, the steps done
+    # and left over all runs, an estimate of the time left; roformer.ablation.progress);
+    # 0: none.
+    c.progress_every_s = 120.0
 
     # Shared pretraining config (configs/base.py layout) for every scheme.
     pre = c.pretrain = base.get_config("size=mini")

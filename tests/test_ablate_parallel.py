@@ -6,7 +6,9 @@ in a second; one test trains real smoke-size runs in both modes, kills each abla
 SIGKILL mid-training, resumes it and compares the held-out losses.
 """
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -227,7 +229,7 @@ def overrides(config):
     """The command-line flags that give `config` from configs/ablation.py:smoke."""
     pre = config.pretrain.train
     flags = {"schemes": config.schemes, "seeds": config.seeds, "parallel": config.parallel,
-             "vmap_seeds": config.vmap_seeds, "glue.task": "",
+             "vmap_seeds": config.vmap_seeds, "progress_every_s": config.progress_every_s, "glue.task": "",
              "extension.enabled": False, "extrapolation.factors": "1", "extrapolation.scalings": "",
              "extrapolation.num_docs": 2, "budget_tokens": config.budget_tokens,
              "pretrain.data.vocab": config.pretrain.data.vocab,
@@ -278,18 +280,24 @@ def held_out_losses(workdir, runs):
 
 
 @pytest.mark.slow
-def test_side_by_side_runs_give_the_losses_of_runs_in_turn_and_resume_after_kill(tmp_path, monkeypatch):
+def test_side_by_side_runs_give_the_losses_of_runs_in_turn_and_resume_after_kill(tmp_path, monkeypatch, caplog):
     stub_figures(monkeypatch)
+    caplog.set_level(logging.INFO, logger="roformer.ablate")
     # The ablation's own compile cache (in its workdir), not the suite's (tests/conftest.py).
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     runs = ["learned/seed0", "rope/seed0"]
     results = {}
     for parallel in (1, 2):
         config = tiny_config(parallel)
+        config.progress_every_s = 1.0
         workdir = tmp_path / f"parallel{parallel}"
         # In turn, only the first run has started when it is killed; side by side, both.
         kill_after_first_checkpoints(workdir, config, runs[:parallel])
+        caplog.clear()
         result = runner.run_ablation(config, workdir)   # resumes from the checkpoints
+        # the session's progress, read from the runs' metrics in either mode
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress: ")]
+        assert any(re.search(r"(learned|rope)/seed0 (at step \d+ of 40|finished)", line) for line in lines), lines
         assert [r["status"] for r in result["runs"]] == ["done", "done"], why_failed(workdir, result)
         assert {r["scheme"]: r["eval_loss"] for r in result["runs"]}   # a row per run
         results[parallel] = held_out_losses(workdir, runs)

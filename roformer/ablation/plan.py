@@ -213,6 +213,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     problems = _scheme_problems(config, schemes)
     problems += _parallel_problems(config.parallel)
     problems += _vmap_problems(config)
+    if config.progress_every_s < 0:
+        problems.append(f"config.progress_every_s={config.progress_every_s!r}: give the seconds between "
+                        "progress lines (0: none)")
     if config.reference not in schemes:
         problems.append(f"config.reference={config.reference!r} is not one of config.schemes {schemes}")
     problems += _evaluation_problems(config)

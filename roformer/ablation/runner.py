@@ -32,7 +32,7 @@ import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
-from roformer.ablation import collect, parallel, report
+from roformer.ablation import collect, parallel, progress, report
 from roformer.ablation.plan import Job, extension_jobs, scheme_jobs, validate
 from roformer.ablation.stages import (PREEMPTED_EXIT, Preempted, Stage, error_name, job_stages, record_done,
                                       record_failure, run_stages, scheme_pretrain, trained)
@@ -71,19 +71,20 @@ def _run_ablation(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     started = time.time()
     vocab = pin_vocabulary(config, workdir)
     result = None
-    try:
-        # config.parallel > 1: every run in a process of its own, that many at once.
-        run_jobs = _run_side_by_side if config.parallel > 1 else _run_in_turn
-        jobs = scheme_jobs(config)
-        if config.get("vmap_seeds", 1) > 1:   # the schemes' pretraining first, seeds vmapped; the other stages below
-            failed = _pretrain_vmapped(config, workdir, state, vocab, jobs)
-            jobs = [job for job in jobs if job.run not in failed]   # retried next session, as a failed stage is
-        result = run_jobs(config, workdir, state, vocab, jobs)
-        if config.extension.enabled:   # after the comparison itself, which it builds on
-            result = run_jobs(config, workdir, state, vocab, extension_jobs(config))
-    except Preempted as error:
-        log.warning("%s; stopping the ablation (re-run the command to resume)", error)
-        result = None   # the runs done before the preemption are in the state, not yet in a report
+    with progress.reporting(config, workdir, enabled=is_main_process()):
+        try:
+            # config.parallel > 1: every run in a process of its own, that many at once.
+            run_jobs = _run_side_by_side if config.parallel > 1 else _run_in_turn
+            jobs = scheme_jobs(config)
+            if config.get("vmap_seeds", 1) > 1:   # the schemes' pretraining first, seeds vmapped; the other stages below
+                failed = _pretrain_vmapped(config, workdir, state, vocab, jobs)
+                jobs = [job for job in jobs if job.run not in failed]   # retried next session, as a failed stage is
+            result = run_jobs(config, workdir, state, vocab, jobs)
+            if config.extension.enabled:   # after the comparison itself, which it builds on
+                result = run_jobs(config, workdir, state, vocab, extension_jobs(config))
+        except Preempted as error:
+            log.warning("%s; stopping the ablation (re-run the command to resume)", error)
+            result = None   # the runs done before the preemption are in the state, not yet in a report
     log.info("ablation session took %.0f s", time.time() - started)
     return result if result is not None else write_report(config, workdir, state)
 
