@@ -1,9 +1,9 @@
 """How far an ablation session's training has got, as a log line every
 `config.progress_every_s` seconds:
 
-    progress: learned/seed0 at step 17,310 of 40,000, rope/seed0 at step 17,420 of 40,000;
-    training done in 0 of 10 runs; 34,730 of 400,000 steps (8.7 %); 10.4 steps/s over the
-    last 6 min: about 9 h 43 min of training left (evaluations and GLUE not counted)
+    progress: learned/seed0 at step 20,170 of 40,000, rope/seed0 at step 20,010 of 40,000;
+    training done in 0 of 10 runs; 40,180 of 400,000 steps (10.0 %); 9.9 steps/s over the
+    last 6 min: about 10 h 5 min of training left (evaluations and GLUE not counted)
 
 Each run's step is the last row of its metrics.jsonl, so the line reads the same whichever
 way the runs go (in turn, side by side in their own processes, or as vmapped seeds), and
