@@ -1,9 +1,7 @@
 """How far an ablation session's training has got, as a log line every
-`config.progress_every_s` seconds:
-
-    progress: learned/seed0 at step 20,170 of 40,000, rope/seed0 at step 20,010 of 40,000;
-    training done in 0 of 10 runs; 40,180 of 400,000 steps (10.0 %); 9.9 steps/s over the
-    last 6 min: about 10 h 5 min of training left (evaluations and GLUE not counted)
+`config.progress_every_s` seconds: each run that trained since the last line with its
+step, the runs whose training is done, the steps done and left over all the session's
+training, and the time left at the recent rate (an example: docs/ablation.md, Progress).
 
 Each run's step is the last row of its metrics.jsonl, so the line reads the same whichever
 way the runs go (in turn, side by side in their own processes, or as vmapped seeds), and
