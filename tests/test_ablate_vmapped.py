@@ -4,6 +4,9 @@
 One test trains real smoke-size runs both ways, kills each ablation with SIGKILL
 mid-training, resumes it and compares the held-out losses; the others check the settings.
 """
+import logging
+import re
+
 import pytest
 
 from roformer.ablation import runner
@@ -64,18 +67,24 @@ def test_the_vmapped_pass_records_each_seed_and_does_not_retry_a_failed_one_in_t
 
 
 @pytest.mark.slow
-def test_vmapped_seeds_resume_after_kill_and_give_the_losses_of_runs_in_turn(tmp_path, monkeypatch):
+def test_vmapped_seeds_resume_after_kill_and_give_the_losses_of_runs_in_turn(tmp_path, monkeypatch, caplog):
     stub_figures(monkeypatch)
+    caplog.set_level(logging.INFO, logger="roformer.ablate")
     runs = ["rope/seed0", "rope/seed1"]
     results = {}
     for vmap_seeds in (1, 2):
         config = tiny_config(1)
         config.schemes, config.seeds, config.vmap_seeds = "rope", 2, vmap_seeds
+        config.progress_every_s = 1.0
         workdir = tmp_path / f"vmap{vmap_seeds}"
         if vmap_seeds > 1:   # killed once both seeds saved step 10 (in turn, tests/test_ablate_parallel.py)
             kill_after_first_checkpoints(workdir, config, runs)
+        caplog.clear()
         result = runner.run_ablation(config, workdir)   # resumes from the checkpoints
         assert [r["status"] for r in result["runs"]] == ["done", "done"], why_failed(workdir, result)
+        # the session's progress: vmapped seeds write their own metrics as runs alone do
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress: ")]
+        assert any(re.search(r"rope/seed[01] (at step \d+ of 40|finished)", line) for line in lines), lines
         results[vmap_seeds] = held_out_losses(workdir, runs)
         assert all(sorted(losses) == [20, 40] for losses in results[vmap_seeds].values())
         records = AblationState(workdir).data
