@@ -43,6 +43,7 @@ def test_a_line_names_the_runs_that_trained_the_steps_left_and_the_time_left(tmp
     write_rows(tmp_path / "l0", [100])   # resumed: its steps before this session count as done
     clock = Clock()
     watch = Progress(runs, clock=clock)
+    assert watch.first_line() == "progress: at the start, training done in 0 of 3 runs; 100 of 3,000 steps (3.3 %)"
 
     write_rows(tmp_path / "l0", [100, 200, 300])
     write_rows(tmp_path / "r0", [100, 200])
@@ -98,6 +99,7 @@ def test_reporting_logs_lines_while_the_block_runs_and_stops_with_it(tmp_path, c
         write_rows(tmp_path / "pretrain" / "rope" / "seed0", [10])
         time.sleep(0.5)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress: ")]
+    assert lines[0].startswith("progress: at the start, training done in 0 of 1 runs; 0 of ")
     assert any(line.startswith("progress: rope/seed0 at step 10 of ") for line in lines)
     count = len(lines)
     time.sleep(0.2)

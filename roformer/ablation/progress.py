@@ -95,11 +95,20 @@ class Progress:
     def _steps(self) -> dict[str, int]:
         return {r.run: min(last_step(r.workdir), r.steps) for r in self.runs}
 
+    def _totals(self, steps: dict[str, int]) -> str:
+        done, total = sum(steps.values()), sum(r.steps for r in self.runs)
+        finished = sum(steps[r.run] >= r.steps for r in self.runs)
+        return (f"training done in {finished} of {len(self.runs)} runs; "
+                + (f"{done:,} of {total:,} steps ({100 * done / total:.1f} %)" if total else "no steps"))
+
+    def first_line(self) -> str:
+        """Where the session starts (a resumed one: what earlier sessions trained)."""
+        return f"progress: at the start, {self._totals(self._last)}"
+
     def line(self) -> str:
         steps, now = self._steps(), self.clock()
         done, total = sum(steps.values()), sum(r.steps for r in self.runs)
         moved = [r for r in self.runs if steps[r.run] != self._last[r.run]]
-        finished = sum(steps[r.run] >= r.steps for r in self.runs)
         self._last = steps
         self._history.append((now, done))
         since, done_then = self._history[0]
@@ -107,10 +116,7 @@ class Progress:
 
         training = ", ".join(f"{r.run} finished" if steps[r.run] >= r.steps else
                              f"{r.run} at step {steps[r.run]:,} of {r.steps:,}" for r in moved)
-        parts = [training or "no run trained since the last line",
-                 f"training done in {finished} of {len(self.runs)} runs",
-                 f"{done:,} of {total:,} steps ({100 * done / total:.1f} %)" if total else "no steps"]
-        text = "progress: " + "; ".join(parts)
+        text = f"progress: {training or 'no run trained since the last line'}; {self._totals(steps)}"
         if done >= total:
             return text
         window = _duration(now - since)
@@ -128,6 +134,7 @@ def reporting(config: ml_collections.ConfigDict, workdir: Path, enabled: bool = 
         yield
         return
     progress = Progress(training_runs(config, workdir))
+    log.info("%s", progress.first_line())
     stop = threading.Event()
 
     def report() -> None:
