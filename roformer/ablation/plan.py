@@ -194,6 +194,22 @@ class Job(NamedTuple):
     seed: int
 
 
+def pretrain_workdir(workdir: Path, scheme: str, seed: int) -> Path:
+    """A scheme's pretraining run of `seed` in the ablation's workdir."""
+    return workdir / "pretrain" / scheme / f"seed{seed}"
+
+
+def extension_workdir(workdir: Path, method: str, seed: int) -> Path:
+    """A context-extension run of `seed` under `method` in the ablation's workdir."""
+    return workdir / "extension" / method / f"seed{seed}"
+
+
+def training_workdir(workdir: Path, job: Job) -> Path:
+    """The workdir (metrics, checkpoints) the job's training writes."""
+    make = pretrain_workdir if job.kind == "scheme" else extension_workdir
+    return make(workdir, job.key, job.seed)
+
+
 def scheme_jobs(config: ml_collections.ConfigDict) -> list[Job]:
     return [Job(f"{scheme}/seed{seed}", "scheme", scheme, seed) for scheme, seed in planned_runs(config)]
 

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import ml_collections
 
-from roformer.ablation.plan import extension_jobs, pretrain_steps, scheme_jobs
+from roformer.ablation.plan import extension_jobs, pretrain_steps, scheme_jobs, training_workdir
 
 log = logging.getLogger("roformer.ablate")
 
@@ -43,13 +43,9 @@ def training_runs(config: ml_collections.ConfigDict, workdir: Path) -> list[Trai
     """Every run the ablation trains (the schemes' pretraining, then the context extension
     when enabled), with its workdir and step budget."""
     jobs = scheme_jobs(config) + (extension_jobs(config) if config.extension.enabled else [])
-    runs = []
-    for job in jobs:
-        if job.kind == "scheme":
-            runs.append(TrainingRun(job.run, workdir / "pretrain" / job.run, pretrain_steps(config)))
-        else:
-            runs.append(TrainingRun(job.run, workdir / job.run, int(config.extension.steps)))
-    return runs
+    return [TrainingRun(job.run, training_workdir(workdir, job),
+                        pretrain_steps(config) if job.kind == "scheme" else int(config.extension.steps))
+            for job in jobs]
 
 
 def last_step(workdir: Path) -> int:
@@ -88,6 +84,7 @@ class Progress:
 
     def __init__(self, runs: list[TrainingRun], clock: Callable[[], float] = time.monotonic):
         self.runs = runs
+        self.total = sum(r.steps for r in runs)
         self.clock = clock
         self._last = self._steps()
         self._history = collections.deque([(clock(), sum(self._last.values()))], maxlen=RATE_WINDOW + 1)
@@ -96,7 +93,7 @@ class Progress:
         return {r.run: min(last_step(r.workdir), r.steps) for r in self.runs}
 
     def _totals(self, steps: dict[str, int]) -> str:
-        done, total = sum(steps.values()), sum(r.steps for r in self.runs)
+        done, total = sum(steps.values()), self.total
         finished = sum(steps[r.run] >= r.steps for r in self.runs)
         return (f"training done in {finished} of {len(self.runs)} runs; "
                 + (f"{done:,} of {total:,} steps ({100 * done / total:.1f} %)" if total else "no steps"))
@@ -107,7 +104,7 @@ class Progress:
 
     def line(self) -> str:
         steps, now = self._steps(), self.clock()
-        done, total = sum(steps.values()), sum(r.steps for r in self.runs)
+        done, total = sum(steps.values()), self.total
         moved = [r for r in self.runs if steps[r.run] != self._last[r.run]]
         self._last = steps
         self._history.append((now, done))

@@ -17,8 +17,8 @@ from typing import Callable
 
 import ml_collections
 
-from roformer.ablation.plan import (Job, extension_pretrain_config, fingerprint, scheme_glue_config,
-                                    scheme_pretrain_config, split_list)
+from roformer.ablation.plan import (Job, extension_pretrain_config, extension_workdir, fingerprint,
+                                    pretrain_workdir, scheme_glue_config, scheme_pretrain_config, split_list)
 from roformer.ablation.state import AblationState, is_main_process
 from roformer.files import write_text_atomic
 
@@ -106,7 +106,7 @@ def scheme_pretrain(config, workdir: Path, scheme: str, seed: int, vocab: str
     # stay those of the config as written, so moving the workdir resumes it.
     fp = fingerprint(pretrain_cfg)
     pretrain_cfg.data.vocab = vocab
-    return pretrain_cfg, workdir / "pretrain" / scheme / f"seed{seed}", fp
+    return pretrain_cfg, pretrain_workdir(workdir, scheme, seed), fp
 
 
 def scheme_stages(config, workdir: Path, scheme: str, seed: int, vocab: str) -> list[Stage]:
@@ -124,10 +124,10 @@ def scheme_stages(config, workdir: Path, scheme: str, seed: int, vocab: str) -> 
 
 
 def extension_stages(config, workdir: Path, method: str, seed: int, vocab: str) -> list[Stage]:
-    source = workdir / "pretrain" / config.extension.scheme / f"seed{seed}"
+    source = pretrain_workdir(workdir, config.extension.scheme, seed)
     ext_cfg = extension_pretrain_config(config, method, seed, source)
     pretrain_cfg = scheme_pretrain_config(config, config.extension.scheme, seed)
-    ext_dir = workdir / "extension" / method / f"seed{seed}"
+    ext_dir = extension_workdir(workdir, method, seed)
     fp = fingerprint(fingerprint(pretrain_cfg), ext_cfg)
     ext_cfg.data.vocab = pretrain_cfg.data.vocab = vocab
     return [
