@@ -70,6 +70,13 @@ class PositionScheme(nnx.Module):
         del positions
         return None
 
+    def interleaved_qk_pairs(self) -> int | None:
+        """The rotary dimension R when the scheme rotates q and k only, in interleaved pairs:
+        their projections may then be permuted to hand the pairs over as split halves
+        (`rotate(..., layout="half")`; roformer.model.backend, rope_half_pairs). None
+        otherwise."""
+        return None
+
     def rotate(self, q, k, v, context: PositionContext):
         """Transform q, k, v [B, L, H, D]; identity unless the scheme is rotary."""
         del context
@@ -84,6 +91,16 @@ class PositionScheme(nnx.Module):
         """Relative key and value tables [num_relative, head_dim] of `layer` (relative_kv schemes)."""
         del layer
         return None
+
+    def signal(self) -> dict[str, jax.Array]:
+        """How strong the scheme's position term is now, as named float32 scalars (jittable,
+        read at every evaluation so a report can follow it over training): the sizes of its
+        parameters, or its constants. Empty for schemes with neither (`none`, rope)."""
+        return {}
+
+
+def _rms(x: jax.Array) -> jax.Array:
+    return jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32))))
 
 
 class NoPositions(PositionScheme):
@@ -113,13 +130,25 @@ class LearnedAbsolute(PositionScheme):
                 f"(max_position_embeddings={self.max_positions})")
         return self.position_embeddings(positions).astype(dtype)
 
+    def signal(self):
+        # The mean row adds the same vector at every position (a bias, no order): the
+        # centred RMS is the part that tells positions apart.
+        table = self.position_embeddings.embedding[...]
+        return {"table_rms": _rms(table), "table_rms_centred": _rms(table - table.mean(axis=0))}
+
 
 class SinusoidalAbsolute(PositionScheme):
     """`sinusoidal`: Vaswani et al.'s fixed sin/cos table (sin at 2i, cos at 2i+1), in the form
     `sinusoidal_scaling` names:
 
-      scaled    the table times a learnable scalar initialised to 1/sqrt(d): Cramming's "scaled
-                sinusoidal" (Geiping & Goldstein 2022, arXiv 2212.14034), the default
+      scaled    the table times 1/sqrt(d), fixed: the value Cramming's "scaled sinusoidal"
+                (Geiping & Goldstein 2022, arXiv 2212.14034) starts its learnable scalar at, the
+                default. Learnable, that scalar collapses: Adam moves a scalar by about the
+                learning rate per step whatever its size, and 1/sqrt(d) is a few dozen steps of
+                1e-3 from 0, which MLM's early gradient reaches before any position is of use
+                (the scheme then is `none`). Fixed, the table keeps Vaswani et al.'s ratio to the
+                tokens (their sqrt(d) on the tokens is the same ratio after the embedding
+                LayerNorm), which is the paper this form follows
       vaswani   token embeddings multiplied by sqrt(d), the table as it is (Vaswani et al. 2017,
                 section 3.4)
       unscaled  the table as it is, added to token embeddings of std `initializer_range`: a row
@@ -144,17 +173,18 @@ class SinusoidalAbsolute(PositionScheme):
         self.scaling = config.sinusoidal_scaling
         # Host float64 constants kept as a tuple so NNX treats them as static, not state.
         self.inv_freq = tuple(rope.rope_frequencies(size, 10000.0)[0].tolist())
-        if self.scaling == "scaled":
-            self.scale = nnx.Param(jnp.asarray(size ** -0.5, jnp.float32), **declare())
+        # A host constant, not a parameter (see the class docstring for why it is not learned).
+        self.scale = size ** -0.5 if self.scaling == "scaled" else 1.0
         if self.scaling == "vaswani":
             self.token_scale = math.sqrt(size)
 
     def embed(self, positions, dtype):
         angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(self.inv_freq, jnp.float32)
         table = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, -1)
-        if self.scaling == "scaled":
-            table = table * self.scale[...]
-        return table.astype(dtype)
+        return (table * self.scale).astype(dtype)
+
+    def signal(self):
+        return {"scale": jnp.asarray(self.scale, jnp.float32)}
 
 
 class Rotary(PositionScheme):
@@ -176,6 +206,7 @@ class Rotary(PositionScheme):
 
     def __init__(self, config, *, rngs: nnx.Rngs):
         rotary_dim = config.rotary_dim or config.hidden_size // config.num_heads
+        self.rotary_dim = rotary_dim
         self.layout = config.rope_layout
         self.rotary_value = config.rotary_value
         inv_freq, self.magnitude = rope.rope_frequencies(
@@ -186,11 +217,19 @@ class Rotary(PositionScheme):
     def prepare(self, positions):
         return rope.rope_cis(positions, self.inv_freq, self.magnitude)
 
-    def rotate(self, q, k, v, cis):
-        q = rope.apply_rope(q, cis, self.layout)
-        k = rope.apply_rope(k, cis, self.layout)
+    def interleaved_qk_pairs(self):
+        if self.layout == "interleaved" and not self.rotary_value:
+            return self.rotary_dim
+        return None
+
+    def rotate(self, q, k, v, cis, layout: str | None = None):
+        """q, k (and v with rotary_value) rotated; `layout` the pairs' layout in them when it
+        is not the configured one (interleaved_qk_pairs)."""
+        layout = layout or self.layout
+        q = rope.apply_rope(q, cis, layout)
+        k = rope.apply_rope(k, cis, layout)
         if self.rotary_value:
-            v = rope.apply_rope(v, cis, self.layout)
+            v = rope.apply_rope(v, cis, layout)
         return q, k, v
 
 
@@ -235,9 +274,12 @@ class T5Bias(PositionScheme):
     def __init__(self, config, *, rngs: nnx.Rngs):
         self.num_buckets = config.t5_num_buckets
         self.max_distance = config.t5_max_distance
+        # T5X's initialiser (t5x examples/t5/network.py, RelativePositionBiases): variance
+        # scaling 1.0, fan_avg, uniform, i.e. std sqrt(2 / (buckets + heads)): 0.24 for 32
+        # buckets and 4 heads, against initializer_range (0.02) for the other tables.
         self.relative_attention_bias = nnx.Embed(
             config.t5_num_buckets, config.num_heads,
-            embedding_init=nnx.initializers.normal(config.initializer_range),
+            embedding_init=nnx.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
             embedding_metadata=declare(None, NUM_HEADS), rngs=rngs)
 
     def prepare(self, positions):
@@ -246,6 +288,12 @@ class T5Bias(PositionScheme):
 
     def logit_bias(self, bias):
         return bias
+
+    def signal(self):
+        # bias_range: per head, the largest minus the smallest bias over the buckets (how
+        # much the bias can move attention between distances), averaged over heads.
+        table = self.relative_attention_bias.embedding[...]
+        return {"bias_rms": _rms(table), "bias_range": jnp.mean(table.max(axis=0) - table.min(axis=0))}
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -278,6 +326,10 @@ class ALiBi(PositionScheme):
 
     def logit_bias(self, bias):
         return bias
+
+    def signal(self):
+        return {"slope_max": jnp.asarray(max(self.slopes), jnp.float32),
+                "slope_min": jnp.asarray(min(self.slopes), jnp.float32)}
 
 
 class ShawRelative(PositionScheme):
@@ -312,6 +364,9 @@ class ShawRelative(PositionScheme):
 
     def relative_tables(self, layer: int) -> tuple[jax.Array, jax.Array]:
         return self.relative_key[layer], self.relative_value[layer]
+
+    def signal(self):
+        return {"key_rms": _rms(self.relative_key[...]), "value_rms": _rms(self.relative_value[...])}
 
 
 POSITION_SCHEMES: dict[str, type[PositionScheme]] = {
