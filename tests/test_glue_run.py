@@ -243,10 +243,10 @@ def test_refused_settings_leave_no_workdir(shared_data, tmp_path, vocab):
         return c
 
     for overrides, message in [
-            ({"max_seq_len": 4}, "GLUE protocol of wnli: max_seq_len must be at least 8, got 4"),
-            ({"batch_size": 0}, "GLUE protocol of wnli: batch_size must be at least 1, got 0"),
+            ({"max_seq_len": 4}, "config.max_seq_len=4 is not allowed: an integer >= 8"),
+            ({"batch_size": 0}, "config.batch_size=0 is not allowed: an integer >= 1"),
             ({"num_epochs": 0.0}, "GLUE protocol of wnli: no training steps: num_epochs=0.0, max_steps=0"),
-            ({"decay": "step"}, "GLUE protocol of wnli: decay must be 'linear' or 'cosine', got 'step'")]:
+            ({"decay": "step"}, "config.decay='step' is not allowed: one of 'linear', 'cosine'")]:
         with pytest.raises(ValueError, match=f"^{message}$"):
             run_glue(config(**overrides), tmp_path / "out")
         assert not (tmp_path / "out").exists()

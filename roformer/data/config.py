@@ -11,6 +11,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from roformer.errors import ConfigError
+from roformer.settings import check_all
+
+MIN_SEQ_LEN = 8   # the shortest row the pipeline packs ([CLS], [SEP] and a few tokens)
+# What each numeric or yes/no setting allows (roformer.settings); the sources check their own names.
+RULES = {
+    "vocab_size": "int >= 1", "mask_rate": "float in (0, 1)", "max_predictions_per_seq": "int >= 0",
+    "heldout_fraction": "float in [0, 1)", "num_workers": "int >= 0", "lowercase": "bool",
+    "hf_streaming": "bool", "whole_word_masking": "bool",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +50,7 @@ class DataConfig:
                                     # also spreads each chunk over the cores (RAYON_NUM_THREADS caps it)
 
     def __post_init__(self) -> None:
+        check_all("data.", self, RULES)
         # Numbers enter the stream ids as JSON, so 0 and 0.0 must not give different ids.
         for field in dataclasses.fields(self):
             kind = {"int": int, "float": float, "bool": bool}.get(field.type)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from roformer.data import shards as shards_lib
-from roformer.data.config import DataConfig
+from roformer.data.config import MIN_SEQ_LEN, DataConfig
 from roformer.data.masking import MlmMasker
 from roformer.data.packing import PACKINGS, PackPlan, build_rows, plan_rows
 from roformer.data.sources import TextSource, make_source, sha256_json
@@ -27,7 +27,6 @@ from roformer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-MIN_SEQ_LEN = 8
 # Held-out batches use their own fixed seed, so every run (any training seed) is
 # evaluated on exactly the same masked batches.
 EVAL_SEED = 20210420

@@ -25,6 +25,7 @@ from roformer.glue.finetune import Protocol, create_model, finetune, predict
 from roformer.glue.init import encoder_state, load_init, resolve_model_config
 from roformer.glue.metrics import glue_scores, task_metrics
 from roformer.glue.readers import GlueDataError, check_data_dir, local_path, read_split
+from roformer.glue.settings import check_config
 from roformer.glue.submission import missing_submission_files, write_predictions, zip_submission
 from roformer.glue.tasks import TASKS, TaskSpec, parse_task_list
 from roformer.workdir_lock import workdir_lock
@@ -212,14 +213,13 @@ def run_glue(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
 
 def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
+    check_config(config)
     workdir.mkdir(parents=True, exist_ok=True)
     tasks = parse_task_list(config.task)
     if "ax" in tasks:  # AX has no training data: it is predicted with the MNLI model
         tasks = [t for t in tasks if t != "ax"]
         if "mnli" not in tasks:
             tasks.append("mnli")
-    if config.seeds < 1:
-        raise ConfigError(f"config.seeds must be >= 1, got {config.seeds}")
     check_local_files(tasks, config)
     for name in tasks:   # before anything is read or written
         Protocol.from_config(config, name).check(name)

@@ -31,6 +31,7 @@ from roformer.model.dense import Dense, dense
 from roformer.model.embedding import Embed
 from roformer.model.positions import POSITION_SCHEMES, make_position_scheme
 from roformer.model.rope import ROPE_LAYOUTS, ROPE_SCALINGS
+from roformer.settings import check_all
 
 ACTIVATIONS = {
     # Exact gelu written as HF/torch do, x/2 (1 + erf(x/sqrt2)): on XLA:CPU erf is one
@@ -42,6 +43,17 @@ ACTIVATIONS = {
     "silu": jax.nn.silu,
 }
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# What each numeric or yes/no field allows (roformer.settings); the position schemes check
+# their own fields further (positions.py), the choices are checked by name below.
+RULES = {
+    "vocab_size": "int >= 1", "hidden_size": "int >= 1", "num_layers": "int >= 1", "num_heads": "int >= 1",
+    "intermediate_size": "int >= 1", "embedding_size": "int >= 1 or None", "max_position_embeddings": "int >= 1",
+    "type_vocab_size": "int >= 1", "hidden_dropout": "float in [0, 1)", "attention_dropout": "float in [0, 1)",
+    "layer_norm_eps": "float > 0", "pre_layer_norm": "bool", "initializer_range": "float > 0",
+    "rope_base": "float > 0", "rotary_dim": "int >= 1 or None", "rotary_value": "bool",
+    "rope_scaling_factor": "float > 0", "rope_original_max_len": "int >= 1", "shaw_max_distance": "int >= 1",
+    "t5_num_buckets": "int >= 1", "t5_max_distance": "int >= 1", "pad_token_id": "int >= 0",
+}
 
 PRESETS: dict[str, dict] = {
     "tiny": dict(num_layers=2, hidden_size=128, num_heads=2, intermediate_size=512),
@@ -87,6 +99,8 @@ class ModelConfig:
     pad_token_id: int = 0
 
     def __post_init__(self):
+        check_all("model.", self, RULES)
+
         def choose(field, choices):
             value = getattr(self, field)
             if value not in choices:

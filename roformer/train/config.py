@@ -10,13 +10,29 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from roformer.data.config import MIN_SEQ_LEN
 from roformer.errors import ConfigError
+from roformer.settings import check_all
 
 # Keys earlier versions had in the `train` section -> the key that replaced them. They stay
 # in the section as unset placeholders, so `--config.train.<old>=...` reaches the refusal.
 RETIRED_KEYS = {"dtype": "model.dtype"}
 # The optimizer's settings: a resume that changes one says so (roformer.train.loop).
 OPTIMIZER_KEYS = ("learning_rate", "warmup_steps", "decay", "weight_decay", "b1", "b2", "eps", "clip_norm")
+# What each setting allows (roformer.settings): checked when a TrainConfig is made, so a bad
+# value stops a run before it writes anything.
+RULES = {
+    "steps": "int >= 1", "batch_size": "int >= 1", "seq_len": f"int >= {MIN_SEQ_LEN}",
+    "learning_rate": "float > 0", "warmup_steps": "int >= 0", "decay": "choice linear cosine",
+    "decay_steps": "int >= 0", "weight_decay": "float >= 0", "b1": "float in [0, 1)", "b2": "float in [0, 1)",
+    "eps": "float > 0", "clip_norm": "float >= 0", "grad_accum": "int >= 1", "seed": "int >= 0",
+    "dropout_rng_impl": "choice threefry2x32 rbg unsafe_rbg", "init_step": "int >= -1",
+    "init_grow_positions": "choice '' copy", "log_every": "int >= 1", "eval_every": "int >= 1",
+    "eval_batches": "int >= 1", "eval_shuffled": "bool", "eval_attention_stats": "bool",
+    "checkpoint_every": "int >= 1", "keep_checkpoints": "int >= 1", "async_checkpoints": "bool",
+    "peak_flops_per_device": "float >= 0", "progress_bar": "bool", "debug_nan_step": "int >= -1",
+    "divergence_factor": "float >= 0", "divergence_patience": "int >= 1", "divergence_window": "int >= 1",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +78,14 @@ class TrainConfig:
     divergence_factor: float = 3.0
     divergence_patience: int = 3
     divergence_window: int = 20
+
+    def __post_init__(self) -> None:
+        check_all("train.", self, RULES)
+        if 0 < self.divergence_factor <= 1:   # a loss above 0.5 x its median is no divergence
+            raise ConfigError(f"train.divergence_factor={self.divergence_factor!r} is not allowed: "
+                              "0 (no guard) or a number > 1")
+        if not isinstance(self.phases, str) or not isinstance(self.init_from, str):
+            raise ConfigError(f"train.phases={self.phases!r} and train.init_from={self.init_from!r} must be text")
 
     @classmethod
     def from_section(cls, section) -> "TrainConfig":

@@ -1,0 +1,29 @@
+"""What each setting of a GLUE config (configs/glue.py) allows, checked before a run reads
+or writes anything (roformer.settings says how a rule reads)."""
+from __future__ import annotations
+
+from roformer.settings import check, check_all
+
+# The fine-tuning protocol: global keys, each also settable per task (config.per_task.<task>.<key>).
+PROTOCOL_RULES = {
+    "learning_rate": "float > 0", "batch_size": "int >= 1", "num_epochs": "float >= 0", "max_steps": "int >= 0",
+    "warmup_fraction": "float in [0, 1]", "weight_decay": "float >= 0", "max_seq_len": "int >= 8",
+    "max_train_examples": "int >= 0", "decay": "choice linear cosine", "b1": "float in [0, 1)",
+    "b2": "float in [0, 1)", "eps": "float > 0", "clip_norm": "float >= 0",
+}
+RUN_RULES = {
+    "init_step": "int >= -1", "seeds": "int >= 1", "max_eval_examples": "int >= 0", "eval_batch_size": "int >= 1",
+    "predict_test": "bool", "log_every": "int >= 1", "lowercase": "bool",
+}
+MODEL_RULES = {"vocab_size": "int >= 0", "hidden_dropout": "float in [0, 1)", "attention_dropout": "float in [0, 1)"}
+
+
+def check_config(config) -> None:
+    """Refuse the first setting of `config` its rule does not allow, in one line naming it."""
+    check_all("config.", config, RUN_RULES)
+    check_all("config.model.", config.model, MODEL_RULES)
+    check_all("config.", config, PROTOCOL_RULES)
+    for task, overrides in (config.get("per_task") or {}).items():
+        for key, value in overrides.items():
+            if value is not None and key in PROTOCOL_RULES:
+                check(f"config.per_task.{task}.{key}", value, PROTOCOL_RULES[key])
