@@ -90,15 +90,31 @@ def is_allowed(value: Any, rule: str) -> bool:
     return math.isfinite(value)
 
 
+def refusal(key: str, value: Any, rule: str) -> str | None:
+    """The one line that refuses `value` of setting `key` (its full name, e.g. 'train.steps'),
+    None when `rule` allows it."""
+    return None if is_allowed(value, rule) else f"{key}={value!r} is not allowed: {allowed(rule)}"
+
+
 def check(key: str, value: Any, rule: str) -> None:
-    """Refuse `value` of setting `key` (its full name, e.g. 'train.steps') unless `rule` allows it."""
-    if not is_allowed(value, rule):
-        raise ConfigError(f"{key}={value!r} is not allowed: {allowed(rule)}")
+    """Refuse `value` of setting `key` unless `rule` allows it."""
+    message = refusal(key, value, rule)
+    if message:
+        raise ConfigError(message)
+
+
+def problems(prefix: str, values: Mapping[str, Any] | Any, rules: Mapping[str, str]) -> list[str]:
+    """The refusal of every key of `rules` in `values` (a mapping, or an object with those
+    attributes) that its rule does not allow; `prefix` names the section ('train.')."""
+    found = []
+    for key, rule in rules.items():
+        value = values[key] if isinstance(values, Mapping) else getattr(values, key)
+        found += [message] if (message := refusal(prefix + key, value, rule)) else []
+    return found
 
 
 def check_all(prefix: str, values: Mapping[str, Any] | Any, rules: Mapping[str, str]) -> None:
-    """`check` every key of `rules` in `values` (a mapping, or an object with those attributes);
-    `prefix` names the section ('train.'). The first refused value raises."""
-    for key, rule in rules.items():
-        value = values[key] if isinstance(values, Mapping) else getattr(values, key)
-        check(prefix + key, value, rule)
+    """`check` every key of `rules` in `values`; the first refused value raises."""
+    found = problems(prefix, values, rules)
+    if found:
+        raise ConfigError(found[0])

@@ -110,3 +110,51 @@ def test_the_issue_cases_name_key_value_and_what_is_allowed():
 def test_rules_read_as_they_are_written(rule, good, bad, words):
     assert all(is_allowed(v, rule) for v in good) and not any(is_allowed(v, rule) for v in bad)
     assert allowed(rule) == words
+
+
+ABLATION_ZERO = {"budget_tokens", "progress_every_s", "extension.seeds", "extension.warmup_steps"}
+
+
+def ablation_numeric_keys() -> list[str]:
+    from roformer.ablation import plan
+
+    config = plan.load_config_file("ablation", "smoke")
+    keys = [k for k, v in config.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    for section in ("extrapolation", "extension"):
+        keys += [f"{section}.{k}" for k, v in config[section].items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return keys
+
+
+@pytest.mark.parametrize("key", ablation_numeric_keys())
+def test_every_numeric_ablation_setting_refuses_bad_values_in_one_line(key):
+    from roformer.ablation import plan
+
+    def validate(value):
+        config = plan.load_config_file("ablation", "smoke")   # extension on: its keys are checked
+        *sections, name = key.split(".")
+        node = config[sections[0]] if sections else config
+        with node.ignore_type():
+            node[name] = value
+        shown = f"{'config.' if not sections else ''}{key}={node[name]!r} is not allowed: "
+        return lambda: plan.validate(config), shown
+
+    for value in [*BAD[:2], *([] if key in ABLATION_ZERO else [0])]:
+        run, shown = validate(value)
+        with pytest.raises(ConfigError) as error:
+            run()
+        assert shown in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_ablation_checks_its_pretraining_and_glue_sections_too():
+    from roformer.ablation import plan
+
+    config = plan.load_config_file("ablation", "smoke")
+    config.pretrain.train.checkpoint_every = 0
+    config.pretrain.model.hidden_dropout = 1.5
+    config.glue.learning_rate = -1.0
+    with pytest.raises(ConfigError) as error:
+        plan.validate(config)
+    for refused in ("pretrain.train.checkpoint_every=0 is not allowed", "glue.learning_rate=-1.0 is not allowed",
+                    "pretrain.model.hidden_dropout=1.5 is not allowed"):
+        assert refused in str(error.value)

@@ -225,6 +225,11 @@ def extension_jobs(config: ml_collections.ConfigDict) -> list[Job]:
 def validate(config: ml_collections.ConfigDict) -> None:
     """Every setting the runs depend on, checked before anything trains (one error naming
     all problems)."""
+    from roformer.ablation.settings import setting_problems
+
+    problems = setting_problems(config)
+    if problems:   # the checks below compare these values
+        raise ConfigError("ablation config: " + "; ".join(problems))
     schemes = split_list(config.schemes)
     problems = _scheme_problems(config, schemes)
     problems += _parallel_problems(config.parallel)

@@ -18,12 +18,13 @@ RUN_RULES = {
 MODEL_RULES = {"vocab_size": "int >= 0", "hidden_dropout": "float in [0, 1)", "attention_dropout": "float in [0, 1)"}
 
 
-def check_config(config) -> None:
-    """Refuse the first setting of `config` its rule does not allow, in one line naming it."""
-    check_all("config.", config, RUN_RULES)
-    check_all("config.model.", config.model, MODEL_RULES)
-    check_all("config.", config, PROTOCOL_RULES)
+def check_config(config, prefix: str = "config.") -> None:
+    """Refuse the first setting of `config` its rule does not allow, in one line naming it
+    (`prefix` + its key: the ablation's GLUE section is `glue.`)."""
+    check_all(prefix, config, RUN_RULES)
+    check_all(f"{prefix}model.", config.model, MODEL_RULES)
+    check_all(prefix, config, PROTOCOL_RULES)
     for task, overrides in (config.get("per_task") or {}).items():
         for key, value in overrides.items():
             if value is not None and key in PROTOCOL_RULES:
-                check(f"config.per_task.{task}.{key}", value, PROTOCOL_RULES[key])
+                check(f"{prefix}per_task.{task}.{key}", value, PROTOCOL_RULES[key])

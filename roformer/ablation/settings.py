@@ -1,0 +1,41 @@
+"""What each numeric setting of an ablation config (configs/ablation.py) allows, and the
+pretraining and GLUE sections' own rules, as problems for `plan.validate` to report."""
+from __future__ import annotations
+
+import ml_collections
+
+from roformer.settings import problems
+
+RULES = {"seeds": "int >= 1", "order_threshold": "float > 0", "budget_tokens": "int >= 0",
+         "progress_every_s": "float >= 0", "parallel": "int >= 1", "vmap_seeds": "int >= 1"}
+EXTRAPOLATION_RULES = {"num_docs": "int >= 1", "batch_size": "int >= 1"}
+EXTENSION_RULES = {"seeds": "int >= 0", "factor": "int >= 2", "base": "float > 0", "steps": "int >= 1",
+                   "eval_every": "int >= 1", "learning_rate": "float > 0", "warmup_steps": "int >= 0"}
+
+
+def setting_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """Every setting of `config` its rule refuses, each in one line naming it."""
+    # imported here, as plan.py's other checks import theirs: only validation needs them
+    from roformer.data.config import DataConfig
+    from roformer.glue.settings import check_config
+    from roformer.model.encoder import RULES as MODEL_RULES
+    from roformer.train.config import TrainConfig
+
+    found = problems("config.", config, {k: v for k, v in RULES.items() if k in config})
+    found += problems("extrapolation.", config.extrapolation, EXTRAPOLATION_RULES)
+    if config.extension.enabled:
+        found += problems("extension.", config.extension, EXTENSION_RULES)
+    for build, section in ((TrainConfig.from_section, config.pretrain.train),
+                           (DataConfig.from_mapping, config.pretrain.data)):
+        try:
+            build(section)
+        except ValueError as error:
+            found.append(f"pretrain.{error}" if str(error).startswith(("train.", "data.")) else str(error))
+    model = {k: v for k, v in config.pretrain.model.items() if k in MODEL_RULES and v is not None}   # set ones
+    found += problems("pretrain.model.", model, {k: MODEL_RULES[k] for k in model})
+    if str(config.glue.task).strip():
+        try:
+            check_config(config.glue, prefix="glue.")
+        except ValueError as error:
+            found.append(str(error))
+    return found
