@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from roformer.model import backend
+from roformer.model import backend, rope
 from roformer.model.axes import EMBED, HEADS
 from roformer.model.dense import dense
 from roformer.model.positions import PositionScheme
@@ -179,20 +179,41 @@ class RoFormerSelfAttention(nnx.Module):
         self.value = projection()
         self.dropout = nnx.Dropout(config.attention_dropout, rngs=rngs)
 
-    def _heads(self, x):
-        """q, k, v [B, L, H, D] of x [B, L, hidden]."""
+    def _heads(self, x, half_pairs: int | None = None):
+        """q, k, v [B, L, H, D] of x [B, L, hidden].
+
+        With `half_pairs` (a rotary dimension R), the first R features of each head of q and k
+        come as split halves instead of interleaved pairs: the kernels' and biases' columns
+        permuted at call time (backend.rope_half_pairs). Under backend.fused_qkv the three
+        come from one product with the kernels concatenated."""
         batch, length, _ = x.shape
         split = lambda t: t.reshape(batch, length, self.num_heads, self.head_dim)  # noqa: E731
-        return split(self.query(x)), split(self.key(x)), split(self.value(x))
+        layers = (self.query, self.key, self.value)
+        fused = backend.fused_qkv()
+        if half_pairs is None and not fused:
+            return tuple(split(layer(x)) for layer in layers)
+        params = [(layer.kernel[...], layer.bias[...]) for layer in layers]
+        if half_pairs is not None:
+            params[:2] = [tuple(rope.interleaved_to_half_heads(p, self.num_heads, half_pairs) for p in pair)
+                          for pair in params[:2]]
+        if fused:
+            kernel = jnp.concatenate([kernel for kernel, _ in params], axis=1)
+            bias = jnp.concatenate([bias for _, bias in params])
+            return tuple(split(t) for t in jnp.split(self.query.project(x, kernel, bias), 3, axis=-1))
+        return tuple(split(layer.project(x, kernel, bias)) for layer, (kernel, bias) in zip(layers, params))
 
     def __call__(self, x, *, scheme: PositionScheme, context, key_mask, segment_ids, layer: int):
         batch, length, _ = x.shape
-        q, k, v = self._heads(x)
+        half_pairs = (scheme.interleaved_qk_pairs()
+                      if self.kind == "softmax" and backend.rope_half_pairs() else None)
+        q, k, v = self._heads(x, half_pairs)
         if self.kind == "linear":
             out = linear_attention(q, k, v, scheme=scheme, context=context, key_mask=key_mask,
                                    segment_ids=segment_ids)
         else:
-            q, k, v = scheme.rotate(q, k, v, context)
+            # With half_pairs: the same rotation of the same pairs, held as split halves.
+            q, k, v = (scheme.rotate(q, k, v, context) if half_pairs is None
+                       else scheme.rotate(q, k, v, context, layout="half"))
             mask = attention_mask(key_mask, segment_ids)
             if scheme.relative_kv:
                 relative = (context, *scheme.relative_tables(layer))

@@ -42,21 +42,107 @@ docs/results/, which also say how they were measured):
                       the [tokens, vocab] cotangent, which XLA:CPU runs slowly.
                       (2026-11-25-train-step-profile-cpu.md)
 
+Forms for accelerators, each on only where a backend's default set (`DEFAULT_FORMS`)
+names it: none yet, as no GPU measurement has shown one pays. Each is switched per process
+by ROFORMER_BACKEND_FORMS (the names, comma-separated, replacing the default set) or, while a
+step is traced, by `using_forms` (what `python -m roformer.bench levers` does to time them
+side by side in one process):
+
+  rope_half_pairs     RoPE without the pair stack. The q and k kernels' (and biases')
+                      columns are permuted inside each head at call time, so the projections
+                      give each interleaved pair (2j, 2j+1) as split halves (j, j + R/2) and
+                      the rotation is a multiply-add over two contiguous halves instead of a
+                      stack of (Re, Im) into the minor axis. q.k is unchanged when q and k get
+                      the same permutation, so attention computes the same values; the
+                      parameters (checkpoints, HF export) keep the interleaved layout.
+                      Softmax attention with rope on q and k only (not rotary_value).
+  fused_qkv           q, k and v from one GEMM: the three kernels (and biases) concatenated at
+                      call time, the input read once, the three gradients one product each way.
+  bf16_mlm_logits     With bfloat16 compute, the MLM decoder's logits [predictions, vocab] in
+                      bfloat16 (its GEMM accumulates in float32) rather than float32: half the
+                      bytes through the loss and its gradient. The loss still takes its
+                      log-sum-exp in float32 (roformer.train.steps.mlm_sums upcasts inside the
+                      reduction), so only the logits' rounding changes.
+
+Two more levers of the same A/B are settings, not forms: the dropout keys' implementation
+(train.dropout_rng_impl: rbg draws masks from XLA's RngBitGenerator) and the batch size.
+
 A new backend-specific form goes here, with a line in this table and a dated page; the
 model code calls it by name and never branches on the backend itself.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
+from roformer.errors import ConfigError
+
 
 def on_cpu() -> bool:
     return jax.default_backend() == "cpu"
+
+
+# ---- Forms switched per process (the accelerator levers) ------------------------------
+
+FORMS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits")
+# The forms each platform runs by default: a form joins its platform's set once a measurement
+# there shows it pays (a dated page in docs/results/).
+DEFAULT_FORMS: dict[str, frozenset[str]] = {"cpu": frozenset(), "gpu": frozenset(), "tpu": frozenset()}
+FORMS_ENV = "ROFORMER_BACKEND_FORMS"
+_forced: list[frozenset[str]] = []   # using_forms' stack
+
+
+def parse_forms(text: str) -> frozenset[str]:
+    """A comma-separated list of form names (empty: none), checked against FORMS."""
+    names = frozenset(name.strip() for name in text.split(",") if name.strip())
+    unknown = sorted(names - set(FORMS))
+    if unknown:
+        raise ConfigError(f"unknown backend form(s) {unknown}; choose from {list(FORMS)}")
+    return names
+
+
+def active_forms() -> frozenset[str]:
+    """The forms a step traced now takes: `using_forms`' set while one is open, else
+    ROFORMER_BACKEND_FORMS when set, else this platform's default set."""
+    if _forced:
+        return _forced[-1]
+    if FORMS_ENV in os.environ:
+        return parse_forms(os.environ[FORMS_ENV])
+    return DEFAULT_FORMS.get(jax.default_backend(), frozenset())
+
+
+@contextlib.contextmanager
+def using_forms(names: Iterable[str]) -> Iterator[frozenset[str]]:
+    """Trace with exactly these forms on (an A/B in one process). The choice is made when a
+    function is traced, so a jitted step keeps the forms it was compiled with."""
+    forms = parse_forms(",".join(names))
+    _forced.append(forms)
+    try:
+        yield forms
+    finally:
+        _forced.pop()
+
+
+def rope_half_pairs() -> bool:
+    return "rope_half_pairs" in active_forms()
+
+
+def fused_qkv() -> bool:
+    return "fused_qkv" in active_forms()
+
+
+def mlm_logits_dtype(compute_dtype) -> jnp.dtype:
+    """The MLM decoder's output dtype: float32, or bfloat16 under bf16_mlm_logits with bf16
+    compute."""
+    if compute_dtype == jnp.bfloat16 and "bf16_mlm_logits" in active_forms():
+        return jnp.dtype(jnp.bfloat16)
+    return jnp.dtype(jnp.float32)
 
 
 # ---- RoPE -----------------------------------------------------------------------------
@@ -166,32 +252,37 @@ def token_matmul(lhs, rhs, dimension_numbers, precision=None, preferred_element_
     return out.reshape(*lhs.shape[:-1], rhs.shape[-1])
 
 
-@jax.custom_vjp
 def tied_decoder(x: jax.Array, table: jax.Array, bias: jax.Array) -> jax.Array:
-    """float32 logits x @ table.T + bias: [..., E] x [V, E] -> [..., V].
+    """Logits x @ table.T + bias: [..., E] x [V, E] -> [..., V], float32 (bfloat16 under the
+    bf16_mlm_logits form with bf16 x: `mlm_logits_dtype`).
 
     Its gradients are autodiff's, written out so that the bias gradient is a matrix-vector
     product (ones @ d_logits) rather than a reduction over the [N, V] cotangent. Reverse
     mode only (grad of grad works; jvp through the MLM head does not)."""
-    return _tied_logits(x, table, bias)
+    return _tied_decoder(x, table, bias, mlm_logits_dtype(x.dtype))
 
 
-def _tied_logits(x, table, bias):
-    return jnp.einsum("...e,ve->...v", x, table, preferred_element_type=jnp.float32) + bias
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _tied_decoder(x, table, bias, out_dtype):
+    return _tied_logits(x, table, bias, out_dtype)
 
 
-def _tied_decoder_fwd(x, table, bias):
-    return _tied_logits(x, table, bias), (x, table)
+def _tied_logits(x, table, bias, out_dtype):
+    return jnp.einsum("...e,ve->...v", x, table, preferred_element_type=out_dtype) + bias.astype(out_dtype)
 
 
-def _tied_decoder_bwd(residuals, d_logits):
+def _tied_decoder_fwd(x, table, bias, out_dtype):
+    return _tied_logits(x, table, bias, out_dtype), (x, table)
+
+
+def _tied_decoder_bwd(out_dtype, residuals, d_logits):
     x, table = residuals
     rows = d_logits.reshape(-1, d_logits.shape[-1])
     d_x = jnp.einsum("...v,ve->...e", d_logits.astype(table.dtype), table, preferred_element_type=jnp.float32)
     d_table = jnp.einsum("nv,ne->ve", rows.astype(x.dtype), x.reshape(-1, x.shape[-1]),
                          preferred_element_type=jnp.float32)
-    d_bias = jnp.ones(rows.shape[:1], rows.dtype) @ rows
+    d_bias = jnp.matmul(jnp.ones(rows.shape[:1], rows.dtype), rows, preferred_element_type=jnp.float32)
     return d_x.astype(x.dtype), d_table.astype(table.dtype), d_bias
 
 
-tied_decoder.defvjp(_tied_decoder_fwd, _tied_decoder_bwd)
+_tied_decoder.defvjp(_tied_decoder_fwd, _tied_decoder_bwd)

@@ -19,9 +19,14 @@ class Dense(nnx.Linear):
     casts first, so with bfloat16 compute the sum runs in bfloat16."""
 
     def __call__(self, inputs):
-        inputs, kernel = self.promote_dtype((inputs, self.kernel[...]), dtype=self.dtype)
+        return self.project(inputs, self.kernel[...], self.bias[...])
+
+    def project(self, inputs, kernel, bias):
+        """This layer's product with another kernel [in, out'] and bias [out'] (e.g. its own
+        with columns permuted, or several layers' concatenated), in its dtype and dot."""
+        inputs, kernel = self.promote_dtype((inputs, kernel), dtype=self.dtype)
         y = self.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
-        return y + jnp.broadcast_to(self.bias[...], y.shape).astype(y.dtype)
+        return y + jnp.broadcast_to(bias, y.shape).astype(y.dtype)
 
 
 def dense(in_features: int, out_features: int, axes: tuple[str | None, str | None], *, dtype,

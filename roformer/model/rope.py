@@ -162,3 +162,18 @@ def half_to_interleaved(x: jax.Array | np.ndarray, rotary_dim: int | None = None
     order = np.concatenate([np.stack([np.arange(half), np.arange(half) + half], axis=-1).reshape(-1),
                             np.arange(rotary_dim, x.shape[-1])])
     return x[..., order]
+
+
+def interleaved_to_half_heads(w: jax.Array, num_heads: int, rotary_dim: int) -> jax.Array:
+    """`interleaved_to_half` inside each head of w's last axis [..., num_heads * head_dim]:
+    what a q or k projection's kernel [in, H * D] or bias [H * D] becomes so that its output
+    holds each head's interleaved pairs as split halves (roformer.model.backend,
+    rope_half_pairs). Written as a reshape and a transpose of the pair axis (no gather), which
+    XLA folds into the kernel's cast to the compute dtype."""
+    lead = w.shape[:-1]
+    heads = w.reshape(*lead, num_heads, w.shape[-1] // num_heads)
+    pairs = heads[..., :rotary_dim].reshape(*lead, num_heads, rotary_dim // 2, 2)
+    halves = jnp.swapaxes(pairs, -1, -2).reshape(*lead, num_heads, rotary_dim)
+    if rotary_dim < heads.shape[-1]:
+        halves = jnp.concatenate([halves, heads[..., rotary_dim:]], axis=-1)
+    return halves.reshape(w.shape)
