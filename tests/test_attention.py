@@ -124,10 +124,20 @@ def test_dropout_on_probabilities_only_in_training():
     assert not np.allclose(dropped, reference_attention(q, k, v), atol=1e-3)
 
 
-def test_the_backend_seam_picks_the_written_out_form_only_for_auto_on_cpu():
-    on_cpu = jax.default_backend() == "cpu"
-    assert backend.explicit_attention("auto") is on_cpu
-    assert not backend.explicit_attention("xla") and not backend.explicit_attention("cudnn")
+def test_the_backend_seam_picks_the_written_out_form_for_auto_on_cpu_and_cudnn_on_gpu():
+    def path(implementation, platform, dtype=jnp.bfloat16, **kw):
+        return backend.attention_path(implementation, dtype=dtype, head_dim=64, platform=platform, **kw)[0]
+
+    assert path("auto", "cpu") == "explicit"
+    assert path("xla", "cpu") == "xla" and path("cudnn", "gpu") == "cudnn"
+    assert path("auto", "gpu") == "cudnn"
+    assert path("auto", "gpu", jnp.float32) == "xla"          # the kernel takes bf16/fp16 only
+    assert path("auto", "tpu") == "xla"
+    assert path("auto", "gpu", dropout_active=True) == "explicit"
+    assert path("cudnn", "gpu", relative_kv=True) == "explicit"
+    assert backend.attention_path("auto", dtype=jnp.bfloat16, head_dim=160, platform="gpu")[0] == "xla"
+    why = backend.attention_path("auto", dtype=jnp.float32, head_dim=64, dropout_active=True, platform="gpu")[1]
+    assert "attention_dropout" in why
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

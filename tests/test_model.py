@@ -412,8 +412,8 @@ def test_attention_implementation_is_a_config_choice(monkeypatch):
         dataclasses.replace(config, attention_impl="flash")
 
     # Which kernel each setting asks jax.nn.dot_product_attention for (on CPU every request
-    # runs as XLA, so the outputs above cannot tell them apart): "auto" lets jax choose
-    # (off CPU; on CPU it takes the explicit path, tested above).
+    # runs as XLA, so the outputs above cannot tell them apart): "auto" on a GPU takes XLA's
+    # kernel for this float32 model (cuDNN's takes bf16/fp16: tests/test_attention_kernels.py).
     fused = jax.nn.dot_product_attention
     requested = []
 
@@ -423,7 +423,7 @@ def test_attention_implementation_is_a_config_choice(monkeypatch):
 
     monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    for impl, expected in (("auto", None), ("xla", "xla"), ("cudnn", "cudnn")):
+    for impl, expected in (("auto", "xla"), ("xla", "xla"), ("cudnn", "cudnn")):
         requested.clear()
         model = RoFormerModel(dataclasses.replace(config, attention_impl=impl, attention_dropout=0.1),
                               rngs=nnx.Rngs(0))

@@ -3,9 +3,12 @@
 q, k, v and outputs are [batch, length, heads, head_dim] (what dot_product_attention
 takes); the written-out path multiplies head-major [batch, heads, length, head_dim] copies,
 as HF does. Which of the two runs is asked of roformer.model.backend.
-Masks are given as optional `key_mask` [B, L] (True = real token) and optional
+Masks are given as optional `key_mask` [B, L] (True = real token), optional
 `segment_ids` [B, L] (packed documents 1..n, 0 = padding; attention stays inside a
-document).
+document) and optional `kv_lengths` [B] (right-padded rows: keys at or after
+kv_lengths[b] are padding). A kernel gets padding in the form it takes: nothing for rows
+that are one whole document, sequence lengths for right padding, a full [B, 1, L, L] mask
+for packed rows (cuDNN refuses the key-only [B, 1, 1, L] form).
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from flax import nnx
 from roformer.model import backend, rope
 from roformer.model.axes import EMBED, HEADS
 from roformer.model.dense import dense
-from roformer.model.positions import PositionScheme
+from roformer.errors import ConfigError
+from roformer.model.positions import POSITION_SCHEMES, PositionScheme
 
 ATTENTION_KINDS = ("softmax", "linear")
 # "xla" and "cudnn" are jax.nn.dot_product_attention's kernels (the portable one, the fused
@@ -34,24 +38,88 @@ def attention_mask(key_mask: jax.Array | None, segment_ids: jax.Array | None) ->
     return mask
 
 
-def softmax_attention(q, k, v, *, bias=None, mask=None, dropout: nnx.Dropout | None = None,
-                      implementation: str = "auto"):
+def lengths_mask(kv_lengths: jax.Array, length: int) -> jax.Array:
+    """[B, length] boolean key mask of right-padded rows with kv_lengths [B] real tokens."""
+    return jnp.arange(length, dtype=jnp.int32)[None, :] < kv_lengths[:, None]
+
+
+def kernel_padding(mask, kv_lengths, *, path: str, query_length: int):
+    """(mask, kv_lengths) as jax.nn.dot_product_attention's `path` kernel takes them.
+
+    cuDNN turns a mask into an additive bias that must span every query row, so a key-only
+    mask [B, 1, 1, Lk] is broadcast to [B, 1, Lq, Lk]; right padding stays sequence lengths
+    (cuDNN's padding mask, no dense bias); XLA's kernel takes either as given."""
+    if path == "cudnn" and mask is not None and mask.shape[-2] != query_length:
+        mask = jnp.broadcast_to(mask, (*mask.shape[:2], query_length, mask.shape[-1]))
+    if kv_lengths is not None:
+        kv_lengths = kv_lengths.astype(jnp.int32)
+    return mask, kv_lengths
+
+
+def softmax_attention(q, k, v, *, bias=None, mask=None, kv_lengths=None,
+                      dropout: nnx.Dropout | None = None, implementation: str = "auto"):
     """Scaled dot-product attention, softmax(q k^T / sqrt(D) + bias) v, with masked keys left
-    out; q, k, v [B, L, H, D] -> [B, L, H, D].
+    out; q, k, v [B, L, H, D] -> [B, L, H, D]. `mask` is boolean, broadcastable to
+    [B, H, Lq, Lk]; `kv_lengths` [B] marks right padding (keys from kv_lengths[b] on).
 
     jax.nn.dot_product_attention computes it (fused / cuDNN kernels), except when attention
-    dropout is active (the kernel has no dropout on probabilities, so training with
-    attention_dropout > 0, HF's behaviour, writes it out) or when the backend seam prefers
-    the written-out form for this `implementation`. Both are the same attention.
+    dropout is active (no kernel drops probabilities, so training with attention_dropout > 0,
+    HF's behaviour, writes it out) or when the backend seam prefers the written-out form for
+    this `implementation` (backend.attention_path). Both are the same attention.
     """
-    # The bias stays float32: the XLA kernel adds it to float32 logits, and ALiBi's large
-    # distances would lose their resolution in bf16.
-    if dropout is not None and not dropout.deterministic and dropout.rate > 0.0:
-        return explicit_softmax_attention(q, k, v, bias=bias, mask=mask, dropout=dropout)
-    if backend.explicit_attention(implementation):
-        return explicit_softmax_attention(q, k, v, bias=bias, mask=mask)
-    return jax.nn.dot_product_attention(
-        q, k, v, bias=bias, mask=mask, implementation=None if implementation == "auto" else implementation)
+    dropout_active = dropout is not None and not dropout.deterministic and dropout.rate > 0.0
+    path, _ = backend.attention_path(implementation, dtype=q.dtype, head_dim=q.shape[-1],
+                                     dropout_active=dropout_active)
+    if path == "explicit":
+        if kv_lengths is not None:
+            by_length = lengths_mask(kv_lengths, k.shape[1])[:, None, None, :]
+            mask = by_length if mask is None else mask & by_length
+        return explicit_softmax_attention(q, k, v, bias=bias, mask=mask,
+                                          dropout=dropout if dropout_active else None)
+    mask, kv_lengths = kernel_padding(mask, kv_lengths, path=path, query_length=q.shape[1])
+    if path == "cudnn" and bias is not None:
+        # cuDNN adds the bias in the inputs' precision (the XLA kernel keeps it float32, which
+        # ALiBi's large distances need for their resolution).
+        bias = bias.astype(q.dtype)
+    return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask,
+                                        key_value_seq_lengths=kv_lengths, implementation=path)
+
+
+def attention_summary(config, *, training: bool, platform: str | None = None) -> str:
+    """One line on the attention a model config runs, and why (a run's start-up log)."""
+    if config.attention == "linear":
+        return "linear attention (elu + 1 feature map, RoFormer eq. 19)"
+    _, why = backend.attention_path(
+        config.attention_impl, dtype=config.jnp_dtype, head_dim=config.head_dim,
+        dropout_active=training and config.attention_dropout > 0,
+        relative_kv=POSITION_SCHEMES[config.position].relative_kv, platform=platform)
+    return f"softmax, {why}"
+
+
+def check_attention_impl(config, platform: str | None = None) -> None:
+    """Refuse an explicit `attention_impl=cudnn` the run cannot honour, before it writes
+    anything: cuDNN's fused kernel runs on NVIDIA GPUs, on bf16/fp16 inputs, without
+    attention dropout, for schemes whose attention is plain softmax with at most a bias."""
+    if config.attention_impl != "cudnn":
+        return
+    platform = platform or jax.default_backend()
+    why = None
+    if platform not in ("gpu", "cuda"):
+        why = f"it runs on NVIDIA GPUs only and this run's devices are {platform}"
+    elif config.dtype not in backend.FUSED_DTYPES:
+        why = f"it takes bf16/fp16 inputs and model.dtype is {config.dtype}; set model.dtype=bfloat16"
+    elif config.attention_dropout > 0:
+        why = (f"it has no attention dropout and model.attention_dropout is {config.attention_dropout}; "
+               "set it to 0")
+    elif config.attention == "linear":
+        why = "the model uses linear attention"
+    elif POSITION_SCHEMES[config.position].relative_kv:
+        why = f"position {config.position!r} adds relative terms to keys and values, which no kernel takes"
+    elif config.head_dim % 8 or config.head_dim > backend.FUSED_MAX_HEAD_DIM:
+        why = f"head size {config.head_dim} is not a multiple of 8 up to {backend.FUSED_MAX_HEAD_DIM}"
+    if why:
+        raise ConfigError(f"model.attention_impl='cudnn' cannot be used: {why} "
+                          "(attention_impl=auto picks the fused kernel wherever it can)")
 
 
 def _masked_probs(logits, mask):
@@ -202,7 +270,8 @@ class RoFormerSelfAttention(nnx.Module):
             return tuple(split(t) for t in jnp.split(self.query.project(x, kernel, bias), 3, axis=-1))
         return tuple(split(layer.project(x, kernel, bias)) for layer, (kernel, bias) in zip(layers, params))
 
-    def __call__(self, x, *, scheme: PositionScheme, context, key_mask, segment_ids, layer: int):
+    def __call__(self, x, *, scheme: PositionScheme, context, key_mask, segment_ids, layer: int,
+                 kv_lengths=None):
         batch, length, _ = x.shape
         half_pairs = (scheme.interleaved_qk_pairs()
                       if self.kind == "softmax" and backend.rope_half_pairs() else None)
@@ -214,19 +283,24 @@ class RoFormerSelfAttention(nnx.Module):
             # With half_pairs: the same rotation of the same pairs, held as split halves.
             q, k, v = (scheme.rotate(q, k, v, context) if half_pairs is None
                        else scheme.rotate(q, k, v, context, layout="half"))
-            mask = attention_mask(key_mask, segment_ids)
             if scheme.relative_kv:
                 relative = (context, *scheme.relative_tables(layer))
                 dropout = None if self.dropout.deterministic else self.dropout
-                out = explicit_softmax_attention(q, k, v, mask=mask, dropout=dropout, relative=relative)
+                out = explicit_softmax_attention(q, k, v, mask=attention_mask(key_mask, segment_ids),
+                                                 dropout=dropout, relative=relative)
             else:
+                # Right padding goes to the kernel as lengths (key_mask says the same thing).
+                mask = attention_mask(None if kv_lengths is not None else key_mask, segment_ids)
                 out = softmax_attention(q, k, v, bias=scheme.logit_bias(context), mask=mask,
-                                        dropout=self.dropout, implementation=self.implementation)
+                                        kv_lengths=kv_lengths, dropout=self.dropout,
+                                        implementation=self.implementation)
         return out.reshape(batch, length, self.num_heads * self.head_dim)
 
-    def probabilities(self, x, *, scheme: PositionScheme, context, key_mask, segment_ids, layer: int):
+    def probabilities(self, x, *, scheme: PositionScheme, context, key_mask, segment_ids, layer: int,
+                      kv_lengths=None):
         """The softmax attention probabilities [B, H, L, L] this layer applies to x (for
         analysis; linear attention forms none and raises)."""
+        del kv_lengths  # key_mask holds the same padding
         if self.kind == "linear":
             raise ValueError("linear attention forms no attention probabilities")
         q, k, v = scheme.rotate(*self._heads(x), context)

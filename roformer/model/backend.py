@@ -26,12 +26,15 @@ docs/results/, which also say how they were measured):
                       Other backends run the same form; they have not been measured without
                       it. (2026-11-22-performance-cpu.md, items 1-2;
                       2026-11-25-rope-pairs-cpu.md)
-  explicit_attention  XLA:CPU, for attention_impl="auto": softmax attention written out with
-                      head-major operands (attention.explicit_softmax_attention) instead of
+  attention_path      which softmax attention runs. For attention_impl="auto": on XLA:CPU
+                      attention written out with head-major operands
+                      (attention.explicit_softmax_attention) instead of
                       jax.nn.dot_product_attention, whose choice on CPU is its XLA kernel;
                       XLA:CPU's dot library multiplies the [B x H] plain matrices faster than
-                      the head-interleaved layout. Accelerators take jax's kernel.
-                      (2026-11-25-attention-dots-cpu.md)
+                      the head-interleaved layout (2026-11-25-attention-dots-cpu.md). On a GPU
+                      the fused cuDNN kernel wherever the model allows it (bf16/fp16, head
+                      size), since jax's own default is its XLA kernel; elsewhere XLA's.
+                      Padding reaches a kernel in the form it takes (attention.kernel_padding).
   token_matmul        every backend (the dense layers' dot_general). The input flattened to
                       [tokens, features], so the weight gradient is a plain matrix product
                       instead of one XLA:CPU prepares by writing the activations out
@@ -230,10 +233,45 @@ def _rotation_tangent(x_dot: jax.Array, cis: jax.Array, layout: str, interleave:
 
 # ---- Attention ------------------------------------------------------------------------
 
-def explicit_attention(implementation: str) -> bool:
-    """Whether softmax attention under `attention_impl=implementation` runs the written-out
-    path (attention.explicit_softmax_attention) rather than jax.nn.dot_product_attention."""
-    return implementation == "auto" and on_cpu()
+# Softmax attention paths: "explicit" (attention.explicit_softmax_attention), or one of
+# jax.nn.dot_product_attention's kernels, "xla" (portable) and "cudnn" (fused, GPU only).
+ATTENTION_PATHS = ("explicit", "xla", "cudnn")
+# cuDNN's fused kernel takes half-precision q/k/v whose head size is a multiple of 8 up to 128.
+FUSED_DTYPES = ("bfloat16", "float16")
+FUSED_MAX_HEAD_DIM = 128
+
+
+def attention_path(implementation: str, *, dtype, head_dim: int, dropout_active: bool = False,
+                   relative_kv: bool = False, platform: str | None = None) -> tuple[str, str]:
+    """(path, why): which softmax attention runs for `attention_impl=implementation`, and a
+    short reason a run's start-up line shows.
+
+    `dropout_active`: attention dropout is on (training with attention_dropout > 0); no
+    kernel drops probabilities, so the written-out form runs. `relative_kv`: the scheme adds
+    relative terms to keys and values (Shaw), which no kernel takes. "auto" takes the fused
+    cuDNN kernel on a GPU wherever the model allows it (half precision, head size), XLA's
+    kernel on other accelerators, and on XLA:CPU the written-out form with head-major
+    operands, whose batched dots its dot library runs faster (2026-11-25-attention-dots-cpu.md).
+    """
+    platform = platform or jax.default_backend()
+    dtype = jnp.dtype(dtype).name
+    if relative_kv:
+        return "explicit", "written out (Shaw relative keys and values: no kernel takes them)"
+    if dropout_active:
+        return "explicit", ("written out (attention_dropout > 0 while training; set "
+                            "model.attention_dropout=0 for the fused kernel)")
+    if implementation in ("xla", "cudnn"):
+        return implementation, f"{implementation} (attention_impl={implementation})"
+    if platform == "cpu":
+        return "explicit", "written out, head-major (auto on CPU)"
+    if platform in ("gpu", "cuda"):
+        if dtype not in FUSED_DTYPES:
+            return "xla", (f"xla (auto: the fused cuDNN kernel takes bf16/fp16, model.dtype is {dtype}; "
+                           "set model.dtype=bfloat16)")
+        if head_dim % 8 or head_dim > FUSED_MAX_HEAD_DIM:
+            return "xla", f"xla (auto: head size {head_dim} is not one cuDNN's fused kernel takes)"
+        return "cudnn", "cudnn fused kernel (auto on GPU)"
+    return "xla", f"xla (auto on {platform})"
 
 
 # ---- Dense layers and the MLM decoder -------------------------------------------------

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from roformer.errors import ConfigError
-from roformer.model.attention import ATTENTION_IMPLEMENTATIONS, ATTENTION_KINDS, RoFormerSelfAttention
+from roformer.model.attention import (ATTENTION_IMPLEMENTATIONS, ATTENTION_KINDS, RoFormerSelfAttention,
+                                      lengths_mask)
 from roformer.model.axes import EMBED, EMBEDDING, HEADS, MLP, NORM, VOCAB, declare
 from roformer.model.backend import tied_decoder
 from roformer.model.dense import Dense, dense
@@ -286,15 +287,21 @@ class RoFormerModel(nnx.Module):
         self.encoder = RoFormerEncoder(config, rngs=rngs)
 
     def __call__(self, input_ids, *, token_type_ids=None, positions=None, attention_mask=None,
-                 segment_ids=None) -> jax.Array:
+                 segment_ids=None, lengths=None) -> jax.Array:
         x, attention_inputs = self.embed_inputs(input_ids, token_type_ids=token_type_ids, positions=positions,
-                                                attention_mask=attention_mask, segment_ids=segment_ids)
+                                                attention_mask=attention_mask, segment_ids=segment_ids,
+                                                lengths=lengths)
         return self.encoder(x, **attention_inputs)
 
     def embed_inputs(self, input_ids, *, token_type_ids=None, positions=None, attention_mask=None,
-                     segment_ids=None) -> tuple[jax.Array, dict]:
+                     segment_ids=None, lengths=None) -> tuple[jax.Array, dict]:
         """(the first layer's input [B, L, hidden], the keyword arguments every layer's
-        attention takes: scheme, position context, key mask, segment ids)."""
+        attention takes: scheme, position context, key mask, segment ids, kv lengths).
+
+        Padding comes as one of: `attention_mask` [B, L] (any pattern, as HF), `lengths` [B]
+        (right-padded rows: the first lengths[b] tokens are real; attention kernels take this
+        form without a dense mask), or `segment_ids` [B, L] (packed documents, 0 = padding).
+        None of them: every token is real."""
         input_ids = jnp.asarray(input_ids)
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
@@ -303,10 +310,17 @@ class RoFormerModel(nnx.Module):
             token_type_ids = jnp.zeros_like(input_ids)
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+        if lengths is not None and attention_mask is not None:
+            raise ValueError("give the padding as attention_mask or as lengths, not both")
         key_mask = None if attention_mask is None else jnp.asarray(attention_mask).astype(bool)
+        kv_lengths = None
+        if lengths is not None:
+            kv_lengths = jnp.asarray(lengths, jnp.int32)
+            key_mask = lengths_mask(kv_lengths, length)
         if segment_ids is not None:
             real = segment_ids != 0
             key_mask = real if key_mask is None else key_mask & real
+            kv_lengths = None   # packed rows: the segment mask says it all
 
         x = self.embeddings(input_ids, token_type_ids,
                             self.position.embed(positions, self.config.jnp_dtype),
@@ -315,7 +329,8 @@ class RoFormerModel(nnx.Module):
             x = self.embeddings_project(x)
         # Position-only work (cis table, relative bias) is done once and shared by all layers.
         context = self.position.prepare(positions)
-        return x, dict(scheme=self.position, context=context, key_mask=key_mask, segment_ids=segment_ids)
+        return x, dict(scheme=self.position, context=context, key_mask=key_mask, segment_ids=segment_ids,
+                       kv_lengths=kv_lengths)
 
 
 class RoFormerPredictionHeadTransform(nnx.Module):
@@ -354,10 +369,10 @@ class RoFormerForMaskedLM(nnx.Module):
         self.cls = RoFormerOnlyMLMHead(config, rngs=rngs)
 
     def __call__(self, input_ids, *, token_type_ids=None, positions=None, attention_mask=None,
-                 segment_ids=None, masked_positions=None) -> jax.Array:
+                 segment_ids=None, lengths=None, masked_positions=None) -> jax.Array:
         """float32 logits [B, L, vocab], or [B, P, vocab] at `masked_positions` [B, P]."""
         hidden = self.roformer(input_ids, token_type_ids=token_type_ids, positions=positions,
-                               attention_mask=attention_mask, segment_ids=segment_ids)
+                               attention_mask=attention_mask, segment_ids=segment_ids, lengths=lengths)
         if masked_positions is not None:
             # Gather first so the vocab projection only runs on the P predicted slots.
             hidden = jnp.take_along_axis(hidden, jnp.asarray(masked_positions)[..., None], axis=1)
@@ -389,8 +404,8 @@ class RoFormerForSequenceClassification(nnx.Module):
         self.classifier = RoFormerClassificationHead(config, num_labels, rngs=rngs)
 
     def __call__(self, input_ids, *, token_type_ids=None, positions=None, attention_mask=None,
-                 segment_ids=None) -> jax.Array:
+                 segment_ids=None, lengths=None) -> jax.Array:
         """float32 logits [B, num_labels] (num_labels=1: a regression score)."""
         hidden = self.roformer(input_ids, token_type_ids=token_type_ids, positions=positions,
-                               attention_mask=attention_mask, segment_ids=segment_ids)
+                               attention_mask=attention_mask, segment_ids=segment_ids, lengths=lengths)
         return self.classifier(hidden)
