@@ -9,8 +9,10 @@
   run whose loss diverged or whose checkpoint could not be written), a command-line usage
   error of absl (`app.UsageError`, `flags.Error`: an unknown flag, a config file whose
   `get_config` refused its argument), and `FileNotFoundError`, which names the missing
-  input file. Anything else (a `ValueError` from numpy, say) is a bug and keeps its
-  traceback; `ROFORMER_TRACEBACK=1` in the environment shows the traceback of user errors too.
+  input file, and a write that found the disk (or quota) full (an `OSError` whose errno
+  says so, roformer.files.is_disk_full), named with its file. Anything else (a
+  `ValueError` from numpy, say) is a bug and keeps its traceback;
+  `ROFORMER_TRACEBACK=1` in the environment shows the traceback of user errors too.
 - **Logging:** the project's own progress lines (INFO of the `roformer` loggers) show;
   library INFO lines (jax, orbax, absl) do not, unless `--verbosity`/`-v` is given:
   0 shows INFO, 1 DEBUG, -1 warnings only (for every logger).
@@ -32,13 +34,14 @@ from pathlib import Path
 
 from absl import app, flags
 
+from roformer import config_files
+from roformer.config_files import CONFIG_DIR
 from roformer.errors import UserError
+from roformer.files import DISK_FULL_ERRNOS
 from roformer.host_memory import retain_host_memory
 
 EXIT_USER_ERROR = 2
 TRACEBACK_ENV = "ROFORMER_TRACEBACK"
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-CONFIG_DIR = PROJECT_ROOT / "configs"
 _HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort")
 
 
@@ -52,13 +55,16 @@ USER_ERRORS = (UserError, app.UsageError, flags.Error, FileNotFoundError)
 
 def is_user_error(error: BaseException) -> bool:
     """Whether `error` is the user's to fix (see the module doc); False means a bug."""
-    return isinstance(error, USER_ERRORS)
+    return isinstance(error, USER_ERRORS) or (isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS)
 
 
 def error_line(error: BaseException) -> str:
     """`error`'s message on one line."""
     if isinstance(error, FileNotFoundError) and error.filename:
         return f"no such file or directory: {error.filename}"
+    if not isinstance(error, UserError) and isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
+        return (f"could not write {error.filename or 'a file'}: {error.strerror or 'no space left on device'}; "
+                "free some space and run the same command again")
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     if any(line.startswith("Traceback (most recent call last)") for line in lines):
         # absl/ml_collections put the traceback of a failing get_config() into the
@@ -110,6 +116,8 @@ def run(main: Callable[[list[str]], object], *, doc: str, default_config: str | 
     retain_host_memory()   # before jax runs anything; see host_memory.py
     if default_config is not None and _config_spec(sys.argv) is None:
         sys.argv.insert(1, f"--config={default_config}")   # the config flag reads sys.argv itself
+    resolve_config_arg(sys.argv)
+    config_files.make_importable()
     parse = functools.partial(_parse_flags, doc=doc, help_config=help_config)
     app.run(functools.partial(_run_main, main), argv=sys.argv, flags_parser=parse)
 
@@ -150,6 +158,19 @@ def _parse_flags(argv: list[str], *, doc: str, help_config) -> list[str]:
             raise UsageError(message) from error
 
 
+def resolve_config_arg(argv: list[str]) -> None:
+    """Point --config=configs/<name>.py at this installation's file when the working
+    directory has none (roformer.config_files.resolve), in place."""
+    for i, arg in enumerate(argv[1:], start=1):
+        match = re.match(r"^--?config(=|$)", arg)
+        if match and match.group(1):
+            argv[i] = f"{arg.split('=', 1)[0]}={config_files.resolve(arg.split('=', 1)[1])}"
+            return
+        if match and i + 1 < len(argv):
+            argv[i + 1] = config_files.resolve(argv[i + 1])
+            return
+
+
 def _config_spec(argv: list[str]) -> str | None:
     """The value of --config (`path[:arg]`) on the command line, if given."""
     for i, arg in enumerate(argv[1:], start=1):
@@ -161,6 +182,7 @@ def _config_spec(argv: list[str]) -> str | None:
 
 def load_config(spec: str):
     """`get_config([arg])` of the config file `path[:arg]`, called as --config calls it."""
+    config_files.make_importable()
     path, colon, arg = spec.partition(":")
     get_config = runpy.run_path(path)["get_config"]
     return get_config(arg) if colon else get_config()

@@ -11,18 +11,18 @@ import hashlib
 import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import ml_collections
 
+from roformer import config_files
 from roformer.ablation import parallel
+from roformer.config_files import CONFIG_DIR
 from roformer.errors import ConfigError
 from roformer.glue.tasks import parse_task_list
 from roformer.host_memory import cpu_only
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 # Ablation arms that are not a position scheme of their own: a config file's variant.
 VARIANT_CONFIG_FILES = {"rope_linear": "rotary_linear"}
 RUN_STAGES = ("pretrain", "extrapolation", "glue")
@@ -39,13 +39,12 @@ def split_list(value: str) -> list[str]:
 
 
 def load_config_file(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
-    """`get_config(arg)` of configs/<name>.py (the repo root goes on sys.path for files
-    such as configs/ablation.py that import `configs.base`)."""
+    """`get_config(arg)` of configs/<name>.py (files such as configs/ablation.py import
+    `configs.base`: roformer.config_files.make_importable)."""
     path = CONFIG_DIR / f"{name}.py"
     if not path.exists():
         raise ConfigError(f"no config file {path}")
-    if str(CONFIG_DIR.parent) not in sys.path:
-        sys.path.insert(0, str(CONFIG_DIR.parent))
+    config_files.make_importable()
     spec = importlib.util.spec_from_file_location(f"configs.{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

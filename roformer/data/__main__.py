@@ -26,6 +26,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from roformer import cli, config_files
 from roformer.data.config import DataConfig
 from roformer.data.prepare import prepare, prepare_locally
 from roformer.data.sources import FILE_FORMATS, SOURCES, make_source
@@ -53,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         flags.DEFINE_integer("process_count", -1, "Hosts sharing data.cache_dir that split the work; -1: from "
                                                   "the config's distributed section, or 1.")
         flags.mark_flag_as_required("config")
-        app.run(_prepare_main, argv=[f"{argv[0]} prepare", *argv[2:]])
+        prepare_argv = [f"{argv[0]} prepare", *argv[2:]]
+        cli.resolve_config_arg(prepare_argv)
+        config_files.make_importable()
+        app.run(_prepare_main, argv=prepare_argv)
     print(__doc__, file=sys.stderr)
     return 2
 

@@ -1,0 +1,43 @@
+"""Where the config files are, and how `--config=configs/<name>.py` finds one anywhere.
+
+The repository keeps the config files at its top, in configs/; a wheel ships the same
+files as the package roformer.configs (setuptools maps the directory: pyproject.toml).
+`CONFIG_DIR` is whichever of the two this installation has. The files import each other
+as the package `configs` (`from configs import base`), which a checkout's root provides
+on sys.path; elsewhere `make_importable` provides it from `CONFIG_DIR`.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+# a wheel: roformer/configs; a checkout (editable install): configs/ beside roformer/
+CONFIG_DIR = (_PACKAGE_DIR / "configs" if (_PACKAGE_DIR / "configs").is_dir()
+              else _PACKAGE_DIR.parent / "configs")
+
+
+def resolve(spec: str) -> str:
+    """`spec` (`path[:arg]`, as --config takes it) with `configs/<name>.py` read from this
+    installation's config files when no such file exists relative to the working directory;
+    any other spec is returned unchanged (a missing file is reported by its reader)."""
+    path, colon, arg = spec.partition(":")
+    given = Path(path)
+    if given.exists() or given.is_absolute() or given.parts[:-1] != ("configs",):
+        return spec
+    shipped = CONFIG_DIR / given.name
+    return f"{shipped}{colon}{arg}" if shipped.is_file() else spec
+
+
+def make_importable() -> None:
+    """Let config files `import configs` where no `configs` package is on sys.path (an
+    installed package run outside a checkout): the package is then this installation's
+    CONFIG_DIR. Where one is on sys.path (a checkout's root), it is left alone."""
+    if "configs" in sys.modules or importlib.util.find_spec("configs") is not None:
+        return
+    spec = importlib.util.spec_from_file_location("configs", CONFIG_DIR / "__init__.py",
+                                                  submodule_search_locations=[str(CONFIG_DIR)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["configs"] = module
+    spec.loader.exec_module(module)
