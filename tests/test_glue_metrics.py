@@ -1,4 +1,6 @@
 """GLUE metrics against scikit-learn / scipy on the same predictions, and GLUE scores."""
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
@@ -53,6 +55,11 @@ def test_task_metrics_per_task():
     assert got["spearman"] == pytest.approx(stats.spearmanr(scores, guesses)[0])
     # A constant prediction: MCC is 0 (as sklearn), not a division error.
     assert matthews_corr(b_labels, np.zeros_like(b_labels)) == 0.0
+    # ... and the correlations are NaN, without a warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isnan(pearson(scores, np.full_like(guesses, 2.5)))
+        assert np.isnan(spearman(np.ones_like(scores), guesses))
 
 
 def test_glue_scores_both_conventions():

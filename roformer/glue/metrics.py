@@ -1,7 +1,9 @@
-"""GLUE metrics (numpy; tests check them against scikit-learn / scipy) and GLUE scores."""
+"""GLUE metrics (numpy, and scipy.stats for the correlations; tests check them against
+scikit-learn / scipy) and GLUE scores."""
 from __future__ import annotations
 
 import numpy as np
+from scipy import stats
 
 from roformer.glue.tasks import TaskSpec
 
@@ -31,35 +33,23 @@ def matthews_corr(labels, preds) -> float:
 
 
 def pearson(x, y) -> float:
-    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    x, y = x - x.mean(), y - y.mean()
-    # Correlation is scale-free: normalising by the largest deviation first keeps
-    # the sums of squares from underflowing (or overflowing) for extreme inputs.
-    x_scale, y_scale = np.abs(x).max(initial=0.0), np.abs(y).max(initial=0.0)
-    if x_scale == 0 or y_scale == 0:
-        return float("nan")
-    x, y = x / x_scale, y / y_scale
-    return float(np.sum(x * y) / np.sqrt(np.sum(x * x) * np.sum(y * y)))
-
-
-def _average_ranks(x) -> np.ndarray:
-    """Ranks 1..n with ties given their mean rank (scipy.stats.rankdata 'average')."""
-    x = np.asarray(x, np.float64)
-    order = np.argsort(x, kind="mergesort")
-    sorted_x = x[order]
-    # Group equal values; each group gets the mean of the ranks it spans.
-    starts = np.r_[True, sorted_x[1:] != sorted_x[:-1]]
-    group = np.cumsum(starts) - 1
-    first = np.flatnonzero(starts)
-    counts = np.diff(np.r_[first, len(x)])
-    mean_rank = first + (counts + 1) / 2.0
-    ranks = np.empty(len(x))
-    ranks[order] = mean_rank[group]
-    return ranks
+    """Pearson's r (scipy.stats); NaN where either side is constant."""
+    return _correlation(stats.pearsonr, x, y)
 
 
 def spearman(x, y) -> float:
-    return pearson(_average_ranks(x), _average_ranks(y))
+    """Spearman's rank correlation, ties ranked by their mean (scipy.stats); NaN where either
+    side is constant."""
+    return _correlation(stats.spearmanr, x, y)
+
+
+def _correlation(correlate, x, y) -> float:
+    # A model that predicts one value for every row has no correlation: NaN, as scipy
+    # gives, without its warning in the middle of a GLUE log.
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(correlate(x, y).statistic)
 
 
 def task_metrics(task: TaskSpec, labels, preds) -> dict[str, float]:
