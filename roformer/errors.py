@@ -16,3 +16,8 @@ class UserError(Exception):
 class ConfigError(UserError, ValueError):
     """A config value or an input the project's own checks refuse (also a ValueError, as
     callers that check values expect)."""
+
+
+class StorageError(UserError, OSError):
+    """A file could not be written because the disk (or the user's quota) is full; the
+    message names what was being written (roformer.files.writing)."""

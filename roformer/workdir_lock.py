@@ -3,8 +3,9 @@
 Pretraining, GLUE and the ablation take it for their whole run, so a second run on a
 workdir in use stops at once, naming the holder's host and pid, instead of both
 writing the same checkpoints and metrics. A lock left by a process that died on this
-host (SIGKILL, OOM, a crash) is taken over with a warning; one held on another host
-cannot be checked from here and is refused. In a multi-host run only process 0 takes
+host (SIGKILL, OOM, a crash) is taken over with a warning, and so is an empty or
+unreadable lock file some seconds old (its writer failed, e.g. on a full disk); one held
+on another host cannot be checked from here and is refused. In a multi-host run only process 0 takes
 it: every process of that run shares the workdir. The same process may take it again
 (nested runs); it is released when the outermost `with` exits, and the directories the
 lock created are removed again if the run left them empty (e.g. refused a bad config).
@@ -26,10 +27,12 @@ from pathlib import Path
 import jax
 
 from roformer.errors import UserError
+from roformer.files import process_alive, process_state  # noqa: F401 - process_state: also the tests'
 
 log = logging.getLogger("roformer")
 
 LOCK_FILE = "workdir.lock"
+UNREADABLE_GRACE_S = 5.0
 
 _depth: dict[Path, int] = {}   # locks this process holds -> nesting depth
 
@@ -47,34 +50,21 @@ class WorkdirUnusable(WorkdirError):
 
 
 def _read(path: Path) -> dict | None:
+    """The holder a lock file names; {"unreadable": its age in seconds} for an empty or torn
+    one; None when there is none."""
     try:
-        return json.loads(path.read_text())
+        text = path.read_text()
+        holder = json.loads(text)
+        if isinstance(holder, dict):
+            return holder
     except FileNotFoundError:
         return None
-    except (json.JSONDecodeError, UnicodeDecodeError):   # torn write: treat as its own holder
-        return {"host": "?", "pid": -1}
-
-
-def _alive(pid: int) -> bool:
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        pass
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:   # exists, owned by someone else
-        return True
-    # A zombie has exited and waits to be reaped: a killed run whose parent died too is reaped
-    # by init, which in a container may take seconds or never happen; it holds nothing.
-    return process_state(pid) not in ("Z", "X")
-
-
-def process_state(pid: int) -> str | None:
-    """Linux: the state letter of `pid` in /proc (R, S, Z, ...); None without procfs (macOS)
-    or once the process is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return {"unreadable": time.time() - path.stat().st_mtime}
+    except FileNotFoundError:
         return None
-    return stat.rsplit(")", 1)[-1].split()[0]   # after the command name, which may hold ")"
 
 
 def _acquire(path: Path, me: dict) -> None:
@@ -85,10 +75,21 @@ def _acquire(path: Path, me: dict) -> None:
             holder = _read(path)
             if holder is None:   # released meanwhile: try again
                 continue
+            if "unreadable" in holder:
+                # A taker writes its line right after creating the file: one still empty or torn
+                # after UNREADABLE_GRACE_S was left by a write that failed (a full disk) or a
+                # process killed in between, and holds nothing.
+                if holder["unreadable"] < UNREADABLE_GRACE_S:
+                    time.sleep(0.05)
+                    continue
+                log.warning("%s: taking over an empty or unreadable lock file (left by a run that could not "
+                            "finish writing it)", path.parent)
+                path.unlink(missing_ok=True)
+                continue
             host, pid = holder.get("host"), holder.get("pid")
             if host == me["host"] and pid == me["pid"]:
                 return   # ours already (written by this process)
-            if host != me["host"] or not isinstance(pid, int) or pid <= 0 or _alive(pid):
+            if host != me["host"] or not isinstance(pid, int) or pid <= 0 or process_alive(pid):
                 raise WorkdirBusy(
                     f"{path.parent} is in use by another run (host {host}, pid {pid}, since "
                     f"{holder.get('since', '?')}); wait for it or use another workdir (if that run "
@@ -98,8 +99,12 @@ def _acquire(path: Path, me: dict) -> None:
                             "(host %s, pid %s)", path.parent, host, pid)
                 path.unlink(missing_ok=True)
             continue
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(me) + "\n")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(me) + "\n")
+        except OSError:   # e.g. a full disk: leave no empty lock behind to refuse the next run
+            path.unlink(missing_ok=True)
+            raise
         return
 
 

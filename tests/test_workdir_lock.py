@@ -230,3 +230,54 @@ def test_directories_made_for_a_refused_run_are_removed(tmp_path):
     with workdir_lock(tmp_path / "a" / "b" / "c"):
         (tmp_path / "a" / "b" / "note").write_text("")   # the run wrote beside its workdir
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["a", "a/b", "a/b/note"]
+
+
+def test_an_empty_or_torn_lock_file_left_behind_is_taken_over(tmp_path, caplog, monkeypatch):
+    """A lock file its writer never filled (a full disk, a kill between creating and writing
+    it) holds nothing: once it is some seconds old the next run takes it over with a warning;
+    a younger one is waited for (its writer may be about to fill it)."""
+    import roformer.workdir_lock as lock
+
+    monkeypatch.setattr(lock, "UNREADABLE_GRACE_S", 0.5)
+    for content in ("", '{"host": "h'):
+        path = tmp_path / "run" / LOCK_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        os.utime(path, (time.time() - 10, time.time() - 10))
+        with caplog.at_level(logging.WARNING, logger="roformer"), workdir_lock(tmp_path / "run"):
+            assert json.loads(path.read_text())["pid"] == os.getpid()
+        assert "taking over an empty or unreadable lock file" in caplog.text
+        assert not path.exists()
+    path.write_text("")   # fresh: its writer is waited for, then it is taken over
+    start = time.time()
+    with workdir_lock(tmp_path / "run"):
+        assert time.time() - start >= 0.4
+
+
+def test_a_full_disk_when_the_lock_is_written_leaves_no_lock_file(tmp_path, monkeypatch):
+    import roformer.workdir_lock as lock
+
+    real_fdopen = os.fdopen
+
+    class FullDisk:
+        def __init__(self, fd, mode):
+            self.file = real_fdopen(fd, mode)
+
+        def __enter__(self):
+            return self
+
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+    (tmp_path / "run").mkdir()
+    monkeypatch.setattr(lock.os, "fdopen", FullDisk)
+    with pytest.raises(lock.WorkdirUnusable, match="not writable: No space left on device"):
+        with workdir_lock(tmp_path / "run"):
+            pass
+    monkeypatch.setattr(lock.os, "fdopen", real_fdopen)
+    assert list((tmp_path / "run").iterdir()) == []
+    with workdir_lock(tmp_path / "run"):   # space freed: the next run goes ahead
+        pass

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from roformer.data.packing import PACKINGS, PackPlan, build_rows, plan_rows
 from roformer.data.sources import TextSource, make_source, sha256_json
 from roformer.data.tokenizer import WordPieceTokenizer, load_tokenizer
 from roformer.errors import ConfigError
+from roformer.files import stale_staging, staging_name, writing
 
 log = logging.getLogger(__name__)
 
@@ -271,20 +271,42 @@ def resolve_tokenizer(data: DataConfig, source: TextSource, cache_dir: Path, *,
         return load_tokenizer(data.vocab, lowercase=data.lowercase)
     key = sha256_json([source.fingerprint(), data.vocab_size, data.lowercase])[:20]
     directory = cache_dir / "tokenizers" / f"{source.name}-{key}"
-    if not (directory / "tokenizer.json").is_file():
+    tokenizer = _cached_tokenizer(directory)
+    if tokenizer is None:
         # one run trains it, others sharing the cache wait and read it (training is not
         # deterministic: they must not each keep their own)
         with shards_lib.build_lock(directory):
-            if not (directory / "tokenizer.json").is_file():
-                _train_tokenizer(data, source, directory, show_progress)
-    return WordPieceTokenizer.from_tokenizer_json(directory / "tokenizer.json")
+            tokenizer = _cached_tokenizer(directory, quiet=True)
+            if tokenizer is None:
+                for stale in stale_staging(directory.parent):   # trainings killed before the rename
+                    shutil.rmtree(stale, ignore_errors=True)
+                shutil.rmtree(directory, ignore_errors=True)   # an unusable entry
+                with writing(f"the tokenizer cache entry {directory}"):
+                    _train_tokenizer(data, source, directory, show_progress)
+                tokenizer = WordPieceTokenizer.from_tokenizer_json(directory / "tokenizer.json")
+    return tokenizer
+
+
+def _cached_tokenizer(directory: Path, *, quiet: bool = False) -> WordPieceTokenizer | None:
+    """The tokenizer of cache entry `directory`; None when there is none, or (said in a
+    warning unless `quiet`) when it cannot be read, e.g. a file truncated by a full disk."""
+    path = directory / "tokenizer.json"
+    if not directory.exists():
+        return None
+    try:
+        return WordPieceTokenizer.from_tokenizer_json(path)
+    except ConfigError as error:
+        if not quiet:
+            log.warning("tokenizer cache entry %s is unusable (%s); rebuilding it", directory,
+                        error.__cause__ or error)
+        return None
 
 
 def _train_tokenizer(data: DataConfig, source: TextSource, directory: Path, show_progress: bool) -> None:
     log.info("training a %d-token WordPiece vocabulary on %s", data.vocab_size, source)
     tokenizer = WordPieceTokenizer.train(source.documents(), vocab_size=data.vocab_size, lowercase=data.lowercase,
                                          show_progress=show_progress)
-    staging = directory.parent / f".{directory.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging = staging_name(directory)
     tokenizer.save(staging)
     try:
         os.replace(staging, directory)

@@ -15,8 +15,9 @@ tokenizer or source gets a new entry. The shard files and the manifest depend on
 on the documents and the tokenizer: where a shard ends is fixed by the documents'
 lengths, so any number of processes or threads writes the same bytes. An entry is
 built in a temporary directory and renamed into place, so a crash never leaves a
-half-written entry under the final name; an entry whose files disagree with its
-manifest (size or CRC32) is deleted and rebuilt.
+half-written entry under the final name (and the next build removes the staging directory
+of a build that was killed); an entry whose files disagree with its manifest (size or
+CRC32) is deleted and rebuilt. A full disk stops the build in one line naming the entry.
 
 Runs that share a cache build an entry once: a builder holds `.<source>-<key>.lock`
 beside the entry (an flock, which the kernel releases when the holder dies, so a
@@ -55,7 +56,7 @@ from tqdm.auto import tqdm
 from roformer.data.sources import TextSource, sha256_json
 from roformer.data.tokenizer import WordPieceTokenizer
 from roformer.errors import ConfigError
-from roformer.files import replacing, write_json_atomic
+from roformer.files import replacing, stale_staging, write_json_atomic, writing
 
 log = logging.getLogger(__name__)
 
@@ -150,12 +151,16 @@ def load_or_build(source: TextSource, tokenizer: WordPieceTokenizer, cache_dir: 
     if entry.problem:
         log.warning("token shard cache %s is unusable (%s); rebuilding it", directory, entry.problem)
     root.mkdir(parents=True, exist_ok=True)
+    for stale in stale_staging(root):   # builds killed before they were renamed into place
+        log.info("removing %s, left by a build that did not finish", stale)
+        shutil.rmtree(stale, ignore_errors=True)
     build = _Build(source, tokenizer, entry, fingerprint, num_workers or cpu_count(), shard_tokens, show_progress)
-    if process_count == 1 or not _find_each_other(build.parts_dir, process_index, process_count,
-                                                   handshake_seconds):
-        build.alone()
-    else:
-        build.together(process_index, process_count, wait_seconds)
+    with writing(f"the token shard cache entry {directory}"):
+        if process_count == 1 or not _find_each_other(build.parts_dir, process_index, process_count,
+                                                       handshake_seconds):
+            build.alone()
+        else:
+            build.together(process_index, process_count, wait_seconds)
     corpus = entry.check()     # verified once more only if it changed since this process last looked
     if corpus is None:
         raise RuntimeError(f"token shards just written to {directory} do not verify: {entry.problem}")
