@@ -7,6 +7,7 @@ and run from a directory with no configs/ in it, with the target first on PYTHON
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,7 +65,11 @@ def test_wheel_holds_every_module_and_config_file(installed):
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = _checkout_modules() - names
     assert not missing, f"the wheel lacks {sorted(missing)}: list the package in pyproject.toml"
-    assert "roformer/py.typed" in names or not (ROOT / "roformer" / "py.typed").exists()
+    assert "roformer/py.typed" in names   # type checkers read the annotations of an installed package
+    # the version is written once, in roformer/__init__.py, and the metadata reads it
+    version = re.search(r'^__version__ = "(.+)"$', (ROOT / "roformer" / "__init__.py").read_text(), re.M)[1]
+    assert f"roformer_jax-{version}.dist-info/METADATA" in names
+    assert f"roformer_jax-{version}.dist-info/licenses/LICENSE" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "roformer-pretrain = roformer.console_scripts:pretrain" in zipfile.ZipFile(wheel).read(
         entry_points).decode()
