@@ -151,6 +151,15 @@ def test_non_numeric_stsb_score_names_file_and_line(tmp_path):
         read_split(TASKS["stsb"], "train", data_dir=tmp_path)
 
 
+def test_bytes_that_are_not_utf8_name_file_line_and_byte(written_glue):
+    path = written_glue / "RTE" / "train.tsv"
+    header = path.read_text().splitlines(keepends=True)[0]
+    path.write_bytes(header.encode() + b"0\tA.\tB.\tentailment\n1\tCaf\xe9 au lait.\tB.\tentailment\n")
+    with pytest.raises(GlueDataError) as error:
+        read_split(TASKS["rte"], "train", data_dir=written_glue)
+    assert str(error.value).startswith(f"{path}:3: byte 0xe9 at column 6 is not UTF-8 text")
+
+
 def test_missing_split_names_exact_file(glue_dir):
     expected = f"{glue_dir}/QNLI/train.tsv"
     with pytest.raises(GlueDataError, match=f"no file {re.escape(expected)}$"):

@@ -61,8 +61,7 @@ def read_local(task: TaskSpec, split: str, data_dir: str | Path) -> list[Example
     layout = task.local[split]
     # The official files are unquoted TSV (quotes are text), so split on tabs only.
     # utf-8-sig drops MRPC's byte-order mark.
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        lines = f.read().split("\n")
+    lines = _read_utf8(path).split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     start = 0
@@ -107,6 +106,19 @@ def read_local(task: TaskSpec, split: str, data_dir: str | Path) -> list[Example
         texts = [fields[i] for i in text_idx]
         examples.append(Example(idx, texts[0], texts[1] if len(texts) > 1 else None, label))
     return examples
+
+
+def _read_utf8(path: Path) -> str:
+    """The file's text (utf-8-sig drops MRPC's byte-order mark); bytes that are not UTF-8
+    are a GlueDataError naming the file, line and byte."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise GlueDataError(f"{path}:{line}: byte 0x{data[error.start]:02x} at column {column} is not UTF-8 text; "
+                            "GLUE files are UTF-8 (re-encode the file, e.g. with iconv)") from None
 
 
 def _parse_label(task: TaskSpec, raw: str, where: str) -> int | float:
