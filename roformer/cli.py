@@ -35,11 +35,11 @@ from pathlib import Path
 from absl import app, flags
 
 from roformer import config_files
-from roformer.config_files import CONFIG_DIR
 from roformer.errors import UserError
 from roformer.files import DISK_FULL_ERRNOS
 from roformer.host_memory import retain_host_memory
 
+CONFIG_DIR = config_files.CONFIG_DIR   # the commands' default config files
 EXIT_USER_ERROR = 2
 TRACEBACK_ENV = "ROFORMER_TRACEBACK"
 _HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort")

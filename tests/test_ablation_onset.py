@@ -8,8 +8,8 @@ TPS = 1000   # tokens per step
 
 def curve(gaps, losses=None, every=100):
     losses = losses or [5.0] * len(gaps)
-    return [{"step": (i + 1) * every, "tokens": (i + 1) * every * TPS, "eval_order_gap": g, "eval_loss": l}
-            for i, (g, l) in enumerate(zip(gaps, losses))]
+    return [{"step": (i + 1) * every, "tokens": (i + 1) * every * TPS, "eval_order_gap": g, "eval_loss": loss}
+            for i, (g, loss) in enumerate(zip(gaps, losses))]
 
 
 def test_run_onset_first_crossing_and_censoring():
