@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from roformer.data.tokenizer import load_tokenizer
 from roformer.errors import ConfigError
-from roformer.files import write_json_atomic, write_text_atomic
+from roformer.files import write_json_atomic, write_text_atomic, writing
 from roformer.glue import features as features_lib
 from roformer.glue.finetune import Protocol, create_model, finetune, predict
 from roformer.glue.init import encoder_state, load_init, resolve_model_config
@@ -37,7 +38,9 @@ class RunLog:
     """metrics.jsonl rows tagged with task/seed, mirrored to one TensorBoard run per
     task and seed so they can be compared side by side. The files (and `config.json`,
     given as `run_config`) are written with the first row, so a run refused while it
-    reads and featurizes its data leaves none."""
+    reads and featurizes its data leaves none. A task trains from scratch in every run, so
+    its first row also replaces what an earlier (killed) attempt logged for it: its rows
+    and its TensorBoard runs."""
 
     def __init__(self, workdir: Path, run_config: dict):
         from tensorboardX import SummaryWriter   # imported here: heavy (protobuf), needed once a run logs
@@ -47,26 +50,52 @@ class RunLog:
         self._run_config = run_config
         self._file = None
         self._writers = {}
+        self._tasks = set()   # the tasks this run has logged
 
     def write(self, task: str, seed: int, step: int, scalars: dict) -> None:
-        if self._file is None:
-            (self._workdir / "config.json").write_text(json.dumps(self._run_config, indent=2, default=str))
-            self._file = open(self._workdir / "metrics.jsonl", "a", encoding="utf-8")
-        row = {"task": task, "seed": seed, "step": step, **scalars}
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
-        run = f"{task}_seed{seed}"
-        if run not in self._writers:
-            self._writers[run] = self._summary_writer(str(self._workdir / "tensorboard" / run))
-        for name, value in scalars.items():
-            if isinstance(value, (int, float)):
-                self._writers[run].add_scalar(name, value, step)
+        with writing(f"the GLUE metrics in {self._workdir}"):
+            if self._file is None:
+                write_json_atomic(self._workdir / "config.json", self._run_config, indent=2, default=str)
+            if task not in self._tasks:
+                self._replace_earlier(task)
+            row = {"task": task, "seed": seed, "step": step, **scalars}
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+            run = f"{task}_seed{seed}"
+            if run not in self._writers:
+                self._writers[run] = self._summary_writer(str(self._workdir / "tensorboard" / run))
+            for name, value in scalars.items():
+                if isinstance(value, (int, float)):
+                    self._writers[run].add_scalar(name, value, step)
+
+    def _replace_earlier(self, task: str) -> None:
+        """Drop an earlier attempt's rows of `task` (and a torn last line) and its TensorBoard runs."""
+        self._tasks.add(task)
+        if self._file is not None:
+            self._file.close()
+        path = self._workdir / "metrics.jsonl"
+        if path.exists():
+            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+            kept = [line for line in lines if _logged_task(line) not in (task, None)]
+            if kept != lines:
+                write_text_atomic(path, "".join(kept), encoding="utf-8")
+        for earlier in (self._workdir / "tensorboard").glob(f"{task}_seed*"):
+            shutil.rmtree(earlier, ignore_errors=True)
+        self._file = open(path, "a", encoding="utf-8")
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
         for w in self._writers.values():
             w.close()
+
+
+def _logged_task(line: str) -> str | None:
+    """The task of a metrics.jsonl line; None for a torn one (a run killed mid-write)."""
+    try:
+        return json.loads(line)["task"]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _data_kwargs(config) -> dict:
@@ -208,7 +237,7 @@ def run_glue(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """Fine-tune and evaluate every requested task; returns the results dict that is
     also written to `glue_results.json`. A workdir another live run is using is refused
     (roformer.workdir_lock)."""
-    with workdir_lock(workdir):
+    with workdir_lock(workdir), writing(f"the GLUE outputs in {workdir}"):
         return _run_glue(config, Path(workdir))
 
 

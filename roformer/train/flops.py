@@ -6,11 +6,7 @@ the model computes logits only there.
 """
 from __future__ import annotations
 
-import functools
-import time
-
 import jax
-import numpy as np
 
 # Dense peak FLOP/s per device: (bf16, f32). Matched by substring of
 # `device.device_kind`, first match wins (more specific names first).
@@ -55,34 +51,20 @@ def train_flops_per_step(model_cfg, *, batch_size: int, seq_len: int, num_predic
     return 3.0 * forward
 
 
-@functools.lru_cache(maxsize=None)
-def measure_matmul_peak(size: int = 1024, repeats: int = 5) -> float:
-    """Measured float32 FLOP/s of a square matmul on this process's first device
-    (used for CPUs, whose peak depends on the host and on what else runs on it)."""
-    device = jax.local_devices()[0]
-    a = jax.device_put(np.ones((size, size), np.float32), device)
-    matmul = jax.jit(lambda x: x @ x)
-    matmul(a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        matmul(a).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return 2.0 * size ** 3 / best
-
-
 def device_peak_flops(device: jax.Device, compute_dtype: str = "bfloat16",
-                      configured: float = 0.0) -> float:
-    """Peak FLOP/s of one device: `configured` if > 0, else the table, else
-    (CPU or unknown accelerator) a measured matmul peak shared by the local devices."""
+                      configured: float = 0.0) -> float | None:
+    """Peak FLOP/s of one device: `configured` if > 0, else the table; None (MFU not
+    reported) for a CPU or an accelerator the table lacks. A CPU's peak depends on what
+    else runs on the host from one minute to the next: a matmul timed at start-up put MFU
+    above 1 once the load changed, and timing one beside every logged interval would slow
+    the run."""
     if configured > 0:
         return configured
     column = 0 if compute_dtype == "bfloat16" else 1
     for name, peaks in PEAK_FLOPS:
         if name.lower() in device.device_kind.lower():
             return peaks[column]
-    # virtual CPU devices share the same cores, so split the host's measured peak
-    return measure_matmul_peak() / max(jax.local_device_count(), 1)
+    return None
 
 
 def mfu(flops_per_step: float, steps_per_sec: float, peak_per_device: float, num_devices: int) -> float:

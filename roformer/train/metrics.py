@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import statistics
 import time
@@ -14,6 +15,8 @@ import jax
 
 from roformer.files import write_text_atomic
 from roformer.train import flops
+
+log = logging.getLogger("roformer.train")
 
 
 def _jsonable(value):
@@ -69,9 +72,11 @@ class ThroughputTimer:
 
     The first step (it compiles) only starts the clock, once its result is ready; time
     spent inside `paused()` (evaluation, checkpoint saves) is left out. MFU is the analytic
-    `flops_per_step` (roformer.train.flops) against `peak_flops` per device."""
+    `flops_per_step` (roformer.train.flops) against `peak_flops` per device; without a peak
+    (None: a CPU, roformer.train.flops.device_peak_flops) it is not reported, and a reading
+    above 1 (a given peak the steps beat, so a wrong one) is dropped with a warning."""
 
-    def __init__(self, *, tokens_per_step: int, flops_per_step: float, peak_flops: float, num_devices: int,
+    def __init__(self, *, tokens_per_step: int, flops_per_step: float, peak_flops: float | None, num_devices: int,
                  clock: Callable[[], float] = time.perf_counter):
         self.tokens_per_step, self.peak_flops, self.num_devices = tokens_per_step, peak_flops, num_devices
         self.flops_per_step = flops_per_step
@@ -79,6 +84,7 @@ class ThroughputTimer:
         self._start: float | None = None
         self._steps = 0
         self._paused = 0.0
+        self._warned = False
         self.history: dict[str, list[float]] = {"tokens_per_sec": [], "mfu": []}
 
     def step(self, metrics) -> None:
@@ -105,8 +111,15 @@ class ThroughputTimer:
         row = {}
         if self._steps > 0:
             elapsed = self._clock() - self._start - self._paused
-            row = {"tokens_per_sec": self._steps * self.tokens_per_step / elapsed,
-                   "mfu": flops.mfu(self.flops_per_step, self._steps / elapsed, self.peak_flops, self.num_devices)}
+            row = {"tokens_per_sec": self._steps * self.tokens_per_step / elapsed}
+            if self.peak_flops:
+                mfu = flops.mfu(self.flops_per_step, self._steps / elapsed, self.peak_flops, self.num_devices)
+                if mfu <= 1:
+                    row["mfu"] = mfu
+                elif not self._warned:
+                    self._warned = True
+                    log.warning("MFU %.2f is above 1: the peak of %.3g FLOP/s per device is too low "
+                                "(train.peak_flops_per_device); MFU is not reported", mfu, self.peak_flops)
             for name, value in row.items():
                 self.history[name].append(value)
         self._start, self._steps, self._paused = self._clock(), 0, 0.0
