@@ -37,9 +37,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 import safetensors.numpy
 from flax import nnx, traverse_util
+from tokenizers import Tokenizer
 
 from roformer import cli
+from roformer.data.tokenizer import CLS, MASK, PAD, SEP, UNK, normalizer_lowercases
 from roformer.errors import ConfigError
+from roformer.files import write_json_atomic
 from roformer.model import (
     DTYPES,
     ModelConfig,
@@ -468,6 +471,18 @@ def _copy_tokenizer_files(src: Path, dst: Path) -> None:
             shutil.copyfile(src / name, dst / name)
 
 
+def write_hf_tokenizer_config(out_dir: str | Path, *, lowercase: bool, model_max_length: int) -> None:
+    """tokenizer_config.json and special_tokens_map.json beside the vocabulary: without them
+    `AutoTokenizer.from_pretrained` takes the model type's RoFormerTokenizer, which needs
+    rjieba, instead of the BERT WordPiece tokenizer that ours is."""
+    specials = {"unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS, "mask_token": MASK}
+    out_dir = Path(out_dir)
+    write_json_atomic(out_dir / "tokenizer_config.json", {
+        "tokenizer_class": "BertTokenizerFast", "do_lower_case": lowercase, "model_max_length": model_max_length,
+        **specials})
+    write_json_atomic(out_dir / "special_tokens_map.json", specials)
+
+
 # ------------------------------------------------------------------------------- CLI
 
 @cli.entry_point
@@ -504,12 +519,21 @@ def main(argv: list[str] | None = None) -> None:
         config, model = load_converted(src)
         out = save_hf(model, config, args.out_dir)
         _copy_tokenizer_files(src, out)
+        if not (out / "tokenizer_config.json").is_file() and any((out / n).is_file() for n in TOKENIZER_FILES):
+            # a vocabulary from an HF directory without one: BERT's default is uncased, and a
+            # tokenizer.json says for itself
+            fast = out / "tokenizer.json"
+            lowercase = normalizer_lowercases(Tokenizer.from_file(str(fast))) if fast.is_file() else True
+            write_hf_tokenizer_config(out, lowercase=lowercase, model_max_length=config.max_position_embeddings)
     elif PretrainWorkdir.holds_run(src):
         config, model = load_pretrain_workdir(src, step=args.step)
         out = save_hf(model, config, args.out_dir)
         run = PretrainWorkdir(src)
         if run.tokenizer_file.is_file():
-            run.tokenizer().save(out)
+            tokenizer = run.tokenizer()
+            tokenizer.save(out)
+            write_hf_tokenizer_config(out, lowercase=tokenizer.lowercase,
+                                      model_max_length=config.max_position_embeddings)
     else:
         raise cli.UsageError(f"to-hf: {src} has neither {OUR_CONFIG_FILE} (from-hf output) nor {CHECKPOINTS}/ "
                              "(a pretraining workdir)")

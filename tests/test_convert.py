@@ -15,6 +15,7 @@ from flax import nnx
 
 from conftest import needs_torch, needs_transformers
 from roformer import checkpoint_source, convert
+from roformer.data.tokenizer import WordPieceTokenizer
 from roformer.model import ModelConfig, RoFormerForMaskedLM, RoFormerModel
 from roformer.train.checkpoint import Checkpointer
 
@@ -210,6 +211,40 @@ def test_to_hf_from_pretraining_workdir(tmp_path, batch):
 
     convert.main(["to-hf", str(tmp_path / "run"), str(tmp_path / "hf")])
     hf = transformers.RoFormerForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+    assert_close(our_outputs(ours, batch), hf_outputs(hf, batch), batch)
+
+
+@needs_torch
+@needs_transformers
+def test_to_hf_export_loads_with_the_auto_classes(tmp_path):
+    """What `AutoTokenizer` and `AutoModelForMaskedLM` read from a to-hf export gives our
+    ids (lowercased, accents stripped: an uncased vocabulary) and our logits."""
+    corpus = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps; the fox runs away quickly.",
+              "Foxes and dogs are animals.", "Cafe au lait, a quick drink."] * 5
+    tokenizer = WordPieceTokenizer.train(corpus, vocab_size=120, min_frequency=1, show_progress=False)
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, embedding_size=24, num_layers=2,
+                         num_heads=2, intermediate_size=64, max_position_embeddings=64)
+    ours = randomize(RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)), seed=5)
+    checkpointer = Checkpointer(tmp_path / "run" / "checkpoints", max_to_keep=1, async_save=False)
+    checkpointer.save(3, {"params": nnx.to_pure_dict(nnx.state(ours, nnx.Param)), "opt_state": {},
+                          "step": jnp.zeros((), jnp.int32)}, {}, config.to_dict())
+    checkpointer.close()
+    tokenizer.save(tmp_path / "run")   # where pretraining keeps it: tokenizer.json
+
+    convert.main(["to-hf", str(tmp_path / "run"), str(tmp_path / "hf")])
+    auto_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert "RoFormer" not in type(auto_tokenizer).__name__   # that one needs rjieba
+    assert auto_tokenizer.model_max_length == 64
+    texts = ["The QUICK brown café fox.", "Dogs and foxes, quickly away!", "zebra"]
+    encoded = auto_tokenizer(texts, padding=True, return_tensors="np")
+    for row, text in enumerate(texts):
+        length = int(encoded["attention_mask"][row].sum())
+        assert encoded["input_ids"][row, :length].tolist() == tokenizer.encode(text).ids
+    assert tokenizer.encode("CAFÉ").ids == tokenizer.encode("cafe").ids   # the export is uncased as ours is
+
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "RoFormerForMaskedLM"
+    batch = {key: np.asarray(encoded[key], np.int64) for key in ("input_ids", "attention_mask", "token_type_ids")}
     assert_close(our_outputs(ours, batch), hf_outputs(hf, batch), batch)
 
 

@@ -7,6 +7,7 @@ CJK split, lowercase + accent strip when uncased), BertPreTokenizer, WordPiece w
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -128,6 +129,11 @@ class WordPieceTokenizer:
         return cls(_add_post_processor(tokenizer, "trained tokenizer"))
 
     # ------------------------------------------------------------ use
+    @property
+    def lowercase(self) -> bool:
+        """Whether the normalizer lowercases (and strips accents): an uncased vocabulary."""
+        return normalizer_lowercases(self.tokenizer)
+
     def encode(self, text: str, pair: str | None = None, *, add_special_tokens: bool = True) -> Encoding:
         return self.tokenizer.encode(text, pair, add_special_tokens=add_special_tokens)
 
@@ -150,6 +156,12 @@ class WordPieceTokenizer:
         path = directory / "tokenizer.json"
         self.tokenizer.save(str(path))
         return path
+
+
+def normalizer_lowercases(tokenizer: Tokenizer) -> bool:
+    """Whether `tokenizer`'s (BERT) normalizer lowercases its input."""
+    normalizer = json.loads(tokenizer.to_str()).get("normalizer") or {}
+    return bool(normalizer.get("lowercase", False))
 
 
 def _line_numbered_vocab(text: str, path: Path) -> dict[str, int]:
