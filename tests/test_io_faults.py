@@ -98,3 +98,22 @@ def test_any_other_full_disk_is_one_line_naming_its_file(capsys):
 
     assert one_line_error(write, capsys) == ("could not write /runs/x/metrics.jsonl: No space left on device; "
                                              "free some space and run the same command again")
+
+
+def test_a_full_disk_at_a_metrics_or_tensorboard_flush_is_one_line(tmp_path, capsys, monkeypatch):
+    from tensorboardX import SummaryWriter
+
+    from roformer.train.metrics import MetricsWriter
+
+    writer = MetricsWriter(tmp_path, enabled=True)
+    writer.write(1, {"loss": 2.0})
+
+    def full(self):
+        raise OSError(errno.ENOSPC, "No space left on device")   # no file name: the events writer's
+
+    monkeypatch.setattr(SummaryWriter, "flush", full)
+    message = one_line_error(lambda: writer.write(2, {"loss": 1.5}), capsys)
+    assert message.startswith(f"could not write the metrics of {tmp_path} (metrics.jsonl, tensorboard/): no space "
+                              "left on device")
+    monkeypatch.undo()
+    writer.close()

@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 import jax
 
-from roformer.files import write_text_atomic
+from roformer.files import write_text_atomic, writing
 from roformer.train import flops
 
 log = logging.getLogger("roformer.train")
@@ -53,18 +53,20 @@ class MetricsWriter:
         if not self.enabled:
             return
         row = {"step": int(step), **{k: _jsonable(v) for k, v in scalars.items()}}
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
-        for name, value in row.items():
-            if name != "step" and isinstance(value, (int, float)):
-                self._tb.add_scalar(name, value, int(step))
-        self._tb.flush()
+        with writing(f"the metrics of {self.path.parent} (metrics.jsonl, tensorboard/)"):
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+            for name, value in row.items():
+                if name != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(name, value, int(step))
+            self._tb.flush()
 
     def close(self) -> None:
         if self.enabled:
-            self._file.close()
-            self._tb.close()
             self.enabled = False
+            with writing(f"the metrics of {self.path.parent} (metrics.jsonl, tensorboard/)"):
+                self._file.close()
+                self._tb.close()
 
 
 class ThroughputTimer:
