@@ -9,6 +9,8 @@ Re-running with the same --workdir resumes from its latest checkpoint. A warm st
 --config.model.* keys given on this command line (and size= in --config=FILE:size=...)
 must agree with it; the config file's preset and defaults do not count.
 """
+import shlex
+
 import jax
 from absl import flags
 from ml_collections import config_flags
@@ -24,13 +26,16 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def next_steps(summary: dict, workdir: str) -> str:
-    """One line: where the run's outputs are and what to run next."""
+    """One line: where the run's outputs are and what to run next (a command a shell takes
+    as it is, whatever the workdir's name holds)."""
     if summary.get("preempted"):
         return (f"stopped at step {summary['final_step']} (SIGTERM); run the same command again to resume "
                 f"from {workdir}/checkpoints")
+    glue_workdir = workdir.rstrip("/") + "_glue"
     return (f"done: metrics in {workdir}/metrics.jsonl, TensorBoard in {workdir}/tensorboard, checkpoints in "
             f"{workdir}/checkpoints. Next, GLUE: python -m roformer.glue --config=configs/glue.py "
-            f"--config.task=<task|all> --config.init={workdir} --workdir={workdir.rstrip('/')}_glue")
+            f"'--config.task=<task|all>' {shlex.quote(f'--config.init={workdir}')} "
+            f"{shlex.quote(f'--workdir={glue_workdir}')}")
 
 
 def given_model_keys() -> set[str]:

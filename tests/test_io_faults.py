@@ -117,3 +117,16 @@ def test_a_full_disk_at_a_metrics_or_tensorboard_flush_is_one_line(tmp_path, cap
                               "left on device")
     monkeypatch.undo()
     writer.close()
+
+
+@pytest.mark.parametrize("workdir", ["runs/tiny", "/tmp/my runs/tiny $x", "runs/it's"])
+def test_the_next_glue_command_runs_in_a_shell_as_printed(workdir):
+    import shlex
+
+    from roformer.pretrain import next_steps
+
+    command = next_steps({"final_step": 10}, workdir).split("Next, GLUE: ", 1)[1]
+    args = shlex.split(command)
+    assert args[:3] == ["python", "-m", "roformer.glue"]
+    assert f"--config.init={workdir}" in args and f"--workdir={workdir}_glue" in args
+    assert "--config.task=<task|all>" in args   # a placeholder, quoted: < and | are the shell's
