@@ -8,7 +8,9 @@ step); roformer/capability.py says why a bag of words cannot pass `pairs` and wh
 blind to direction cannot pass `direction`. Results and run time on a 2-core CPU:
 docs/results/2026-11-25-capability-and-learning-rates.md.
 Variants (`configs/capability.py:<arg>`):
-  smoke  two schemes, a few steps, a small corpus: the whole pipeline in about a minute
+  smoke  two schemes, a few steps, a small corpus: the whole pipeline in minutes on a CPU. A
+         pipeline check (judge = "pipeline"): 20 steps teach no scheme either rule, so it
+         passes when every scheme trains and is probed and `none` stays within its bounds
 """
 import ml_collections
 
@@ -21,6 +23,7 @@ def get_config(arg=None):
     c.expect_fail = "alibi:direction"   # symmetric ALiBi's outputs reverse with its input
     c.threshold = 0.8                   # accuracy every order-aware scheme must reach
     c.seed = 0                          # the world's rules, the corpus, initialisation, data order
+    c.judge = "schemes"                 # schemes: each passes or fails as expected | pipeline (roformer.capability)
     corpus = c.corpus = ml_collections.ConfigDict()
     corpus.num_symbols = 16             # keys, values and direction symbols: 16 of each
     corpus.num_fillers = 16
@@ -47,6 +50,7 @@ def get_config(arg=None):
                 "extension"):   # the comparison's keys that do not apply here
         del c[key]
     if arg == "smoke":
+        c.judge = "pipeline"
         c.schemes = "rope,none"
         corpus.train_docs = 2_000
         corpus.probe_docs = 40

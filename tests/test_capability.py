@@ -140,3 +140,26 @@ def test_a_preempted_scheme_stops_the_check_before_the_next_scheme(tmp_path, mon
     result = capability.run_capability(smoke_config(), tmp_path / "check")
     assert result["preempted"] and result["schemes"] == [] and trained == ["rope"]
     assert not (tmp_path / "check" / capability.RESULT_JSON).exists()
+
+
+def fake_row(scheme: str, pairs: float, direction: float, steps=(10, 20), diverged=False) -> dict:
+    return {"scheme": scheme, "diverged": diverged, "final_eval_loss": 5.0,
+            "curve": [{"step": s, "pairs": pairs, "direction": direction, capability.MIRROR: 0.3} for s in steps]}
+
+
+def test_the_smoke_variant_is_a_pipeline_check_with_its_own_expectations():
+    """20 steps teach no scheme a rule: the smoke check passes when every scheme trained to the
+    last step and was probed and `none` stayed within its bounds, whatever rope learned."""
+    config = smoke_config()
+    schemes = capability.validate(config)
+    result = capability._result(config, schemes, [fake_row("rope", 0.1, 0.4), fake_row("none", 0.12, 0.5)])
+    assert result["all_as_expected"] and result["judge"] == "pipeline"
+    assert "A pipeline check" in capability.to_markdown(result)
+    for rows in ([fake_row("rope", 0.1, 0.4), fake_row("none", 0.2, 0.5)],           # none above 1/8 on pairs
+                 [fake_row("rope", 0.1, 0.4, steps=(10,)), fake_row("none", 0.1, 0.5)],   # never reached step 20
+                 [fake_row("rope", 0.1, 0.4, diverged=True), fake_row("none", 0.1, 0.5)],
+                 [fake_row("rope", 0.1, 0.4)]):                                        # a scheme missing
+        assert not capability._result(config, schemes, rows)["all_as_expected"]
+    # The full check still judges the schemes: rope failing both rules is not as expected there.
+    full = plan.load_config_file("capability")
+    assert not capability._result(full, ["rope"], [fake_row("rope", 0.1, 0.4, steps=(2500,))])["all_as_expected"]
