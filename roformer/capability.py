@@ -60,7 +60,7 @@ from roformer.data.tokenizer import SPECIAL_TOKENS
 from roformer.errors import ConfigError
 from roformer.files import write_text_atomic
 from roformer.model import RoFormerForMaskedLM
-from roformer.train.checkpoint import PretrainWorkdir
+from roformer.workdir import PretrainWorkdir
 from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.capability")

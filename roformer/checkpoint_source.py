@@ -4,7 +4,7 @@ A pretraining warm start (`train.init_from`, roformer.train.warm_start) and GLUE
 (`config.init`, roformer.glue.init) both start from a directory that is one of:
 
 - a pretraining workdir (`checkpoints/<step>`, the run's `tokenizer.json`), read through
-  roformer.train.checkpoint.PretrainWorkdir, the one reader of that layout;
+  roformer.workdir.PretrainWorkdir, the one reader of that layout;
 - a `python -m roformer.convert from-hf` output (`model_config.json` + `params/`);
 - an HF RoFormer directory (`config.json` with model_type "roformer" + weights).
 
@@ -12,8 +12,8 @@ A pretraining warm start (`train.init_from`, roformer.train.warm_start) and GLUE
 (`tokenizer.json` or `vocab.txt` beside the weights; `do_lower_case` from
 `tokenizer_config.json`), without reading parameters; `model_config()` reads the
 architecture alone and `load()` the parameters (MLM model or bare encoder). The format
-details stay in roformer.convert (HF and converted directories) and train.checkpoint
-(pretraining workdirs): this module sits above both, so neither imports it, and the
+details stay in roformer.convert (HF and converted directories) and roformer.workdir
+(pretraining workdirs): this module sits above both and below roformer.train, so the
 training loop, GLUE and the data command import this module rather than each other.
 
 MAY_DIFFER is the one table of ModelConfig fields a run may set differently from the
@@ -31,7 +31,7 @@ from roformer import convert
 from roformer.data.tokenizer import load_tokenizer
 from roformer.errors import ConfigError
 from roformer.model import ModelConfig
-from roformer.train.checkpoint import CHECKPOINTS, PretrainWorkdir
+from roformer.workdir import CHECKPOINTS, PretrainWorkdir
 
 KINDS = ("pretrain", "converted", "hf")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")   # first found wins

@@ -52,7 +52,7 @@ from roformer.model import (
     rope,
 )
 from roformer.model.positions import POSITION_SCHEMES
-from roformer.train.checkpoint import CHECKPOINTS, PretrainWorkdir
+from roformer.workdir import CHECKPOINTS, PretrainWorkdir
 
 log = logging.getLogger(__name__)
 

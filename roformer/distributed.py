@@ -1,7 +1,13 @@
-"""Multi-host start-up: `jax.distributed.initialize` from the `distributed` config."""
+"""Multi-host start-up (`jax.distributed.initialize` from the `distributed` config) and
+the host-side exchange between processes."""
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 from roformer.errors import ConfigError
 
@@ -27,3 +33,16 @@ def initialize_distributed(dist_cfg) -> None:
     if dist_cfg.local_device_ids:
         kwargs["local_device_ids"] = [int(i) for i in str(dist_cfg.local_device_ids).split(",")]
     jax.distributed.initialize(**kwargs)
+
+
+def allgather_json(obj: Any) -> list[Any]:
+    """Every process's JSON-serialisable `obj`, in process order (a collective: every
+    process calls it). One process: [obj], without communication."""
+    if jax.process_count() == 1:
+        return [obj]
+    encoded = np.frombuffer(json.dumps(obj).encode(), dtype=np.uint8)
+    lengths = multihost_utils.process_allgather(np.array([encoded.size], np.int32))
+    padded = np.zeros(int(lengths.max()), np.uint8)
+    padded[:encoded.size] = encoded
+    gathered = multihost_utils.process_allgather(padded)
+    return [json.loads(bytes(row[:n]).decode()) for row, n in zip(gathered, lengths.reshape(-1))]

@@ -32,10 +32,12 @@ def next_steps(summary: dict, workdir: str) -> str:
         return (f"stopped at step {summary['final_step']} (SIGTERM); run the same command again to resume "
                 f"from {workdir}/checkpoints")
     glue_workdir = workdir.rstrip("/") + "_glue"
+    # The smoke variant: minutes on a CPU, where the full protocol takes hours.
     return (f"done: metrics in {workdir}/metrics.jsonl, TensorBoard in {workdir}/tensorboard, checkpoints in "
-            f"{workdir}/checkpoints. Next, GLUE: python -m roformer.glue --config=configs/glue.py "
-            f"'--config.task=<task|all>' {shlex.quote(f'--config.init={workdir}')} "
-            f"{shlex.quote(f'--workdir={glue_workdir}')}")
+            f"{workdir}/checkpoints. Next, GLUE: python -m roformer.glue --config=configs/glue.py:smoke "
+            f"{shlex.quote(f'--config.init={workdir}')} {shlex.quote(f'--workdir={glue_workdir}')}"
+            "  # 4 tasks, 1 seed, minutes on a CPU; --config=configs/glue.py '--config.task=<task|all>' "
+            "runs the full protocol")
 
 
 def given_model_keys() -> set[str]:

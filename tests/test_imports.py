@@ -98,7 +98,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_module_level_imports_have_no_cycle():
     graph = import_graph()
-    assert "roformer.train.checkpoint" in graph["roformer.convert"]   # the graph sees real imports
+    assert "roformer.workdir" in graph["roformer.convert"]   # the graph sees real imports
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 

@@ -205,42 +205,6 @@ def test_no_readable_checkpoint_starts_over_saying_so(finished_run, cache, tmp_p
         f"--config.task=<task|all> --config.init={workdir} --workdir={workdir}_glue")
 
 
-def test_only_our_own_unrequested_items_are_quiet():
-    from roformer.train.checkpoint import _UnrequestedItems
-
-    def record(message):
-        return logging.LogRecord("absl", logging.WARNING, __file__, 1, message, None, None)
-
-    keep = _UnrequestedItems().filter
-    tail = (" was found in the checkpoint, but could not be restored. Please provide a `CheckpointHandlerRegistry`, "
-            "or call `restore` with an appropriate `CheckpointArgs` subclass.")
-    assert not keep(record('Item "data"' + tail)) and not keep(record('Item "state"' + tail))
-    assert keep(record('Item "someone_elses"' + tail))
-    assert keep(record("Item \"data\" could not be written"))
-
-
-def test_abandoned_restore_reads_are_not_echoed_but_other_lost_errors_are():
-    """The asyncio log filter that restore_latest installs drops 'exception was never
-    retrieved' for orbax's tasks and for tensorstore reads whose future had no one left to
-    await it (set from C++: no traceback, tensorstore's spec in the text), and nothing else."""
-    from roformer.train.checkpoint import _AbandonedOrbaxTasks
-
-    def record(message, error, tb=None):
-        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, None,
-                                 (type(error), error, tb))
-
-    read = ValueError("DATA_LOSS: Error reading \"x/.zarray\" [tensorstore_spec='{\"driver\":\"zarr\"}']")
-    lost = ValueError("something else went wrong")
-    keep = _AbandonedOrbaxTasks().filter
-    assert not keep(record("Future exception was never retrieved\nfuture: <Future finished>", read))
-    assert keep(record("Future exception was never retrieved\nfuture: <Future finished>", lost))
-    try:
-        raise read
-    except ValueError as error:   # with a traceback from our own code, it is not orbax's read
-        assert keep(record("Task exception was never retrieved", error, error.__traceback__))
-    assert keep(record("unrelated asyncio error", read))
-
-
 def test_resume_logs_each_step_once(finished_run, cache, tmp_path, caplog):
     """Extending a finished run resumes it; rows an interrupted attempt logged past the
     checkpoint it resumes from (and a torn last line) are dropped, not duplicated; orbax

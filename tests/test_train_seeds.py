@@ -14,9 +14,10 @@ from roformer.errors import ConfigError
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train import loop as train_loop
 from roformer.train import seeds as train_seeds
-from roformer.train.checkpoint import Checkpointer, PretrainWorkdir
+from roformer.train.checkpoint import Checkpointer
 from roformer.train.guard import CheckpointSaveFailed, TrainingDiverged
 from roformer.train.seeds import check_seed_group, train_seeds_and_evaluate
+from roformer.workdir import PretrainWorkdir
 
 from test_train_phases import make_config
 

@@ -28,8 +28,8 @@ from flax import nnx
 from roformer.errors import ConfigError
 from roformer.model import ModelConfig, RoFormerForMaskedLM
 from roformer.model.positions import POSITION_SCHEMES
-from roformer.train.checkpoint import PretrainWorkdir
 from roformer.train.steps import make_eval_step, summarize_eval
+from roformer.workdir import PretrainWorkdir
 
 if TYPE_CHECKING:
     from roformer.data import DataConfig

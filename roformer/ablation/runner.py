@@ -140,7 +140,7 @@ def _trained_vocabulary(config: ml_collections.ConfigDict, workdir: Path) -> str
     # The checkpoint reader and the data pipeline (orbax, tokenizers): only when pinning.
     from roformer.data import DataConfig
     from roformer.data.pipeline import corpus_tokenizer
-    from roformer.train.checkpoint import PretrainWorkdir
+    from roformer.workdir import PretrainWorkdir
 
     trained = [PretrainWorkdir(p).tokenizer_file for p in sorted((workdir / "pretrain").glob("*/seed*"))
                if PretrainWorkdir.holds_run(p)]

@@ -1,9 +1,9 @@
 """Orbax checkpoints of the training state, data-iterator state and model config.
 
-Layout: `workdir/checkpoints/<step>/{state,data,model_config[,metrics]}`. Saves are
-async and keep the last K, plus the one with the lowest held-out loss (`metrics`, saved
-with a checkpoint taken right after an evaluation), so a run that diverged cannot rotate
-its best checkpoint away. A save that fails (a full disk) stops the run at that save, or
+Layout: `workdir/checkpoints/<step>/{state,data,model_config[,metrics]}` (read by
+roformer.workdir). Saves are async and keep the last K, plus the one with the lowest
+held-out loss (`metrics`, saved with a checkpoint taken right after an evaluation), so a
+run that diverged cannot rotate its best checkpoint away. A save that fails (a full disk) stops the run at that save, or
 at the first log row after it, with one line; its partial step directory is removed.
 Restore walks back from the newest step, so a corrupt or partial newest checkpoint is
 moved aside with a warning and the previous one is used; when none is readable,
@@ -12,147 +12,22 @@ training starts from step 0 with a warning that says so.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import math
 import shutil
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
-from flax import nnx
 from jax.experimental import multihost_utils
 
-from roformer.data.tokenizer import WordPieceTokenizer
-from roformer.errors import ConfigError
-from roformer.model import ModelConfig, RoFormerForMaskedLM
+from roformer import orbax_logs
+from roformer.distributed import allgather_json
 from roformer.train.guard import CheckpointSaveFailed
+from roformer.workdir import ITEMS
 
 log = logging.getLogger("roformer.train")
-
-ITEMS = ("state", "data", "model_config")
-CHECKPOINTS = "checkpoints"   # a pretraining workdir's checkpoint directory
-
-
-def _allgather_json(obj: Any) -> list[Any]:
-    """Every process's JSON-serialisable `obj`, in process order (data iterators are
-    per process, while orbax writes JSON items from process 0 only)."""
-    if jax.process_count() == 1:
-        return [obj]
-    encoded = np.frombuffer(json.dumps(obj).encode(), dtype=np.uint8)
-    lengths = multihost_utils.process_allgather(np.array([encoded.size], np.int32))
-    padded = np.zeros(int(lengths.max()), np.uint8)
-    padded[:encoded.size] = encoded
-    gathered = multihost_utils.process_allgather(padded)
-    return [json.loads(bytes(row[:n]).decode()) for row, n in zip(gathered, lengths.reshape(-1))]
-
-
-def _code_in(tb) -> list:
-    """The code objects of a traceback's frames, outermost first."""
-    codes = []
-    while tb is not None:
-        codes.append(tb.tb_frame.f_code)
-        tb = tb.tb_next
-    return codes
-
-
-def _is_closed_loop_callback(unraisable) -> bool:
-    """A RuntimeError('Event loop is closed') from asyncio's call_soon_threadsafe, called
-    from outside Python (no object): a tensorstore read completing after orbax closed the
-    event loop that awaited it."""
-    error = unraisable.exc_value
-    if not isinstance(error, RuntimeError) or str(error) != "Event loop is closed" or unraisable.object:
-        return False
-    return any(code.co_name == "call_soon_threadsafe" for code in _code_in(unraisable.exc_traceback))
-
-
-class _AbandonedOrbaxTasks(logging.Filter):
-    """asyncio's 'Task/Future exception was never retrieved' for an error raised in orbax, or
-    for a tensorstore read orbax had stopped awaiting: that one is set on its future from
-    C++, so it carries no traceback to show where it came from, only tensorstore's spec in
-    its text (seen once in a test run under load)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = str(record.msg)
-        if not message.startswith(("Task exception was never retrieved", "Future exception was never retrieved")):
-            return True
-        error, tb = (record.exc_info[1], record.exc_info[2]) if record.exc_info else (None, None)
-        if tb is None and "tensorstore_spec" in str(error):
-            return False
-        files = [code.co_filename for code in _code_in(tb)]
-        return not any("orbax/checkpoint" in name for name in [message, *files])
-
-
-class _UnrequestedItems(logging.Filter):
-    """orbax's warning that a checkpoint item was 'found in the checkpoint, but could not be
-    restored', for one of our own items: a restore that asks for some of them (the model
-    config alone, or the parameters without the iterator state) leaves the others unread
-    on purpose, and a resume would otherwise print one such line per item left."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not (message.startswith("Item ") and "was found in the checkpoint, but could not be restored" in message
-                    and any(f'"{item}"' in message.split(" was found")[0] for item in ITEMS))
-
-
-def _quiet_unrequested_items() -> None:
-    """Install _UnrequestedItems on orbax's logger (absl's), once per process."""
-    absl_log = logging.getLogger("absl")
-    if not any(isinstance(f, _UnrequestedItems) for f in absl_log.filters):
-        absl_log.addFilter(_UnrequestedItems())
-
-
-def _quiet_failed_restores() -> None:
-    """Silence the echo of a failed restore (installed once per process, before the first).
-
-    When one array of a checkpoint cannot be read, orbax's restore raises at once and
-    closes the event loop it ran on, while tensorstore still finishes the other reads
-    and orbax's other tasks still end: each finished read then calls
-    `loop.call_soon_threadsafe` on the closed loop, which Python prints as an unraisable
-    RuntimeError, and each orphaned task that failed is logged by asyncio as 'Task (or
-    Future) exception was never retrieved'. That is hundreds of tracebacks after one
-    corrupt checkpoint, saying nothing the restore error did not. Exactly those are
-    dropped; every other unraisable exception goes to the previous hook."""
-    asyncio_log = logging.getLogger("asyncio")
-    if not any(isinstance(f, _AbandonedOrbaxTasks) for f in asyncio_log.filters):
-        asyncio_log.addFilter(_AbandonedOrbaxTasks())
-    if getattr(sys.unraisablehook, "drops_closed_loop_callbacks", False):
-        return
-    previous = sys.unraisablehook
-
-    def hook(unraisable) -> None:
-        if not _is_closed_loop_callback(unraisable):
-            previous(unraisable)
-
-    hook.drops_closed_loop_callbacks = True
-    sys.unraisablehook = hook
-
-
-class _PendingSaveErrors(logging.Filter):
-    """Drops orbax's own ERROR logs (tracebacks from its background threads) while a save
-    of ours is pending: `Checkpointer` reports that save's failure itself, on one line."""
-
-    def __init__(self):
-        super().__init__()
-        self.pending = 0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (self.pending and record.levelno >= logging.ERROR and "orbax/checkpoint" in record.pathname)
-
-
-_SAVE_ERRORS = _PendingSaveErrors()
-_SAVE_ERRORS_LOCK = threading.Lock()
-
-
-def _install_save_error_filter() -> None:
-    absl_log = logging.getLogger("absl")   # orbax logs through absl
-    with _SAVE_ERRORS_LOCK:
-        if _SAVE_ERRORS not in absl_log.filters:
-            absl_log.addFilter(_SAVE_ERRORS)
 
 
 def _eval_loss(metrics) -> float:
@@ -199,11 +74,11 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             preservation_policy=retention, best_fn=_eval_loss, best_mode="min",   # best_fn: metrics are saved
             create=True, enable_async_checkpointing=async_save)
-        _quiet_unrequested_items()   # saved_model_config and restore_latest each read some of the items
+        orbax_logs.quiet_unrequested_items(ITEMS)   # saved_model_config and restore_latest each read some of the items
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
         self._closed = False
         self._pending: dict | None = None   # the save in flight: step, bytes, free space
-        _install_save_error_filter()
+        self._save_errors = orbax_logs.save_errors()
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -223,7 +98,8 @@ class Checkpointer:
         the state was trained with) goes into the step's metadata. On a nearly full disk the
         save is waited for; a failure raises CheckpointSaveFailed."""
         self.wait()   # the previous save's outcome first (orbax would wait for it too)
-        data_states = {f"process_{i}": s for i, s in enumerate(_allgather_json(data_state))}
+        # data iterators are per process, while orbax writes JSON items from process 0 only
+        data_states = {f"process_{i}": s for i, s in enumerate(allgather_json(data_state))}
         needed = sum(leaf.nbytes for leaf in jax.tree.leaves(state) if hasattr(leaf, "nbytes"))
         free = shutil.disk_usage(self.directory).free
         self._begin(step, needed, free)
@@ -259,16 +135,16 @@ class Checkpointer:
 
     def _begin(self, step: int, needed: int, free: int) -> None:
         self._pending = {"step": step, "needed": needed, "free": free}
-        _SAVE_ERRORS.pending += 1
+        self._save_errors.pending += 1
 
     def _end(self) -> None:
         if self._pending is not None:
             self._pending = None
-            _SAVE_ERRORS.pending -= 1
+            self._save_errors.pending -= 1
 
     def _failed(self, error: Exception) -> None:
         pending, self._pending = self._pending or {}, None
-        _SAVE_ERRORS.pending -= 1 if pending else 0
+        self._save_errors.pending -= 1 if pending else 0
         step = pending.get("step")
         self._remove_partial(step)
         latest, why = self.latest_step(), _why(error)
@@ -308,7 +184,7 @@ class Checkpointer:
         checkpoint; None if the directory holds none (then training starts from step 0,
         said in one warning when unreadable checkpoints were moved aside). `abstract_state`
         carries the shapes, dtypes and shardings to restore into."""
-        _quiet_failed_restores()
+        orbax_logs.quiet_failed_restores()
         steps = sorted(self.manager.all_steps(), reverse=True)
         for index, step in enumerate(steps):
             try:
@@ -371,89 +247,3 @@ class Checkpointer:
             self.wait()
         finally:
             self.manager.close()
-
-
-# --------------------------------------------------------------------------- reading a run
-
-
-class PretrainWorkdir:
-    """Read-only view of a pretraining workdir written by `train_and_evaluate`: the model
-    config and parameters of a checkpoint step and the tokenizer the run used.
-
-    The one reader of that layout (roformer.checkpoint_source for warm starts and GLUE init,
-    convert, extrapolation and the ablation use it), kept beside the writer above so the two
-    change together."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path).expanduser().resolve()
-        self.checkpoints = self.path / CHECKPOINTS
-        if not self.path.is_dir():
-            raise ConfigError(f"{path}: no such directory (expected a pretraining workdir)")
-        if not self.checkpoints.is_dir():
-            raise ConfigError(f"{path} is not a pretraining workdir: it has no checkpoints/ directory")
-
-    @staticmethod
-    def holds_run(path: str | Path) -> bool:
-        """Whether `path` is a pretraining workdir (it has a checkpoints/ directory)."""
-        return (Path(path).expanduser() / CHECKPOINTS).is_dir()
-
-    def steps(self) -> list[int]:
-        return sorted(int(p.name) for p in self.checkpoints.iterdir() if p.name.isdigit())
-
-    def resolve_step(self, step: int = -1) -> int:
-        """`step`, or the newest one when step < 0; a step without a checkpoint is refused."""
-        steps = self.steps()
-        if not steps:
-            raise ConfigError(f"{self.path} has no checkpoint yet (checkpoints/ is empty)")
-        if step < 0:
-            return steps[-1]
-        if step not in steps:
-            raise ConfigError(f"{self.path} has no checkpoint at step {step} (it has steps {steps})")
-        return step
-
-    def _manager(self) -> ocp.CheckpointManager:
-        _quiet_unrequested_items()   # model_config and params each read some of the items
-        return ocp.CheckpointManager(self.checkpoints, item_names=ITEMS)
-
-    def model_config(self, step: int = -1):
-        step = self.resolve_step(step)
-        with self._manager() as manager:
-            saved = manager.restore(step, args=ocp.args.Composite(model_config=ocp.args.JsonRestore()))
-        return ModelConfig.from_dict(ModelConfig.saved_fields(saved["model_config"]))
-
-    def params(self, step: int = -1, *, encoder_only: bool = False) -> tuple[Any, dict]:
-        """(ModelConfig, parameters as a pure nested dict on one local device) of `step`.
-
-        The MLM model's parameters, or with `encoder_only` just `RoFormerModel`'s (the
-        `roformer` subtree); the optimizer state is not read. Any mesh may have saved them."""
-        step = self.resolve_step(step)
-        config = self.model_config(step)
-        # Plain shapes (jax.eval_shape of the pure dict): nnx.eval_shape would attach the
-        # declared logical axes, which a caller's active mesh cannot resolve.
-        abstract = jax.eval_shape(lambda: nnx.to_pure_dict(nnx.state(
-            RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)), nnx.Param)))
-        if encoder_only:
-            abstract = {"roformer": abstract["roformer"]}
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                                         abstract)}
-        with self._manager() as manager:
-            restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-                item=target, partial_restore=True,
-                restore_args=jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), target))))
-        params = restored["state"]["params"]
-        return config, params["roformer"] if encoder_only else params
-
-    def run_config(self) -> dict:
-        """The resolved config the run wrote (config.json), or {} for a workdir without one."""
-        path = self.path / "config.json"
-        return json.loads(path.read_text()) if path.is_file() else {}
-
-    @property
-    def tokenizer_file(self) -> Path:
-        return self.path / "tokenizer.json"
-
-    def tokenizer(self):
-        if not self.tokenizer_file.is_file():
-            raise ConfigError(f"{self.path} has no tokenizer.json (pretraining writes it at start-up)")
-        return WordPieceTokenizer.from_tokenizer_json(self.tokenizer_file)

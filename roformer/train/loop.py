@@ -24,18 +24,19 @@ from tqdm.auto import tqdm
 
 from roformer.checkpoint_source import may_differ
 from roformer.data import DataConfig, make_pretrain_data
-from roformer.distributed import initialize_distributed
+from roformer.distributed import allgather_json, initialize_distributed
 from roformer.errors import ConfigError
 from roformer.files import write_json_atomic
 from roformer.model import attention_stats
 from roformer.model import ModelConfig
 from roformer.train import flops, sharding, steps, warm_start
-from roformer.train.checkpoint import CHECKPOINTS, Checkpointer, PretrainWorkdir, _allgather_json
+from roformer.train.checkpoint import Checkpointer
 from roformer.train.config import OPTIMIZER_KEYS, TrainConfig, parse_phases, phase_schedule_factors
 from roformer.train.guard import DivergenceGuard, TrainingDiverged
 from roformer.train.metrics import MetricsWriter, ThroughputTimer, read_metrics
 from roformer.train.optim import make_optimizer
 from roformer.train.state import TrainSetup
+from roformer.workdir import CHECKPOINTS, PretrainWorkdir
 from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.train")
@@ -192,7 +193,7 @@ def _train_phase(config, workdir: Path) -> dict:
         timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,
                                 peak_flops=peak_flops, num_devices=jax.device_count())
         logged = _logged_history(workdir, start_step, tc.divergence_window) if is_main else None
-        logged = logged if jax.process_count() == 1 else _allgather_json(logged)[0]   # one guard everywhere
+        logged = logged if jax.process_count() == 1 else allgather_json(logged)[0]   # one guard everywhere
         guard = resumed_guard(tc, logged, start_step)
         train_log = TrainLog(writer, timer, bar, checkpointer, guard, first_loss=logged["first_loss"],
                              mark={"phase": train_iter.phase, "seq_len": tc.seq_len})   # on every metrics row

@@ -1,0 +1,111 @@
+"""A pretraining run's workdir: its layout and its one reader, `PretrainWorkdir`.
+
+Layout (written by roformer.train: `train_and_evaluate`, the vmapped seeds):
+
+    workdir/config.json            the config as run, plus the resolved ModelConfig
+    workdir/tokenizer.json         the run's tokenizer (and vocab.txt)
+    workdir/checkpoints/<step>/    orbax items ITEMS (+ metrics of a checkpoint taken after an evaluation)
+    workdir/metrics.jsonl, summary.json, tensorboard/
+
+Below train/, convert and checkpoint_source, which all read it through this module.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from roformer import orbax_logs
+from roformer.data.tokenizer import WordPieceTokenizer
+from roformer.errors import ConfigError
+from roformer.model import ModelConfig, RoFormerForMaskedLM
+
+ITEMS = ("state", "data", "model_config")   # a checkpoint step's orbax items
+CHECKPOINTS = "checkpoints"   # a pretraining workdir's checkpoint directory
+
+
+class PretrainWorkdir:
+    """Read-only view of a pretraining workdir written by `train_and_evaluate`: the model
+    config and parameters of a checkpoint step and the tokenizer the run used.
+
+    The one reader of that layout (roformer.checkpoint_source for warm starts and GLUE init,
+    convert, extrapolation and the ablation use it); roformer.train.checkpoint writes it
+    (its item names are ITEMS)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path).expanduser().resolve()
+        self.checkpoints = self.path / CHECKPOINTS
+        if not self.path.is_dir():
+            raise ConfigError(f"{path}: no such directory (expected a pretraining workdir)")
+        if not self.checkpoints.is_dir():
+            raise ConfigError(f"{path} is not a pretraining workdir: it has no checkpoints/ directory")
+
+    @staticmethod
+    def holds_run(path: str | Path) -> bool:
+        """Whether `path` is a pretraining workdir (it has a checkpoints/ directory)."""
+        return (Path(path).expanduser() / CHECKPOINTS).is_dir()
+
+    def steps(self) -> list[int]:
+        return sorted(int(p.name) for p in self.checkpoints.iterdir() if p.name.isdigit())
+
+    def resolve_step(self, step: int = -1) -> int:
+        """`step`, or the newest one when step < 0; a step without a checkpoint is refused."""
+        steps = self.steps()
+        if not steps:
+            raise ConfigError(f"{self.path} has no checkpoint yet (checkpoints/ is empty)")
+        if step < 0:
+            return steps[-1]
+        if step not in steps:
+            raise ConfigError(f"{self.path} has no checkpoint at step {step} (it has steps {steps})")
+        return step
+
+    def _manager(self) -> ocp.CheckpointManager:
+        orbax_logs.quiet_unrequested_items(ITEMS)   # model_config and params each read some of the items
+        return ocp.CheckpointManager(self.checkpoints, item_names=ITEMS)
+
+    def model_config(self, step: int = -1):
+        step = self.resolve_step(step)
+        with self._manager() as manager:
+            saved = manager.restore(step, args=ocp.args.Composite(model_config=ocp.args.JsonRestore()))
+        return ModelConfig.from_dict(ModelConfig.saved_fields(saved["model_config"]))
+
+    def params(self, step: int = -1, *, encoder_only: bool = False) -> tuple[Any, dict]:
+        """(ModelConfig, parameters as a pure nested dict on one local device) of `step`.
+
+        The MLM model's parameters, or with `encoder_only` just `RoFormerModel`'s (the
+        `roformer` subtree); the optimizer state is not read. Any mesh may have saved them."""
+        step = self.resolve_step(step)
+        config = self.model_config(step)
+        # Plain shapes (jax.eval_shape of the pure dict): nnx.eval_shape would attach the
+        # declared logical axes, which a caller's active mesh cannot resolve.
+        abstract = jax.eval_shape(lambda: nnx.to_pure_dict(nnx.state(
+            RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)), nnx.Param)))
+        if encoder_only:
+            abstract = {"roformer": abstract["roformer"]}
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                                         abstract)}
+        with self._manager() as manager:
+            restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+                item=target, partial_restore=True,
+                restore_args=jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), target))))
+        params = restored["state"]["params"]
+        return config, params["roformer"] if encoder_only else params
+
+    def run_config(self) -> dict:
+        """The resolved config the run wrote (config.json), or {} for a workdir without one."""
+        path = self.path / "config.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.path / "tokenizer.json"
+
+    def tokenizer(self):
+        if not self.tokenizer_file.is_file():
+            raise ConfigError(f"{self.path} has no tokenizer.json (pretraining writes it at start-up)")
+        return WordPieceTokenizer.from_tokenizer_json(self.tokenizer_file)
