@@ -15,16 +15,25 @@
 #                       epilogues, cuDNN layer norm, Triton normalisation fusions, launches), each set in
 #                       a process of its own between two reference runs, with its first-step loss, then
 #                       the sets that took under 0.99x the reference's step together
+#   ab_levers.json      the speed levers' A/B (bench levers, about 4 min): at base/512/64 the step
+#                       without them (baseline), all together, each alone and all at batch 128, then
+#                       baseline and all at base/128/256 and small/512/64, in alternating rounds in
+#                       one process (bf16, cuDNN attention); ab_flags<N>.json: baseline and all at
+#                       base/512/64 under each XLA flag set of AB_FLAG_SETS (';'-separated, default
+#                       cuBLASLt epilogues; cuDNN layer norm), a process each (about 1 min each);
+#                       ab.json: all their rows in one table, printed, with x_baseline, each row's
+#                       tokens/s over the flag-free baseline of its shape. The ab step alone:
+#                       STEPS=ab scripts/bench_accelerator.sh OUTDIR (under 6 minutes)
 #   log.txt             everything the commands printed, with each compilation's time
 # Each step has its own time limit and its own file, so a slow one costs only itself.
 # STEPS picks and orders them (default: all, in the order above). Their limits add up to
-# 1,595 s, so on a machine lent for ten minutes a call, split them, e.g.
-#   STEPS="profile gpu runs_mini" then STEPS="runs_tiny runs64_tiny runs64_mini ablation_vmap", STEPS=flags
+# 1,949 s, so on a machine lent for ten minutes a call, split them, e.g.
+#   STEPS="profile gpu runs_mini" then STEPS="runs_tiny runs64_tiny runs64_mini ablation_vmap", STEPS=flags, STEPS=ab
 # Usage: scripts/bench_accelerator.sh OUTDIR   (PYTHON=... to choose the interpreter)
 set -u
 out=${1:?usage: scripts/bench_accelerator.sh OUTDIR}
 py=${PYTHON:-python3}
-known=" profile gpu runs_tiny runs_mini runs64_tiny runs64_mini ablation_vmap flags "
+known=" profile gpu runs_tiny runs_mini runs64_tiny runs64_mini ablation_vmap flags ab "
 steps=${STEPS:-$known}
 for step in $steps; do   # a misspelt step stops the script before any benchmark runs
   [[ $known == *" $step "* ]] || { echo "unknown step '$step'; choose from:$known" >&2; exit 2; }
@@ -93,6 +102,46 @@ keep_trace() {   # the profiler's trace up to DIR itself: a device call brings b
   [ -n "$trace" ] && mv "$trace" "$1/step.trace.json.gz" && rm -rf "$1/plugins"
 }
 
+ab() {   # the levers' A/B, then under each XLA flag set, then one table of them all
+  local sets set index=0
+  # AB_SHAPES, AB_FLAG_SHAPE and AB_ARGS (more levers options, e.g. a CPU smoke test's
+  # "--rounds 1 --iters 1 --vocab-size 512") change what is timed, not the limits.
+  # shellcheck disable=SC2086
+  bench ab_levers 230 levers --shapes ${AB_SHAPES:-base/512/64 base/128/256 small/512/64} --budget-s 195 \
+    --rounds 3 --iters 5 ${AB_ARGS:-}
+  IFS=';' read -ra sets <<<"${AB_FLAG_SETS:---xla_gpu_enable_cublaslt=true;--xla_gpu_enable_cudnn_layer_norm=true}"
+  for set in "${sets[@]}"; do
+    index=$((index + 1))
+    # shellcheck disable=SC2086
+    XLA_FLAGS="${XLA_FLAGS:-} $set" bench "ab_flags$index" 62 levers --shapes "${AB_FLAG_SHAPE:-base/512/64}" \
+      --variants baseline all --budget-s 50 --rounds 3 --iters 5 ${AB_ARGS:-}
+  done
+  "$py" - "$out" "$index" <<'PY'
+import json, sys
+from pathlib import Path
+from roformer.bench.common import format_table, write_json
+out, flag_sets = Path(sys.argv[1]), int(sys.argv[2])
+rows, notes = [], []
+for path in [out / "ab_levers.json", *(out / f"ab_flags{i}.json" for i in range(1, flag_sets + 1))]:
+    if not path.is_file():
+        notes.append(f"{path.name}: no result (log.txt says why)")
+        continue
+    result = json.loads(path.read_text())
+    rows += [{"run": path.stem, **row} for row in result["rows"]]
+    notes += [f"{path.stem}: {note}" for note in result.get("notes", [])]
+baseline = {(r["size"], r["seq"]): r for r in rows if r["run"] == "ab_levers" and r["variant"] == "baseline"}
+for row in rows:
+    base = baseline.get((row["size"], row["seq"]))
+    row["x_baseline"] = row["tokens_s"] / base["tokens_s"] if base else None
+columns = ["run", "size", "seq", "batch", "variant", "xla_flags", "ms_step", "tokens_s", "mfu", "x_tokens",
+           "x_tokens_min", "x_tokens_max", "x_baseline", "loss_step1", "dloss_step1", "program"]
+write_json(out / "ab.json", {"rows": rows, "columns": columns, "notes": notes})
+print(format_table(rows, columns))
+for note in notes:
+    print("note:", note)
+PY
+}
+
 run_step() {
   case $1 in
     profile) bench profile 120 profile --size base --seq-len 512 --batch 64 --scheme rope --dtype bfloat16 \
@@ -106,6 +155,7 @@ run_step() {
     ablation_vmap) ablations ;;
     flags) bench flags 500 flags --timeout-s 80 --combine-below 0.99 --step-args "--sizes base --seq-lens 512 --batch 64 --schemes rope \
              --dtype bfloat16 --attention-impl cudnn --attention-dropout 0 --rounds 3 --iters 5" ;;
+    ab) ab ;;
   esac
 }
 for step in $steps; do

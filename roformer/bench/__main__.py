@@ -1,4 +1,4 @@
-"""python -m roformer.bench <rope|step|profile|hf|scaling|input|gpu|runs|flags> [options] [--json OUT]
+"""python -m roformer.bench <rope|step|profile|hf|scaling|input|gpu|runs|flags|levers> [options] [--json OUT]
 
 Each benchmark is a module roformer/bench/<name>.py exposing add_args(parser) and
 run(args) -> dict with a "rows" list, plus anything else worth keeping: the
@@ -21,7 +21,7 @@ from pathlib import Path
 from roformer.bench.common import format_table, machine_info, write_json
 from roformer.host_memory import retain_host_memory
 
-BENCHMARKS = ("rope", "step", "profile", "hf", "scaling", "input", "gpu", "runs", "flags")
+BENCHMARKS = ("rope", "step", "profile", "hf", "scaling", "input", "gpu", "runs", "flags", "levers")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -1,0 +1,195 @@
+"""levers: the train step's speed levers, each alone and all together, against the step
+without them, in alternating rounds in one process.
+
+Per shape (size/seq_len/batch), each variant builds its own train workload (rope, bf16
+compute by default, attention dropout 0 so that the fused kernel runs, hidden dropout 0.1:
+the step `python -m roformer.pretrain` runs) and compiles it under its own backend forms
+(roformer.model.backend.using_forms: the choice is made while the step is traced), then all
+of them and a square matmul run in alternating rounds, so that every round compares the
+variants under the same load:
+
+  baseline          no backend form, threefry2x32 dropout keys, the shape's batch
+  all               every form below and rbg dropout keys
+  rope_half_pairs   RoPE's pairs as split halves (q/k kernel columns permuted per head)
+  fused_qkv         q, k and v from one product
+  bf16_mlm_logits   bf16 MLM logits, the loss's log-sum-exp in float32
+  rbg_dropout       dropout keys of jax's rbg implementation (XLA's RngBitGenerator)
+  all_batch_x2      `all` at twice the shape's batch
+
+`x_tokens` is a variant's tokens/s over the baseline's (median of the per-round ratios, with
+their min and max): above 1 is faster. `loss_step1` is the first step's loss from the same
+initial parameters and batch: forms that leave the arithmetic alone match the baseline's to
+bf16 rounding; rbg dropout draws other masks and twice the batch is another batch, so theirs
+differ by design. XLA flags (`XLA_FLAGS`) are read once per process: the row says which were
+set, and scripts/bench_accelerator.sh's `ab` step runs this benchmark once per flag set.
+
+Accelerator time is scarce, so a variant that fails to build or to run its first step is a
+note and the rest still run; `--budget-s` starts no build that the builds so far say would
+end past it (shapes are measured in the order given); with --json the result so far is
+written after every shape.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import hashlib
+import os
+import sys
+import time
+
+import jax
+
+from roformer.bench.common import failure, ratio_stats, write_json
+from roformer.bench.step import default_peak_size, step_figures, time_with_matmul, vendor_peak
+from roformer.bench.workload import build_train_workload
+from roformer.model import PRESETS, ModelConfig, backend
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    forms: tuple[str, ...] = ()
+    dropout_rng_impl: str = "threefry2x32"
+    batch_factor: int = 1
+
+
+ALL_FORMS = tuple(backend.FORMS)
+# In the order they are built, so that a budget cut leaves the levers alone last.
+VARIANTS = {
+    "baseline": Variant(),
+    "all": Variant(forms=ALL_FORMS, dropout_rng_impl="rbg"),
+    "rope_half_pairs": Variant(forms=("rope_half_pairs",)),
+    "fused_qkv": Variant(forms=("fused_qkv",)),
+    "bf16_mlm_logits": Variant(forms=("bf16_mlm_logits",)),
+    "rbg_dropout": Variant(dropout_rng_impl="rbg"),
+    "all_batch_x2": Variant(forms=ALL_FORMS, dropout_rng_impl="rbg", batch_factor=2),
+}
+BASELINE = "baseline"
+TABLE_COLUMNS = ("size", "seq", "batch", "variant", "xla_flags", "ms_step", "tokens_s", "mfu", "x_tokens",
+                 "x_tokens_min", "x_tokens_max", "loss_step1", "dloss_step1", "program")
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shapes", nargs="+", default=["base/512/64", "base/128/256", "small/512/64"],
+                        help="size/seq_len/batch, measured in this order")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+                        help="variants of the first shape (baseline is always measured)")
+    parser.add_argument("--other-variants", nargs="+", default=["baseline", "all"], choices=list(VARIANTS),
+                        help="variants of the other shapes")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--attention-impl", default=None, choices=["auto", "xla", "cudnn"],
+                        help="default: cudnn on a GPU, auto elsewhere")
+    parser.add_argument("--vocab-size", type=int, default=30522)
+    parser.add_argument("--peak-size", type=int, default=0, help="side of the matmul probe (0: the platform's)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=5, help="steps per variant per round (median taken)")
+    parser.add_argument("--budget-s", type=float, default=0.0, help="start no build past this (0: no limit)")
+
+
+def parse_shape(text: str) -> tuple[str, int, int]:
+    size, seq_len, batch = text.split("/")
+    if size not in PRESETS:
+        raise SystemExit(f"unknown size {size!r} in shape {text!r}; choose one of {list(PRESETS)}")
+    return size, int(seq_len), int(batch)
+
+
+def build(size: str, seq_len: int, batch: int, variant: Variant, args: argparse.Namespace):
+    """The variant's workload, compiled under its forms, and its first step's loss."""
+    config = ModelConfig.from_preset(size, position="rope", dtype=args.dtype, vocab_size=args.vocab_size,
+                                     max_position_embeddings=max(512, seq_len), attention_dropout=0.0)
+    with backend.using_forms(variant.forms):
+        workload = build_train_workload(config, batch_size=batch * variant.batch_factor, seq_len=seq_len,
+                                        attention_impl=args.attention_impl,
+                                        dropout_rng_impl=variant.dropout_rng_impl)
+    return workload, float(workload.step()[1]["loss"])
+
+
+def program_digest(workload) -> str:
+    """A short digest of the compiled step: variants whose forms change the program differ in it
+    (a form that silently did nothing would not)."""
+    return hashlib.sha1(workload.step_fn.as_text().encode()).hexdigest()[:10]
+
+
+class Budget:
+    """Whether one more build fits before `limit_s` (0: always), judged by the longest so far."""
+
+    def __init__(self, limit_s: float):
+        self.start, self.limit_s, self.longest = time.perf_counter(), limit_s, 0.0
+
+    def allows_build(self) -> bool:
+        return not self.limit_s or time.perf_counter() - self.start + 1.2 * self.longest <= self.limit_s
+
+    def built(self, seconds: float) -> None:
+        self.longest = max(self.longest, seconds)
+
+
+def bench_shape(shape: str, names: list[str], args: argparse.Namespace, budget: Budget,
+                notes: list[str]) -> list[dict]:
+    size, seq_len, batch = parse_shape(shape)
+    names = [n for n in VARIANTS if n == BASELINE or n in names]
+    built, losses = {}, {}
+    for name in names:
+        if not budget.allows_build():
+            notes.append(f"{shape} {name}: not built, past the {args.budget_s:g} s budget")
+            continue
+        started = time.perf_counter()
+        try:
+            built[name], losses[name] = build(size, seq_len, batch, VARIANTS[name], args)
+        except Exception as error:   # noqa: BLE001 (one variant's failure must not end the run)
+            notes.append(f"{shape} {name}: failed ({failure(error)})")
+            gc.collect()
+            if name == BASELINE:
+                return []
+            continue
+        budget.built(time.perf_counter() - started)
+        print(f"levers {shape} {name}: built in {time.perf_counter() - started:.0f} s, "
+              f"first loss {losses[name]:.6f}", file=sys.stderr, flush=True)
+    if BASELINE not in built:
+        return []
+    times, measured_peaks = time_with_matmul({name: w.step for name, w in built.items()}, dtype=args.dtype,
+                                             peak_size=args.peak_size or default_peak_size(),
+                                             rounds=args.rounds, iters=args.iters)
+    table_peak = vendor_peak(args.dtype)
+    base = built[BASELINE]
+    base_rates = [base.tokens_per_step / s for s in times[BASELINE]]
+    rows = []
+    for name, workload in built.items():
+        seconds = times[name]
+        peaks = [table_peak] * len(seconds) if table_peak else measured_peaks
+        stats = ratio_stats([workload.tokens_per_step / s for s in seconds], base_rates)
+        rows.append({"size": size, "seq": seq_len, "batch": workload.batch_size, "variant": name,
+                     "forms": list(VARIANTS[name].forms), "dropout_rng": VARIANTS[name].dropout_rng_impl,
+                     "xla_flags": os.environ.get("XLA_FLAGS", "").strip(),
+                     **step_figures(workload, seconds, peaks, measured_peaks),
+                     "x_tokens": stats["median"], "x_tokens_min": stats["min"], "x_tokens_max": stats["max"],
+                     "loss_step1": losses[name], "dloss_step1": losses[name] - losses[BASELINE],
+                     "program": program_digest(workload),
+                     "ms_step_rounds": [s * 1e3 for s in seconds]})
+    del built, base
+    gc.collect()
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict:
+    if args.attention_impl is None:
+        args.attention_impl = "cudnn" if jax.default_backend() == "gpu" else "auto"
+    budget, rows, notes = Budget(args.budget_s), [], []
+    fixed = {"columns": TABLE_COLUMNS, "peak_flops": vendor_peak(args.dtype),
+             "device_kinds": sorted({d.device_kind for d in jax.devices()}),
+             "settings": {k: v for k, v in vars(args).items() if k != "json"}}
+    if fixed["peak_flops"] is None:
+        notes.append(f"{jax.devices()[0].device_kind}: no vendor peak, so MFU is against the "
+                     f"{args.dtype} matmul rate measured in the same rounds")
+
+    def result(partial: bool) -> dict:
+        return {"rows": rows, "notes": list(notes), "wall_s": round(time.perf_counter() - budget.start, 1),
+                "partial": partial, **fixed}
+
+    for index, shape in enumerate(args.shapes):
+        rows += bench_shape(shape, args.variants if index == 0 else args.other_variants, args, budget, notes)
+        print(f"levers {shape}: done {time.perf_counter() - budget.start:.0f} s after the start",
+              file=sys.stderr, flush=True)
+        if args.json is not None:
+            write_json(args.json, {"benchmark": "levers", **result(partial=True)})
+    return result(partial=False)
+

@@ -1,0 +1,29 @@
+"""`python -m roformer.bench levers`: the speed levers' A/B in one process."""
+import json
+
+from roformer.bench import levers
+from roformer.bench.__main__ import main
+
+
+def test_levers_time_each_variant_against_the_baseline_with_its_own_program(tmp_path, capsys):
+    out = tmp_path / "levers.json"
+    assert main(["levers", "--shapes", "tiny/16/2", "--variants", "all_batch_x2",
+                 "--rounds", "1", "--iters", "1", "--vocab-size", "128", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = {row["variant"]: row for row in result["rows"]}
+    assert list(rows) == ["baseline", "all_batch_x2"]   # the baseline is always measured
+    assert rows["baseline"]["x_tokens"] == 1 and rows["baseline"]["dloss_step1"] == 0
+    assert rows["all_batch_x2"]["batch"] == 4 and rows["all_batch_x2"]["dropout_rng"] == "rbg"
+    assert rows["all_batch_x2"]["forms"] == list(levers.ALL_FORMS)
+    assert rows["baseline"]["program"] != rows["all_batch_x2"]["program"]
+    assert result["partial"] is False and "| all_batch_x2 |" in capsys.readouterr().out
+
+
+def test_budget_refuses_a_build_the_longest_so_far_says_would_end_past_it():
+    budget = levers.Budget(10.0)
+    assert budget.allows_build()
+    budget.built(9.0)
+    assert not budget.allows_build()
+    unlimited = levers.Budget(0.0)
+    unlimited.built(1e6)
+    assert unlimited.allows_build()
