@@ -42,7 +42,7 @@ from tokenizers import Tokenizer
 from roformer import cli
 from roformer.data.tokenizer import CLS, MASK, PAD, SEP, UNK, normalizer_lowercases
 from roformer.errors import ConfigError
-from roformer.files import write_json_atomic
+from roformer.files import write_bytes_atomic, write_json_atomic
 from roformer.model import (
     DTYPES,
     ModelConfig,
@@ -174,14 +174,24 @@ def sinusoid_table(num_positions: int, dim: int) -> np.ndarray:
 # ---------------------------------------------------------------------------- HF files
 
 def _read_weight_file(path: Path) -> dict[str, np.ndarray]:
+    """The tensors of one weight file; a file that cannot be decoded (empty, or cut short by
+    an interrupted download or copy) is a ConfigError naming it."""
     if path.suffix == ".safetensors":
-        return safetensors.numpy.load_file(str(path))
+        try:
+            return safetensors.numpy.load_file(str(path))
+        except Exception as err:  # noqa: BLE001 - the Rust side raises SafetensorError, a plain Exception
+            raise ConfigError(f"{path} ({path.stat().st_size} bytes) is not a readable safetensors file ({err}): "
+                              "it may be truncated; copy, download or convert it again") from err
     try:   # imported here: torch is heavy and optional, needed only for a pytorch_model.bin
         import torch
     except ImportError as err:
         raise ConfigError(f"{path} is a PyTorch pickle; reading it needs torch installed "
                           f"(or convert it to safetensors first)") from err
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, ValueError) as err:   # what torch raises for a cut or foreign file
+        raise ConfigError(f"{path} ({path.stat().st_size} bytes) is not a readable PyTorch checkpoint ({err}): "
+                          "it may be truncated; copy or download it again") from err
     return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
 
 
@@ -415,8 +425,10 @@ def save_hf(model: AnyModel, config: ModelConfig | None, out_dir: str | Path,
     weights = params_to_hf_weights(model)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
-    safetensors.numpy.save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    write_json_atomic(out_dir / "config.json", hf, indent=2, sort_keys=True)
+    # Through the atomic helper: a file the umask makes readable (save_file's own is 0600 on
+    # Linux), and no half-written weights under the final name.
+    write_bytes_atomic(out_dir / "model.safetensors", safetensors.numpy.save(weights, metadata={"format": "pt"}))
     return out_dir
 
 

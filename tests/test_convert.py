@@ -5,7 +5,9 @@ Tiny random models (hidden 32, embedding 24 so `embeddings_project` is exercised
 init LayerNorm to 1/0 and biases to 0, which would hide mapping mistakes).
 """
 import json
+import os
 import re
+import stat
 
 import jax
 import jax.numpy as jnp
@@ -402,3 +404,38 @@ def test_read_model_config_reads_the_architecture_without_the_weights(tmp_path):
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     with pytest.raises(ValueError, match="is a pretraining workdir"):
         checkpoint_source.read_model_config(tmp_path / "run")
+
+
+@pytest.mark.parametrize("cut", ["empty", "half"])
+def test_a_truncated_safetensors_file_is_one_line_naming_it(tmp_path, capsys, cut):
+    """An interrupted download or copy leaves a short model.safetensors: from-hf, and a GLUE or
+    warm-start init from the directory, refuse it in one line naming the file."""
+    from roformer.glue.init import load_init
+
+    model = RoFormerForMaskedLM(ModelConfig(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2,
+                                            intermediate_size=64), rngs=nnx.Rngs(0))
+    hf_dir = convert.save_hf(model, None, tmp_path / "hf")
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    (hf_dir / "vocab.txt").write_text("\n".join(specials + [f"w{i}" for i in range(VOCAB - 5)]) + "\n")
+    weights = hf_dir / "model.safetensors"
+    weights.write_bytes(b"" if cut == "empty" else weights.read_bytes()[: weights.stat().st_size // 2])
+    line = refused(capsys, ["from-hf", str(hf_dir), str(tmp_path / "out")])
+    assert line.startswith(f"error: {weights} ({weights.stat().st_size} bytes) is not a readable safetensors file")
+    assert "it may be truncated" in line and not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match=re.escape(f"{weights} ({weights.stat().st_size} bytes) is not a readable")):
+        load_init(str(hf_dir))
+
+
+def test_to_hf_writes_files_others_can_read(tmp_path):
+    """model.safetensors and config.json get the mode the umask gives any new file (0644 under
+    the usual 022), as transformers' own save_pretrained does, not safetensors' 0600."""
+    model = RoFormerForMaskedLM(ModelConfig(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2,
+                                            intermediate_size=64), rngs=nnx.Rngs(0))
+    umask = os.umask(0o022)
+    try:
+        out = convert.save_hf(model, None, tmp_path / "hf")
+    finally:
+        os.umask(umask)
+    for name in ("model.safetensors", "config.json"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
