@@ -114,7 +114,7 @@ def run(main: Callable[[list[str]], object], *, doc: str, default_config: str | 
     apply the overrides to a default at import, before any error handling);
     `help_config` is the file `--help` lists when neither is given."""
     retain_host_memory()   # before jax runs anything; see host_memory.py
-    if default_config is not None and _config_spec(sys.argv) is None:
+    if default_config is not None and config_spec(sys.argv) is None:
         sys.argv.insert(1, f"--config={default_config}")   # the config flag reads sys.argv itself
     resolve_config_arg(sys.argv)
     config_files.make_importable()
@@ -140,13 +140,13 @@ def _configure_logging() -> None:
 
 def _parse_flags(argv: list[str], *, doc: str, help_config) -> list[str]:
     with user_errors():
-        given = _config_spec(argv)
+        given = config_spec(argv)
         spec = given or (str(help_config) if help_config else None)
         if spec is not None:
             path = spec.split(":", 1)[0]
             if not Path(path).is_file():
                 raise UsageError(f"--config={spec}: no such config file {path}")
-        if any(arg in _HELP_FLAGS for arg in argv[1:]):
+        if asks_for_help(argv):
             print(help_text(doc, spec, given=given is not None))
             raise SystemExit(0)
         try:
@@ -171,7 +171,12 @@ def resolve_config_arg(argv: list[str]) -> None:
             return
 
 
-def _config_spec(argv: list[str]) -> str | None:
+def asks_for_help(argv: list[str]) -> bool:
+    """Whether the command line (`argv[0]` the program) asks for --help, in any of absl's spellings."""
+    return any(arg in _HELP_FLAGS for arg in argv[1:])
+
+
+def config_spec(argv: list[str]) -> str | None:
     """The value of --config (`path[:arg]`) on the command line, if given."""
     for i, arg in enumerate(argv[1:], start=1):
         match = re.match(r"^--?config(=|$)", arg)

@@ -43,6 +43,9 @@ CHOICES = {"source": SOURCES, "file_format": FILE_FORMATS}
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv if argv is None else argv
     command = argv[1] if len(argv) > 1 else ""
+    if command in ("-h", "--help", "help"):
+        print(__doc__)
+        return 0
     if command == "tokenizer":
         return tokenizer_main(argv[2:])
     if command == "prepare":
@@ -57,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         prepare_argv = [f"{argv[0]} prepare", *argv[2:]]
         cli.resolve_config_arg(prepare_argv)
         config_files.make_importable()
+        if cli.asks_for_help(prepare_argv):   # as the other commands: the flags and config keys, exit 0
+            spec = cli.config_spec(prepare_argv)
+            with cli.user_errors():
+                print(cli.help_text(__doc__, spec or str(cli.CONFIG_DIR / "base.py"), given=spec is not None))
+            return 0
         app.run(_prepare_main, argv=prepare_argv)
     print(__doc__, file=sys.stderr)
     return 2

@@ -1,0 +1,34 @@
+"""What the commands tell a person: `--help` exits 0 on every command and subcommand."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("roformer.data", "--help"), ["python -m roformer.data prepare", "tokenizer train"]),
+    (("roformer.data", "prepare", "--help"), ["--processes:", "config keys of configs/base.py",
+                                               "data.vocab_size = "]),
+    (("roformer.data", "prepare", "--config=configs/tiny.py", "-h"), ["config keys of configs/tiny.py",
+                                                                      "train.steps = 250"]),
+    (("roformer.data", "tokenizer", "--help"), ["train", "encode"]),
+])
+def test_data_help_exits_0(args, expected):
+    proc = run(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for text in expected:
+        assert text in proc.stdout, text
+
+
+def test_data_without_a_command_is_a_usage_error():
+    proc = run("roformer.data")
+    assert proc.returncode == 2 and "python -m roformer.data prepare" in proc.stderr
