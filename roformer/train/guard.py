@@ -81,10 +81,14 @@ class DivergenceGuard:
     def good_checkpoint_step(self) -> int:
         """The newest step whose checkpoint holds parameters known to be in range. The loss
         of step s is that of the parameters after step s - 1: when step s's loss is out of
-        range, checkpoints from step s - 1 on are not."""
-        if self.onset is not None:
-            return self.onset - 2
-        return max(self.last_good_step - 1, self.resumed_step)
+        range, checkpoints from step s - 1 on are not. Until a logged loss since the resume
+        was in range, the checkpoint the run resumed from is not trusted either: it may be
+        the one that produced the divergence (damaged, or its optimizer state), and naming
+        it would send the same command back into it."""
+        step = self.onset - 2 if self.onset is not None else max(self.last_good_step - 1, self.resumed_step)
+        if self.resumed_step and self.last_good_step <= self.resumed_step:
+            step = min(step, self.resumed_step - 1)
+        return step
 
     def check_loss(self, step: int, loss: float, step_losses: list[tuple[int, float]] | None = None) -> str | None:
         """Record a logged training loss (the mean of `step_losses`, each step's own); what
