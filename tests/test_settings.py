@@ -9,9 +9,7 @@ import pytest
 from configs import glue as glue_config
 from roformer.data.config import DataConfig
 from roformer.errors import ConfigError
-from roformer.glue.settings import check_config
 from roformer.model import ModelConfig
-from roformer.settings import allowed, is_allowed
 from roformer.train.config import TrainConfig
 
 BAD = (-5, "x", True)   # a negative, a non-number, a bool (not a number either)
@@ -71,7 +69,9 @@ def test_every_numeric_glue_setting_refuses_bad_values_in_one_line(key):
             node = node[section]
         with node.ignore_type():
             node[name] = value
-        return lambda: check_config(config), node[name]   # a float key holds -5 as -5.0
+        return lambda: check_config(config), node[name]
+
+    from roformer.glue.settings import check_config   # a float key holds -5 as -5.0
 
     for value in BAD[:2]:   # a ConfigDict float key turns True into 1.0 itself
         assert_refused(*make(value)[:1], f"config.{key}", make(value)[1])
@@ -108,6 +108,8 @@ def test_the_issue_cases_name_key_value_and_what_is_allowed():
     ("bool", [True, False], [0, 1, "true"], "True or False"),
 ])
 def test_rules_read_as_they_are_written(rule, good, bad, words):
+    from roformer.settings import allowed, is_allowed
+
     assert all(is_allowed(v, rule) for v in good) and not any(is_allowed(v, rule) for v in bad)
     assert allowed(rule) == words
 
