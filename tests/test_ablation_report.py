@@ -99,3 +99,20 @@ def test_convergence_table_shows_at_most_twelve_evaluations_and_the_first_separa
                                            "at_step": points}))
     assert "13 of 80 evaluations, all of them in ablation.json" in md
     assert md.splitlines()[-1].count("|") == 14 + 1   # "Δ loss" and 13 cells
+
+
+def test_a_run_short_of_the_unigram_loss_has_a_banner_and_no_findings_in_its_markdown():
+    runs = [_run(scheme, k, loss + k, [0.0, 0.5, 1.0]) for k in range(2) for scheme, loss in (("rope", 7.0),
+                                                                                               ("learned", 9.0))]
+    short = report.summarize({"seeds": 2, "unigram_loss": 6.5}, runs, [], reference="rope", baseline="learned")
+    assert report.short_of_unigram(short) and short["findings"]   # ablation.json keeps them
+    text = report.to_markdown(short)
+    assert "No findings: a pipeline check" in text and "6.500 nats" in text and "## Findings" not in text
+    learned = report.summarize({"seeds": 2, "unigram_loss": 8.0}, runs, [], reference="rope", baseline="learned")
+    assert not report.short_of_unigram(learned)
+    assert "## Findings" in report.to_markdown(learned) and "No findings" not in report.to_markdown(learned)
+
+
+def test_token_counts_of_a_short_run_are_distinct():
+    assert [report._mtokens(n) for n in (None, 640, 20_480, 40_960, 3e5, 1.3e7)] == [
+        "—", "640", "20k", "41k", "0.3M", "13.0M"]

@@ -105,6 +105,15 @@ def summarize(setup: Mapping, runs: list[dict], extension: list[dict], *, refere
     return result
 
 
+def short_of_unigram(result: Mapping) -> bool:
+    """Whether no scheme's held-out loss is below the unigram loss (a smoke run): such models
+    have not learned from context yet, and their differences say nothing about the schemes,
+    so the markdown report states no findings (ablation.json keeps them)."""
+    unigram = result.get("setup", {}).get("unigram_loss")
+    losses = [s["eval_loss"]["mean"] for s in result["schemes"] if s.get("eval_loss")]
+    return bool(unigram and losses and min(losses) >= unigram)
+
+
 def _scheme_row(scheme: str, runs: list[dict], ref_runs: Mapping[int, dict], reference: str,
                 order_threshold: float) -> dict:
     done = [r for r in runs if r["status"] == "done"]
@@ -447,7 +456,11 @@ def to_markdown(result: Mapping) -> str:
     if setup:
         lines += [", ".join(f"{k}: {_fmt(v) if not isinstance(v, float) else f'{v:.3f}'}" for k, v in setup.items()),
                   ""]
-    if result.get("findings"):
+    if short_of_unigram(result):
+        lines += [f"> **No findings: a pipeline check.** No scheme's held-out loss is below the unigram loss "
+                  f"({setup['unigram_loss']:.3f} nats): the models have not learned from context yet, so the "
+                  "tables show that every stage ran, not which scheme is better.", ""]
+    elif result.get("findings"):
         lines += ["## Findings", ""] + [f"- {f}" for f in result["findings"]] + [""]
     lines += _pretraining_md(schemes, reference)
     lines += _attention_md(schemes)
@@ -533,7 +546,10 @@ def _extension_md(ext: Mapping, setup: Mapping) -> list[str]:
 
 
 def _mtokens(n: float | None) -> str:
-    return "—" if n is None else f"{n / 1e6:.1f}M"
+    if n is None:
+        return "—"
+    # thousands below 0.05M, so a short run's columns do not all read 0.0M
+    return f"{n / 1e6:.1f}M" if n >= 5e4 else f"{n / 1e3:.0f}k" if n >= 1e3 else f"{n:.0f}"
 
 
 def _onset_md(onset_result: Mapping | None) -> list[str]:
