@@ -1,8 +1,9 @@
 """Base MLM pretraining config; the per-scheme files change a few keys.
 
-`get_config("size=base,source=files")` takes comma-separated overrides for the
-model size preset and the data source; any key can also be set on the command
-line, e.g. `--config.train.steps=1000 --config.model.size=mini`.
+`get_config("size=base,source=files,accel=gpu")` takes comma-separated overrides for the
+model size preset, the data source and the accelerator setting (`accel=gpu|tpu`: bf16
+compute, no attention dropout, the fused attention kernel; roformer/accelerator.py); any key
+can also be set on the command line, e.g. `--config.train.steps=1000 --config.model.size=mini`.
 """
 import dataclasses
 import typing
@@ -10,8 +11,8 @@ import typing
 import ml_collections
 from ml_collections import config_dict
 
+from roformer.accelerator import apply_accelerator_setting, parse_config_arg
 from roformer.data.config import DataConfig
-from roformer.errors import ConfigError
 from roformer.model import PRESETS, ModelConfig
 from roformer.train.config import RETIRED_KEYS, TrainConfig
 
@@ -23,18 +24,8 @@ FROM_PRESET = (*sorted({name for preset in PRESETS.values() for name in preset})
 
 
 def parse_arg(arg: str | None) -> dict[str, str]:
-    """'size=base,source=files' -> {'size': 'base', 'source': 'files'}."""
-    if not arg:
-        return {}
-    pairs = [item.split("=", 1) for item in arg.split(",") if item]
-    bad = [p[0] for p in pairs if len(p) != 2]
-    if bad:
-        raise ConfigError(f"config argument items must be key=value, got {bad} in {arg!r}")
-    known = {"size", "source"}
-    unknown = sorted({k for k, _ in pairs} - known)
-    if unknown:
-        raise ConfigError(f"unknown config argument(s) {unknown}; known: {sorted(known)}")
-    return dict(pairs)
+    """'size=base,source=files,accel=gpu' -> {'size': 'base', 'source': 'files', 'accel': 'gpu'}."""
+    return parse_config_arg(arg, keys=("size", "source", "accel"), where="config")
 
 
 def model_section(size: str) -> ml_collections.ConfigDict:
@@ -64,6 +55,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     args = parse_arg(arg)
     config = ml_collections.ConfigDict()
     config.model = model_section(args.get("size", "base"))
+    if "accel" in args:
+        apply_accelerator_setting(config.model, args["accel"])
 
     # Data: the DataConfig fields and defaults (roformer/data/config.py).
     config.data = ml_collections.ConfigDict(dataclasses.asdict(DataConfig()))

@@ -4,11 +4,14 @@ Defaults follow Cramming's "GLUE-sane" protocol: one hyper-parameter set for eve
 (AdamW lr 4e-5, batch 32, up to 5 epochs, 10% warmup, linear decay, max length 128),
 5 seeds, median reported. `per_task.<task>.<key>` overrides one task (None = global).
 
-Variants: `configs/glue.py:smoke` shrinks everything for a minutes-long CPU check.
+Arguments (comma-separated, e.g. `configs/glue.py:smoke,accel=gpu`):
+  smoke       shrinks everything for a minutes-long CPU check;
+  accel=gpu   the accelerator setting (also accel=tpu): bf16 compute and no attention
+              dropout, so attention runs as the fused kernel (roformer.accelerator).
 """
 import ml_collections
 
-from roformer.errors import ConfigError
+from roformer.accelerator import apply_accelerator_setting, parse_config_arg
 from roformer.model import ModelConfig
 
 TASK_NAMES = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
@@ -36,11 +39,13 @@ def get_config(arg=None):
 
     # Model. From a checkpoint the architecture is the checkpoint's; size / vocab_size set
     # here must then match it (a mismatch is refused). With init=none: size "" -> "mini".
-    # Dropout and the compute dtype (model.dtype, as in pretraining) start at ModelConfig's
-    # defaults and may differ from the checkpoint's.
+    # Dropout, the compute dtype (model.dtype, as in pretraining) and the attention kernel
+    # (attention_impl: auto picks the fastest this device and model allow) start at
+    # ModelConfig's defaults, not the checkpoint's: a run on another device may need others.
     c.model = ml_collections.ConfigDict(dict(
         size="", vocab_size=0, position="", hidden_dropout=ModelConfig.hidden_dropout,
-        attention_dropout=ModelConfig.attention_dropout, dtype=ModelConfig.dtype))
+        attention_dropout=ModelConfig.attention_dropout, dtype=ModelConfig.dtype,
+        attention_impl=ModelConfig.attention_impl))
 
     # Protocol.
     c.learning_rate = 4e-5
@@ -61,18 +66,20 @@ def get_config(arg=None):
     c.eval_batch_size = 128
     c.predict_test = False          # write leaderboard TSVs + zip (with the median-seed model)
     c.log_every = 50
+    c.progress_bar = True           # a bar per task and seed (on a terminal)
     placeholder = ml_collections.config_dict.placeholder  # typed None: CLI-overridable
     c.per_task = ml_collections.ConfigDict({
         t: ml_collections.ConfigDict({k: placeholder(typ) for k, typ in PER_TASK_KEYS.items()})
         for t in TASK_NAMES})
 
-    if arg == "smoke":
+    args = parse_config_arg(arg, flags=("smoke",), keys=("accel",), where="configs/glue.py")
+    if "smoke" in args:
         c.task = "sst2,mrpc,cola,stsb"
         c.seeds = 1
         c.max_train_examples = 512
         c.max_eval_examples = 256
         c.num_epochs = 1.0
         c.max_seq_len = 64
-    elif arg:
-        raise ConfigError(f"unknown configs/glue.py variant {arg!r}; choose 'smoke' or nothing")
+    if "accel" in args:
+        apply_accelerator_setting(c.model, args["accel"])
     return c

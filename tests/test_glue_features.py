@@ -7,7 +7,7 @@ import pytest
 
 from conftest import needs_transformers
 from roformer.data.tokenizer import load_tokenizer
-from roformer.glue.features import (bucket_lengths, eval_batches, featurize, train_batches,
+from roformer.glue.features import (bucket_lengths, eval_batches, featurize, planned_train_batches,
                                     truncate_longest_first)
 from roformer.glue.readers import Example, read_split
 from roformer.glue.submission import SUBMISSION_FILES, write_predictions, zip_submission
@@ -55,15 +55,21 @@ def test_buckets_and_batches(tokenizer):
     assert bucket_lengths(64) == (16, 32, 64) and bucket_lengths(128) == (16, 32, 64, 128)
     assert feats.lengths.max() == 64  # truncated to max_seq_len
     seen = []
-    for batch in train_batches(feats, 4, 64, tokenizer.pad_id, np.random.default_rng(0)):
-        assert batch["input_ids"].shape[0] == 4 and batch["input_ids"].shape[1] in (16, 32, 64)
+    plan = planned_train_batches(feats, 4, 64, seed=0, total_steps=3)   # one epoch of 10 rows
+    for length, rows in plan:
+        batch = feats.batch(rows, 4, length, tokenizer.pad_id)
+        assert batch["input_ids"].shape == (4, length) and length in (16, 32, 64)
+        assert length == bucket_lengths(64)[np.searchsorted(bucket_lengths(64), feats.lengths[rows].max())]
         real = batch["weights"] > 0
-        assert np.all(batch["attention_mask"][~real] == 0)
+        assert np.all(batch["attention_mask"][~real] == 0) and np.all(batch["lengths"] >= 1)
         assert np.array_equal(batch["attention_mask"] == 1, batch["input_ids"] != 0)
+        assert np.array_equal(batch["lengths"][real], batch["attention_mask"][real].sum(axis=1))
         seen += batch["labels"][real].tolist()
     assert sorted(seen) == sorted(feats.labels.tolist())  # one epoch = every example once
+    assert len(planned_train_batches(feats, 4, 64, seed=0, total_steps=7)) == 7   # into a third epoch
     rows_seen = []
-    for rows, batch in eval_batches(feats, 4, 64, tokenizer.pad_id):
+    for length, rows in eval_batches(feats, 4, 64):
+        batch = feats.batch(rows, 4, length, tokenizer.pad_id)
         for i, r in enumerate(rows):
             n = len(feats.input_ids[r])
             assert batch["input_ids"][i, :n].tolist() == feats.input_ids[r].tolist()

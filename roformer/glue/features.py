@@ -70,6 +70,31 @@ class Features:
     def lengths(self) -> np.ndarray:
         return np.array([len(x) for x in self.input_ids], np.int32)
 
+    def head(self, n: int) -> "Features":
+        """The first n examples."""
+        return Features(self.input_ids[:n], self.token_type_ids[:n], self.labels[:n], self.idx[:n])
+
+    def batch(self, rows: np.ndarray, batch_size: int, length: int, pad_id: int) -> dict[str, np.ndarray]:
+        """`rows` right-padded to [batch_size, length]; missing rows get weight 0 (and length 1,
+        a lone padding token, so no attention row is empty) so the batch shape, and the
+        compiled step, stay the same for a short last batch. `lengths` [batch_size] is the
+        padding in the form attention kernels take; `attention_mask` says the same per token."""
+        input_ids = np.full((batch_size, length), pad_id, np.int32)
+        token_type_ids = np.zeros((batch_size, length), np.int32)
+        lengths = np.ones((batch_size,), np.int32)
+        for i, r in enumerate(rows):
+            n = len(self.input_ids[r])
+            input_ids[i, :n] = self.input_ids[r]
+            token_type_ids[i, :n] = self.token_type_ids[r]
+            lengths[i] = n
+        labels = np.zeros((batch_size,), self.labels.dtype)
+        labels[:len(rows)] = self.labels[rows]
+        weights = np.zeros((batch_size,), np.float32)
+        weights[:len(rows)] = 1.0
+        attention_mask = (np.arange(length)[None, :] < lengths[:, None]) & (weights[:, None] > 0)
+        return {"input_ids": input_ids, "token_type_ids": token_type_ids, "lengths": lengths,
+                "attention_mask": attention_mask.astype(np.int32), "labels": labels, "weights": weights}
+
 
 def featurize(examples: Sequence[Example], tokenizer, max_seq_len: int,
               regression: bool = False) -> Features:
@@ -106,48 +131,40 @@ def bucket_lengths(max_seq_len: int, smallest: int = 16) -> tuple[int, ...]:
     return (*buckets, max_seq_len)
 
 
-def _bucket_for(length: int, buckets: tuple[int, ...]) -> int:
+def bucket_for(length: int, buckets: tuple[int, ...]) -> int:
     for b in buckets:
         if length <= b:
             return b
     return buckets[-1]
 
 
-def make_batch(features: Features, rows: np.ndarray, batch_size: int,
-               buckets: tuple[int, ...], pad_id: int) -> dict[str, np.ndarray]:
-    """Pad `rows` to [batch_size, bucket]; missing rows get weight 0 so the batch
-    shape (and the compiled step) stays the same for a short last batch."""
-    length = _bucket_for(max(len(features.input_ids[r]) for r in rows), buckets)
-    input_ids = np.full((batch_size, length), pad_id, np.int32)
-    token_type_ids = np.zeros((batch_size, length), np.int32)
-    attention_mask = np.zeros((batch_size, length), np.int32)
-    for i, r in enumerate(rows):
-        n = len(features.input_ids[r])
-        input_ids[i, :n] = features.input_ids[r]
-        token_type_ids[i, :n] = features.token_type_ids[r]
-        attention_mask[i, :n] = 1
-    labels = np.zeros((batch_size,), features.labels.dtype)
-    labels[:len(rows)] = features.labels[rows]
-    weights = np.zeros((batch_size,), np.float32)
-    weights[:len(rows)] = 1.0
-    return {"input_ids": input_ids, "token_type_ids": token_type_ids,
-            "attention_mask": attention_mask, "labels": labels, "weights": weights}
+def _padded_length(features: Features, rows: np.ndarray, buckets: tuple[int, ...]) -> int:
+    return bucket_for(max(len(features.input_ids[r]) for r in rows), buckets)
 
 
-def train_batches(features: Features, batch_size: int, max_seq_len: int, pad_id: int,
-                  rng: np.random.Generator) -> Iterator[dict[str, np.ndarray]]:
-    """One epoch in a random order (every example once)."""
+def planned_train_batches(features: Features, batch_size: int, max_seq_len: int, seed: int,
+                          total_steps: int) -> list[tuple[int, np.ndarray]]:
+    """The (padded length, rows) of every training step, planned ahead (so every program
+    a run needs can be compiled before its first step): epochs in random orders (each
+    example once per epoch, from `seed`), cut at `total_steps`."""
     buckets = bucket_lengths(max_seq_len)
-    order = rng.permutation(len(features))
-    for start in range(0, len(order), batch_size):
-        yield make_batch(features, order[start:start + batch_size], batch_size, buckets, pad_id)
+    rng = np.random.default_rng(seed)
+    plan = []
+    while len(plan) < total_steps:
+        order = rng.permutation(len(features))
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            plan.append((_padded_length(features, rows, buckets), rows))
+            if len(plan) == total_steps:
+                break
+    return plan
 
 
-def eval_batches(features: Features, batch_size: int, max_seq_len: int, pad_id: int):
-    """Batches sorted by length (less padding); yields (rows, batch) so predictions can
-    be put back in the original order."""
+def eval_batches(features: Features, batch_size: int, max_seq_len: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(padded length, rows) of batches sorted by length (less padding); the rows let
+    predictions be put back in the original order."""
     buckets = bucket_lengths(max_seq_len)
     order = np.argsort(features.lengths, kind="stable")
     for start in range(0, len(order), batch_size):
         rows = order[start:start + batch_size]
-        yield rows, make_batch(features, rows, batch_size, buckets, pad_id)
+        yield _padded_length(features, rows, buckets), rows

@@ -1,10 +1,23 @@
-"""Fine-tune one sequence-classification model on one task with one seed, and predict."""
+"""Fine-tune one sequence-classification model on one task with one seed, and predict.
+
+Built so an accelerator is never waiting on the host:
+- the steps are jitted functions of split state (plain pytrees of params, optimizer
+  state and RNG state), as in pretraining, not NNX objects walked on every call;
+- the learning rate is an argument of the train step, so one compiled program serves every
+  schedule: all seeds, and every task with the same architecture and batch shape;
+- every (padded length) program a task will run is compiled before its first step
+  (`Programs.prepare`, in parallel threads, or loaded from jax's persistent cache);
+- nothing is fetched from the device while training or predicting: losses and
+  predictions stay there and are read once at the end.
+"""
 from __future__ import annotations
 
 import dataclasses
-import functools
+import logging
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -15,11 +28,15 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from roformer.errors import ConfigError
-from roformer.glue.features import Features, eval_batches, train_batches
+from roformer.glue.features import Features, eval_batches, planned_train_batches
 from roformer.model import ModelConfig, RoFormerForSequenceClassification
-from roformer.train.optim import make_optimizer
+from roformer.train.optim import decay_mask, make_schedule
+from roformer.train.steps import reseeded
 
-MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+log = logging.getLogger("roformer.glue")
+
+MODEL_INPUTS = ("input_ids", "token_type_ids", "lengths")
+TRAIN_INPUTS = (*MODEL_INPUTS, "labels", "weights")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,18 +86,24 @@ class Protocol:
                               f"num_epochs={self.num_epochs}, max_steps={self.max_steps}")
         return steps
 
+    def schedule(self, total_steps: int) -> optax.Schedule:
+        return make_schedule(learning_rate=self.learning_rate, total_steps=total_steps,
+                             warmup_steps=int(round(self.warmup_fraction * total_steps)), decay=self.decay)
 
-@functools.lru_cache(maxsize=32)
-def build_optimizer(protocol: Protocol, total_steps: int):
-    """AdamW + warmup/decay + clipping, built by the pretraining optimizer helper.
+    @property
+    def update_settings(self) -> tuple:
+        """What the compiled train step depends on besides shapes (not the learning rate)."""
+        return (self.b1, self.b2, self.eps, self.weight_decay, self.clip_norm)
 
-    Cached: the transform is static state of `nnx.Optimizer`, so reusing the same
-    object across seeds lets the jitted train step hit its compilation cache."""
-    return make_optimizer(
-        learning_rate=protocol.learning_rate, total_steps=total_steps,
-        warmup_steps=int(round(protocol.warmup_fraction * total_steps)), decay=protocol.decay,
-        weight_decay=protocol.weight_decay, b1=protocol.b1, b2=protocol.b2, eps=protocol.eps,
-        clip_norm=protocol.clip_norm)
+
+def unit_rate_adamw(b1: float, b2: float, eps: float, weight_decay: float, clip_norm: float):
+    """optax.adamw after global-norm clipping, with the learning rate left out (the updates
+    are -(adam + weight_decay * param)): the train step multiplies them by the step's rate,
+    which equals optax.adamw on the same schedule (test)."""
+    parts = [optax.clip_by_global_norm(clip_norm)] if clip_norm and clip_norm > 0 else []
+    parts += [optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+              optax.add_decayed_weights(weight_decay, mask=decay_mask), optax.scale(-1.0)]
+    return optax.chain(*parts)
 
 
 def classification_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array,
@@ -94,26 +117,7 @@ def classification_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array
 
 
 def _forward(model, batch):
-    return model(batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                 attention_mask=batch["attention_mask"])
-
-
-@functools.lru_cache(maxsize=2)
-def _make_train_step(regression: bool):
-    @nnx.jit
-    def train_step(model, optimizer, batch):
-        def loss_fn(model):
-            return classification_loss(_forward(model, batch), batch["labels"],
-                                       batch["weights"], regression)
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
-        optimizer.update(model, grads)
-        return loss
-    return train_step
-
-
-@nnx.jit
-def _logits_step(model, batch):
-    return _forward(model, batch)
+    return model(batch["input_ids"], token_type_ids=batch["token_type_ids"], lengths=batch["lengths"])
 
 
 def create_model(model_config: ModelConfig, num_labels: int, seed: int,
@@ -126,46 +130,172 @@ def create_model(model_config: ModelConfig, num_labels: int, seed: int,
     return model
 
 
-def finetune(model, features: Features, protocol: Protocol, *, regression: bool, seed: int,
-             pad_id: int, desc: str = "", log_every: int = 50,
-             log_fn: Callable[[dict], None] | None = None) -> dict:
-    """Train `model` in place; returns {"steps", "final_loss"}."""
+@dataclasses.dataclass
+class Classifier:
+    """A classifier as split state: the graph, float32 params and RNG state (pytrees)."""
+    graphdef: nnx.GraphDef
+    params: dict
+    rest: nnx.State
+
+    @classmethod
+    def split(cls, model: RoFormerForSequenceClassification) -> "Classifier":
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        return cls(graphdef, nnx.to_pure_dict(params), rest)
+
+    def model(self) -> RoFormerForSequenceClassification:
+        """The NNX model with these params, in eval mode (a copy: the split state is kept)."""
+        model = nnx.merge(self.graphdef, nnx.State(jax.tree.map(jnp.asarray, self.params)), self.rest)
+        model.eval()
+        return model
+
+
+def _batch_spec(batch_size: int, length: int, inputs: Iterable[str], label_dtype) -> dict:
+    shapes = {"input_ids": (batch_size, length), "token_type_ids": (batch_size, length),
+              "lengths": (batch_size,), "labels": (batch_size,), "weights": (batch_size,)}
+    dtypes = {"labels": label_dtype, "weights": jnp.float32}
+    return {k: jax.ShapeDtypeStruct(shapes[k], dtypes.get(k, jnp.int32)) for k in inputs}
+
+
+class Programs:
+    """The compiled train and predict programs of one architecture (graph, number of
+    labels) and one optimizer setting, keyed by batch shape; kept for every seed and task
+    that share them."""
+
+    def __init__(self, classifier: Classifier, update_settings: tuple, regression: bool):
+        self.graphdef = classifier.graphdef
+        self.regression = regression
+        self.tx = unit_rate_adamw(*update_settings)
+        self.label_dtype = jnp.float32 if regression else jnp.int32
+        abstract = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)  # noqa: E731
+        self.abstract_params = abstract(classifier.params)
+        self.abstract_opt_state = jax.eval_shape(self.tx.init, self.abstract_params)
+        self.abstract_rest = abstract(classifier.rest)
+        self._train, self._predict = {}, {}
+        self.compile_seconds = 0.0
+
+    def _train_fn(self):
+        graphdef, tx, regression = self.graphdef, self.tx, self.regression
+
+        def train_step(params, opt_state, rest, batch, learning_rate, base_key, step):
+            def loss_fn(params):
+                model = nnx.merge(graphdef, nnx.State(params), reseeded(rest, jax.random.fold_in(base_key, step)))
+                model.train()
+                return classification_loss(_forward(model, batch), batch["labels"], batch["weights"], regression)
+
+            loss, grads = jax.value_and_grad(loss_fn)(params)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            updates = jax.tree.map(lambda u: learning_rate * u, updates)
+            return optax.apply_updates(params, updates), opt_state, loss
+
+        return jax.jit(train_step, donate_argnums=(0, 1))
+
+    def _predict_fn(self):
+        graphdef, regression = self.graphdef, self.regression
+
+        def predict_step(params, rest, batch):
+            model = nnx.merge(graphdef, nnx.State(params), rest)
+            model.eval()
+            logits = _forward(model, batch)
+            return logits[:, 0] if regression else jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+        return jax.jit(predict_step)
+
+    def _lower_train(self, batch_size: int, length: int):
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        return self._train_fn().lower(
+            self.abstract_params, self.abstract_opt_state, self.abstract_rest,
+            _batch_spec(batch_size, length, TRAIN_INPUTS, self.label_dtype),
+            jax.ShapeDtypeStruct((), jnp.float32), key, jax.ShapeDtypeStruct((), jnp.int32))
+
+    def _lower_predict(self, batch_size: int, length: int):
+        return self._predict_fn().lower(self.abstract_params, self.abstract_rest,
+                                        _batch_spec(batch_size, length, MODEL_INPUTS, self.label_dtype))
+
+    def prepare(self, train_shapes: Iterable[tuple[int, int]], predict_shapes: Iterable[tuple[int, int]],
+                threads: int = 8) -> float:
+        """Compile every (batch, length) program not compiled yet, in parallel; returns the
+        seconds it took. Tracing happens here too, so a model whose attention a kernel
+        cannot take fails now, before any training."""
+        todo = [("train", s) for s in sorted(set(train_shapes)) if s not in self._train]
+        todo += [("predict", s) for s in sorted(set(predict_shapes)) if s not in self._predict]
+        if not todo:
+            return 0.0
+        start = time.perf_counter()
+        lowered = [(kind, shape, (self._lower_train if kind == "train" else self._lower_predict)(*shape))
+                   for kind, shape in todo]      # tracing is Python: one thread
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(lowered)))) as pool:
+            compiled = list(pool.map(lambda item: item[2].compile(), lowered))
+        for (kind, shape, _), program in zip(lowered, compiled):
+            (self._train if kind == "train" else self._predict)[shape] = program
+        seconds = time.perf_counter() - start
+        self.compile_seconds += seconds
+        return seconds
+
+    def train_step(self, batch_size: int, length: int):
+        if (batch_size, length) not in self._train:
+            self.prepare([(batch_size, length)], [])
+        return self._train[(batch_size, length)]
+
+    def predict_step(self, batch_size: int, length: int):
+        if (batch_size, length) not in self._predict:
+            self.prepare([], [(batch_size, length)])
+        return self._predict[(batch_size, length)]
+
+
+def _device_batch(batch: dict[str, np.ndarray], keys: Iterable[str]) -> dict:
+    return jax.device_put({k: batch[k] for k in keys})
+
+
+def finetune(classifier: Classifier, programs: Programs, features: Features, protocol: Protocol, *,
+             seed: int, pad_id: int, desc: str = "", log_every: int = 50,
+             log_fn: Callable[[dict], None] | None = None, progress: bool = True) -> tuple[Classifier, dict]:
+    """Train from `classifier`; returns (the trained classifier, {"steps", "final_loss",
+    "steps_per_sec"}). The losses are read from the device once, after the last step."""
     total_steps = protocol.total_steps(len(features))
-    tx, schedule = build_optimizer(protocol, total_steps)
-    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-    train_step = _make_train_step(regression)
-    rng = np.random.default_rng(seed)
-    model.train()
-    step, loss_sum, loss_count, last_loss = 0, 0.0, 0, float("nan")
-    with tqdm(total=total_steps, desc=desc, unit="step", leave=False, dynamic_ncols=True) as bar:
-        while step < total_steps:
-            for batch in train_batches(features, protocol.batch_size, protocol.max_seq_len,
-                                       pad_id, rng):
-                loss = train_step(model, optimizer, batch)
-                step += 1
-                bar.update(1)
-                if step % log_every == 0 or step == total_steps:
-                    last_loss = float(loss)
-                    if not math.isfinite(last_loss):
-                        raise FloatingPointError(f"{desc}: loss is {last_loss} at step {step}")
-                    loss_sum, loss_count = loss_sum + last_loss, loss_count + 1
-                    bar.set_postfix(loss=f"{last_loss:.4f}")
-                    if log_fn:
-                        log_fn({"step": step, "loss": last_loss,
-                                "learning_rate": float(schedule(step - 1))})
-                if step >= total_steps:
-                    break
-    model.eval()
-    return {"steps": total_steps, "final_loss": last_loss}
+    schedule = protocol.schedule(total_steps)
+    batches = planned_train_batches(features, protocol.batch_size, protocol.max_seq_len, seed, total_steps)
+    programs.prepare([(protocol.batch_size, length) for length, _ in batches], [])
+    params = jax.device_put(classifier.params)
+    opt_state = programs.tx.init(params)
+    rest, base_key = classifier.rest, jax.random.key(seed)
+    logged = []
+    start = time.perf_counter()
+    with tqdm(total=total_steps, desc=desc, unit="step", leave=False, dynamic_ncols=True,
+              disable=not progress) as bar:
+        for step, (length, rows) in enumerate(batches):
+            batch = _device_batch(features.batch(rows, protocol.batch_size, length, pad_id), TRAIN_INPUTS)
+            params, opt_state, loss = programs.train_step(protocol.batch_size, length)(
+                params, opt_state, rest, batch, np.float32(schedule(step)), base_key, np.int32(step))
+            if (step + 1) % log_every == 0 or step + 1 == total_steps:
+                logged.append((step + 1, loss))
+            bar.update(1)
+    losses = jax.device_get([loss for _, loss in logged])     # waits for the last step
+    seconds = time.perf_counter() - start
+    for (step, _), loss in zip(logged, losses):
+        loss = float(loss)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"{desc}: loss is {loss} at step {step}")
+        if log_fn:
+            log_fn({"step": step, "loss": loss, "learning_rate": float(schedule(step - 1))})
+    info = {"steps": total_steps, "final_loss": float(losses[-1]) if len(losses) else float("nan"),
+            "steps_per_sec": round(total_steps / max(seconds, 1e-9), 2)}
+    return dataclasses.replace(classifier, params=params), info
 
 
-def predict(model, features: Features, *, batch_size: int, max_seq_len: int, pad_id: int,
-            regression: bool) -> np.ndarray:
-    """Predicted class ids (or scores) in the order of `features`."""
-    model.eval()
-    out = np.zeros(len(features), np.float32 if regression else np.int64)
-    for rows, batch in eval_batches(features, batch_size, max_seq_len, pad_id):
-        inputs = {k: batch[k] for k in MODEL_INPUTS}
-        logits = np.asarray(_logits_step(model, inputs))[:len(rows)]
-        out[rows] = logits[:, 0] if regression else np.argmax(logits, axis=-1)
+def predict_shapes(features: Features, *, batch_size: int, max_seq_len: int) -> list[tuple[int, int]]:
+    """The (batch, length) programs `predict` will run on `features`."""
+    return sorted({(batch_size, length) for length, _ in eval_batches(features, batch_size, max_seq_len)})
+
+
+def predict(classifier: Classifier, programs: Programs, features: Features, *, batch_size: int,
+            max_seq_len: int, pad_id: int) -> np.ndarray:
+    """Predicted class ids (or scores) in the order of `features`, read from the device once."""
+    params = jax.device_put(classifier.params)
+    outputs = []
+    for length, rows in eval_batches(features, batch_size, max_seq_len):
+        batch = _device_batch(features.batch(rows, batch_size, length, pad_id), MODEL_INPUTS)
+        outputs.append((rows, programs.predict_step(batch_size, length)(params, classifier.rest, batch)))
+    out = np.zeros(len(features), np.float32 if programs.regression else np.int64)
+    for (rows, _), values in zip(outputs, jax.device_get([values for _, values in outputs])):
+        out[rows] = values[:len(rows)]
     return out

@@ -18,17 +18,20 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
+from roformer.accelerator import startup_line
 from roformer.data.tokenizer import load_tokenizer
-from roformer.errors import ConfigError
+from roformer.errors import ConfigError, UserError
 from roformer.files import write_json_atomic, write_text_atomic, writing
 from roformer.glue import features as features_lib
-from roformer.glue.finetune import Protocol, create_model, finetune, predict
+from roformer.glue.features import planned_train_batches
+from roformer.glue.finetune import Classifier, Programs, Protocol, create_model, finetune, predict, predict_shapes
 from roformer.glue.init import encoder_state, load_init, resolve_model_config
 from roformer.glue.metrics import glue_scores, task_metrics
 from roformer.glue.readers import GlueDataError, check_data_dir, local_path, read_split
 from roformer.glue.settings import check_config
 from roformer.glue.submission import missing_submission_files, write_predictions, zip_submission
 from roformer.glue.tasks import TASKS, TaskSpec, parse_task_list
+from roformer.model.attention import check_attention_impl
 from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.glue")
@@ -108,8 +111,22 @@ def _limit(examples: list, n: int) -> list:
     return examples[:n] if n and n > 0 else examples
 
 
+class ProgramsCache:
+    """One set of compiled programs per (architecture, optimizer setting, head kind), shared
+    by the seeds and the tasks of a run (most GLUE tasks have the same two-label head)."""
+
+    def __init__(self):
+        self._programs = {}
+
+    def get(self, classifier: Classifier, protocol: Protocol, regression: bool) -> Programs:
+        key = (classifier.graphdef, protocol.update_settings, regression)
+        if key not in self._programs:
+            self._programs[key] = Programs(classifier, protocol.update_settings, regression)
+        return self._programs[key]
+
+
 def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_state,
-             run_log: RunLog, submission_dir: Path | None) -> dict:
+             run_log: RunLog, submission_dir: Path | None, programs_cache: ProgramsCache) -> dict:
     protocol = Protocol.from_config(config, task.name)
     read = _data_kwargs(config)
     train = _limit(read_split(task, task.train_split, **read), protocol.max_train_examples)
@@ -126,34 +143,51 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
     train_f = feats(train)
     eval_f = {s: feats(ex) for s, ex in evals.items()}
     test_f = {key: feats(ex) for key, ex in tests.items()}
-    predict_kw = dict(batch_size=config.eval_batch_size, max_seq_len=protocol.max_seq_len,
-                      pad_id=special.pad_id, regression=task.is_regression)
+    predict_kw = dict(batch_size=config.eval_batch_size, max_seq_len=protocol.max_seq_len, pad_id=special.pad_id)
 
     seeds, test_predictions = {}, {}
+    task_start, compile_seconds, programs = time.time(), 0.0, None
     for seed in range(config.seeds):
         start = time.time()
-        model = create_model(model_config, task.num_labels, seed, init_state)
-        info = finetune(model, train_f, protocol, regression=task.is_regression, seed=seed,
-                        pad_id=special.pad_id, desc=f"{task.display} seed {seed}",
-                        log_every=config.log_every,
-                        log_fn=lambda row, s=seed: run_log.write(task.name, s, row["step"], row))
+        classifier = Classifier.split(create_model(model_config, task.num_labels, seed, init_state))
+        if programs is None:
+            programs = programs_cache.get(classifier, protocol, task.is_regression)
+            # Every program this task runs, compiled before training (tracing them checks that
+            # the attention kernel takes them), then one real prediction on a tiny batch: a
+            # model that cannot predict fails in seconds, not after training.
+            compiled_before = programs.compile_seconds
+            programs.prepare(
+                [(protocol.batch_size, length) for length, _ in planned_train_batches(
+                    train_f, protocol.batch_size, protocol.max_seq_len, seed, protocol.total_steps(len(train_f)))],
+                [shape for f in (*eval_f.values(), *test_f.values())
+                 for shape in predict_shapes(f, batch_size=config.eval_batch_size, max_seq_len=protocol.max_seq_len)])
+            predict(classifier, programs, train_f.head(2), **predict_kw)
+            compile_seconds += programs.compile_seconds - compiled_before
+        compiled_before = programs.compile_seconds
+        classifier, info = finetune(classifier, programs, train_f, protocol, seed=seed, pad_id=special.pad_id,
+                                    desc=f"{task.display} seed {seed}", log_every=config.log_every,
+                                    log_fn=lambda row, s=seed: run_log.write(task.name, s, row["step"], row),
+                                    progress=config.progress_bar)
+        compile_seconds += programs.compile_seconds - compiled_before
         result = {"steps": info["steps"], "final_train_loss": info["final_loss"],
+                  "train_steps_per_sec": info["steps_per_sec"],
                   "train_seconds": round(time.time() - start, 2)}
         for split, f in eval_f.items():
-            preds = predict(model, f, **predict_kw)
+            preds = predict(classifier, programs, f, **predict_kw)
             result[split] = task_metrics(task, f.labels, preds)
             run_log.write(task.name, seed, info["steps"],
                           {f"{split}_{k}": v for k, v in result[split].items()})
         seeds[seed] = result
-        log.info("%s seed %d: %s", task.display, seed,
-                 {s: result[s] for s in task.eval_splits})
+        log.info("%s seed %d: %s (%.1f steps/s)", task.display, seed,
+                 {s: result[s] for s in task.eval_splits}, info["steps_per_sec"])
         if test_f:
-            test_predictions[seed] = {key: predict(model, f, **predict_kw)
+            test_predictions[seed] = {key: predict(classifier, programs, f, **predict_kw)
                                       for key, f in test_f.items()}
 
     medians = {split: {m: float(np.median([seeds[s][split][m] for s in seeds]))
                        for m in task.metrics} for split in task.eval_splits}
     out = {"protocol": dataclasses.asdict(protocol),
+           "wall_seconds": round(time.time() - task_start, 2), "compile_seconds": round(compile_seconds, 2),
            "num_train_examples": len(train_f),
            "num_eval_examples": {s: len(f) for s, f in eval_f.items()},
            "seeds": {str(s): r for s, r in seeds.items()}, "median": medians}
@@ -264,6 +298,8 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
                             else "(required with config.init=none)"))
     special = features_lib.tokenizer_special_ids(tokenizer)
     model_config = resolve_model_config(config.model, init, tokenizer.vocab_size)
+    check_attention_impl(model_config)   # the checkpoint's attention_impl may not suit this device
+    log.info("%s", startup_line(model_config))
     init_state = (None if init.encoder_params is None
                   else encoder_state(model_config, init.encoder_params))
 
@@ -272,12 +308,20 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     submission_dir = workdir / "submission" if config.predict_test else None
     results = {**header, "seeds": config.seeds, "tasks": {}, "glue": glue_scores({})}
     run_log = RunLog(workdir, {"config": config.to_dict(), **header})
+    programs_cache, failed = ProgramsCache(), {}
     try:
         for name in tasks:
-            results["tasks"][name] = run_task(
-                TASKS[name], config, tokenizer=tokenizer, special=special,
-                model_config=model_config, init_state=init_state, run_log=run_log,
-                submission_dir=submission_dir)
+            try:
+                results["tasks"][name] = run_task(
+                    TASKS[name], config, tokenizer=tokenizer, special=special,
+                    model_config=model_config, init_state=init_state, run_log=run_log,
+                    submission_dir=submission_dir, programs_cache=programs_cache)
+            except (UserError, KeyboardInterrupt):
+                raise
+            except Exception as error:   # one task failing keeps the others' results
+                log.exception("%s failed; the other tasks go on", TASKS[name].display)
+                failed[name] = f"{type(error).__name__}: {error}".split("\n")[0]
+                results["failed"] = failed
             results["glue"] = glue_scores({t: r["median"] for t, r in results["tasks"].items()})
             _write_results(workdir, results)
     finally:
@@ -290,4 +334,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
             log.warning("submission.zip lacks %s (tasks not run); the leaderboard needs all "
                         "of them", ", ".join(results["submission"]["missing_files"]))
         _write_results(workdir, results)
+    if failed:
+        raise RuntimeError(f"GLUE task(s) failed: {'; '.join(f'{t}: {why}' for t, why in failed.items())}. "
+                           f"The other tasks' results are in {workdir / 'glue_results.json'}")
     return results

@@ -1,0 +1,61 @@
+"""The accelerator setting of the configs, and the line every run logs at start about the
+device, compute dtype and attention path it uses.
+
+`accel=gpu` (or `tpu`) in a config argument (`configs/rotary.py:size=base,accel=gpu`,
+`configs/glue.py:accel=gpu`) selects what an accelerator runs fastest without changing the
+model's parameters: bf16 compute (parameters stay float32) and no attention dropout, as
+MosaicBERT, ModernBERT and Cramming train, so that attention_impl=auto takes the fused
+kernel. `accel=cpu` keeps the defaults.
+"""
+from __future__ import annotations
+
+import jax
+
+from roformer.errors import ConfigError
+from roformer.model.attention import attention_summary
+
+ACCELERATOR_SETTINGS = {
+    "cpu": {},
+    "gpu": {"dtype": "bfloat16", "attention_dropout": 0.0, "attention_impl": "auto"},
+    "tpu": {"dtype": "bfloat16", "attention_dropout": 0.0, "attention_impl": "auto"},
+}
+
+
+def apply_accelerator_setting(model_section, accel: str) -> None:
+    """Set `model_section`'s (a config's `model` ConfigDict) fields for `accel`."""
+    if accel not in ACCELERATOR_SETTINGS:
+        raise ConfigError(f"unknown accel={accel!r}; choose one of {sorted(ACCELERATOR_SETTINGS)}")
+    for key, value in ACCELERATOR_SETTINGS[accel].items():
+        model_section[key] = value
+
+
+def parse_config_arg(arg: str | None, *, flags: tuple[str, ...] = (), keys: tuple[str, ...] = (),
+                     where: str = "config") -> dict[str, str]:
+    """'smoke,accel=gpu' -> {'smoke': '', 'accel': 'gpu'}: comma-separated flags and
+    key=value items, each one a config file knows."""
+    out = {}
+    for item in (arg or "").split(","):
+        if not item:
+            continue
+        key, _, value = item.partition("=")
+        known = (key in flags and not value) or (key in keys and value)
+        if not known:
+            choices = [*flags, *(f"{k}=..." for k in keys)]
+            raise ConfigError(f"unknown {where} argument {item!r}; choose from {choices}")
+        out[key] = value
+    return out
+
+
+def device_summary() -> str:
+    """'1 x NVIDIA H200 (gpu)' for the devices this process sees."""
+    devices = jax.local_devices()
+    kinds = sorted({d.device_kind for d in devices})
+    total = jax.device_count()
+    hosts = f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
+    return f"{total} x {'/'.join(kinds)} ({jax.default_backend()}{hosts})"
+
+
+def startup_line(model_config, *, training: bool = True) -> str:
+    """What a run logs first: devices, compute dtype, attention path and why."""
+    return (f"device: {device_summary()}; compute {model_config.dtype} (parameters float32); "
+            f"attention: {attention_summary(model_config, training=training)}")

@@ -1,0 +1,123 @@
+"""GLUE fine-tuning as an accelerator runs it: the unit-rate AdamW equals optax.adamw on the
+same schedule, every program is compiled before training, a model that cannot predict fails
+before it trains, prediction on a cuDNN model takes a layout the kernel accepts, and a task
+that fails keeps the other tasks' results."""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from configs import glue as glue_config
+from roformer.glue import finetune as finetune_lib
+from roformer.glue import run as glue_run
+from roformer.train.optim import decay_mask
+
+
+def test_unit_rate_adamw_times_the_schedule_is_optax_adamw():
+    params = {"kernel": jnp.arange(6.0).reshape(2, 3) / 7, "bias": jnp.ones(3)}
+    schedule = optax.linear_schedule(1e-2, 1e-3, 5)
+    reference = optax.chain(optax.clip_by_global_norm(0.5),
+                            optax.adamw(schedule, b1=0.9, b2=0.98, eps=1e-6, weight_decay=0.1, mask=decay_mask))
+    ours = finetune_lib.unit_rate_adamw(0.9, 0.98, 1e-6, 0.1, 0.5)
+    p_ref, s_ref, p_ours, s_ours = params, reference.init(params), params, ours.init(params)
+    for step in range(4):
+        grads = jax.tree.map(lambda p: jnp.sin(p * (step + 1)), p_ref)
+        updates, s_ref = reference.update(grads, s_ref, p_ref)
+        p_ref = optax.apply_updates(p_ref, updates)
+        updates, s_ours = ours.update(grads, s_ours, p_ours)
+        p_ours = optax.apply_updates(p_ours, jax.tree.map(lambda u: schedule(step) * u, updates))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), p_ref, p_ours)
+
+
+def tiny_config(shared_data, vocab, tasks="mrpc,stsb"):
+    config = glue_config.get_config()
+    config.task = tasks
+    config.vocab = vocab
+    config.data_dir = str(shared_data / "glue")
+    config.model.size = "tiny"
+    config.seeds = 1
+    config.max_train_examples = 24
+    config.max_eval_examples = 16
+    config.batch_size = 8
+    config.eval_batch_size = 16
+    config.max_seq_len = 32
+    config.num_epochs = 1.0
+    config.progress_bar = False
+    return config
+
+
+@pytest.fixture(scope="module")
+def vocab(shared_data):
+    return str(shared_data / "vocab" / "bert-base-uncased-vocab.txt")
+
+
+def test_every_program_is_compiled_before_the_first_step_and_predicting_is_tried_first(
+        shared_data, vocab, tmp_path, monkeypatch):
+    events = []
+    prepare, finetune, predict = finetune_lib.Programs.prepare, glue_run.finetune, glue_run.predict
+
+    def recorded_prepare(self, train_shapes, predict_shapes, **kw):
+        seconds = prepare(self, train_shapes, predict_shapes, **kw)
+        events.append(("compile", seconds > 0))
+        return seconds
+
+    monkeypatch.setattr(finetune_lib.Programs, "prepare", recorded_prepare)
+    monkeypatch.setattr(glue_run, "finetune", lambda *a, **kw: events.append(("train",)) or finetune(*a, **kw))
+    monkeypatch.setattr(glue_run, "predict", lambda *a, **kw: events.append(("predict",)) or predict(*a, **kw))
+    results = glue_run.run_glue(tiny_config(shared_data, vocab, "mrpc"), tmp_path / "glue")
+    # compile everything, predict one tiny batch, then train with nothing left to compile
+    assert events[:3] == [("compile", True), ("predict",), ("train",)]
+    assert ("compile", True) not in events[3:]
+    task = results["tasks"]["mrpc"]
+    assert 0 < task["compile_seconds"] < task["wall_seconds"]
+    assert task["seeds"]["0"]["train_steps_per_sec"] > 0
+
+
+def test_a_model_that_cannot_predict_fails_before_training(shared_data, vocab, tmp_path, monkeypatch):
+    def cannot_predict(self, batch_size, length):
+        raise ValueError("the kernel refuses this layout")
+
+    monkeypatch.setattr(finetune_lib.Programs, "_lower_predict", cannot_predict)
+    monkeypatch.setattr(glue_run, "finetune", lambda *a, **kw: pytest.fail("trained before predicting"))
+    with pytest.raises(RuntimeError, match="mrpc: ValueError: the kernel refuses this layout"):
+        glue_run.run_glue(tiny_config(shared_data, vocab, "mrpc"), tmp_path / "glue")
+
+
+def test_glue_on_a_cudnn_model_hands_the_kernel_layouts_it_takes(shared_data, vocab, tmp_path, monkeypatch):
+    """GLUE (training and prediction) with attention_impl=cudnn, the cuDNN calls checked
+    against its layout rules and run by XLA's kernel (no GPU here)."""
+    from test_attention_kernels import cudnn_layout_errors
+
+    original, calls = jax.nn.dot_product_attention, []
+
+    def checked(q, k, v, bias=None, mask=None, *, implementation=None, key_value_seq_lengths=None, **kw):
+        if implementation == "cudnn":
+            calls.append(cudnn_layout_errors(q, k, v, bias, mask, key_value_seq_lengths))
+        return original(q, k, v, bias=bias, mask=mask, key_value_seq_lengths=key_value_seq_lengths,
+                        implementation="xla", **kw)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", checked)
+    monkeypatch.setattr(glue_run, "check_attention_impl", lambda config: None)   # cuDNN on CPU
+    config = tiny_config(shared_data, vocab, "mrpc")
+    config.model.update(dtype="bfloat16", attention_impl="cudnn", attention_dropout=0.0)
+    glue_run.run_glue(config, tmp_path / "glue")
+    assert calls and all(errors == [] for errors in calls), [e for e in calls if e][:3]
+
+
+def test_a_failing_task_keeps_the_other_tasks_results(shared_data, vocab, tmp_path, monkeypatch):
+    metrics = glue_run.task_metrics
+
+    def stsb_breaks(task, labels, preds):
+        if task.name == "stsb":
+            raise FloatingPointError("loss is nan at step 3")
+        return metrics(task, labels, preds)
+
+    monkeypatch.setattr(glue_run, "task_metrics", stsb_breaks)
+    with pytest.raises(RuntimeError, match="stsb: FloatingPointError") as failed:
+        glue_run.run_glue(tiny_config(shared_data, vocab, "stsb,mrpc"), tmp_path / "glue")
+    assert "glue_results.json" in str(failed.value)
+    on_disk = json.loads((tmp_path / "glue" / "glue_results.json").read_text())
+    assert set(on_disk["tasks"]) == {"mrpc"} and set(on_disk["failed"]) == {"stsb"}
