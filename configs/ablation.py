@@ -20,6 +20,11 @@ then SST-2 and MRPC with 3 seeds. Variants (`configs/ablation.py:<arg>`):
   long   learned and rope from `onset` at twice its budget (40,000 steps, 82M tokens), 5 seeds
          each, vmapped 5 at a time: the comparison the onset budget left undecided, sized
          for an accelerator (its CPU time: docs/ablation.md)
+  gpu_tiny, gpu_mini, gpu_small, gpu_smoke
+         the comparison sized for one accelerator call of <= 9 minutes (roformer.ablation.study):
+         every scheme, 8 seeds x 3 learning rates per scheme in one vmapped program, rate chosen
+         on a validation split, warmup-stable-decay with cooldowns at three budgets, a test split
+         of >= 200k masked predictions; gpu_smoke is the same pipeline at CPU-test size
 Any key can be changed on the command line, e.g. `--config.schemes=rope,learned
 --config.pretrain.model.size=tiny --config.budget_tokens=2000000 --config.glue.task=mrpc`.
 """
@@ -202,10 +207,103 @@ def get_config(arg=None):
         c.extension.enabled = False
         c.extrapolation.factors = "1"
         c.extrapolation.scalings = ""
+    elif arg in GPU_VARIANTS:
+        _study(c, arg)
     elif arg:
         raise ConfigError(f"unknown configs/ablation.py variant {arg!r}; choose 'smoke', 'reference', 'onset', "
-                          "'long' or nothing")
+                          f"'long', {', '.join(repr(v) for v in GPU_VARIANTS)} or nothing")
     return c
+
+
+# The accelerator comparison's sizes (roformer.ablation.study). How they were sized: the one
+# throughput measured (an H200, 2026-11-26, docs/results/2026-11-26-accelerator-h200-train-step.md:
+# 64 vmapped tiny seeds 11.7M tokens/s in all, mini 3.8M) taken down to about half for an
+# H100, for 24 members instead of 64 and for the schemes whose bias or relative keys take
+# the explicit attention path: tiny ~4M tokens/s, mini ~1.5M, small ~0.6M in all. Of the 9
+# minutes, about 1 goes to start-up and the data (WordPiece training and tokenizing on the
+# host) and about 20 s per scheme to compiling and evaluating, which leaves ~4 minutes of
+# training for 7 schemes: the steps below (trunk + cooldown branches) x 24 members x 2,048
+# tokens fit that at those rates. `time_limit_s` stops before a scheme that would not
+# finish in time (the command resumes there); the report's time table gives the real figures.
+GPU_VARIANTS = ("gpu_tiny", "gpu_mini", "gpu_small", "gpu_smoke")
+
+
+def _study(c, arg):
+    """configs/ablation.py:gpu_* (the comparison of docs/ablation.md#the-accelerator-comparison)."""
+    _reference(c)
+    pre = c.pretrain
+    st = c.study = ml_collections.ConfigDict()
+    # rope first: the reference, so a comparison exists as soon as a second scheme finishes.
+    st.schemes = "rope,shaw,learned,t5,alibi,sinusoidal,none"
+    st.reference = "rope"
+    st.seeds = 8
+    # Three rates a factor 2 apart around the reference sweep's best (1e-3 and 2e-3 at 4.1M
+    # tokens, docs/ablation.md#learning-rate-per-scheme), so each of those lies inside the grid.
+    st.learning_rates = "7e-4,1.4e-3,2.8e-3"
+    st.budget_steps = "625,1250,2500"       # each a budget's end: 1.28M, 2.56M, 5.12M tokens per member
+    st.cooldown_fraction = 0.2              # each budget decays over its last 20% (Hägele et al. 2024)
+    st.warmup_steps = 200
+    st.eval_every = 125                     # trunk evaluations; budgets and cooldown starts are multiples
+    st.validation_fraction = 0.02           # documents, by content hash, disjoint from the test split
+    st.test_fraction = 0.08
+    st.validation_rows = 256
+    st.variant_rows = 64                    # validation rows the order-horizon variants are made of
+    st.windows = "2,4,8,16,32,64,128"
+    st.test_mask_draws = 2                  # each test row masked twice: >= 200k predictions
+    st.min_test_predictions = 200_000
+    st.max_test_rows = 0                    # 0: every test row
+    st.eval_batch = 256
+    st.margin = 0.02                        # nats: |difference| below this is "equivalent" (TOST)
+    st.order_threshold = 0.1
+    st.bootstrap = 2000
+    st.memory_limit_gib = 0.0               # 0: the device's own
+    # The splits as one file (python -m roformer.ablation.study pack VARIANT PATH), for a machine
+    # without the corpus; "": made from pretrain.data here.
+    st.data_pack = ""
+    st.time_limit_s = 480.0                 # no scheme starts that would end after this (0: none)
+    pre.model.num_heads = 4                 # ALiBi needs >= 4 heads (roformer.ablation.study.ALIBI_MIN_HEADS)
+    pre.train.weight_decay = 0.01
+    c.glue.task = ""
+    c.extension.enabled = False
+    if arg == "gpu_mini":
+        pre.model.size = "mini"
+        st.learning_rates = "5e-4,1e-3,2e-3"
+        st.budget_steps = "400,800,1600"    # 0.82M, 1.64M, 3.28M tokens per member
+        st.eval_every = 80
+        st.warmup_steps = 160
+    elif arg == "gpu_small":                # the stretch: 4 x 512, 8 heads
+        pre.model.size = "small"
+        pre.model.num_heads = 8
+        st.learning_rates = "2.5e-4,5e-4,1e-3"
+        st.budget_steps = "200,400,800"     # 0.41M, 0.82M, 1.64M tokens per member
+        st.eval_every = 40
+        st.warmup_steps = 80
+    elif arg == "gpu_smoke":                # the pipeline at CPU-test size, on the embedded corpus
+        st.schemes = "rope,alibi,sinusoidal"
+        st.seeds = 2
+        st.learning_rates = "1e-3,2e-3"
+        st.budget_steps = "10,20"
+        st.eval_every = 2
+        st.warmup_steps = 2
+        st.validation_fraction = 0.2
+        st.test_fraction = 0.2
+        st.validation_rows = 8
+        st.variant_rows = 4
+        st.windows = "2,8,32"
+        st.min_test_predictions = 100
+        st.max_test_rows = 16
+        st.eval_batch = 8
+        st.bootstrap = 200
+        st.time_limit_s = 0.0
+        pre.model.hidden_size = 32
+        pre.model.intermediate_size = 64
+        pre.model.num_layers = 1
+        pre.data.source = "embedded"
+        pre.data.files = ""
+        pre.data.file_format = "auto"
+        pre.data.vocab_size = 1000
+        pre.train.seq_len = 32
+        pre.train.batch_size = 4
 
 
 def _reference(c):

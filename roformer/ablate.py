@@ -57,6 +57,13 @@ def main(argv):
     cache = compile_cache_dir(flags.FLAGS.config, Path(flags.FLAGS.workdir).resolve())
     if cache:   # this process's runs too (in turn, vmapped), before it compiles anything
         use_compile_cache(cache)
+    if "study" in flags.FLAGS.config:   # configs/ablation.py:gpu_*: the accelerator comparison
+        from roformer.ablation.study import run_study
+        from roformer.ablation.study_report import REPORT_MD as STUDY_MD
+
+        run_study(flags.FLAGS.config, flags.FLAGS.workdir)
+        print((Path(flags.FLAGS.workdir) / STUDY_MD).read_text())
+        return
     result = run_ablation(flags.FLAGS.config, flags.FLAGS.workdir)
     if is_main_process():
         print((Path(flags.FLAGS.workdir) / REPORT_MD).read_text())

@@ -66,3 +66,47 @@ def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int,
         transforms.append(optax.clip_by_global_norm(clip_norm))
     transforms.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask))
     return optax.chain(*transforms), schedule
+
+
+# --------------------------------------------------------------------------- warmup-stable-decay
+
+
+def cooldown_branches(budgets: Sequence[int], cooldown_fraction: float) -> list[tuple[int, int]]:
+    """(decay_start, end) of each budget's cooldown under warmup-stable-decay (Hu et al. 2024,
+    MiniCPM; Hägele et al. 2024, arXiv 2405.18392): one run at a constant rate whose state, at
+    `decay_start`, is copied and decayed to 0 by `end`, so every budget gets the end-of-schedule
+    loss of its own run from one trunk. The last budget's branch is the trunk's own end."""
+    if not 0 < cooldown_fraction <= 1:
+        raise ConfigError(f"cooldown fraction must be in (0, 1], got {cooldown_fraction}")
+    ends = sorted(int(b) for b in budgets)
+    if not ends or ends[0] <= 0 or len(set(ends)) != len(ends):
+        raise ConfigError(f"cooldown budgets must be distinct positive step counts, got {list(budgets)}")
+    return [(end - max(1, round(cooldown_fraction * end)), end) for end in ends]
+
+
+def wsd_factor(step, *, warmup_steps: int, decay_start, decay_end):
+    """The learning-rate factor of warmup-stable-decay at `step` (traced or not): linear from
+    0 to 1 over `warmup_steps`, 1 until `decay_start`, then linear to 0 at `decay_end`."""
+    step = jnp.asarray(step, jnp.float32)
+    warm = jnp.clip((step + 1) / max(warmup_steps, 1), 0.0, 1.0)
+    decay = jnp.clip((decay_end - step) / jnp.maximum(decay_end - decay_start, 1), 0.0, 1.0)
+    return jnp.minimum(warm, decay)
+
+
+def make_member_optimizer(*, weight_decay: float, b1: float, b2: float, eps: float,
+                          clip_norm: float) -> optax.GradientTransformation:
+    """`make_optimizer`'s AdamW (clipping, no-decay mask) with its learning rate a value in the
+    optimizer state (`optax.inject_hyperparams`), set every step by `with_learning_rate`: so
+    vmapped members may each train at their own rate and schedule in one program."""
+    def adamw(learning_rate):
+        transforms = [optax.clip_by_global_norm(clip_norm)] if clip_norm and clip_norm > 0 else []
+        transforms.append(optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                                      mask=decay_mask))
+        return optax.chain(*transforms)
+    return optax.inject_hyperparams(adamw)(learning_rate=0.0)
+
+
+def with_learning_rate(opt_state, learning_rate):
+    """`opt_state` of `make_member_optimizer` with the rate of its next update set."""
+    hyperparams = {**opt_state.hyperparams, "learning_rate": jnp.asarray(learning_rate, jnp.float32)}
+    return opt_state._replace(hyperparams=hyperparams)

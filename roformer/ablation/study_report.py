@@ -1,0 +1,286 @@
+"""The GPU comparison's report: DIR/study.md, DIR/study.json and figures, from the schemes'
+records (roformer.ablation.study) and the statistics of roformer.ablation.study_stats.
+
+Per budget and scheme: the learning rate chosen on the validation split (lowest mean over
+seeds; a rate with a diverged member is not chosen), the test loss at that rate with its
+seed x item interval, the paired difference to the reference with its verdict (TOST margin
+from the config), and diverged members by name. Then onsets (Kaplan-Meier, censoring
+shown), the order-horizon spectrum and the position signal over training.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from roformer.ablation import plan, study_stats
+from roformer.files import write_json_atomic, write_text_atomic
+
+REPORT_MD, REPORT_JSON = "study.md", "study.json"
+
+
+def load(workdir: Path) -> dict[str, tuple[dict, dict]]:
+    out = {}
+    for path in sorted((workdir / "schemes").glob("*.json")):
+        arrays = np.load(path.with_suffix(".npz"))
+        out[path.stem] = (json.loads(path.read_text()), {k: arrays[k] for k in arrays.files})
+    return out
+
+
+def choose_rate(record: dict, budget: dict) -> int:
+    """Index of the rate with the lowest mean validation loss over its seeds at `budget`; a
+    rate with a member diverged by then only if every rate has one (then the lowest median)."""
+    members = record["members"]
+    rates = sorted({m["rate"] for m in members})
+    val = np.asarray(budget["validation_loss"], float)
+    diverged = [d is not None and d <= budget["steps"] for d in record["diverged_at"]]
+    scores, fallback = [], []
+    for rate in rates:
+        pick = [i for i, m in enumerate(members) if m["rate"] == rate]
+        bad = any(diverged[i] for i in pick) or not np.all(np.isfinite(val[pick]))
+        scores.append(math.inf if bad else float(val[pick].mean()))
+        finite = val[pick][np.isfinite(val[pick])]
+        fallback.append(float(np.median(finite)) if len(finite) else math.inf)
+    best = int(np.argmin(scores)) if min(scores) < math.inf else int(np.argmin(fallback))
+    return best
+
+
+def _member_indices(record: dict, rate: float) -> list[int]:
+    return sorted((i for i, m in enumerate(record["members"]) if m["rate"] == rate),
+                  key=lambda i: record["members"][i]["seed"])
+
+
+def summarize(config, workdir: Path) -> dict:
+    st = config.study
+    runs = load(workdir)
+    order = [s for s in plan.split_list(st.schemes) if s in runs]
+    result = {"schemes": order, "reference": st.reference, "margin": float(st.margin), "budgets": [], "schemes_info": {}}
+    if not order:
+        return result
+    budget_steps = [b["steps"] for b in runs[order[0]][0]["budgets"]]
+    for b_index, steps in enumerate(budget_steps):
+        rows = {}
+        chosen_loss = {}
+        for scheme in order:
+            record, arrays = runs[scheme]
+            budget = record["budgets"][b_index]
+            rates = sorted({m["rate"] for m in record["members"]})
+            r = choose_rate(record, budget)
+            pick = _member_indices(record, rates[r])
+            loss, weight = study_stats.item_sums(arrays[f"budget{steps}"][pick], arrays["test_weight"],
+                                                 arrays["test_items"])
+            seeds = [record["members"][i]["seed"] for i in pick]
+            chosen_loss[scheme] = (loss, weight, seeds)
+            replicates = study_stats.bootstrap_means(loss, weight, samples=int(st.bootstrap), seed=b_index)
+            lo, hi = study_stats.interval(replicates)
+            val = np.asarray(budget["validation_loss"], float)
+            rows[scheme] = {
+                "rate": rates[r], "rate_at_edge": len(rates) > 1 and r in (0, len(rates) - 1),
+                "validation_by_rate": {str(rate): float(np.mean(val[_member_indices(record, rate)])) for rate in rates},
+                "test_loss": study_stats.mean_loss(loss, weight), "lo": lo, "hi": hi,
+                "test_loss_per_seed": (loss.sum(1) / weight.sum()).tolist(),
+                "diverged": [{"seed": m["seed"], "rate": m["rate"], "step": d}
+                             for m, d in zip(record["members"], record["diverged_at"]) if d is not None and d <= steps],
+            }
+        if st.reference in chosen_loss:
+            ref_loss, weight, ref_seeds = chosen_loss[st.reference]
+            for scheme in order:
+                if scheme == st.reference:
+                    continue
+                loss, _, seeds = chosen_loss[scheme]
+                common = [s for s in seeds if s in ref_seeds]
+                a = loss[[seeds.index(s) for s in common]]
+                b = ref_loss[[ref_seeds.index(s) for s in common]]
+                rows[scheme]["vs_reference"] = study_stats.compare(a, b, weight, margin=float(st.margin),
+                                                                   samples=int(st.bootstrap), seed=b_index)
+        first = runs[order[0]][0]
+        result["budgets"].append({"steps": steps, "tokens": steps * first["tokens_per_step"], "rows": rows})
+    for scheme in order:
+        result["schemes_info"][scheme] = _over_training(config, *runs[scheme], result["budgets"][-1]["rows"][scheme]["rate"])
+    return result
+
+
+def _over_training(config, record: dict, arrays: dict, rate: float) -> dict:
+    """Onsets, validation curves, spectrum and position signal of the members at `rate`."""
+    st = config.study
+    pick = _member_indices(record, rate)
+    evals = record["evals"]
+    tokens = [e["tokens"] for e in evals]
+    widest = f"shuffle{max(int(w) for w in plan.split_list(st.windows))}"
+    onsets = [study_stats.onset(tokens, [e["gaps"][widest][i] for e in evals], float(st.order_threshold)) for i in pick]
+    grid = np.asarray(tokens, float)
+    curve = study_stats.onset_curve([o["tokens"] for o in onsets], [o["started"] for o in onsets], grid,
+                                    samples=min(int(st.bootstrap), 1000))
+    val = np.asarray([[e["validation_loss"][i] for e in evals] for i in pick], float)
+    names = list(evals[0]["gaps"])
+    spectrum = {name: study_stats.percentile_band(np.asarray([[e["gaps"][name][i] for e in evals] for i in pick], float))
+                for name in names}
+    spectrum_onset = {}
+    for name in names:
+        median = np.asarray(spectrum[name]["median"])
+        hit = np.flatnonzero((median >= float(st.order_threshold)) & (grid > 0))
+        spectrum_onset[name] = float(grid[hit[0]]) if len(hit) else None
+    signal = {key: study_stats.percentile_band(np.asarray([[e["signal"][key][i] for e in evals] for i in pick], float))
+              for key in evals[0]["signal"]}
+    return {"rate": rate, "tokens": tokens, "onsets": onsets, "onset_curve": curve,
+            "validation": study_stats.percentile_band(val), "spectrum": spectrum, "spectrum_onset": spectrum_onset,
+            "signal": signal, "timing": record["timing"], "device": record["device"],
+            "parameters": record["parameters"], "memory_estimate_gib": record.get("memory_estimate_bytes", 0) / 2**30,
+            "members": len(record["members"])}
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _fmt_tokens(t: float) -> str:
+    return f"{t / 1e6:.2f}M"
+
+
+def markdown(config, result: dict, manifest: dict) -> str:
+    st, train = config.study, config.pretrain.train
+    lines = ["# Position schemes compared (`configs/ablation.py` study)", ""]
+    if not result["schemes"]:
+        return "\n".join(lines + ["No scheme has finished yet."]) + "\n"
+    info = result["schemes_info"]
+    any_info = next(iter(info.values()))
+    train_tokens = manifest.get("train_tokens", 0)
+    last_tokens = result["budgets"][-1]["tokens"]
+    lines += [
+        f"device: {any_info['device']}, model: {config.pretrain.model.size} "
+        f"({config.pretrain.model.get('num_heads') or 'preset'} heads), batch {train.batch_size} x {train.seq_len}, "
+        f"{st.seeds} seeds x rates {st.learning_rates} per scheme ({any_info['members']} members in one vmapped "
+        f"program), warmup-stable-decay (warmup {st.warmup_steps} steps, cooldown {st.cooldown_fraction:.0%} of each "
+        f"budget), budgets {', '.join(_fmt_tokens(b['tokens']) for b in result['budgets'])} tokens per member; "
+        f"training split {_fmt_tokens(train_tokens)} tokens, so the last budget is "
+        f"{last_tokens / max(train_tokens, 1):.2f} passes; test split {manifest.get('test_predictions', 0):,} masked "
+        f"predictions ({manifest.get('test_rows', 0):,} rows x {manifest.get('test_mask_draws', 1)} mask draws), "
+        f"validation {manifest.get('validation_predictions', 0):,} (disjoint documents). Intervals: 95% seed x item "
+        f"bootstrap ({st.bootstrap} replicates); 'equivalent': TOST, 90% interval within +-{st.margin} nats.", ""]
+    for budget in result["budgets"]:
+        lines += [f"## Budget {_fmt_tokens(budget['tokens'])} tokens ({budget['steps']} steps)", "",
+                  f"| scheme | rate (validation) | test loss [95%] | vs {result['reference']} [95%] | verdict | "
+                  "diverged (any rate) |", "|---|---|---|---|---|---|"]
+        for scheme in result["schemes"]:
+            row = budget["rows"][scheme]
+            vs = row.get("vs_reference")
+            vs_text = f"{vs['diff']:+.3f} [{vs['lo']:+.3f}, {vs['hi']:+.3f}]" if vs else "—"
+            verdict = vs["verdict"] if vs else "—"
+            edge = " (edge of grid)" if row["rate_at_edge"] else ""
+            diverged = ", ".join(f"seed {d['seed']} at {d['rate']:g} (step {d['step']})" for d in row["diverged"]) or "none"
+            lines.append(f"| {scheme} | {row['rate']:g}{edge} | {row['test_loss']:.3f} [{row['lo']:.3f}, {row['hi']:.3f}] "
+                         f"| {vs_text} | {verdict} | {diverged} |")
+        lines.append("")
+    lines += ["## Validation loss by rate at the last budget (mean over seeds)", "",
+              "| scheme | " + " | ".join(str(r) for r in plan.split_list(st.learning_rates)) + " |",
+              "|---|" + "---|" * len(plan.split_list(st.learning_rates))]
+    for scheme in result["schemes"]:
+        by_rate = result["budgets"][-1]["rows"][scheme]["validation_by_rate"]
+        lines.append(f"| {scheme} | " + " | ".join(f"{v:.3f}" for v in by_rate.values()) + " |")
+    widest = f"shuffle{max(int(w) for w in plan.split_list(st.windows))}"
+    lines += ["", f"## Word order: onsets (gap under `{widest}` >= {st.order_threshold} nats, chosen rate)", "",
+              "| scheme | started | at the first evaluation (left-censored) | onsets (tokens) |", "|---|---|---|---|"]
+    for scheme in result["schemes"]:
+        onsets = info[scheme]["onsets"]
+        started = [o for o in onsets if o["started"]]
+        times = ", ".join(("<=" if o["left_censored"] else "") + _fmt_tokens(o["tokens"]) for o in started) or "—"
+        lines.append(f"| {scheme} | {len(started)}/{len(onsets)} | {sum(o['left_censored'] for o in onsets)} | {times} |")
+    names = list(next(iter(info.values()))["spectrum"])
+    lines += ["", "## Order-horizon spectrum at the end (median loss increase, nats; trunk, chosen rate)", "",
+              "| scheme | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for scheme in result["schemes"]:
+        spectrum = info[scheme]["spectrum"]
+        lines.append(f"| {scheme} | " + " | ".join(f"{spectrum[n]['median'][-1]:.3f}" for n in names) + " |")
+    lines += ["", "First evaluation at which the median gap reaches the threshold, per window:", "",
+              "| scheme | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for scheme in result["schemes"]:
+        first = info[scheme]["spectrum_onset"]
+        lines.append(f"| {scheme} | " + " | ".join(_fmt_tokens(first[n]) if first[n] is not None else "never"
+                                                    for n in names) + " |")
+    lines += ["", "## Position signal over training (median over seeds: first -> last evaluation)", ""]
+    for scheme in result["schemes"]:
+        signal = info[scheme]["signal"]
+        text = "; ".join(f"{k} {v['median'][0]:.4g} -> {v['median'][-1]:.4g}" for k, v in signal.items())
+        lines.append(f"- {scheme}: {text or 'no parameters or constants (nothing to follow)'}")
+    lines += ["", "## Time", "", "| scheme | parameters | memory estimate | compile + first chunk | training | "
+              "evaluation | tokens/s (all members) |", "|---|---|---|---|---|---|---|"]
+    for scheme in result["schemes"]:
+        t = info[scheme]["timing"]
+        lines.append(f"| {scheme} | {info[scheme]['parameters']:,} | {info[scheme]['memory_estimate_gib']:.2f} GiB | "
+                     f"{t['compile_s']:.1f} s | {t['train_s']:.1f} s | {t['eval_s']:.1f} s | {t['tokens_per_s']:,.0f} |")
+    lines += ["", "Figures: study_loss.png, study_onset.png, study_spectrum.png, study_signal.png."]
+    return "\n".join(lines) + "\n"
+
+
+def figures(result: dict, workdir: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    info = result["schemes_info"]
+    if not info:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for scheme, i in info.items():
+        x = np.asarray(i["tokens"]) / 1e6
+        band = i["validation"]
+        ax.plot(x, band["median"], label=f"{scheme} ({i['rate']:g})")
+        ax.fill_between(x, band["lo"], band["hi"], alpha=0.2)
+    ax.set(xlabel="tokens per member (M)", ylabel="validation MLM loss (trunk)", title="median, 10-90th percentile")
+    ax.legend(fontsize=7)
+    fig.savefig(workdir / "study_loss.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for scheme, i in info.items():
+        c = i["onset_curve"]
+        x = np.asarray(c["grid"]) / 1e6
+        ax.step(x, c["fraction"], where="post", label=scheme)
+        ax.fill_between(x, c["lo"], c["hi"], step="post", alpha=0.15)
+        left = [o["tokens"] / 1e6 for o in i["onsets"] if o["left_censored"]]
+        if left:
+            ax.scatter(left, [0.02] * len(left), marker="<", s=20)
+    ax.set(xlabel="tokens per member (M)", ylabel="fraction of seeds using word order",
+           title="Kaplan-Meier, 95% band over seeds; < = left-censored")
+    ax.legend(fontsize=7)
+    fig.savefig(workdir / "study_onset.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+    names = list(next(iter(info.values()))["spectrum"])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for scheme, i in info.items():
+        med = [i["spectrum"][n]["median"][-1] for n in names]
+        lo = [i["spectrum"][n]["lo"][-1] for n in names]
+        hi = [i["spectrum"][n]["hi"][-1] for n in names]
+        ax.errorbar(range(len(names)), med, yerr=[np.subtract(med, lo), np.subtract(hi, med)], label=scheme,
+                    capsize=2, marker="o", ms=3)
+    ax.set_xticks(range(len(names)), names, rotation=45)
+    ax.set(ylabel="loss increase (nats)", title="order-horizon spectrum at the end (median, 10-90th)")
+    ax.legend(fontsize=7)
+    fig.savefig(workdir / "study_spectrum.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+    keyed = [(scheme, key, band) for scheme, i in info.items() for key, band in i["signal"].items()]
+    if keyed:
+        fig, axes = plt.subplots(1, len(keyed), figsize=(3.2 * len(keyed), 3), squeeze=False)
+        for ax, (scheme, key, band) in zip(axes[0], keyed):
+            x = np.asarray(info[scheme]["tokens"]) / 1e6
+            ax.plot(x, band["median"])
+            ax.fill_between(x, band["lo"], band["hi"], alpha=0.2)
+            ax.set_title(f"{scheme}: {key}", fontsize=8)
+            ax.set_xlabel("tokens (M)", fontsize=7)
+        fig.savefig(workdir / "study_signal.png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
+
+
+def write(config, workdir: str | Path) -> dict:
+    """Summarize DIR's finished schemes into study.json, study.md and the figures; returns the summary."""
+    workdir = Path(workdir)
+    manifest_path = workdir / "data_manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    result = summarize(config, workdir)
+    write_json_atomic(workdir / REPORT_JSON, result)
+    write_text_atomic(workdir / REPORT_MD, markdown(config, result, manifest))
+    figures(result, workdir)
+    return result

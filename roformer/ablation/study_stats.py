@@ -1,0 +1,134 @@
+"""The statistics of the GPU comparison's report.
+
+- Intervals resample seeds and test items together (a seed x item bootstrap): the seed
+  spread (initialisation, data order) and the finite test set both enter, and a paired
+  difference keeps the pairing of both (the same seeds, the same items).
+- A "tie" is a TOST equivalence verdict: the 90% interval of the difference lies within
+  +-margin (two one-sided 5% tests), the margin stated in the config.
+- Onsets are time-to-event data: a run that already uses order at its first evaluation is
+  left-censored (started at or before then), one that never does is right-censored. The
+  curve is Kaplan-Meier's fraction started, with a percentile band from resampling seeds.
+- Bands over seeds are percentiles, not mean +- SD (which runs through impossible values
+  when outcomes are bimodal, e.g. started / not started).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def item_sums(row_loss: np.ndarray, row_weight: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Test rows summed into their items: loss [members, items], weight [items]."""
+    n = int(items.max()) + 1 if len(items) else 0
+    loss = np.stack([np.bincount(items, weights=row, minlength=n) for row in row_loss])
+    return loss, np.bincount(items, weights=row_weight, minlength=n)
+
+
+def bootstrap_means(loss: np.ndarray, weight: np.ndarray, *, samples: int, seed: int = 0,
+                    reference: np.ndarray | None = None) -> np.ndarray:
+    """`samples` bootstrap replicates of the mean loss per prediction over seeds and items:
+    loss [seeds, items] summed per item, weight [items]. With `reference` (same shape, the same
+    seeds and items) the replicates are of the paired difference loss - reference."""
+    data = loss if reference is None else loss - reference
+    seeds, items = data.shape
+    rng = np.random.default_rng(seed)
+    seed_counts = rng.multinomial(seeds, np.full(seeds, 1 / seeds), size=samples)     # [B, S]
+    item_counts = rng.multinomial(items, np.full(items, 1 / items), size=samples)     # [B, I]
+    per_seed = item_counts @ data.T                                                    # [B, S]
+    numerator = (seed_counts * per_seed).sum(1)
+    denominator = seed_counts.sum(1) * (item_counts @ weight)
+    return numerator / denominator
+
+
+def mean_loss(loss: np.ndarray, weight: np.ndarray) -> float:
+    return float(loss.sum() / (loss.shape[0] * weight.sum()))
+
+
+def interval(replicates: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.percentile(replicates, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def compare(loss: np.ndarray, reference: np.ndarray, weight: np.ndarray, *, margin: float, samples: int,
+            seed: int = 0) -> dict:
+    """The paired difference loss - reference with its 95% interval and the verdict:
+    "higher" / "lower" (the 95% interval excludes 0), "equivalent" (TOST at 5%: the 90%
+    interval within +-margin), else "undecided"."""
+    replicates = bootstrap_means(loss, weight, samples=samples, seed=seed, reference=reference)
+    diff = mean_loss(loss, weight) - mean_loss(reference, weight)
+    lo, hi = interval(replicates, 0.95)
+    lo90, hi90 = interval(replicates, 0.90)
+    # Equivalence first: a difference can be both real (the interval excludes 0) and smaller
+    # than the margin that matters; the report then says both.
+    if -margin < lo90 and hi90 < margin:
+        verdict = "equivalent" + (" (nonzero)" if lo > 0 or hi < 0 else "")
+    elif lo > 0:
+        verdict = "higher"
+    elif hi < 0:
+        verdict = "lower"
+    else:
+        verdict = "undecided"
+    return {"diff": diff, "lo": lo, "hi": hi, "lo90": lo90, "hi90": hi90, "margin": margin, "verdict": verdict}
+
+
+def tost_equivalent(replicates: np.ndarray, margin: float) -> bool:
+    """Two one-sided tests at 5% each, from bootstrap replicates of a difference: both
+    'difference <= -margin' and 'difference >= margin' are rejected."""
+    if margin <= 0:
+        raise ValueError(f"the equivalence margin must be > 0, got {margin}")
+    lo, hi = interval(replicates, 0.90)
+    return -margin < lo and hi < margin
+
+
+# --------------------------------------------------------------------------- onsets
+
+
+def onset(tokens: list[float], gaps: list[float], threshold: float) -> dict:
+    """When one run starts using order: its first evaluation with gap >= threshold.
+    `left_censored`: already at the first evaluation after step 0 (the onset is at or before
+    then); `started` False: never within the run (right-censored at its last evaluation)."""
+    for i, (t, g) in enumerate(zip(tokens, gaps)):
+        if t > 0 and math.isfinite(g) and g >= threshold:
+            first_after_start = next(j for j, tt in enumerate(tokens) if tt > 0)
+            return {"tokens": t, "started": True, "left_censored": i == first_after_start}
+    return {"tokens": tokens[-1], "started": False, "left_censored": False}
+
+
+def kaplan_meier(times: np.ndarray, started: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Fraction started by each grid time (1 - the Kaplan-Meier survival of 'not started');
+    a left-censored onset counts as started at its time (an upper bound)."""
+    times, started = np.asarray(times, float), np.asarray(started, bool)
+    out = np.zeros(len(grid))
+    surviving = 1.0
+    event_times = np.unique(times[started])
+    for t in event_times:
+        at_risk = (times >= t).sum()
+        events = ((times == t) & started).sum()
+        if at_risk:
+            surviving *= 1 - events / at_risk
+        out[grid >= t] = 1 - surviving
+    return out
+
+
+def onset_curve(times, started, grid, *, samples: int, seed: int = 0, level: float = 0.95) -> dict:
+    """Kaplan-Meier fraction started over `grid` with a percentile band from resampling runs."""
+    times, started = np.asarray(times, float), np.asarray(started, bool)
+    rng = np.random.default_rng(seed)
+    curve = kaplan_meier(times, started, grid)
+    replicates = []
+    for _ in range(samples):
+        pick = rng.integers(0, len(times), len(times))
+        replicates.append(kaplan_meier(times[pick], started[pick], grid))
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.percentile(np.asarray(replicates), [tail, 100 - tail], axis=0)
+    return {"grid": np.asarray(grid, float).tolist(), "fraction": curve.tolist(), "lo": lo.tolist(), "hi": hi.tolist()}
+
+
+def percentile_band(values: np.ndarray, lo: float = 10, hi: float = 90) -> dict:
+    """Median and the lo-hi percentiles over axis 0 (the seeds), ignoring non-finite values."""
+    values = np.where(np.isfinite(values), values, np.nan)
+    with np.errstate(all="ignore"):
+        return {"median": np.nanmedian(values, 0).tolist(), "lo": np.nanpercentile(values, lo, 0).tolist(),
+                "hi": np.nanpercentile(values, hi, 0).tolist()}

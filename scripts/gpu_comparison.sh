@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The position-scheme comparison of configs/ablation.py:VARIANT in one command, sized for one
+# accelerator call of under 9 minutes (gpu_tiny, gpu_mini, gpu_small; gpu_smoke: the same
+# pipeline in a minute or two on a CPU):
+#   OUTDIR/study.md, study.json, study_*.png   the report
+#   OUTDIR/schemes/<scheme>.json|.npz           each scheme's record (a rerun skips finished schemes)
+#   OUTDIR/log.txt                              everything printed, with the device and versions
+# A machine without the corpus (a lent accelerator) reads the splits from a pack made where the
+# corpus is, once (a few minutes on a 2-core CPU; gpu_tiny, gpu_mini and gpu_small share it):
+#   python -m roformer.ablation.study pack gpu_tiny runs/study_data/wikipedia_en.npz
+# and carry runs/study_data to the machine. The command stops itself at LIMIT_S seconds (530),
+# and no scheme starts that would end after the config's study.time_limit_s: what finished is
+# in the report, and the same command resumes with the rest.
+# Usage: scripts/gpu_comparison.sh OUTDIR VARIANT [--config.KEY=VALUE ...]
+#   (PYTHON=... to choose the interpreter, STUDY_DATA=... for another pack)
+set -u
+out=${1:?usage: scripts/gpu_comparison.sh OUTDIR VARIANT [--config.KEY=VALUE ...]}
+variant=${2:?usage: scripts/gpu_comparison.sh OUTDIR VARIANT [--config.KEY=VALUE ...]}
+shift 2
+case " gpu_tiny gpu_mini gpu_small gpu_smoke " in
+  *" $variant "*) ;;
+  *) echo "unknown variant '$variant'; choose gpu_tiny, gpu_mini, gpu_small or gpu_smoke" >&2; exit 2 ;;
+esac
+py=${PYTHON:-python3}
+cd "$(dirname "$0")/.." || exit 2
+pack=${STUDY_DATA:-runs/study_data/wikipedia_en.npz}
+extra=()
+if [[ $variant != gpu_smoke ]]; then
+  [[ -f $pack ]] || { echo "no data pack at $pack: make it where the corpus is with" \
+    "'python -m roformer.ablation.study pack $variant $pack' and carry it" >&2; exit 2; }
+  extra+=("--config.study.data_pack=$pack")
+fi
+mkdir -p "$out"
+# Compiled programs outside OUTDIR (what comes back from a lent machine stays small); a rerun on
+# the same machine loads them.
+export PYTHONUNBUFFERED=1 JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/roformer-study-jax-cache}
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
+  "$py" -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"; } 2>&1 \
+  | tee "$out/log.txt"
+start=$SECONDS
+timeout --signal=TERM "${LIMIT_S:-530}" "$py" -m roformer.ablate --config="configs/ablation.py:$variant" \
+  --workdir="$out" "${extra[@]}" "$@" 2>&1 | tee -a "$out/log.txt"
+status=${PIPESTATUS[0]}
+echo "gpu_comparison $variant: exit status $status after $((SECONDS - start)) s" | tee -a "$out/log.txt"
+exit "$status"

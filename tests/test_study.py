@@ -1,0 +1,241 @@
+"""The accelerator comparison (roformer.ablation.study): its checks, data, statistics and,
+at smoke size, the whole command (scripts/gpu_comparison.sh)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from roformer.ablation import plan, study, study_data, study_stats
+from roformer.errors import ConfigError
+from roformer.train import optim
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def config(variant="gpu_smoke", **study_keys):
+    c = plan.load_config_file("ablation", variant)
+    for key, value in study_keys.items():
+        c.study[key] = value
+    return c
+
+
+@pytest.mark.parametrize("variant", ["gpu_tiny", "gpu_mini", "gpu_small", "gpu_smoke"])
+def test_every_variant_is_valid_and_alibi_has_at_least_four_heads(variant):
+    c = config(variant)
+    study.validate(c)
+    if "alibi" in plan.split_list(c.study.schemes):
+        assert study.scheme_model_config(c, "alibi").num_heads >= 4
+    assert len(study.members(c)) == c.study.seeds * len(study.rates(c))
+
+
+def test_the_accelerator_variants_train_every_scheme_8_seeds_x_3_rates():
+    for variant in ("gpu_tiny", "gpu_mini", "gpu_small"):
+        c = config(variant)
+        assert set(plan.split_list(c.study.schemes)) == {"rope", "learned", "shaw", "t5", "alibi", "sinusoidal", "none"}
+        assert c.study.seeds >= 8 and len(study.rates(c)) == 3 and c.study.min_test_predictions >= 200_000
+    mini = study.scheme_model_config(config("gpu_mini"), "rope")
+    assert (mini.num_layers, mini.hidden_size, mini.num_heads) == (4, 256, 4)
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"margin": 0.0}, "study.margin=0.0"), ({"margin": -1.0}, "study.margin"),
+    ({"learning_rates": "1e-3,0"}, "study.learning_rates"), ({"learning_rates": "1e-3,-2e-3"}, "study.learning_rates"),
+    ({"schemes": "rope,nope"}, "unknown scheme 'nope'"), ({"reference": "learned"}, "study.reference"),
+    ({"budget_steps": "10,15"}, "study.budget_steps"), ({"windows": "1,4"}, "study.windows")])
+def test_bad_settings_are_one_line_before_anything_trains(keys, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        study.validate(config(**keys))
+    assert "\n" not in str(error.value)
+
+
+def test_alibi_with_two_heads_is_refused():
+    c = config()
+    c.pretrain.model.num_heads = 2
+    with pytest.raises(ConfigError, match="ALiBi with 2 heads"):
+        study.validate(c)
+
+
+def test_an_unknown_variant_is_one_line():
+    with pytest.raises(ConfigError, match="unknown configs/ablation.py variant 'gpu_huge'.*'gpu_tiny'"):
+        config("gpu_huge")
+
+
+def test_the_memory_estimate_refuses_a_group_that_does_not_fit():
+    c = config(memory_limit_gib=0.001)
+    data = study.study_splits(c)
+    with pytest.raises(ConfigError, match=r"group of 'rope' needs about .* GiB, more than 90% of the device's"):
+        study.check_memory(c, data)
+    c.study.memory_limit_gib = 64.0
+    assert set(study.check_memory(c, data)) == set(plan.split_list(c.study.schemes))
+
+
+def test_memory_estimate_grows_with_members_and_width():
+    base = study.scheme_model_config(config("gpu_tiny"), "rope")
+    mini = study.scheme_model_config(config("gpu_mini"), "rope")
+    est = lambda m, n: study.memory_estimate(m, members_=n, batch_size=16, seq_len=128, max_predictions=20,  # noqa: E731
+                                             data_bytes=0)
+    assert est(base, 24) == 2 * est(base, 12) and est(mini, 24) > est(base, 24)
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+def test_cooldown_branches_and_the_wsd_factor():
+    assert optim.cooldown_branches([625, 1250, 2500], 0.2) == [(500, 625), (1000, 1250), (2000, 2500)]
+    factor = lambda s, start, end: float(optim.wsd_factor(s, warmup_steps=10, decay_start=start, decay_end=end))  # noqa: E731
+    assert factor(0, 80, 100) == pytest.approx(0.1) and factor(50, 80, 100) == 1.0
+    assert factor(90, 80, 100) == pytest.approx(0.5) and factor(99, 80, 100) == pytest.approx(0.05)
+    with pytest.raises(ConfigError):
+        optim.cooldown_branches([100, 100], 0.2)
+
+
+def test_member_optimizer_takes_each_members_rate():
+    tx = optim.make_member_optimizer(weight_decay=0.0, b1=0.9, b2=0.98, eps=1e-8, clip_norm=0.0)
+    params = {"w": jnp.ones((3,))}
+
+    def update(rate):
+        state = optim.with_learning_rate(tx.init(params), rate)
+        return tx.update({"w": jnp.ones((3,))}, state, params)[0]["w"]
+
+    rates = jnp.asarray([1e-3, 4e-3])
+    updates = jax.vmap(update)(rates)   # Adam's first step moves by the rate
+    np.testing.assert_allclose(updates, -rates[:, None] * jnp.ones((2, 3)), rtol=1e-4)
+
+
+# --------------------------------------------------------------------------- data
+
+
+def test_device_masking_follows_the_pipelines_rule():
+    rng = np.random.default_rng(0)
+    special = np.zeros(50, bool)
+    special[:5] = True
+    ids = rng.integers(5, 50, size=(64, 40)).astype(np.int32)
+    ids[:, 0], ids[:, -1] = 2, 3          # [CLS], [SEP]
+    segments = np.ones_like(ids)
+    segments[:, 30:] = 0                  # padding
+    out = study_data.mask_rows(jax.random.key(0), {"input_ids": jnp.asarray(ids), "positions": jnp.zeros_like(ids),
+                                                   "segment_ids": jnp.asarray(segments)},
+                               special=jnp.asarray(special), replacement_ids=jnp.arange(5, 50), mask_id=4,
+                               mask_rate=0.15, max_predictions=7)
+    positions, weights = np.asarray(out["masked_positions"]), np.asarray(out["masked_weights"])
+    candidates = (~special[ids] & (segments != 0)).sum(1)
+    np.testing.assert_array_equal(weights.sum(1), np.minimum(7, np.floor(candidates * 0.15 + 0.5)))
+    chosen = positions[weights > 0]
+    assert not special[ids[np.nonzero(weights > 0)[0], chosen]].any() and (chosen < 30).all()
+    np.testing.assert_array_equal(np.asarray(out["masked_labels"])[weights > 0], ids[np.nonzero(weights > 0)[0], chosen])
+    masked_ids = np.asarray(out["input_ids"])[np.nonzero(weights > 0)[0], chosen]
+    assert 0.7 < (masked_ids == 4).mean() < 0.9
+    rows = np.nonzero(weights > 0)[0]
+    assert all(np.all(np.diff(positions[r][weights[r] > 0]) > 0) for r in set(rows))   # ascending slots
+
+
+def test_order_variants_move_tokens_only_within_their_windows():
+    rng = np.random.default_rng(1)
+    L = 32
+    ids = rng.integers(10, 100, size=(6, L)).astype(np.int32)
+    positions = np.tile(np.arange(L), (6, 1))
+    ids[:, 0], ids[:, -1] = 2, 3
+    segments = np.ones_like(ids)
+    slots = np.stack([np.sort(rng.permutation(np.arange(1, L - 1))[:5]) for _ in range(6)]).astype(np.int32)
+    batch = {"input_ids": ids, "positions": positions, "segment_ids": segments, "masked_positions": slots,
+             "masked_labels": np.take_along_axis(ids, slots, 1), "masked_weights": np.ones((6, 5), np.float32)}
+    variants = study_data.order_variants(batch, [4, 32], 2, 3, 0, np.random.default_rng(0))
+    for name, w in (("shuffle4", 4), ("shuffle32", 32)):
+        new = variants[name]["input_ids"]
+        assert (new != ids).any()
+        for lo in range(0, L, w):   # the same tokens in each window, [CLS] and [SEP] in place
+            np.testing.assert_array_equal(np.sort(new[:, lo:lo + w], 1), np.sort(ids[:, lo:lo + w], 1))
+        assert (new[:, 0] == 2).all() and (new[:, -1] == 3).all()
+        # the predicted tokens follow their slots
+        np.testing.assert_array_equal(np.take_along_axis(new, variants[name]["masked_positions"], 1),
+                                      np.take_along_axis(ids, slots, 1))
+    np.testing.assert_array_equal(variants["reverse"]["input_ids"][:, 1:-1], ids[:, 1:-1][:, ::-1])
+
+
+def test_splits_are_disjoint_documents():
+    hashes = np.random.default_rng(0).integers(0, 2**64, size=5000, dtype=np.uint64)
+    split = study_data.split_documents(hashes, 0.08, 0.02)
+    assert 0.06 < (split == 2).mean() < 0.10 and 0.01 < (split == 1).mean() < 0.03
+    np.testing.assert_array_equal(split, study_data.split_documents(hashes, 0.08, 0.02))
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def test_bootstrap_interval_covers_the_truth_and_widens_with_fewer_items():
+    rng = np.random.default_rng(0)
+    weight = np.full(400, 10.0)
+    loss = 10 * (3.0 + rng.normal(0, 0.5, size=(8, 400)) + rng.normal(0, 0.05, size=(8, 1)))
+    lo, hi = study_stats.interval(study_stats.bootstrap_means(loss, weight, samples=1000))
+    assert lo < 3.0 < hi
+    lo_small, hi_small = study_stats.interval(study_stats.bootstrap_means(loss[:, :40], weight[:40], samples=1000))
+    assert hi_small - lo_small > hi - lo
+
+
+def test_tost_calls_a_tie_only_within_the_margin():
+    rng = np.random.default_rng(1)
+    weight = np.ones(2000)
+    base = 3 + rng.normal(0, 0.3, size=(8, 2000))
+    same = study_stats.compare(base + rng.normal(0, 0.01, size=base.shape), base, weight, margin=0.02, samples=500)
+    assert same["verdict"].startswith("equivalent")
+    worse = study_stats.compare(base + 0.1, base, weight, margin=0.02, samples=500)
+    assert worse["verdict"] == "higher" and worse["lo"] > 0
+    noisy = study_stats.compare(base + rng.normal(0, 1.0, size=base.shape), base, weight, margin=0.02, samples=500)
+    assert noisy["verdict"] == "undecided"
+    with pytest.raises(ValueError):
+        study_stats.tost_equivalent(np.zeros(10), 0.0)
+
+
+def test_onsets_are_censored_on_both_sides():
+    tokens = [0, 10, 20, 30]
+    assert study_stats.onset(tokens, [0.0, 0.5, 0.6, 0.7], 0.1) == {"tokens": 10, "started": True, "left_censored": True}
+    assert study_stats.onset(tokens, [0.0, 0.0, 0.2, 0.7], 0.1) == {"tokens": 20, "started": True, "left_censored": False}
+    assert study_stats.onset(tokens, [0.0] * 4, 0.1) == {"tokens": 30, "started": False, "left_censored": False}
+    curve = study_stats.kaplan_meier(np.array([10, 20, 30, 30]), np.array([True, True, False, False]),
+                                     np.array([0, 10, 20, 30]))
+    np.testing.assert_allclose(curve, [0, 0.25, 0.5, 0.5])
+
+
+def test_percentile_band_ignores_diverged_values():
+    band = study_stats.percentile_band(np.array([[1.0, 2.0], [3.0, np.nan], [5.0, np.inf]]))
+    assert band["median"] == [3.0, 2.0]
+
+
+# --------------------------------------------------------------------------- the command
+
+
+@pytest.mark.slow
+def test_the_device_script_at_smoke_size(tmp_path):
+    """scripts/gpu_comparison.sh OUTDIR gpu_smoke on the CPU: two schemes, one rate that
+    diverges (reported, not chosen), the report; a second call resumes (trains nothing)."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "ROFORMER_CACHE": str(tmp_path / "cache")}
+    cmd = ["bash", str(REPO / "scripts/gpu_comparison.sh"), str(out), "gpu_smoke",
+           "--config.study.schemes=rope,sinusoidal", "--config.study.learning_rates=2e-3,30"]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    report = json.loads((out / "study.json").read_text())
+    assert report["schemes"] == ["rope", "sinusoidal"]
+    last = report["budgets"][-1]["rows"]
+    assert last["rope"]["rate"] == 2e-3 and {d["rate"] for d in last["rope"]["diverged"]} == {30.0}
+    assert last["sinusoidal"]["vs_reference"]["verdict"] in {"higher", "lower", "undecided"} or \
+        last["sinusoidal"]["vs_reference"]["verdict"].startswith("equivalent")
+    text = (out / "study.md").read_text()
+    assert "seed 0 at 30" in text and "sinusoidal: scale" in text
+    for figure in ("study_loss.png", "study_onset.png", "study_spectrum.png", "study_signal.png"):
+        assert (out / figure).stat().st_size > 0
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and again.stdout.count("already trained, skipping") + \
+        again.stderr.count("already trained, skipping") == 2
+
+
+def test_the_device_script_refuses_an_unknown_variant(tmp_path):
+    result = subprocess.run(["bash", str(REPO / "scripts/gpu_comparison.sh"), str(tmp_path), "gpu_huge"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "unknown variant 'gpu_huge'" in result.stderr
