@@ -12,3 +12,29 @@ def test_a_divergence_before_any_good_row_since_the_resume_distrusts_the_resumed
     assert guard.good_checkpoint_step() == 69
     fresh = DivergenceGuard(factor=3.0, patience=1, window=20, after_step=10)
     assert fresh.good_checkpoint_step() == 0     # a run from step 0 has nothing before it
+
+
+def test_checksums_find_a_flipped_bit_a_cut_file_and_a_missing_one(tmp_path):
+    import pytest
+
+    from roformer import checksums
+
+    step = tmp_path / "60"
+    (step / "state" / "d").mkdir(parents=True)
+    (step / "state" / "d" / "chunk").write_bytes(bytes(range(256)) * 64)
+    (step / "_CHECKPOINT_METADATA").write_text('{"custom_metadata": {"optimizer": {"learning_rate": 0.001}}}')
+    assert checksums.verify(step) is False      # none written: restored unverified
+    checksums.write(step)
+    assert checksums.verify(step) is True
+    chunk = step / "state" / "d" / "chunk"
+    data = bytearray(chunk.read_bytes())
+    data[1234] ^= 0x10                            # one flipped bit, same size
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(checksums.ChecksumMismatch, match="state/d/chunk does not match the CRC32"):
+        checksums.verify(step)
+    chunk.write_bytes(bytes(data[:100]))
+    with pytest.raises(checksums.ChecksumMismatch, match="state/d/chunk has 100 bytes, 16384 when saved"):
+        checksums.verify(step)
+    chunk.unlink()
+    with pytest.raises(checksums.ChecksumMismatch, match="state/d/chunk is missing"):
+        checksums.verify(step)
