@@ -453,8 +453,15 @@ def main(argv):
         print("stopped (SIGTERM); run the same command again to resume", flush=True)
         return
     print(to_markdown(result), flush=True)
+    print(done_line(flags.FLAGS.workdir), flush=True)
     if not result["all_as_expected"]:
         raise SystemExit(1)
+
+
+def done_line(workdir: str) -> str:
+    """The command's last line: where its outputs are."""
+    return (f"done: result in {workdir}/{RESULT_MD} and {workdir}/{RESULT_JSON}, each scheme's run in "
+            f"{workdir}/runs/<scheme>, the corpus in {workdir}/corpus")
 
 
 if __name__ == "__main__":
@@ -463,4 +470,4 @@ if __name__ == "__main__":
     config_flags.DEFINE_config_file("config", None, "capability config file (configs/capability.py[:smoke])")
     flags.DEFINE_string("workdir", None, "directory for the corpus, the runs and the result")
     flags.mark_flags_as_required(["config", "workdir"])
-    cli.run(main, doc=__doc__, help_config=Path(__file__).resolve().parents[1] / "configs" / "capability.py")
+    cli.run(main, doc=__doc__, help_config=cli.CONFIG_DIR / "capability.py")

@@ -1,5 +1,6 @@
 """Capability check (roformer.capability): corpus rules, probes, bounds, the whole check at smoke size."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -122,6 +123,10 @@ def test_the_whole_check_at_smoke_size_writes_its_table_and_resumes(tmp_path, mo
     assert none["expected_pass"] == {"pairs": False, "direction": False}
     assert none["accuracy"]["pairs"] <= 1 / config.corpus.pairs_per_doc
     assert "| rope |" in (tmp_path / "check" / capability.RESULT_MD).read_text()
+    # The command's last line names outputs that exist.
+    named = [word.rstrip(",") for word in capability.done_line(str(tmp_path / "check")).split()
+             if word.startswith(str(tmp_path))]
+    assert len(named) == 4 and all(Path(p.replace("<scheme>", "rope")).exists() for p in named), named
     # A rerun trains nothing and probes nothing again.
     monkeypatch.setattr(capability, "probe_accuracy", lambda *a, **k: pytest.fail("probed again"))
     assert capability.run_capability(config, tmp_path / "check")["schemes"] == result["schemes"]
