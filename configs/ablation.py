@@ -268,9 +268,9 @@ def _study(c, arg):
     if arg == "gpu_mini":
         pre.model.size = "mini"
         st.learning_rates = "5e-4,1e-3,2e-3"
-        st.budget_steps = "400,800,1600"    # 0.82M, 1.64M, 3.28M tokens per member
-        st.eval_every = 80
-        st.warmup_steps = 160
+        st.budget_steps = "320,640,1280"    # 0.66M, 1.31M, 2.62M tokens per member
+        st.eval_every = 64
+        st.warmup_steps = 128
     elif arg == "gpu_small":                # the stretch: 4 x 512, 8 heads
         pre.model.size = "small"
         pre.model.num_heads = 8

@@ -253,7 +253,10 @@ class Programs:
             params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
             return {"params": params, "opt_state": self.tx.init(params), "step": jnp.zeros((), jnp.int32)}
 
-        self.init = jax.jit(init)
+        # Op by op, not compiled: a compiled initialiser inlines one random-bits generator per
+        # parameter and takes seconds to compile per scheme (docs/results/
+        # 2026-11-26-accelerator-h200-train-step.md), more than a small model's ops take to run.
+        self.init = init
 
         def evaluate(params, rest, rows):
             def one(p):
