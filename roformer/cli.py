@@ -13,6 +13,8 @@
   says so, roformer.files.is_disk_full), named with its file. Anything else (a
   `ValueError` from numpy, say) is a bug and keeps its traceback;
   `ROFORMER_TRACEBACK=1` in the environment shows the traceback of user errors too.
+  Ctrl-C prints `error: interrupted (Ctrl-C)` and exits 130 (pretraining instead saves a
+  checkpoint and exits 0, as on SIGTERM).
 - **Logging:** the project's own progress lines (INFO of the `roformer` loggers) show;
   library INFO lines (jax, orbax, absl) do not, unless `--verbosity`/`-v` is given:
   0 shows INFO, 1 DEBUG, -1 warnings only (for every logger).
@@ -41,6 +43,7 @@ from roformer.host_memory import retain_host_memory
 
 CONFIG_DIR = config_files.CONFIG_DIR   # the commands' default config files
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130   # the shell's status for a process ended by SIGINT
 TRACEBACK_ENV = "ROFORMER_TRACEBACK"
 _HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort")
 
@@ -83,9 +86,15 @@ def show_tracebacks() -> bool:
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn a user error raised in the block into one stderr line and exit status 2."""
+    """Turn a user error raised in the block into one stderr line and exit status 2, and
+    Ctrl-C (where the command does not stop cleanly on it itself) into one line and 130."""
     try:
         yield
+    except KeyboardInterrupt:
+        if show_tracebacks():
+            raise
+        print("error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
     except Exception as error:  # noqa: BLE001 - anything else is re-raised untouched
         if show_tracebacks() or not is_user_error(error):
             raise

@@ -130,3 +130,13 @@ def test_the_next_glue_command_runs_in_a_shell_as_printed(workdir):
     assert args == ["python", "-m", "roformer.glue", "--config=configs/glue.py:smoke", f"--config.init={workdir}",
                     f"--workdir={workdir}_glue"]   # the smoke variant: minutes, not hours
     assert "'--config.task=<task|all>' runs the full protocol" in command   # quoted: < and | are the shell's
+
+
+def test_ctrl_c_outside_a_training_loop_is_one_line_and_status_130(capsys):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exit_info, cli.user_errors():
+        interrupted()
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err == "error: interrupted (Ctrl-C)\n"
