@@ -1,4 +1,5 @@
-"""What the commands tell a person: `--help` exits 0 on every command and subcommand."""
+"""What the commands tell a person: `--help` exits 0 on every command and subcommand, and a
+command ends with one line naming its outputs."""
 import os
 import subprocess
 import sys
@@ -32,3 +33,21 @@ def test_data_help_exits_0(args, expected):
 def test_data_without_a_command_is_a_usage_error():
     proc = run("roformer.data")
     assert proc.returncode == 2 and "python -m roformer.data prepare" in proc.stderr
+
+
+def named_paths(line: str, root: Path) -> list[Path]:
+    return [Path(word.rstrip(",")) for word in line.split() if word.startswith(str(root))]
+
+
+@pytest.mark.slow
+def test_glue_ends_with_a_line_naming_its_outputs(tmp_path, shared_data):
+    workdir = tmp_path / "glue"
+    proc = run("roformer.glue", "--config=configs/glue.py:smoke", "--config.task=wnli", "--config.max_steps=2",
+               "--config.max_train_examples=16", "--config.max_eval_examples=16", "--config.model.size=tiny",
+               f"--config.data_dir={shared_data / 'glue'}",
+               f"--config.vocab={shared_data / 'vocab' / 'bert-base-uncased-vocab.txt'}", f"--workdir={workdir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = proc.stdout.splitlines()[-1]
+    assert last.startswith("done: results in ")
+    named = named_paths(last, workdir)
+    assert len(named) == 4 and all(p.exists() for p in named), named

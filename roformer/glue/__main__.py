@@ -15,8 +15,16 @@ def main(argv):
         raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
     results = run_glue(_CONFIG.value, _WORKDIR.value)
     print(open(f"{_WORKDIR.value}/glue_results.md").read(), end="")
+    print(done_line(_WORKDIR.value, results), flush=True)
+
+
+def done_line(workdir: str, results: dict) -> str:
+    """The command's last line: where its outputs are."""
+    line = (f"done: results in {workdir}/glue_results.md and {workdir}/glue_results.json, metrics in "
+            f"{workdir}/metrics.jsonl, TensorBoard in {workdir}/tensorboard")
     if "submission" in results:
-        print(f"submission: {results['submission']['zip']}")
+        line += f", leaderboard submission in {results['submission']['zip']}"
+    return line
 
 
 if __name__ == "__main__":
