@@ -4,7 +4,8 @@ Peers, each with the same model configuration (HF RoFormerConfig built from ours
 vocabulary, sizes, dropout, gelu, rotary on q/k), the same synthetic batch with 15% of
 positions masked, AdamW with our hyper-parameters and global-norm clipping, and dropout
 as each ships:
-  hf_torch          transformers' PyTorch RoFormerForMaskedLM, eager, on all cores
+  hf_torch          transformers' PyTorch RoFormerForMaskedLM, eager, on all cores, or on the
+                    GPU when jax runs on one (fused AdamW; bf16 autocast with --dtype bfloat16)
   hf_torch_compile  the same under torch.compile (--torch-compile-backend, inductor by
                     default), the clipping + AdamW update compiled as well
   hf_flax           transformers 4.x FlaxRoFormerForMaskedLM, the JAX port removed in
@@ -77,6 +78,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="torch.compile backend of hf_torch_compile (inductor; aot_eager compiles fast)")
     parser.add_argument("--vocab-size", type=int, default=30522)
     parser.add_argument("--attention-impl", default="auto", choices=ATTENTION_IMPLEMENTATIONS)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="our compute dtype; bfloat16 runs the PyTorch peers under bf16 autocast")
+    parser.add_argument("--attention-dropout", type=float, default=None,
+                        help="attention dropout of every model (default: ModelConfig's)")
+    parser.add_argument("--torch-device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="where the PyTorch peers run (auto: the GPU when jax runs on one, with fused AdamW)")
     parser.add_argument("--peak-size", type=int, default=0, help="matmul side for the MFU peak (0: auto)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=2)
@@ -105,25 +112,32 @@ def hf_config(config: ModelConfig):
     return RoFormerConfig(**hf_config_dict(config))
 
 
-def torch_train_step(config: ModelConfig, batch: dict[str, np.ndarray], compile_backend: str | None = None):
+def torch_train_step(config: ModelConfig, batch: dict[str, np.ndarray], compile_backend: str | None = None,
+                     device: str = "cpu"):
     """A closure running one PyTorch AdamW step of HF RoFormerForMaskedLM on `batch`: eager,
     or with the model and the clip + AdamW update under torch.compile(backend=compile_backend).
-    A compiled step has run once when it is returned, so a compiler failure raises here."""
+    On a GPU (`device="cuda"`) with fused AdamW, as a user there would run it; a config with
+    dtype bfloat16 runs under bf16 autocast (float32 parameters, as ours). The step returns
+    once its work has finished. A compiled step has run once when it is returned, so a
+    compiler failure raises here."""
     # imported here: torch and transformers are heavy and optional (the dev extra)
     import torch
     from transformers import RoFormerForMaskedLM as HFRoFormerForMaskedLM
 
     torch.manual_seed(0)
-    model = HFRoFormerForMaskedLM(hf_config(config)).train()
+    device = torch.device(device)
+    model = HFRoFormerForMaskedLM(hf_config(config)).train().to(device)
     tc = train_config()
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc["learning_rate"], betas=(tc["b1"], tc["b2"]),
-                                  eps=tc["eps"], weight_decay=tc["weight_decay"])
+                                  eps=tc["eps"], weight_decay=tc["weight_decay"], fused=device.type == "cuda")
     input_ids = torch.from_numpy(batch["input_ids"]).long()
     labels = torch.full_like(input_ids, -100)
     rows = np.arange(input_ids.shape[0])[:, None]
     labels[rows, batch["masked_positions"]] = torch.from_numpy(batch["masked_labels"]).long()
     inputs = {"input_ids": input_ids, "token_type_ids": torch.from_numpy(batch["token_type_ids"]).long(),
               "attention_mask": torch.ones_like(input_ids), "labels": labels}
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    autocast = config.dtype == "bfloat16"
 
     def update():
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc["clip_norm"])
@@ -135,8 +149,12 @@ def torch_train_step(config: ModelConfig, batch: dict[str, np.ndarray], compile_
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        forward(**inputs).loss.backward()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            loss = forward(**inputs).loss
+        loss.backward()
         update()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
 
     if compile_backend is not None:
         step()
@@ -214,7 +232,8 @@ def torch_process_peer(config: ModelConfig, seq_len: int, batch_size: int, args:
     """HF PyTorch's train step (eager, or under torch.compile) in its own process of this Python
     (hf_torch_peer.py), as it ships: without this process's malloc settings."""
     request = {"config": config.to_dict(), "seq_len": seq_len, "batch": batch_size,
-               "compile_backend": compile_backend, "torch_threads": args.torch_threads}
+               "compile_backend": compile_backend, "torch_threads": args.torch_threads,
+               "device": torch_device(args)}
     return ChildPeer([sys.executable, "-m", "roformer.bench.hf_torch_peer"], request)
 
 
@@ -232,7 +251,8 @@ def build_peers(names, config: ModelConfig, seq_len: int, batch_size: int, args:
                 if args.torch_process == "own":
                     steps[name] = torch_process_peer(config, seq_len, batch_size, args, compile_backend=backend)
                 else:
-                    steps[name] = torch_train_step(config, batch, compile_backend=backend)
+                    steps[name] = torch_train_step(config, batch, compile_backend=backend,
+                                                   device=torch_device(args))
             if isinstance(steps[name], ChildPeer):
                 closers.append(steps[name].close)
         except Exception as error:  # noqa: BLE001 - a peer that fails to build is reported, not fatal
@@ -240,10 +260,21 @@ def build_peers(names, config: ModelConfig, seq_len: int, batch_size: int, args:
     return steps, unavailable, closers
 
 
+def torch_device(args: argparse.Namespace) -> str:
+    """Where the PyTorch peers run: --torch-device, or for auto the GPU when jax runs on one."""
+    if args.torch_device != "auto":
+        return args.torch_device
+    import jax
+
+    return "cuda" if jax.default_backend() == "gpu" else "cpu"
+
+
 def bench_shape(size: str, seq_len: int, batch_size: int, args: argparse.Namespace):
     """Rows (ours first, then each measured peer) and comparisons of one shape, and the
     peers that could not run with the reason."""
-    config = ModelConfig.from_preset(size, vocab_size=args.vocab_size, max_position_embeddings=max(512, seq_len))
+    dropout = {} if args.attention_dropout is None else {"attention_dropout": args.attention_dropout}
+    config = ModelConfig.from_preset(size, vocab_size=args.vocab_size, max_position_embeddings=max(512, seq_len),
+                                     dtype=args.dtype, **dropout)
     shape = f"{size}/{seq_len}/{batch_size}"
     ours = build_train_workload(config, batch_size=batch_size, seq_len=seq_len, attention_impl=args.attention_impl)
     peers, unavailable, closers = build_peers(args.peers, config, seq_len, batch_size, args)
@@ -256,7 +287,7 @@ def bench_shape(size: str, seq_len: int, batch_size: int, args: argparse.Namespa
             close()
     # MFU from rounds of ours and the matmul alone: timed among the peers' steps the matmul
     # ran slow on a 2-core CPU and MFU came out above 1.
-    mfu_times, peaks = time_with_matmul({"ours_jax": ours.step}, dtype="float32",
+    mfu_times, peaks = time_with_matmul({"ours_jax": ours.step}, dtype=args.dtype,
                                         peak_size=args.peak_size or default_peak_size(),
                                         rounds=args.rounds, iters=args.iters)
     tokens = batch_size * seq_len

@@ -27,9 +27,13 @@ def build_torch_step(request):
         torch.set_num_threads(request["torch_threads"])
     config = ModelConfig.from_dict(request["config"])
     batch = synthetic_batch(config, request["batch"], request["seq_len"])
-    step = torch_train_step(config, batch, compile_backend=request["compile_backend"])
-    return step, {"torch": torch.__version__, "transformers": transformers.__version__,
-                  "torch_threads": torch.get_num_threads()}
+    device = request.get("device", "cpu")
+    step = torch_train_step(config, batch, compile_backend=request["compile_backend"], device=device)
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__,
+                "torch_threads": torch.get_num_threads(), "torch_device": device}
+    if device == "cuda":
+        versions["torch_gpu"] = torch.cuda.get_device_name()
+    return step, versions
 
 
 if __name__ == "__main__":
