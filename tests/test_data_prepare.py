@@ -156,7 +156,10 @@ def test_prepare_command_on_two_processes(wiki, tokenizer, tmp_path, shared_data
     outputs = [proc.communicate(timeout=300) for proc in procs]
     for proc, (out, err) in zip(procs, outputs):
         assert proc.returncode == 0, err[-3000:]
-    summaries = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    summaries = [json.loads(out.strip().splitlines()[-2]) for out, _ in outputs]   # the JSON, then one line
+    for (out, _), summary in zip(outputs, summaries):
+        assert out.strip().splitlines()[-1] == (f"done: {summary['documents']:,} documents, "
+                                                f"{summary['tokens']:,} tokens in the cache entry {summary['shards']}")
     assert [s["process_index"] for s in summaries] == [0, 1]
     assert summaries[0]["content_id"] == summaries[1]["content_id"]
     shares = {s["process"]: len(s["parts"]) for s in summaries[0]["build"]["shares"]}

@@ -91,6 +91,8 @@ def _prepare_main(argv: list[str]) -> None:
     else:
         summary = prepare(data, process_index=index, process_count=count)
     print(json.dumps(summary))
+    print(f"done: {summary['documents']:,} documents, {summary['tokens']:,} tokens in the cache entry "
+          f"{summary['shards']}", flush=True)
 
 
 def _process_index_and_count(config) -> tuple[int, int]:
