@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from roformer import machine
 from roformer.ablation import parallel as parallel_runs   # tests name their own `parallel` settings
 from roformer.ablation import plan, runner
 from roformer.ablation.stages import PREEMPTED_EXIT, error_name, job_stages, run_stages
@@ -31,7 +32,7 @@ from test_ablate import FakeStages, small_config, stub_figures
 
 
 def test_core_slots_deal_the_cores_and_one_core_turns_off_xlas_thread_pool():
-    cores = sorted(parallel_runs.available_cores())
+    cores = sorted(machine.available_cores())
     assert parallel_runs.core_slots(1) == [cores]
     slots = parallel_runs.core_slots(len(cores))
     assert slots == [[c] for c in cores]
@@ -85,7 +86,7 @@ def test_the_commands_own_process_uses_the_compile_cache_unless_the_caller_keeps
 def test_a_pinned_process_takes_its_cores_before_jax_starts():
     code = ("import os, sys; from roformer.ablation import parallel; parallel.enter_slot(); "
             "import jax; jax.devices(); print(sorted(os.sched_getaffinity(0)), 'jax' in sys.modules)")
-    cores = sorted(parallel_runs.available_cores())[-1:]
+    cores = sorted(machine.available_cores())[-1:]
     out = subprocess.run([sys.executable, "-c", code], env=parallel_runs.child_env(cores, pin=True), check=True,
                          capture_output=True, text=True).stdout
     assert out.strip() == f"{cores} True"

@@ -1,11 +1,10 @@
 """Reading a run's results back (roformer.ablation.collect): metrics.jsonl into final
 metrics, the held-out curve and throughput."""
-import os
-
 import jax
 
+from roformer import machine
 from roformer.ablation import collect
-from roformer.bench.common import cpu_identity, describe_cpu
+from roformer.machine import cpu_identity, describe_cpu
 from roformer.train.metrics import read_metrics
 
 
@@ -34,7 +33,7 @@ def test_read_metrics_ignores_a_torn_last_line(tmp_path):
 
 def test_the_reports_machine_line_names_the_processor():
     line = collect._machine()
-    assert line.startswith(f"{jax.device_count()} x ") and f"{os.cpu_count()} CPU cores" in line
+    assert line.startswith(f"{jax.device_count()} x ") and f"{machine.cores_available()} CPU cores" in line
     identity = cpu_identity()
     if identity:   # Linux: model, family and vector extensions, which set a CPU run's speed
         assert f"({describe_cpu(identity)})" in line

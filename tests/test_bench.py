@@ -20,8 +20,9 @@ from roformer import host_memory
 from roformer.bench import __main__ as bench_main
 from roformer.bench import flags as flags_bench
 from roformer.bench import rope as rope_bench
-from roformer.bench.common import alternate, cpu_identity, describe_cpu, format_table, ratio_stats
+from roformer.bench.common import alternate, format_table, ratio_stats
 from roformer.bench.hf import flax_port_peer
+from roformer.machine import cpu_identity
 from roformer.model import ModelConfig, rope
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,34 +54,6 @@ def test_ratio_stats_and_alternate():
     times = alternate({"a": lambda: 1, "b": lambda: 2}, rounds=3, iters=1, warmup=0)
     assert set(times) == {"a", "b"} and all(len(t) == 3 for t in times.values())
     assert format_table([{"x": 1.23456, "y": "z"}]).splitlines()[2] == "| 1.235 | z |"
-
-
-X86_CPUINFO = """processor\t: 0
-vendor_id\t: AuthenticAMD
-cpu family\t: 25
-model\t\t: 1
-model name\t: AMD EPYC
-flags\t\t: fpu sse2 avx fma avx2 sha_ni vaes
-
-processor\t: 1
-model name\t: something else
-flags\t\t: avx512f
-"""
-ARM_CPUINFO = """processor\t: 0
-BogoMIPS\t: 50.00
-Features\t: fp asimd evtstrm aes sve
-CPU implementer\t: 0x41
-CPU part\t: 0xd40
-"""
-
-
-def test_cpu_identity_names_the_first_processor_and_its_vector_extensions():
-    x86 = cpu_identity(X86_CPUINFO)
-    assert x86 == {"model_name": "AMD EPYC", "family": "25", "model": "1", "vector": "avx avx2 fma"}
-    assert describe_cpu(x86) == "AMD EPYC, family 25 model 1, avx avx2 fma"
-    assert cpu_identity(ARM_CPUINFO) == {"vector": "asimd sve"}
-    assert describe_cpu(cpu_identity(ARM_CPUINFO)) == "asimd sve"
-    assert cpu_identity("") == {}
 
 
 def test_rope_bench_covers_lengths_batches_and_passes(tmp_path, capsys):

@@ -22,9 +22,9 @@ from roformer.ablation.plan import (EXTENSION_STAGES, RUN_STAGES, extension_seed
                                     pretrain_steps, scheme_pretrain_config, scheme_seeds, split_list)
 from roformer.ablation.report import finite
 from roformer.ablation.state import PINNED_TOKENIZER, AblationState, is_main_process, run_status
-from roformer.bench.common import describe_cpu, machine_info
 from roformer.files import write_json_atomic
 from roformer.glue.tasks import TASKS
+from roformer.machine import describe_cpu, machine_info
 from roformer.train.metrics import read_metrics
 
 

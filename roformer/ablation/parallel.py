@@ -28,17 +28,11 @@ import sys
 from pathlib import Path
 
 from roformer.errors import ConfigError
+from roformer.machine import available_cores
 
 # XLA:CPU runs a product on the thread that runs the program instead of its thread pool.
 SINGLE_CORE_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
 PR_SET_PDEATHSIG = 1
-
-
-def available_cores() -> set[int]:
-    """The cores this process may run on (all of them where the OS cannot say, e.g. macOS)."""
-    if hasattr(os, "sched_getaffinity"):
-        return os.sched_getaffinity(0)
-    return set(range(os.cpu_count() or 1))
 
 
 def core_slots(parallel: int) -> list[list[int]]:

@@ -18,8 +18,9 @@ import os
 import sys
 from pathlib import Path
 
-from roformer.bench.common import format_table, machine_info, write_json
+from roformer.bench.common import format_table, write_json
 from roformer.host_memory import retain_host_memory
+from roformer.machine import machine_info
 
 BENCHMARKS = ("rope", "step", "profile", "hf", "scaling", "input", "gpu", "runs", "flags", "levers")
 

@@ -34,9 +34,10 @@ import time
 import jax
 
 from roformer.bench import rope as rope_bench
-from roformer.bench.common import failure, machine_info, ratio_stats, write_json
+from roformer.bench.common import failure, ratio_stats, write_json
 from roformer.bench.step import default_peak_size, step_figures, time_with_matmul, vendor_peak
 from roformer.bench.workload import build_train_workload
+from roformer.machine import machine_info
 from roformer.model import PRESETS, ModelConfig
 
 DTYPE = "bfloat16"

@@ -34,8 +34,9 @@ import jax
 import jax.numpy as jnp
 
 from roformer.bench import step as step_bench
-from roformer.bench.common import TRAIN_STEP_WARMUP, failure, matmul_probe, time_call, warm_up
+from roformer.bench.common import TRAIN_STEP_WARMUP, failure, time_call, warm_up
 from roformer.bench.workload import build_train_workload, num_predictions
+from roformer.machine import matmul_probe
 from roformer.model import PRESETS
 from roformer.model.attention import ATTENTION_IMPLEMENTATIONS
 from roformer.model.positions import POSITION_SCHEMES

@@ -44,6 +44,7 @@ import time
 
 # Nothing here imports jax at module level: the worker process sets its cores and malloc
 # first (`python -m roformer.bench.runs --worker`).
+from roformer import machine
 from roformer.ablation import parallel as parallel_runs   # `parallel` here counts runs
 
 MODES = ("one", "procs", "procs_pinned", "procs_plain", "vmap", "procs_vmap")
@@ -139,7 +140,7 @@ def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
 
     steps_per_run = reference_run()["steps"]
     size, seq_len, batch = parse_shape(shape)
-    parallel = args.parallel or len(parallel_runs.available_cores())
+    parallel = args.parallel or machine.cores_available()
     modes = {mode: start_mode(mode, shape, args.scheme, parallel, args.seeds_per_process) for mode in args.modes}
     try:
         start, ready = time.perf_counter(), {}
@@ -192,7 +193,7 @@ def run(args: argparse.Namespace) -> dict:
         rows += bench_shape(shape, args)
     notes = [f"runs_per_hour counts {reference_run()['steps']} training steps per run (configs/ablation.py:reference), "
              "not its evaluation, extrapolation or GLUE stages",
-             f"cores available: {sorted(parallel_runs.available_cores())}; the load average is in the JSON's "
+             f"cores available: {sorted(machine.available_cores())}; the load average is in the JSON's "
              "machine: on a shared machine, other processes take their share of the cores in every mode"]
     return {"rows": rows, "columns": TABLE_COLUMNS, "notes": notes,
             "settings": {k: v for k, v in vars(args).items() if k != "json"}}

@@ -20,8 +20,9 @@ from collections.abc import Callable
 import jax
 
 from roformer.model.attention import ATTENTION_IMPLEMENTATIONS
-from roformer.bench.common import TRAIN_STEP_WARMUP, alternate, matmul_probe, ratio_stats
+from roformer.bench.common import TRAIN_STEP_WARMUP, alternate, ratio_stats
 from roformer.bench.workload import TrainWorkload, build_train_workload
+from roformer.machine import matmul_probe
 from roformer.model import PRESETS, ModelConfig
 from roformer.model.positions import POSITION_SCHEMES
 from roformer.train import flops as train_flops

@@ -8,9 +8,9 @@ import multiprocessing
 import os
 import time
 
-from roformer.data import shards
 from roformer.data.config import DataConfig
 from roformer.data.pipeline import prepare_corpus
+from roformer.machine import cores_available
 
 
 def prepare(data: DataConfig, *, process_index: int = 0, process_count: int = 1,
@@ -34,7 +34,7 @@ def prepare_locally(data: DataConfig, processes: int, *, host_index: int = 0, ho
     running the same, they are processes host_index * processes + i of host_count * processes.
     `seconds` is the wall-clock time of the whole, process start-up included."""
     start = time.perf_counter()
-    threads = max(1, (data.num_workers or shards.cpu_count()) // processes)
+    threads = max(1, (data.num_workers or cores_available()) // processes)
     count = host_count * processes
     indices = [host_index * processes + i for i in range(processes)]
     # spawn, not fork: the caller may hold threads (JAX, the Rust encoder's pool)

@@ -57,6 +57,7 @@ from roformer.data.sources import TextSource, sha256_json
 from roformer.data.tokenizer import WordPieceTokenizer
 from roformer.errors import ConfigError
 from roformer.files import replacing, stale_staging, write_json_atomic, writing
+from roformer.machine import cores_available
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ def load_or_build(source: TextSource, tokenizer: WordPieceTokenizer, cache_dir: 
     for stale in stale_staging(root):   # builds killed before they were renamed into place
         log.info("removing %s, left by a build that did not finish", stale)
         shutil.rmtree(stale, ignore_errors=True)
-    build = _Build(source, tokenizer, entry, fingerprint, num_workers or cpu_count(), shard_tokens, show_progress)
+    build = _Build(source, tokenizer, entry, fingerprint, num_workers or cores_available(), shard_tokens, show_progress)
     with writing(f"the token shard cache entry {directory}"):
         if process_count == 1 or not _find_each_other(build.parts_dir, process_index, process_count,
                                                        handshake_seconds):
@@ -227,11 +228,6 @@ def build_lock(target: Path) -> Iterator[None]:
             yield
         finally:
             path.unlink(missing_ok=True)
-
-
-def cpu_count() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class _Entry:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from tqdm.auto import tqdm
 from roformer.data import DataConfig
 from roformer.data.workers import StreamSpec, WorkerStreams
 from roformer.errors import ConfigError
+from roformer.machine import cores_available
 from roformer.model import attention_stats
 from roformer.train import flops, sharding, steps
 from roformer.train.checkpoint import Checkpointer
@@ -92,7 +92,7 @@ def default_data_workers(seeds: int) -> int:
     transfers)."""
     if jax.default_backend() == "cpu":
         return 0
-    return max(1, min(seeds, (os.cpu_count() or 1) - 2))
+    return max(1, min(seeds, cores_available() - 2))
 
 
 def train_seeds_and_evaluate(configs, workdirs, *, data_workers: int | None = None) -> list[dict | TrainingStopped]:
