@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from roformer import ablate
 from roformer.ablation import plan, report, runner
 from roformer.ablation.stages import STAGE_RUNNERS, Preempted
 from roformer.ablation.state import PINNED_TOKENIZER, STATE_FILE
@@ -307,6 +308,10 @@ def test_seeds_run_in_turn_and_the_report_aggregates_them(tmp_path, monkeypatch,
     stages.install(monkeypatch)
     config = small_config(seeds=3, methods="none,linear")
     result = runner.run_ablation(config, tmp_path)
+    # The command's last line names outputs that exist.
+    named = [word.rstrip(",") for word in ablate.done_line(str(tmp_path), config).split()
+             if word.startswith(str(tmp_path))]
+    assert len(named) == 5 and all(Path(p).exists() for p in named), named
 
     # Every scheme of seed 0, then of seed 1, ...; the context extension once every seed is pretrained.
     expected = [(f"{scheme}/seed{k}", stage) for k in seeds for scheme in ("learned", "rope")
