@@ -1,5 +1,6 @@
 """What checkpoint checksums cost at a model size: one training state (parameters and AdamW's
-two moments) saved as the training loop saves it, then its checksums written and verified.
+two moments, non-zero as after a training step) saved as the training loop saves it, then
+its checksums written and verified.
 
     python scripts/checkpoint_integrity_cost.py --size base --dir /tmp/ckcost --repeats 3
 
@@ -39,7 +40,13 @@ def main() -> None:
     args = parser.parse_args()
     config = ModelConfig.from_preset(args.size, vocab_size=args.vocab_size)
     params = nnx.to_pure_dict(nnx.state(RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)), nnx.Param))
-    state = {"params": params, "opt_state": optax.adamw(1e-4).init(params), "step": jax.numpy.int32(1)}
+    # AdamW's moments start at zero, which orbax's compressed storage shrinks to nothing: give them
+    # values, as after any training step, so the step holds three models' worth of floats.
+    opt_state = optax.adamw(1e-4).init(params)
+    keys = iter(jax.random.split(jax.random.key(0), len(jax.tree.leaves(opt_state))))
+    opt_state = jax.tree.map(lambda x: jax.random.normal(next(keys), x.shape, x.dtype) * 1e-3
+                             if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x, opt_state)
+    state = {"params": params, "opt_state": opt_state, "step": jax.numpy.int32(1)}
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     rows = []
     for repeat in range(args.repeats):
