@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The position-scheme comparison of configs/ablation.py:VARIANT in one command, sized for one
 # accelerator call of under 9 minutes (gpu_tiny, gpu_mini, gpu_small; gpu_smoke: the same
-# pipeline in a minute or two on a CPU):
-#   OUTDIR/study.md, study.json, study_*.png   the report
-#   OUTDIR/schemes/<scheme>.json|.npz           each scheme's record (a rerun skips finished schemes)
-#   OUTDIR/log.txt                              everything printed, with the device and versions
+# pipeline in a minute or two on a CPU). Eight files, as a lent machine sends back:
+#   OUTDIR/study.md, study.json, study_*.png (4)  the report
+#   OUTDIR/records.tar.gz                         each scheme's record and per-item test losses,
+#                                                 the data manifest and the config
+#   OUTDIR/log.txt                                everything printed, with the device and versions
+# The study itself runs in STUDY_WORKDIR (default /tmp/roformer-study/VARIANT): a second call on
+# the same machine resumes there, skipping finished schemes.
 # A machine without the corpus (a lent accelerator) reads the splits from a pack made where the
 # corpus is, once (a few minutes on a 2-core CPU; gpu_tiny, gpu_mini and gpu_small share it):
 #   python -m roformer.ablation.study pack gpu_tiny runs/study_data/wikipedia_en.npz
@@ -30,7 +33,8 @@ if [[ $variant != gpu_smoke ]]; then
     "'python -m roformer.ablation.study pack $variant $pack' and carry it" >&2; exit 2; }
   extra+=("--config.study.data_pack=$pack")
 fi
-mkdir -p "$out"
+work=${STUDY_WORKDIR:-/tmp/roformer-study/$variant}
+mkdir -p "$out" "$work"
 # Compiled programs outside OUTDIR (what comes back from a lent machine stays small); a rerun on
 # the same machine loads them.
 export PYTHONUNBUFFERED=1 JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/roformer-study-jax-cache}
@@ -39,7 +43,9 @@ export PYTHONUNBUFFERED=1 JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:
   | tee "$out/log.txt"
 start=$SECONDS
 timeout --signal=TERM "${LIMIT_S:-530}" "$py" -m roformer.ablate --config="configs/ablation.py:$variant" \
-  --workdir="$out" "${extra[@]}" "$@" 2>&1 | tee -a "$out/log.txt"
+  --workdir="$work" "${extra[@]}" "$@" 2>&1 | tee -a "$out/log.txt"
 status=${PIPESTATUS[0]}
+cp "$work"/study.md "$work"/study.json "$work"/study_*.png "$out"/ 2>/dev/null
+tar -czf "$out/records.tar.gz" -C "$work" schemes data_manifest.json study_config.json 2>/dev/null
 echo "gpu_comparison $variant: exit status $status after $((SECONDS - start)) s" | tee -a "$out/log.txt"
 exit "$status"

@@ -215,7 +215,8 @@ def test_the_device_script_at_smoke_size(tmp_path):
     """scripts/gpu_comparison.sh OUTDIR gpu_smoke on the CPU: two schemes, one rate that
     diverges (reported, not chosen), the report; a second call resumes (trains nothing)."""
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHON": sys.executable, "ROFORMER_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "PYTHON": sys.executable, "ROFORMER_CACHE": str(tmp_path / "cache"),
+           "STUDY_WORKDIR": str(tmp_path / "work")}
     cmd = ["bash", str(REPO / "scripts/gpu_comparison.sh"), str(out), "gpu_smoke",
            "--config.study.schemes=rope,sinusoidal", "--config.study.learning_rates=2e-3,30"]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -230,6 +231,9 @@ def test_the_device_script_at_smoke_size(tmp_path):
     assert "seed 0 at 30" in text and "sinusoidal: scale" in text
     for figure in ("study_loss.png", "study_onset.png", "study_spectrum.png", "study_signal.png"):
         assert (out / figure).stat().st_size > 0
+    # What a lent machine sends back: at most 8 files, none in a subfolder.
+    assert len(list(out.iterdir())) <= 8 and all(p.is_file() for p in out.iterdir())
+    assert (out / "records.tar.gz").stat().st_size > 0
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count("already trained, skipping") + \
         again.stderr.count("already trained, skipping") == 2

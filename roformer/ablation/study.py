@@ -37,7 +37,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from roformer.ablation import plan, study_data
+from roformer.ablation import plan, study_data, study_stats
 from roformer.data import DataConfig
 from roformer.errors import ConfigError
 from roformer.files import write_bytes_atomic, write_json_atomic, write_text_atomic
@@ -417,7 +417,9 @@ class SchemeRun:
         validation = trunk_eval["validation_loss"] if trunk_eval else self._evaluate_trunk(
             programs, states, end, {"eval_s": 0.0})["validation_loss"]
         sums = self._rows(programs, states["params"], self.data.test)
-        test_loss[f"budget{end}"] = sums["loss"].astype(np.float32)
+        # Summed per test item (a row with all its mask draws): what the bootstrap resamples.
+        test_loss[f"budget{end}"] = study_stats.item_sums(sums["loss"], self.data.test["masked_weights"].sum(-1),
+                                                          self.data.test_items)[0].astype(np.float32)
         weight = float(self.data.test["masked_weights"].sum())
         timing["eval_s"] += time.perf_counter() - t0
         return {"steps": end, "tokens": end * self.tokens_per_step, "validation_loss": validation,
@@ -503,8 +505,8 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         record.update(fingerprint=fp, memory_estimate_bytes=estimates[scheme])
         longest = max(longest, record["timing"]["wall_s"])
         buffer = io.BytesIO()
-        np.savez_compressed(buffer, test_weight=data.test["masked_weights"].sum(-1), test_items=data.test_items,
-                            **test_loss)
+        np.savez_compressed(buffer, test_weight=study_stats.item_sums(
+            np.zeros((1, len(data.test_items))), data.test["masked_weights"].sum(-1), data.test_items)[1], **test_loss)
         write_bytes_atomic(workdir / SCHEMES_DIR / f"{scheme}.npz", buffer.getvalue())
         write_json_atomic(path, record)
         t = record["timing"]

@@ -69,8 +69,7 @@ def summarize(config, workdir: Path) -> dict:
             rates = sorted({m["rate"] for m in record["members"]})
             r = choose_rate(record, budget)
             pick = _member_indices(record, rates[r])
-            loss, weight = study_stats.item_sums(arrays[f"budget{steps}"][pick], arrays["test_weight"],
-                                                 arrays["test_items"])
+            loss, weight = arrays[f"budget{steps}"][pick].astype(np.float64), arrays["test_weight"]
             seeds = [record["members"][i]["seed"] for i in pick]
             chosen_loss[scheme] = (loss, weight, seeds)
             replicates = study_stats.bootstrap_means(loss, weight, samples=int(st.bootstrap), seed=b_index)
