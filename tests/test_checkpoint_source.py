@@ -18,11 +18,11 @@ SMALL = ModelConfig.from_preset("tiny", hidden_size=32, num_heads=2, intermediat
 
 def test_one_table_says_what_may_differ_and_why_for_every_use():
     from roformer.glue import init as glue_init
-    from roformer.train import loop, warm_start
+    from roformer.train import bookkeeping, warm_start
 
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     assert set(MAY_DIFFER) <= fields and all(rule.why for rule in MAY_DIFFER.values())
-    assert loop.RESUMABLE_ACROSS == may_differ("resume") == ("attention_impl",)
+    assert bookkeeping.RESUMABLE_ACROSS == may_differ("resume") == ("attention_impl",)
     assert set(glue_init.FINETUNE_FIELDS) == set(may_differ("finetune")) == {
         "hidden_dropout", "attention_dropout", "dtype"}
     assert warm_start.MAY_DIFFER == may_differ("warm_start")

@@ -14,7 +14,7 @@ from flax import nnx
 from roformer.model import ModelConfig, RoFormerForMaskedLM
 from roformer.model.positions import POSITION_SCHEMES
 from roformer.train import build_model_config, flops, read_metrics
-from roformer.train.loop import check_same_model_config
+from roformer.train.bookkeeping import check_same_model_config
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.config import TrainConfig
 from roformer.train.optim import decay_mask, make_optimizer, make_schedule

@@ -3,12 +3,12 @@
 Owns the run: mesh, sharded state, data iterator, jitted steps, evaluation,
 logging, checkpoints, resume, preemption (SIGTERM) and the divergence guard (a
 non-finite loss, or a finite one far above its recent level: roformer.train.guard).
+What a run reads and writes in its workdir is roformer.train.bookkeeping's, shared with
+the vmapped seeds (roformer.train.seeds).
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import logging
 import math
 import signal
@@ -22,21 +22,17 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from roformer.checkpoint_source import may_differ
-from roformer.data import DataConfig, make_pretrain_data
 from roformer.distributed import allgather_json, initialize_distributed
 from roformer.errors import ConfigError
-from roformer.files import write_json_atomic
 from roformer.model import attention_stats
 from roformer.model import ModelConfig
-from roformer.train import flops, sharding, steps, warm_start
+from roformer.train import bookkeeping, flops, sharding, steps, warm_start
 from roformer.train.checkpoint import Checkpointer
-from roformer.train.config import OPTIMIZER_KEYS, TrainConfig, parse_phases, phase_schedule_factors
+from roformer.train.config import TrainConfig, parse_phases
 from roformer.train.guard import DivergenceGuard, TrainingDiverged
-from roformer.train.metrics import MetricsWriter, ThroughputTimer, read_metrics
-from roformer.train.optim import make_optimizer
+from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.state import TrainSetup
-from roformer.workdir import CHECKPOINTS, PretrainWorkdir
+from roformer.workdir import PretrainWorkdir
 from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.train")
@@ -49,41 +45,6 @@ def build_model_config(model_section, *, vocab_size: int, pad_token_id: int = 0)
     fields = {k: v for k, v in model_section.to_dict().items() if k != "size" and v is not None}
     return ModelConfig.from_preset(model_section.size, vocab_size=vocab_size, pad_token_id=pad_token_id,
                                    **fields)
-
-
-# Model settings a resumed run may change (why: roformer.checkpoint_source.MAY_DIFFER).
-RESUMABLE_ACROSS = may_differ("resume")
-
-
-def check_same_model_config(saved: dict | None, current: dict, workdir: Path) -> None:
-    """Refuse to resume a workdir whose checkpoints hold a different architecture.
-
-    Fields added to ModelConfig after the checkpoint was written count as their
-    defaults, and the attention kernel choice (same parameters, same math) may change."""
-    if saved is None:
-        return
-    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-    saved, current = {**defaults, **ModelConfig.saved_fields(saved)}, {**defaults, **current}
-    keys = sorted((set(saved) | set(current)) - set(RESUMABLE_ACROSS))
-    diffs = [f"{k}: checkpoint={saved.get(k)!r} config={current.get(k)!r}"
-             for k in keys if saved.get(k) != current.get(k)]
-    if diffs:
-        raise ConfigError(f"{workdir} holds checkpoints of a different model config; refusing to resume. "
-                          "Differing keys:\n  " + "\n  ".join(diffs) +
-                          "\nUse a new --workdir or restore the original model settings.")
-
-
-def finished_summary(workdir: Path, latest_step: int | None, steps: int) -> dict | None:
-    """The summary of a run that already reached `steps`: its newest checkpoint is at or
-    past them and summary.json says it ended there, not preempted. A re-run returns it
-    and leaves the workdir untouched; a larger train.steps resumes instead."""
-    path = workdir / "summary.json"
-    if latest_step is None or latest_step < steps or not path.is_file():
-        return None
-    summary = json.loads(path.read_text())
-    if summary.get("final_step") != latest_step or summary.get("preempted"):
-        return None   # stopped at its last step without the final eval and summary: finish them
-    return summary
 
 
 class StopFlag:
@@ -154,7 +115,7 @@ def _train_phase(config, workdir: Path) -> dict:
     tc = TrainConfig.from_section(config.train)
     mesh = _make_mesh(config.mesh, tc)
     init_source = warm_start.find_init_checkpoint(tc.init_from, tc.init_step) if tc.init_from else None
-    data = _make_data(config.data, tc, init_source)
+    data = bookkeeping.run_data(config.data, tc, init_source)
     if init_source is None:
         model_cfg = build_model_config(config.model, vocab_size=data.vocab_size, pad_token_id=data.pad_id)
     else:   # the checkpoint's architecture; checked before anything is written, so a refusal leaves no files
@@ -167,18 +128,20 @@ def _train_phase(config, workdir: Path) -> dict:
     is_main = jax.process_index() == 0
 
     with contextlib.ExitStack() as cleanup:   # closes the progress bar, signal handler, logs, checkpoints
-        checkpointer, finished = open_run(cleanup, config, workdir, tc, model_cfg, data.tokenizer, is_main=is_main)
+        checkpointer, finished = bookkeeping.open_run(cleanup, config, workdir, tc, model_cfg, data.tokenizer,
+                                                      is_main=is_main)
         if finished is not None:
             return finished
         # measured outside the mesh context: a CPU peak is timed on one local device
         peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
-        setup = TrainSetup(model_cfg, *_optimizer(tc), mesh, seed=tc.seed,
+        setup = TrainSetup(model_cfg, *bookkeeping.run_optimizer(tc), mesh, seed=tc.seed,
                            dropout_rng_impl=tc.dropout_rng_impl)
         cleanup.enter_context(jax.set_mesh(mesh))
         rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step
-        state, start_step, train_iter = _restore_or_init(setup, checkpointer, data, init_source, tc, init_params)
+        state, start_step, train_iter = bookkeeping.restore_or_init(
+            setup, checkpointer, data, tc, init_source=init_source, init_params=init_params)
         del init_params   # on the device now
-        eval_batches = _eval_batches(data, tc, mesh)
+        eval_batches = held_out_batches(data, tc, mesh)
         train_step = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
         eval_step = setup.jit_eval_step()
         # Linear attention forms no probabilities to measure.
@@ -192,9 +155,9 @@ def _train_phase(config, workdir: Path) -> dict:
                                                 num_predictions=data.masker.max_predictions)
         timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,
                                 peak_flops=peak_flops, num_devices=jax.device_count())
-        logged = _logged_history(workdir, start_step, tc.divergence_window) if is_main else None
+        logged = bookkeeping.logged_history(workdir, start_step, tc.divergence_window) if is_main else None
         logged = logged if jax.process_count() == 1 else allgather_json(logged)[0]   # one guard everywhere
-        guard = resumed_guard(tc, logged, start_step)
+        guard = bookkeeping.resumed_guard(tc, logged, start_step)
         train_log = TrainLog(writer, timer, bar, checkpointer, guard, first_loss=logged["first_loss"],
                              mark={"phase": train_iter.phase, "seq_len": tc.seq_len})   # on every metrics row
         evaluated: dict = {}   # step -> held-out loss, for the checkpoint saved at that step
@@ -212,7 +175,7 @@ def _train_phase(config, workdir: Path) -> dict:
         def save(step: int) -> None:
             metrics = {"eval_loss": evaluated[step]} if step in evaluated else None
             checkpointer.save(step, state, train_iter.get_state(), model_cfg.to_dict(), metrics=metrics,
-                              optimizer=_optimizer_settings(tc))
+                              optimizer=bookkeeping.optimizer_settings(tc))
 
         wall_start, step, preempted, last_eval = time.perf_counter(), start_step, False, {}
         if step == 0 and tc.init_from:   # the warm start's own held-out loss, before any update
@@ -239,102 +202,13 @@ def _train_phase(config, workdir: Path) -> dict:
         if not preempted and step == start_step:   # nothing left to train: report eval only
             last_eval = evaluate(step)
 
-    summary = {   # first_loss: the run's, also after a resume (read back from metrics.jsonl)
-        "workdir": str(workdir), "final_step": int(step), "start_step": int(start_step),
-        "preempted": preempted, "first_loss": train_log.first_loss, "final_loss": train_log.last_loss,
-        **last_eval, **timer.medians(), "wall_time_s": time.perf_counter() - wall_start,
-        "num_devices": jax.device_count(), "num_processes": jax.process_count(), "data": data.manifest,
-    }
+    summary = bookkeeping.run_summary(workdir, final_step=step, start_step=start_step, preempted=preempted,
+                                      train_log=train_log, last_eval=last_eval,
+                                      wall_time_s=time.perf_counter() - wall_start, num_devices=jax.device_count(),
+                                      num_processes=jax.process_count(), data=data)
     if is_main:
-        _write_summary(workdir, summary)
+        bookkeeping.write_summary(workdir, summary)
     return summary
-
-
-def open_run(cleanup: contextlib.ExitStack, config, workdir: Path, tc: TrainConfig, model_cfg: ModelConfig,
-             tokenizer, *, is_main: bool = True) -> tuple[Checkpointer, dict | None]:
-    """The run's Checkpointer (closed by `cleanup`), after refusing a workdir of another
-    architecture, and the summary of a run already finished (None otherwise; then the run's
-    files are written and a changed optimizer setting is said)."""
-    checkpointer = cleanup.enter_context(contextlib.closing(Checkpointer(
-        workdir / CHECKPOINTS, max_to_keep=tc.keep_checkpoints, async_save=tc.async_checkpoints)))
-    check_same_model_config(checkpointer.saved_model_config(), model_cfg.to_dict(), workdir)
-    finished = finished_summary(workdir, checkpointer.latest_step(), tc.steps)
-    if finished is not None:
-        log.info("%s: already complete at step %d (train.steps=%d); nothing to do",
-                 workdir, finished["final_step"], tc.steps)
-        return checkpointer, finished
-    if is_main:
-        if checkpointer.latest_step() is not None:
-            _say_changed_optimizer(checkpointer, workdir, tc, checkpointer.latest_step())
-        _write_run_files(workdir, config, model_cfg, tokenizer)
-    return checkpointer, None
-
-
-def _write_run_files(workdir: Path, config, model_cfg: ModelConfig, tokenizer) -> None:
-    """config.json (the config as run, plus the resolved ModelConfig) and the tokenizer
-    (tokenizer.json + vocab.txt: fine-tuning and warm starts read it from here)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(workdir / "config.json", {**config.to_dict(), "resolved_model": model_cfg.to_dict()},
-                      indent=2, default=str)
-    tokenizer.save(workdir)
-
-
-def _optimizer_settings(tc: TrainConfig) -> dict:
-    """The optimizer settings a checkpoint's state was trained with (saved with it)."""
-    return {**{key: getattr(tc, key) for key in OPTIMIZER_KEYS}, "schedule_steps": tc.schedule_steps}
-
-
-def _say_changed_optimizer(checkpointer: Checkpointer, workdir: Path, tc: TrainConfig, step: int) -> None:
-    """One warning line when a resume changes an optimizer or schedule setting the
-    checkpoint was trained with (saved with it; for older checkpoints, config.json of the
-    last attempt); a phase declares its own learning rate and warmup (train.phases),
-    which this does not report."""
-    before = checkpointer.saved_optimizer(step)
-    if before is None:
-        before = PretrainWorkdir(workdir).run_config().get("train") or {}
-        if "steps" in before:
-            before["schedule_steps"] = before.get("decay_steps") or before["steps"]
-    now = _optimizer_settings(tc)
-    changes = [f"train.{key} {before[key]!r} -> {now[key]!r}" for key in OPTIMIZER_KEYS
-               if key in before and before[key] != now[key]]
-    if before.get("schedule_steps", now["schedule_steps"]) != now["schedule_steps"]:
-        changes.append(f"learning-rate schedule length {before['schedule_steps']} -> {now['schedule_steps']} "
-                       "steps (train.decay_steps keeps it)")
-    if changes:
-        log.warning("resuming from step %d with changed optimizer settings: %s", step, "; ".join(changes))
-
-
-def resumed_guard(tc: TrainConfig, logged: dict, start_step: int) -> DivergenceGuard:
-    """The divergence guard of a run (re)starting at `start_step`, with what metrics.jsonl
-    logged before it (`_logged_history`)."""
-    return DivergenceGuard(tc.divergence_factor, tc.divergence_patience, tc.divergence_window,
-                           after_step=tc.warmup_steps, history=logged["losses"], best_eval=logged["best_eval"],
-                           last_good_step=start_step, last_good_eval_step=start_step, resumed_step=start_step)
-
-
-def _logged_history(workdir: Path, start_step: int, window: int) -> dict:
-    """What metrics.jsonl says about the run before `start_step`: its last `window` training
-    losses and best held-out loss (the divergence guard's reference) and its first loss."""
-    rows = [r for r in read_metrics(workdir) if r.get("step", 0) <= start_step]
-    losses = [float(r["loss"]) for r in rows if isinstance(r.get("loss"), (int, float))]
-    evals = [float(r["eval_loss"]) for r in rows if isinstance(r.get("eval_loss"), (int, float))]
-    finite = [x for x in losses if math.isfinite(x)]
-    return {"losses": finite[-window:], "first_loss": losses[0] if losses else None,
-            "best_eval": min((x for x in evals if math.isfinite(x)), default=None)}
-
-
-def _write_summary(workdir: Path, summary: dict) -> None:
-    write_json_atomic(workdir / "summary.json", summary, indent=2, default=str)
-    print("summary: " + json.dumps({k: v for k, v in summary.items() if k != "data"}, default=str), flush=True)
-
-
-def _optimizer(tc: TrainConfig):
-    """(transform, schedule) of the run: one schedule over all phases, scaled where a phase
-    sets its own learning rate or warmup."""
-    return make_optimizer(
-        learning_rate=tc.learning_rate, warmup_steps=tc.warmup_steps, total_steps=tc.schedule_steps,
-        decay=tc.decay, weight_decay=tc.weight_decay, b1=tc.b1, b2=tc.b2, eps=tc.eps, clip_norm=tc.clip_norm,
-        phases=phase_schedule_factors(parse_phases(tc), tc.learning_rate))
 
 
 def _make_mesh(mesh_cfg, tc: TrainConfig):
@@ -348,37 +222,7 @@ def _make_mesh(mesh_cfg, tc: TrainConfig):
     return mesh
 
 
-def _make_data(data_cfg, tc: TrainConfig, init_source):
-    data_cfg = DataConfig.from_mapping(data_cfg)
-    if init_source is not None:   # the tokenizer comes with the checkpoint
-        data_cfg = init_source.with_tokenizer(data_cfg)
-    return make_pretrain_data(data_cfg, seq_len=tc.seq_len, batch_size=tc.batch_size // jax.process_count(),
-                              seed=tc.seed, process_index=jax.process_index(), process_count=jax.process_count())
-
-
-def _restore_or_init(setup: TrainSetup, checkpointer: Checkpointer, data, init_source, tc: TrainConfig,
-                     init_params: dict | None = None):
-    """(state, start step, train iterator) from the newest readable checkpoint, else a fresh
-    state (with a warm start's parameters, `init_params` when already loaded) at step 0."""
-    restored = checkpointer.restore_latest(setup.sharded_abstract_state())
-    if restored is None:
-        state, start_step, data_state = setup.init_state(), 0, None
-        if init_source is not None:
-            params = init_params if init_params is not None else warm_start.load_init_params(
-                init_source, setup.model_cfg, setup.abstract_state["params"], data.tokenizer.hash,
-                grow_positions=tc.init_grow_positions)
-            state["params"] = jax.device_put(params, setup.state_shardings["params"])
-    else:
-        start_step, state, data_state = restored
-        log.info("resumed from %s at step %d", checkpointer.directory, start_step)
-    train_iter = data.train_iterator()
-    if data_state is not None and train_iter.resume(data_state):
-        log.info("step %d: phase %d begins with seq_len %d, batch %d", start_step, train_iter.phase,
-                 tc.seq_len, tc.batch_size)
-    return state, start_step, train_iter
-
-
-def _eval_batches(data, tc: TrainConfig, mesh) -> dict[str, list]:
+def held_out_batches(data, tc: TrainConfig, mesh) -> dict[str, list]:
     """The held-out batches on the mesh: "" plain, "shuffled" with each document's tokens shuffled."""
     eval_sets = {"": data.eval_batches(tc.eval_batches)}
     if tc.eval_shuffled:

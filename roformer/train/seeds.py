@@ -31,13 +31,11 @@ from roformer.data.workers import StreamSpec, WorkerStreams
 from roformer.errors import ConfigError
 from roformer.machine import cores_available
 from roformer.model import attention_stats
-from roformer.train import flops, sharding, steps
+from roformer.train import bookkeeping, flops, sharding, steps
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.config import TrainConfig
 from roformer.train.guard import TrainingStopped
-from roformer.train.loop import (StopFlag, TrainLog, _eval_batches, _logged_history, _make_data, _optimizer,
-                                 _optimizer_settings, _write_summary, build_model_config, eval_row, eval_totals,
-                                 open_run, resumed_guard)
+from roformer.train.loop import StopFlag, TrainLog, build_model_config, eval_row, eval_totals, held_out_batches
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.state import TrainSetup
 from roformer.workdir_lock import workdir_lock
@@ -136,7 +134,7 @@ class _Seed:
     def save(self, state: dict, model_cfg) -> None:
         metrics = {"eval_loss": self.evaluated[self.step]} if self.step in self.evaluated else None
         self.checkpointer.save(self.step, state, self.train_iter.get_state(), model_cfg.to_dict(),
-                               metrics=metrics, optimizer=_optimizer_settings(self.tc))
+                               metrics=metrics, optimizer=bookkeeping.optimizer_settings(self.tc))
 
 
 def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> list[dict | TrainingStopped]:
@@ -145,7 +143,7 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
     if tc.batch_size % tc.grad_accum:
         raise ConfigError(f"train.batch_size={tc.batch_size} must be divisible by train.grad_accum={tc.grad_accum}")
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
-    datas = [_make_data(c.data, t, None) for c, t in zip(configs, tcs)]
+    datas = [bookkeeping.run_data(c.data, t) for c, t in zip(configs, tcs)]
     model_cfg = build_model_config(configs[0].model, vocab_size=datas[0].vocab_size, pad_token_id=datas[0].pad_id)
     results: list = [None] * len(configs)
     wall_start = time.perf_counter()
@@ -153,7 +151,7 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
     with contextlib.ExitStack() as cleanup:
         seeds: list[_Seed] = []
         for index, (config, workdir, t, data) in enumerate(zip(configs, workdirs, tcs, datas)):
-            checkpointer, finished = open_run(cleanup, config, workdir, t, model_cfg, data.tokenizer)
+            checkpointer, finished = bookkeeping.open_run(cleanup, config, workdir, t, model_cfg, data.tokenizer)
             if finished is not None:
                 results[index] = finished
                 continue
@@ -162,16 +160,18 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
             return results
 
         peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
-        setup = TrainSetup(model_cfg, *_optimizer(tc), mesh, seed=tc.seed, dropout_rng_impl=tc.dropout_rng_impl)
+        setup = TrainSetup(model_cfg, *bookkeeping.run_optimizer(tc), mesh, seed=tc.seed, dropout_rng_impl=tc.dropout_rng_impl)
         cleanup.enter_context(jax.set_mesh(mesh))
         rest = setup.init_rest()   # RNG streams only: every step re-derives them from its seed's key
         step_flops = flops.train_flops_per_step(model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
                                                 num_predictions=datas[0].masker.max_predictions)
         for seed in seeds:
-            _restore_or_init(seed, setup)
+            seed.state, seed.start_step, seed.train_iter = bookkeeping.restore_or_init(
+                setup, seed.checkpointer, seed.data, seed.tc)
+            seed.step = seed.start_step
             writer = cleanup.enter_context(contextlib.closing(MetricsWriter(seed.workdir, resume_step=seed.start_step)))
-            logged = _logged_history(seed.workdir, seed.start_step, tc.divergence_window)
-            guard = resumed_guard(tc, logged, seed.start_step)
+            logged = bookkeeping.logged_history(seed.workdir, seed.start_step, tc.divergence_window)
+            guard = bookkeeping.resumed_guard(tc, logged, seed.start_step)
             # Each seed's tokens/s and MFU are its own: the group's step time, one seed's tokens.
             timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,
                                     peak_flops=peak_flops, num_devices=1)
@@ -187,7 +187,7 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
             for index, seed in enumerate(seeds):
                 seed.train_iter = _WorkerStream(streams, index, seed.train_iter.phase)
             log.info("%d seeds' batches made in %d processes", len(seeds), workers)
-        group = _Group(setup, model_cfg, rest, tc, _eval_batches(datas[0], tc, mesh))
+        group = _Group(setup, model_cfg, rest, tc, held_out_batches(datas[0], tc, mesh))
         stop = cleanup.enter_context(StopFlag())
         bar = cleanup.enter_context(tqdm(total=tc.steps, initial=min(s.step for s in seeds), dynamic_ncols=True,
                                          desc=f"pretrain {len(seeds)} seeds", unit="step", disable=not tc.progress_bar))
@@ -213,28 +213,13 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
         if seed.error is not None:
             results[seed.index] = seed.error
             continue
-        summary = {
-            "workdir": str(seed.workdir), "final_step": int(seed.step), "start_step": int(seed.start_step),
-            "preempted": preempted, "first_loss": seed.log.first_loss, "final_loss": seed.log.last_loss,
-            **seed.last_eval, **seed.log.timer.medians(), "wall_time_s": wall, "num_devices": 1,
-            "num_processes": 1, "seeds_in_step": len(seeds), "data": seed.data.manifest,
-        }
-        _write_summary(seed.workdir, summary)
+        summary = bookkeeping.run_summary(seed.workdir, final_step=seed.step, start_step=seed.start_step,
+                                          preempted=preempted, train_log=seed.log, last_eval=seed.last_eval,
+                                          wall_time_s=wall, num_devices=1, num_processes=1, data=seed.data,
+                                          seeds_in_step=len(seeds))
+        bookkeeping.write_summary(seed.workdir, summary)
         results[seed.index] = summary
     return results
-
-
-def _restore_or_init(seed: _Seed, setup: TrainSetup) -> None:
-    restored = seed.checkpointer.restore_latest(setup.sharded_abstract_state())
-    seed.train_iter = seed.data.train_iterator()
-    if restored is None:
-        seed.state, seed.step = setup.init_state(seed=seed.tc.seed), 0
-    else:
-        seed.step, seed.state, data_state = restored
-        if data_state is not None:
-            seed.train_iter.resume(data_state)
-        log.info("%s: resumed at step %d", seed.workdir, seed.step)
-    seed.start_step = seed.step
 
 
 class _WorkerStream:
