@@ -15,12 +15,12 @@
 #                       epilogues, cuDNN layer norm, Triton normalisation fusions, launches), each set in
 #                       a process of its own between two reference runs, with its first-step loss, then
 #                       the sets that took under 0.99x the reference's step together
-#   ab_levers.json      the speed levers' A/B (bench levers, about 4 min): at base/512/64 the step
+#   ab_levers.json      the speed levers' A/B (bench levers, about 5 min): at base/512/64 the step
 #                       without them (baseline), all together, each alone and all at batch 128, then
 #                       baseline and all at base/128/256 and small/512/64, in alternating rounds in
 #                       one process (bf16, cuDNN attention); ab_flags<N>.json: baseline and all at
 #                       base/512/64 under each XLA flag set of AB_FLAG_SETS (';'-separated, default
-#                       cuBLASLt epilogues; cuDNN layer norm), a process each (about 1 min each);
+#                       one: cuBLASLt epilogues), a process each (about 1 min each);
 #                       ab.json: all their rows in one table, printed, with x_baseline, each row's
 #                       tokens/s over the flag-free baseline of its shape. The ab step alone:
 #                       STEPS=ab scripts/bench_accelerator.sh OUTDIR (under 6 minutes)
@@ -107,9 +107,9 @@ ab() {   # the levers' A/B, then under each XLA flag set, then one table of them
   # AB_SHAPES, AB_FLAG_SHAPE and AB_ARGS (more levers options, e.g. a CPU smoke test's
   # "--rounds 1 --iters 1 --vocab-size 512") change what is timed, not the limits.
   # shellcheck disable=SC2086
-  bench ab_levers 230 levers --shapes ${AB_SHAPES:-base/512/64 base/128/256 small/512/64} --budget-s 195 \
+  bench ab_levers 292 levers --shapes ${AB_SHAPES:-base/512/64 base/128/256 small/512/64} --budget-s 255 \
     --rounds 3 --iters 5 ${AB_ARGS:-}
-  IFS=';' read -ra sets <<<"${AB_FLAG_SETS:---xla_gpu_enable_cublaslt=true;--xla_gpu_enable_cudnn_layer_norm=true}"
+  IFS=';' read -ra sets <<<"${AB_FLAG_SETS:---xla_gpu_enable_cublaslt=true}"
   for set in "${sets[@]}"; do
     index=$((index + 1))
     # shellcheck disable=SC2086

@@ -13,6 +13,7 @@ variants under the same load:
   rope_half_pairs   RoPE's pairs as split halves (q/k kernel columns permuted per head)
   fused_qkv         q, k and v from one product
   bf16_mlm_logits   bf16 MLM logits, the loss's log-sum-exp in float32
+  bias_grad_in_gemm dense layers' bias gradients inside their weight-gradient products
   rbg_dropout       dropout keys of jax's rbg implementation (XLA's RngBitGenerator)
   all_batch_x2      `all` at twice the shape's batch
 
@@ -61,6 +62,7 @@ VARIANTS = {
     "rope_half_pairs": Variant(forms=("rope_half_pairs",)),
     "fused_qkv": Variant(forms=("fused_qkv",)),
     "bf16_mlm_logits": Variant(forms=("bf16_mlm_logits",)),
+    "bias_grad_in_gemm": Variant(forms=("bias_grad_in_gemm",)),
     "rbg_dropout": Variant(dropout_rng_impl="rbg"),
     "all_batch_x2": Variant(forms=ALL_FORMS, dropout_rng_impl="rbg", batch_factor=2),
 }

@@ -25,6 +25,8 @@ class Dense(nnx.Linear):
         """This layer's product with another kernel [in, out'] and bias [out'] (e.g. its own
         with columns permuted, or several layers' concatenated), in its dtype and dot."""
         inputs, kernel = self.promote_dtype((inputs, kernel), dtype=self.dtype)
+        if inputs.ndim >= 2 and backend.bias_grad_in_gemm(*kernel.shape):
+            return backend.biased_product(inputs, kernel, bias)
         y = self.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
         return y + jnp.broadcast_to(bias, y.shape).astype(y.dtype)
 
