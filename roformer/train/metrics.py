@@ -1,18 +1,23 @@
-"""Run logging: metrics.jsonl + TensorBoard events, written by process 0 only, and the
-training throughput (tokens/s, MFU) that goes into them."""
+"""Run logging: one writer (`MetricsWriter`) sends every metrics row to its backends,
+metrics.jsonl and TensorBoard events, and a Weights & Biases run where asked for
+(ROFORMER_WANDB_PROJECT), on process 0 only; and the training throughput (tokens/s, MFU)
+that goes into them."""
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
 import math
+import os
+import secrets
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import jax
 
+from roformer.errors import ConfigError
 from roformer.files import write_text_atomic, writing
 from roformer.train import flops
 
@@ -26,47 +31,134 @@ def _jsonable(value):
     return value
 
 
+class MetricsBackend(Protocol):
+    """Where metric rows go: one call per row (`row`: the step's scalars, JSON-ready), then
+    `close`. `MetricsWriter` calls each of its backends in turn."""
+
+    def write(self, step: int, row: Mapping[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlBackend:
+    """`workdir/metrics.jsonl`, one JSON object per row. `resume_step`: rows an earlier,
+    interrupted attempt logged past it are dropped first, so the steps run again are logged once."""
+
+    def __init__(self, workdir: Path, *, resume_step: int | None = None) -> None:
+        self.path = workdir / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            _drop_rows_after(self.path, resume_step)
+        self._file = self.path.open("a")
+
+    def write(self, step: int, row: Mapping[str, Any]) -> None:
+        self._file.write(json.dumps({"step": int(step), **row}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardBackend:
+    """TensorBoard events in `workdir/tensorboard`, the numeric scalars of each row; rows past
+    `resume_step` that an earlier attempt wrote are hidden (TensorBoard's purge_step)."""
+
+    def __init__(self, workdir: Path, *, resume_step: int | None = None) -> None:
+        from tensorboardX import SummaryWriter  # imported here: heavy (protobuf), only process 0 needs it
+        self._tb = SummaryWriter(str(workdir / "tensorboard"),
+                                 purge_step=None if resume_step is None else resume_step + 1)
+
+    def write(self, step: int, row: Mapping[str, Any]) -> None:
+        for name, value in row.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._tb.add_scalar(name, value, int(step))
+        self._tb.flush()
+
+    def close(self) -> None:
+        self._tb.close()
+
+
+class WandbBackend:
+    """A Weights & Biases run (`wandb`, not a dependency: `pip install wandb`) in `project`,
+    its files under `workdir/wandb`. Its id is kept in `workdir/wandb_run_id`, so a resumed
+    run continues the same W&B run; the run's resolved config (workdir/config.json) is its
+    W&B config. W&B's own settings (WANDB_MODE=offline, WANDB_ENTITY, the API key) apply."""
+
+    RUN_ID_FILE = "wandb_run_id"
+
+    def __init__(self, workdir: Path, project: str) -> None:
+        try:
+            import wandb
+        except ImportError as error:
+            raise ConfigError(f"{WANDB_PROJECT_ENV}={project}: W&B logging needs the wandb package "
+                              "(pip install wandb)") from error
+        id_file = workdir / self.RUN_ID_FILE
+        if id_file.is_file():
+            run_id = id_file.read_text().strip()
+        else:
+            run_id = secrets.token_hex(8)
+            write_text_atomic(id_file, run_id + "\n")
+        config_file = workdir / "config.json"
+        config = json.loads(config_file.read_text()) if config_file.is_file() else None
+        name = "/".join(workdir.resolve().parts[-2:])   # runs/tiny, rope/seed0 (an ablation's run)
+        self.run = wandb.init(project=project, id=run_id, resume="allow", dir=str(workdir), name=name,
+                              config=config)
+
+    def write(self, step: int, row: Mapping[str, Any]) -> None:
+        self.run.log({k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+                     step=int(step))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+# W&B logging is on for a run when this names a project (and off by default): a switch of
+# the environment, like W&B's own settings, so that the run's config and its fingerprints
+# do not depend on where its metrics are mirrored.
+WANDB_PROJECT_ENV = "ROFORMER_WANDB_PROJECT"
+
+
+def default_backends(workdir: Path, *, resume_step: int | None = None) -> list[MetricsBackend]:
+    """metrics.jsonl and TensorBoard, and W&B where ROFORMER_WANDB_PROJECT names a project."""
+    backends: list[MetricsBackend] = [JsonlBackend(workdir, resume_step=resume_step),
+                                      TensorBoardBackend(workdir, resume_step=resume_step)]
+    project = os.environ.get(WANDB_PROJECT_ENV, "").strip()
+    if project:
+        backends.append(WandbBackend(workdir, project))
+    return backends
+
+
 class MetricsWriter:
-    """Appends one JSON object per call to `workdir/metrics.jsonl` and mirrors the
-    scalars to TensorBoard (`workdir/tensorboard`). No-op on processes other than 0,
-    so multi-host runs write one log.
+    """A run's metrics, one row per `write`, to each backend: by default metrics.jsonl and
+    TensorBoard events in `workdir` (and W&B: `default_backends`). No-op on processes
+    other than 0, so multi-host runs write one log.
 
     `resume_step`: the step training (re)starts from. Rows logged past it by an earlier,
     interrupted attempt are dropped first (and hidden in TensorBoard), so the steps run
     again are logged once."""
 
-    def __init__(self, workdir: str | Path, *, enabled: bool | None = None, resume_step: int | None = None):
+    def __init__(self, workdir: str | Path, *, enabled: bool | None = None, resume_step: int | None = None,
+                 backends: Callable[..., list[MetricsBackend]] = default_backends):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.path = Path(workdir) / "metrics.jsonl"
-        self._file = None
-        self._tb = None
+        self._backends: list[MetricsBackend] = []
         if self.enabled:
-            from tensorboardX import SummaryWriter  # imported here: heavy (protobuf), only process 0 needs it
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            if resume_step is not None:
-                _drop_rows_after(self.path, resume_step)
-            self._file = self.path.open("a")
-            self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"),
-                                     purge_step=None if resume_step is None else resume_step + 1)
+            self._backends = backends(Path(workdir), resume_step=resume_step)
 
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
         if not self.enabled:
             return
-        row = {"step": int(step), **{k: _jsonable(v) for k, v in scalars.items()}}
+        row = {k: _jsonable(v) for k, v in scalars.items()}
         with writing(f"the metrics of {self.path.parent} (metrics.jsonl, tensorboard/)"):
-            self._file.write(json.dumps(row) + "\n")
-            self._file.flush()
-            for name, value in row.items():
-                if name != "step" and isinstance(value, (int, float)):
-                    self._tb.add_scalar(name, value, int(step))
-            self._tb.flush()
+            for backend in self._backends:
+                backend.write(step, row)
 
     def close(self) -> None:
         if self.enabled:
             self.enabled = False
             with writing(f"the metrics of {self.path.parent} (metrics.jsonl, tensorboard/)"):
-                self._file.close()
-                self._tb.close()
+                for backend in self._backends:
+                    backend.close()
 
 
 class ThroughputTimer:
