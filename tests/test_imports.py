@@ -1,6 +1,12 @@
-"""The package's import structure: every module imports in a fresh interpreter, and the
+"""The package's import structure: every module imports in a fresh interpreter; the
 module-level imports among roformer's modules form no cycle (a cycle works or fails by
-import order, and hiding one in a function-level import only moves the failure)."""
+import order, and hiding one in a function-level import only moves the failure); the
+packages stand on the floors of HOUSE, each importing (at module or function level) only
+from its own floor and those below, with no cycle among them; and no module imports
+another module's private (_underscore) names.
+
+`python tests/test_imports.py` prints the house: its upward imports, its package cycles,
+and the biggest modules."""
 import ast
 import json
 import os
@@ -69,6 +75,128 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
+def all_imports() -> dict[str, dict[str, int]]:
+    """module -> {roformer module it imports anywhere (module level or inside a function):
+    the line of the first such import}."""
+    files = module_files()
+
+    def known(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text())):
+            found = []
+            if isinstance(node, ast.Import):
+                found = [known(alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                found = [known(f"{base}.{alias.name}") or known(base) for alias in node.names]
+            for target in found:
+                if target and target != name:
+                    targets.setdefault(target, node.lineno)
+        graph[name] = targets
+    return graph
+
+
+# The floors of the house, from the ground up: a package (or top-level module) imports only
+# from its own floor and the floors below. Commands (`python -m roformer.<x>`: the entry
+# points and every package's __main__) are the top floor: nothing imports them.
+HOUSE = (
+    ("errors", "files", "checksums", "settings", "host_memory", "machine", "orbax_logs", "distributed",
+     "workdir_lock", "config_files", "cli"),   # the ground: the standard library's neighbours
+    ("model",),
+    ("data", "accelerator"),   # accelerator: the device, dtype and attention path a run logs
+    ("workdir",),            # a pretraining workdir's layout and its one reader
+    ("convert",),            # HF format in and out
+    ("checkpoint_source",),  # which of those a model comes from
+    ("train",),
+    ("glue",),
+    ("ablation",),
+    ("bench",),
+    ("commands",),           # pretrain, ablate, capability, every __main__
+)
+COMMANDS = ("pretrain", "ablate", "capability", "console_scripts")
+# Upward imports tolerated, each named with why (at most one): none.
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
+
+
+def unit(module: str) -> str:
+    """The floor-plan unit of a roformer module: 'commands' for an entry point, else its
+    package below roformer (or the top-level module's own name)."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "roformer"
+    if parts[-1] == "__main__" or parts[0] in COMMANDS:
+        return "commands"
+    return parts[0]
+
+
+def floor_of(name: str) -> int:
+    for level, names in enumerate(HOUSE):
+        if name in names:
+            return level
+    raise KeyError(f"{name} stands on no floor of HOUSE (tests/test_imports.py): place it")
+
+
+def house(graph: dict[str, dict[str, int]] | None = None) -> tuple[dict[str, set[str]], list[tuple[str, int, str]]]:
+    """(unit -> units it imports, the upward imports as (module, line, imported module))."""
+    graph = all_imports() if graph is None else graph
+    units: dict[str, set[str]] = {}
+    upward = []
+    for module, targets in graph.items():
+        source = unit(module)
+        if source == "roformer":
+            continue
+        units.setdefault(source, set())
+        for target, line in targets.items():
+            dest = unit(target)
+            if dest in (source, "roformer"):
+                continue
+            units[source].add(dest)
+            if floor_of(dest) > floor_of(source):
+                upward.append((module, line, target))
+    return units, sorted(upward)
+
+
+def where(module: str, line: int) -> str:
+    return f"{module_files()[module].relative_to(REPO)}:{line}"
+
+
+def private_imports() -> list[str]:
+    """`from a import _name` and `a._name` where `a` is another roformer module: each as
+    'path:line: name'."""
+    files = module_files()
+    found = []
+    for name, path in files.items():
+        tree = ast.parse(path.read_text())
+        modules = set()   # local names bound to roformer modules
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("roformer") or \
+                    isinstance(node, ast.ImportFrom) and node.level:
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.module}.{alias.name}")
+                    if f"{node.module}.{alias.name}" in files:
+                        modules.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("roformer"):
+                        modules.add(alias.asname or alias.name.split(".")[0])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules \
+                    and node.attr.startswith("_") and not node.attr.startswith("__"):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle of `graph` (its modules in import order, the first repeated), or None."""
     state: dict[str, int] = {}   # 1: on the current path, 2: done
@@ -101,6 +229,34 @@ def test_module_level_imports_have_no_cycle():
     assert "roformer.workdir" in graph["roformer.convert"]   # the graph sees real imports
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_packages_stand_on_their_floors():
+    """No import runs up the house (at module or function level) but those KNOWN_UPWARD
+    names, and the packages form no cycle."""
+    graph = all_imports()
+    assert "roformer.checkpoint_source" in graph["roformer.data.__main__"]   # sees function-level imports
+    assert len(KNOWN_UPWARD) <= 1
+    units, upward = house(graph)
+    assert set(units) <= {name for names in HOUSE for name in names}
+    unexpected = [u for u in upward if (unit(u[0]), unit(u[2])) not in KNOWN_UPWARD]
+    assert not unexpected, "imports running up the house (tests/test_imports.py HOUSE): " + "; ".join(
+        f"{where(module, line)} {module} imports {target}" for module, line, target in unexpected)
+    cycle = find_cycle(units)
+    assert cycle is None, "package cycle: " + " -> ".join(cycle)
+
+
+def test_the_house_check_sees_an_upward_import():
+    units, upward = house({"roformer.model.x": {"roformer.train.y": 3}, "roformer.train.y": {"roformer.model.x": 1},
+                           "roformer.data.__main__": {"roformer.train.y": 5}})
+    assert units == {"model": {"train"}, "train": {"model"}, "commands": {"train"}}
+    assert [(module, target) for module, _, target in upward] == [("roformer.model.x", "roformer.train.y")]
+    assert find_cycle(units) == ["train", "model", "train"]
+
+
+def test_no_module_imports_another_modules_private_names():
+    found = private_imports()
+    assert not found, "private names imported from another module: " + "; ".join(found)
 
 
 def test_find_cycle_names_the_cycle():
@@ -142,3 +298,21 @@ def test_every_module_imports_in_a_fresh_interpreter():
     for name in result["alone"]:
         alone = run([name])
         assert alone["failed"] == {} and alone["alone"] == [], (name, alone)
+
+
+def biggest_modules(count: int = 10) -> list[tuple[int, str]]:
+    return sorted(((len(p.read_text().splitlines()), str(p.relative_to(REPO))) for p in module_files().values()),
+                  reverse=True)[:count]
+
+
+if __name__ == "__main__":
+    units, upward = house()
+    print("upward imports:", len(upward))
+    for module, line, target in upward:
+        print(f"  {where(module, line)} {module} -> {target}")
+    cycle = find_cycle(units)
+    print("package cycles:", "none" if cycle is None else " -> ".join(cycle))
+    print("private-name imports:", len(private_imports()))
+    print("biggest modules:")
+    for lines, path in biggest_modules():
+        print(f"  {lines:5d} {path}")
