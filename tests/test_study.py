@@ -243,3 +243,20 @@ def test_the_device_script_refuses_an_unknown_variant(tmp_path):
     result = subprocess.run(["bash", str(REPO / "scripts/gpu_comparison.sh"), str(tmp_path), "gpu_huge"],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "unknown variant 'gpu_huge'" in result.stderr
+
+
+def test_a_pack_gives_back_the_splits_it_was_made_from(tmp_path):
+    c = config()
+    data = study.study_splits(c)
+    path = tmp_path / "pack.npz"
+    study_data.save_pack(data, path, study.data_key(c))
+    c.study.data_pack = str(path)
+    back = study.study_splits(c)
+    assert list(back.variants) == list(data.variants) and back.manifest == data.manifest
+    for split in ("train", "validation", "test"):
+        for key, value in getattr(data, split).items():
+            np.testing.assert_array_equal(getattr(back, split)[key], value)
+    np.testing.assert_array_equal(back.test_items, data.test_items)
+    c.study.test_fraction = 0.3   # other split settings: refused in one line
+    with pytest.raises(ConfigError, match="was made with other data or split settings"):
+        study.study_splits(c)

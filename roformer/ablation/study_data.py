@@ -235,7 +235,8 @@ def save_pack(data: StudyData, path, key: str) -> None:
     for name, batch in data.variants.items():
         arrays.update({f"variants/{name}/{k}": small(k, v) for k, v in batch.items()})
     meta = {"key": key, "manifest": data.manifest, "vocab_size": data.vocab_size, "pad_id": data.pad_id,
-            "mask_id": data.mask_id, "max_predictions": data.max_predictions, "mask_rate": data.mask_rate}
+            "mask_id": data.mask_id, "max_predictions": data.max_predictions, "mask_rate": data.mask_rate,
+            "variants": list(data.variants)}
     buffer = io.BytesIO()
     np.savez_compressed(buffer, meta=np.asarray(json.dumps(meta)), **arrays)
     write_bytes_atomic(path, buffer.getvalue())
@@ -257,7 +258,7 @@ def load_pack(path, key: str) -> StudyData:
         return {name[len(prefix):]: (v.astype(np.float32) if name.endswith("masked_weights") else v.astype(np.int32))
                 for name, v in arrays.items() if name.startswith(prefix)}
 
-    names = sorted({name.split("/")[1] for name in arrays if name.startswith("variants/")})
+    names = meta["variants"]   # in the order they were made: windows ascending, then reverse
     return StudyData(meta["vocab_size"], meta["pad_id"], meta["mask_id"], arrays["special"].astype(bool),
                      meta["max_predictions"], meta["mask_rate"], part("train/"), part("validation/"),
                      {name: part(f"variants/{name}/") for name in names}, part("test/"),
