@@ -260,3 +260,15 @@ def test_a_pack_gives_back_the_splits_it_was_made_from(tmp_path):
     c.study.test_fraction = 0.3   # other split settings: refused in one line
     with pytest.raises(ConfigError, match="was made with other data or split settings"):
         study.study_splits(c)
+
+
+def test_the_rate_is_chosen_on_validation_and_never_one_that_diverged():
+    from roformer.ablation.study_report import choose_rate
+
+    members = [{"seed": s, "rate": r} for r in (1e-3, 2e-3, 4e-3) for s in range(2)]
+    budget = {"steps": 100, "validation_loss": [5.0, 5.2, 4.0, 4.2, 3.0, float("nan")]}
+    record = {"members": members, "diverged_at": [None, None, None, None, None, 40]}
+    assert choose_rate(record, budget) == 1          # 4e-3 would be lowest, but one of its seeds diverged
+    record["diverged_at"][5] = 150                   # diverged only after this budget
+    budget["validation_loss"][5] = 3.1
+    assert choose_rate(record, budget) == 2
