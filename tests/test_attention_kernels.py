@@ -167,3 +167,22 @@ def test_the_attention_summary_says_which_path_and_why():
     fast = dataclasses.replace(config, dtype="bfloat16", attention_dropout=0.0)
     assert "cudnn" in attention.attention_summary(fast, training=True, platform="gpu")
     assert "written out" in attention.attention_summary(fast, training=True, platform="cpu")
+
+
+def test_document_rows_as_lengths_give_the_loss_of_their_segment_ids():
+    """A right-padded row of one document: its `lengths` (what the pipeline adds with
+    data.packing=document, so kernels take no mask) and its segment ids give one loss."""
+    from roformer.train.steps import mlm_sums, padding_inputs
+
+    model = RoFormerForMaskedLM(cudnn_config("rope", dtype="float32", attention_impl="auto"), rngs=nnx.Rngs(0))
+    model.eval()
+    lengths = jnp.asarray([L, 9, 4], jnp.int32)
+    batch = {"input_ids": batches()["full"]["input_ids"], "token_type_ids": jnp.zeros((B, L), jnp.int32),
+             "positions": jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L)),
+             "segment_ids": attention.lengths_mask(lengths, L).astype(jnp.int32),
+             "masked_positions": jnp.asarray([[1, 2], [3, 4], [1, 3]], jnp.int32),
+             "masked_labels": jnp.ones((B, 2), jnp.int32), "masked_weights": jnp.ones((B, 2))}
+    with_lengths = {**batch, "lengths": lengths}
+    assert set(padding_inputs(with_lengths)) == {"lengths"} and set(padding_inputs(batch)) == {"segment_ids"}
+    np.testing.assert_allclose(mlm_sums(model, with_lengths)["loss_sum"], mlm_sums(model, batch)["loss_sum"],
+                               rtol=1e-5)

@@ -89,6 +89,8 @@ def test_document_mode_one_document_per_row(shared_data, wiki_cache):
     for _ in range(4):
         batch = next(it)
         check_rows(batch, data.cls_id, data.sep_id, max_segments=1)
+        # right padding as lengths, the form attention kernels take without a mask
+        assert np.array_equal(np.arange(64)[None, :] < batch["lengths"][:, None], batch["segment_ids"] != 0)
     plan = data.epoch_plan(0)
     assert len(np.unique(plan.row)) == len(plan.row)       # one piece per row
     assert plan.length.max() == 62

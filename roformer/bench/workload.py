@@ -27,8 +27,9 @@ def num_predictions(seq_len: int) -> int:
 
 
 def synthetic_batch(config: ModelConfig, batch_size: int, seq_len: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """A pretraining batch in the contract's format: one full document per row,
-    15% of positions masked (distinct positions per row), random token ids."""
+    """A pretraining batch in the contract's format: one full document per row (so no
+    segment ids and no attention mask, roformer.train.steps.padding_inputs), 15% of
+    positions masked (distinct positions per row), random token ids."""
     rng = np.random.default_rng(seed)
     slots = num_predictions(seq_len)
     masked = np.stack([np.sort(rng.choice(seq_len, size=slots, replace=False)) for _ in range(batch_size)])
@@ -36,7 +37,6 @@ def synthetic_batch(config: ModelConfig, batch_size: int, seq_len: int, seed: in
         "input_ids": rng.integers(5, config.vocab_size, (batch_size, seq_len), dtype=np.int32),
         "token_type_ids": np.zeros((batch_size, seq_len), np.int32),
         "positions": np.broadcast_to(np.arange(seq_len, dtype=np.int32), (batch_size, seq_len)).copy(),
-        "segment_ids": np.ones((batch_size, seq_len), np.int32),
         "masked_positions": masked.astype(np.int32),
         "masked_labels": rng.integers(5, config.vocab_size, (batch_size, slots), dtype=np.int32),
         "masked_weights": np.ones((batch_size, slots), np.float32),

@@ -131,7 +131,7 @@ class PretrainData:
     def make_batch(self, rows: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
         """Masks packed rows into the batch format the training step consumes."""
         masked = self.masker(rows["input_ids"], rng)
-        return {
+        batch = {
             "input_ids": masked["input_ids"],
             "token_type_ids": np.zeros_like(rows["input_ids"]),
             "positions": rows["positions"],
@@ -140,6 +140,11 @@ class PretrainData:
             "masked_labels": masked["masked_labels"],
             "masked_weights": masked["masked_weights"],
         }
+        if self.packing == "document":
+            # One document per row from column 0, right-padded: attention takes the padding
+            # as lengths, with no [L, L] mask (roformer.train.steps.padding_inputs).
+            batch["lengths"] = (rows["segment_ids"] != 0).sum(axis=1).astype(np.int32)
+        return batch
 
     def shuffle_within_pieces(self, batch: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
         """The same masked batch with the tokens of every piece (one document's run inside a

@@ -28,13 +28,22 @@ Batch = dict[str, jax.Array]
 # between meshes.
 DROPOUT_RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
+def padding_inputs(batch: Batch) -> dict[str, jax.Array]:
+    """How a batch's rows are padded, as the model takes it: `segment_ids` for packed rows,
+    `lengths` for right-padded rows of one document each, neither when every row is one
+    whole document (attention then needs no mask at all)."""
+    if "lengths" in batch:
+        return {"lengths": batch["lengths"]}
+    return {"segment_ids": batch["segment_ids"]} if "segment_ids" in batch else {}
+
+
 def mlm_sums(model, batch: Batch) -> dict[str, jax.Array]:
     """Sparse MLM loss: logits only at the masked positions, summed over real slots.
 
     Returns sums (not means) so micro-batches and eval batches combine exactly."""
     logits = model(batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                   positions=batch["positions"], segment_ids=batch["segment_ids"],
-                   masked_positions=batch["masked_positions"])
+                   positions=batch["positions"], masked_positions=batch["masked_positions"],
+                   **padding_inputs(batch))
     labels = batch["masked_labels"]
     weights = batch["masked_weights"].astype(jnp.float32)
     logits = logits.astype(jnp.float32)
@@ -164,7 +173,7 @@ def make_attention_stats_step(graphdef) -> Callable[..., dict]:
         model = nnx.merge(graphdef, nnx.State(params), reseeded(rest_state, jax.random.key(0)))
         model.eval()
         return attention_stats(model.roformer, batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                               positions=batch["positions"], segment_ids=batch["segment_ids"])
+                               positions=batch["positions"], segment_ids=batch.get("segment_ids"))
     return stats_step
 
 
