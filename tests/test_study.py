@@ -272,3 +272,13 @@ def test_the_rate_is_chosen_on_validation_and_never_one_that_diverged():
     record["diverged_at"][5] = 150                   # diverged only after this budget
     budget["validation_loss"][5] = 3.1
     assert choose_rate(record, budget) == 2
+
+
+def test_the_pack_key_does_not_depend_on_where_the_corpus_lies(monkeypatch):
+    monkeypatch.setenv("ROFORMER_SHARED_DATA", "/one/place")
+    here = study.data_key(config("gpu_tiny"))
+    monkeypatch.setenv("ROFORMER_SHARED_DATA", "/another/place")
+    assert study.data_key(config("gpu_tiny")) == here == study.data_key(config("gpu_mini"))
+    other = config("gpu_tiny")
+    other.pretrain.data.vocab_size = 4000
+    assert study.data_key(other) != here

@@ -446,9 +446,16 @@ def device_arrays(config, data: study_data.StudyData) -> dict:
 
 
 def data_key(config) -> str:
-    """What the splits depend on: the data settings, the sequence length and the split keys."""
+    """What the splits depend on: the data settings, the sequence length and the split keys.
+    Where the files lie is not part of it (the pack is made on one machine and read on
+    another, whose checkout sits elsewhere), only their names; nor is the cache."""
     st = config.study
-    return plan.fingerprint(config.pretrain.data, int(config.pretrain.train.seq_len),
+    data = config.pretrain.data.to_dict()
+    for key in ("files", "vocab", "hf_path", "tfds_data_dir"):
+        data[key] = os.path.basename(str(data.get(key) or ""))
+    for key in ("cache_dir", "num_workers"):
+        data.pop(key, None)
+    return plan.fingerprint(data, int(config.pretrain.train.seq_len),
                             {k: st[k] for k in ("test_fraction", "validation_fraction", "validation_rows",
                                                 "variant_rows", "windows", "test_mask_draws", "max_test_rows")})
 
