@@ -282,3 +282,12 @@ def test_the_pack_key_does_not_depend_on_where_the_corpus_lies(monkeypatch):
     other = config("gpu_tiny")
     other.pretrain.data.vocab_size = 4000
     assert study.data_key(other) != here
+
+
+def test_a_finished_scheme_is_kept_when_only_how_the_study_is_read_changes():
+    c = config()
+    fp = study.scheme_fingerprint(c, "rope", {"tokens": 1})
+    c.study.margin, c.study.time_limit_s, c.study.data_pack, c.study.schemes = 0.05, 100.0, "x.npz", "rope"
+    assert study.scheme_fingerprint(c, "rope", {"tokens": 1}) == fp
+    c.study.learning_rates = "1e-3,3e-3"
+    assert study.scheme_fingerprint(c, "rope", {"tokens": 1}) != fp

@@ -429,8 +429,15 @@ class SchemeRun:
 # --------------------------------------------------------------------------- the study
 
 
+# Study keys that change how the study is run or read, not what a scheme's group computes:
+# changing them keeps finished schemes.
+REPORT_ONLY_KEYS = ("schemes", "reference", "margin", "order_threshold", "bootstrap", "memory_limit_gib",
+                    "time_limit_s", "data_pack")
+
+
 def scheme_fingerprint(config, scheme: str, manifest: dict) -> str:
-    return plan.fingerprint(plan.scheme_pretrain_config(config, scheme), config.study, manifest)
+    study = {k: v for k, v in config.study.to_dict().items() if k not in REPORT_ONLY_KEYS}
+    return plan.fingerprint(plan.scheme_pretrain_config(config, scheme), study, manifest)
 
 
 def device_arrays(config, data: study_data.StudyData) -> dict:
