@@ -51,3 +51,22 @@ def test_glue_ends_with_a_line_naming_its_outputs(tmp_path, shared_data):
     assert last.startswith("done: results in ")
     named = named_paths(last, workdir)
     assert len(named) == 4 and all(p.exists() for p in named), named
+
+
+@pytest.mark.slow
+def test_pretraining_off_a_terminal_logs_plain_progress_and_compile_lines(tmp_path):
+    """stderr is a pipe here: no bar redraws (carriage returns), a plain progress line, the
+    first call of each step announced with its time; stdout: the summary as one short line,
+    then the line naming the outputs."""
+    workdir = tmp_path / "run"
+    proc = run("roformer.pretrain", "--config=configs/tiny.py", f"--workdir={workdir}", "--config.train.steps=4",
+               "--config.train.eval_every=4", "--config.train.checkpoint_every=4", "--config.train.log_every=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "\r" not in proc.stderr
+    for text in ("compiling the train step ...", "compiled the train step in ", "compiling the evaluation step ...",
+                 "pretrain: step 4 of 4 (100%)"):
+        assert text in proc.stderr, text
+    summary, last = proc.stdout.splitlines()[-2:]
+    assert summary.startswith("summary: 4 steps; train loss ") and len(summary) < 300
+    assert summary.endswith(f"(all of it in {workdir}/summary.json)")
+    assert last.startswith(f"done: metrics in {workdir}/metrics.jsonl")

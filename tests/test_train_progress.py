@@ -82,3 +82,16 @@ def test_the_summary_is_one_short_line():
                     "order gap +0.412; 20,061 tokens/s; 2m11s (all of it in runs/tiny/summary.json)")
     resumed = progress.summary_line({"final_step": 80, "start_step": 50, "preempted": True})
     assert resumed == "summary: steps 50-80 (stopped: SIGTERM)"
+
+
+def test_the_rate_leaves_out_the_first_step_and_its_compilation(caplog):
+    clock = Clock()
+    bar = progress.PlainProgress(total=100, desc="pretrain", every_s=1000.0, clock=clock)
+    clock.now = 60.0          # the first step: compiling
+    bar.update(1)
+    for _ in range(10):       # then one step a second
+        clock.now += 1.0
+        bar.update(1)
+    with caplog.at_level(logging.INFO, logger="roformer.train"):
+        bar.close()
+    assert caplog.messages == ["pretrain: step 11 of 100 (11%), 1 steps/s, 1m29s left"]

@@ -20,7 +20,7 @@ from roformer.data import DataConfig, make_pretrain_data
 from roformer.errors import ConfigError
 from roformer.files import write_json_atomic
 from roformer.model import ModelConfig
-from roformer.train import warm_start
+from roformer.train import progress, warm_start
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.config import OPTIMIZER_KEYS, TrainConfig, parse_phases, phase_schedule_factors
 from roformer.train.guard import DivergenceGuard
@@ -195,6 +195,6 @@ def run_summary(workdir: Path, *, final_step: int, start_step: int, preempted: b
 
 
 def write_summary(workdir: Path, summary: dict) -> None:
-    """summary.json, and its line on stdout (without the data manifest)."""
+    """summary.json, and one short line of it on stdout (progress.summary_line)."""
     write_json_atomic(workdir / "summary.json", summary, indent=2, default=str)
-    print("summary: " + json.dumps({k: v for k, v in summary.items() if k != "data"}, default=str), flush=True)
+    print(progress.summary_line(summary), flush=True)

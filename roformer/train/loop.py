@@ -20,15 +20,12 @@ import jax
 import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
-from tqdm.auto import tqdm
 
-from roformer.accelerator import startup_line
 from roformer.distributed import allgather_json, initialize_distributed
 from roformer.errors import ConfigError
 from roformer.model import attention_stats
 from roformer.model import ModelConfig
-from roformer.model.attention import check_attention_impl
-from roformer.train import bookkeeping, flops, sharding, steps, warm_start
+from roformer.train import bookkeeping, flops, progress, sharding, steps, warm_start
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.config import TrainConfig, parse_phases
 from roformer.train.guard import DivergenceGuard, TrainingDiverged
@@ -123,9 +120,6 @@ def _train_phase(config, workdir: Path) -> dict:
     else:   # the checkpoint's architecture; checked before anything is written, so a refusal leaves no files
         model_cfg = warm_start.resolve_model_config(config.model, init_source, vocab_size=data.vocab_size,
                                                     pad_token_id=data.pad_id, tokenizer_hash=data.tokenizer.hash)
-    check_attention_impl(model_cfg)   # before anything is written
-    if jax.process_index() == 0:
-        log.info("%s", startup_line(model_cfg))
     init_params = None
     if init_source is not None and not PretrainWorkdir.holds_run(workdir):   # a fresh start will use them
         init_params = warm_start.load_init_params(init_source, model_cfg, warm_start.abstract_params(model_cfg),
@@ -147,15 +141,18 @@ def _train_phase(config, workdir: Path) -> dict:
             setup, checkpointer, data, tc, init_source=init_source, init_params=init_params)
         del init_params   # on the device now
         eval_batches = held_out_batches(data, tc, mesh)
-        train_step = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
-        eval_step = setup.jit_eval_step()
+        # the first call of each compiles it: announced, with its time (progress.announce_compile)
+        train_step = progress.announce_compile(
+            setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step), "the train step",
+            enabled=is_main)
+        eval_step = progress.announce_compile(setup.jit_eval_step(), "the evaluation step", enabled=is_main)
         # Linear attention forms no probabilities to measure.
         stats_step = (setup.jit_attention_stats_step() if tc.eval_attention_stats and model_cfg.attention == "softmax"
                       else None)
         writer = cleanup.enter_context(contextlib.closing(MetricsWriter(workdir, resume_step=start_step)))
         stop = cleanup.enter_context(StopFlag())
-        bar = cleanup.enter_context(tqdm(total=tc.steps, initial=start_step, desc="pretrain", unit="step",
-                                         disable=not (is_main and tc.progress_bar), dynamic_ncols=True))
+        bar = cleanup.enter_context(progress.progress_bar(total=tc.steps, initial=start_step, desc="pretrain",
+                                                          enabled=is_main and tc.progress_bar))
         step_flops = flops.train_flops_per_step(model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
                                                 num_predictions=data.masker.max_predictions)
         timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,

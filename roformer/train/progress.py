@@ -50,14 +50,18 @@ class PlainProgress:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.total, self.n, self.desc, self.every_s = total, initial, desc, every_s
         self._clock = clock
-        self._start_n, self._start_t = initial, clock()
-        self._last_t = self._start_t
+        self._start_n = initial
+        self._last_t = clock()
+        self._first: tuple[int, float] | None = None   # (step, time) of the first update: the rate
+        # counts from there, leaving out the first step's compilation
         self._postfix: dict[str, Any] = {}
         self._closed = False
 
     def update(self, n: int = 1) -> None:
         self.n += n
         now = self._clock()
+        if self._first is None:
+            self._first = (self.n, now)
         if now - self._last_t >= self.every_s:
             self._last_t = now
             log.info("%s", self.line(now))
@@ -78,8 +82,9 @@ class PlainProgress:
 
     def line(self, now: float) -> str:
         parts = [f"{self.desc}: step {self.n:,} of {self.total:,} ({100 * self.n / max(self.total, 1):.0f}%)"]
-        elapsed = now - self._start_t
-        rate = (self.n - self._start_n) / elapsed if elapsed > 0 else 0.0
+        rate = 0.0
+        if self._first is not None and now > self._first[1]:
+            rate = (self.n - self._first[0]) / (now - self._first[1])
         if rate > 0:
             parts.append(f"{rate:.3g} steps/s")
             if self.n < self.total:

@@ -24,14 +24,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from roformer.data import DataConfig
 from roformer.data.workers import StreamSpec, WorkerStreams
 from roformer.errors import ConfigError
 from roformer.machine import cores_available
 from roformer.model import attention_stats
-from roformer.train import bookkeeping, flops, sharding, steps
+from roformer.train import bookkeeping, flops, progress, sharding, steps
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.config import TrainConfig
 from roformer.train.guard import TrainingStopped
@@ -175,7 +174,8 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
             # Each seed's tokens/s and MFU are its own: the group's step time, one seed's tokens.
             timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,
                                     peak_flops=peak_flops, num_devices=1)
-            seed.log = TrainLog(writer, timer, tqdm(disable=True), seed.checkpointer, guard,
+            seed.log = TrainLog(writer, timer, progress.progress_bar(total=0, desc="", enabled=False),
+                                seed.checkpointer, guard,
                                 first_loss=logged["first_loss"],
                                 mark={"phase": seed.train_iter.phase, "seq_len": tc.seq_len})
 
@@ -189,8 +189,9 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
             log.info("%d seeds' batches made in %d processes", len(seeds), workers)
         group = _Group(setup, model_cfg, rest, tc, held_out_batches(datas[0], tc, mesh))
         stop = cleanup.enter_context(StopFlag())
-        bar = cleanup.enter_context(tqdm(total=tc.steps, initial=min(s.step for s in seeds), dynamic_ncols=True,
-                                         desc=f"pretrain {len(seeds)} seeds", unit="step", disable=not tc.progress_bar))
+        bar = cleanup.enter_context(progress.progress_bar(total=tc.steps, initial=min(s.step for s in seeds),
+                                                          desc=f"pretrain {len(seeds)} seeds",
+                                                          enabled=tc.progress_bar))
         preempted = False
         while not preempted:
             live = [s for s in seeds if s.error is None and s.step < tc.steps]
@@ -248,8 +249,11 @@ class _Group:
 
     def __init__(self, setup: TrainSetup, model_cfg, rest, tc: TrainConfig, eval_batches: dict):
         self.setup, self.model_cfg, self.rest, self.tc, self.eval_batches = setup, model_cfg, rest, tc, eval_batches
-        self.train_step = setup.jit_seeds_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
-        self.eval_step = setup.jit_seeds_eval_step()
+        # the first call of each compiles it: announced, with its time (progress.announce_compile)
+        self.train_step = progress.announce_compile(
+            setup.jit_seeds_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step),
+            "the seeds' train step")
+        self.eval_step = progress.announce_compile(setup.jit_seeds_eval_step(), "the seeds' evaluation step")
         # Linear attention forms no probabilities to measure.
         self.stats_step = (setup.jit_seeds_attention_stats_step()
                            if tc.eval_attention_stats and model_cfg.attention == "softmax" else None)
