@@ -21,10 +21,12 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
+from roformer.accelerator import startup_line
 from roformer.distributed import allgather_json, initialize_distributed
 from roformer.errors import ConfigError
 from roformer.model import attention_stats
 from roformer.model import ModelConfig
+from roformer.model.attention import check_attention_impl
 from roformer.train import bookkeeping, flops, progress, sharding, steps, warm_start
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.config import TrainConfig, parse_phases
@@ -120,6 +122,9 @@ def _train_phase(config, workdir: Path) -> dict:
     else:   # the checkpoint's architecture; checked before anything is written, so a refusal leaves no files
         model_cfg = warm_start.resolve_model_config(config.model, init_source, vocab_size=data.vocab_size,
                                                     pad_token_id=data.pad_id, tokenizer_hash=data.tokenizer.hash)
+    check_attention_impl(model_cfg)   # before anything is written
+    if jax.process_index() == 0:
+        log.info("%s", startup_line(model_cfg))
     init_params = None
     if init_source is not None and not PretrainWorkdir.holds_run(workdir):   # a fresh start will use them
         init_params = warm_start.load_init_params(init_source, model_cfg, warm_start.abstract_params(model_cfg),
