@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from roformer.data import shards
+from roformer.data import shard_build, shards
 from roformer.data.sources import FilesSource
 from roformer.data.tokenizer import WordPieceTokenizer
 
@@ -32,14 +32,14 @@ def wiki(shared_data):
 def encoded_by(monkeypatch):
     """The files each process (here: thread) tokenized."""
     calls: dict[str, list[str]] = {}
-    real = shards.encode_parts
+    real = shard_build.encode_parts
 
     def counting(parts, *args, **kwargs):
         calls.setdefault(threading.current_thread().name, []).extend(
             os.path.basename(part.paths[0]) for part, _ in parts)
         return real(parts, *args, **kwargs)
 
-    monkeypatch.setattr(shards, "encode_parts", counting)
+    monkeypatch.setattr(shard_build, "encode_parts", counting)
     return calls
 
 
@@ -54,7 +54,7 @@ def build_together(pattern, tokenizer, caches, **kwargs):
 
     def run(i):
         try:
-            results[i] = shards.load_or_build(FilesSource(pattern), tokenizer, caches[i], process_index=i,
+            results[i] = shard_build.load_or_build(FilesSource(pattern), tokenizer, caches[i], process_index=i,
                                               process_count=len(caches), num_workers=1, show_progress=False,
                                               **kwargs)
         except Exception as err:  # noqa: BLE001 - handed to the test
@@ -74,7 +74,7 @@ def build_together(pattern, tokenizer, caches, **kwargs):
 def test_processes_tokenize_their_share_into_the_single_process_shards(wiki, tokenizer, tmp_path, monkeypatch,
                                                                        encoded_by, processes):
     monkeypatch.setattr(shards, "CHUNK_CHARS", 1 << 14)            # many chunks and shards per file
-    alone = shards.load_or_build(FilesSource(wiki), tokenizer, tmp_path / "alone", shard_tokens=20_000,
+    alone = shard_build.load_or_build(FilesSource(wiki), tokenizer, tmp_path / "alone", shard_tokens=20_000,
                                  show_progress=False)
     assert len(alone.manifest["shards"]) > 4
     encoded_by.clear()
@@ -85,7 +85,7 @@ def test_processes_tokenize_their_share_into_the_single_process_shards(wiki, tok
     assert together[0].content_id == alone.content_id
     assert entry_files(together[0].directory) == entry_files(alone.directory)   # manifest and shards
     sizes = [size for _, size in FilesSource(wiki).parts()]
-    owners = shards.assign_parts(sizes, processes)
+    owners = shard_build.assign_parts(sizes, processes)
     names = [os.path.basename(p) for p in FilesSource(wiki).paths]
     for i in range(processes):
         share = sorted(names[j] for j, owner in enumerate(owners) if owner == i)
@@ -98,16 +98,16 @@ def test_processes_tokenize_their_share_into_the_single_process_shards(wiki, tok
 
 
 def test_assignment_balances_sizes_and_is_deterministic():
-    assert shards.assign_parts([5, 1, 1, 1, 1, 1], 2) == [0, 1, 1, 1, 1, 1]
-    assert shards.assign_parts([1, 1, 1], 5) == [0, 1, 2]
-    assert shards.assign_parts([3], 4) == [0]
+    assert shard_build.assign_parts([5, 1, 1, 1, 1, 1], 2) == [0, 1, 1, 1, 1, 1]
+    assert shard_build.assign_parts([1, 1, 1], 5) == [0, 1, 2]
+    assert shard_build.assign_parts([3], 4) == [0]
 
 
 def test_a_missing_share_is_named_and_the_build_resumes_from_the_parts_written(wiki, tokenizer, tmp_path,
                                                                                 encoded_by):
     cache = tmp_path / "cache"
     source = FilesSource(wiki)
-    owners = shards.assign_parts([size for _, size in source.parts()], 2)
+    owners = shard_build.assign_parts([size for _, size in source.parts()], 2)
     one = [os.path.basename(p) for p, owner in zip(source.paths, owners) if owner == 1]
     directory_name = f"files-{shards.cache_key(source.fingerprint(), tokenizer.hash)}"
     parts_dir = cache / "shards" / f".{directory_name}.parts"
@@ -115,14 +115,14 @@ def test_a_missing_share_is_named_and_the_build_resumes_from_the_parts_written(w
     (parts_dir / "process_0_of_2").touch()          # process 0 was here, but stopped
 
     with pytest.raises(TimeoutError, match=r"process 0's share \(2 of its 2 parts: wiki_0"):
-        shards.load_or_build(source, tokenizer, cache, process_index=1, process_count=2, num_workers=1,
+        shard_build.load_or_build(source, tokenizer, cache, process_index=1, process_count=2, num_workers=1,
                              wait_seconds=0.5, show_progress=False)
     assert sorted(encoded_by.pop("MainThread")) == sorted(one)
     # process 0 comes back alone: it tokenizes its own share only and finishes the entry
-    corpus = shards.load_or_build(FilesSource(wiki), tokenizer, cache, process_index=0, process_count=2,
+    corpus = shard_build.load_or_build(FilesSource(wiki), tokenizer, cache, process_index=0, process_count=2,
                                   num_workers=1, wait_seconds=0.5, show_progress=False)
     assert sorted(encoded_by.pop("MainThread")) == sorted(set(map(os.path.basename, source.paths)) - set(one))
-    alone = shards.load_or_build(FilesSource(wiki), tokenizer, tmp_path / "alone", show_progress=False)
+    alone = shard_build.load_or_build(FilesSource(wiki), tokenizer, tmp_path / "alone", show_progress=False)
     assert entry_files(corpus.directory) == entry_files(alone.directory)
     assert not parts_dir.exists()
 
@@ -166,7 +166,7 @@ def test_prepare_command_on_two_processes(wiki, tokenizer, tmp_path, shared_data
     assert shares == {0: 2, 1: 2}
     for i, (_, err) in enumerate(outputs):
         assert f"process {i} of 2 tokenized 2 of the 4 parts" in err
-    alone = shards.load_or_build(FilesSource(wiki), tokenizer, tmp_path / "alone", show_progress=False)
+    alone = shard_build.load_or_build(FilesSource(wiki), tokenizer, tmp_path / "alone", show_progress=False)
     assert summaries[0]["content_id"] == alone.content_id
     assert entry_files(Path(summaries[0]["shards"])) == entry_files(alone.directory)
 
@@ -177,7 +177,7 @@ def test_prepare_command_on_two_processes(wiki, tokenizer, tmp_path, shared_data
 RUN = """
 import logging, os, sys, time
 from pathlib import Path
-from roformer.data import DataConfig, pipeline, shards
+from roformer.data import DataConfig, pipeline, shard_build
 from roformer.data.tokenizer import WordPieceTokenizer
 
 files, vocab, cache, marks, train_hold, encode_hold = sys.argv[1:7]
@@ -190,7 +190,7 @@ def marked(kind, real, hold):
         return real(*args, **kwargs)
     return run
 
-shards.encode_parts = marked("encode", shards.encode_parts, encode_hold)
+shard_build.encode_parts = marked("encode", shard_build.encode_parts, encode_hold)
 WordPieceTokenizer.train = marked("train", WordPieceTokenizer.train, train_hold)
 data = DataConfig(source="files", files=files, vocab=vocab, vocab_size=500, cache_dir=cache, num_workers=1)
 tokenizer, corpus = pipeline.prepare_corpus(data, show_progress=False)

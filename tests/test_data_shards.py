@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from roformer.data import shards
+from roformer.data import shard_build, shards
 from roformer.data.sources import FilesSource
 from roformer.data.tokenizer import WordPieceTokenizer
 
@@ -29,18 +29,18 @@ def corpus_file(tmp_path):
 def builds(monkeypatch):
     """Counts real shard builds (calls of the tokenizing loop)."""
     calls = []
-    real = shards.encode_parts
+    real = shard_build.encode_parts
 
     def counting(parts, *args, **kwargs):
         calls.append(parts)
         return real(parts, *args, **kwargs)
 
-    monkeypatch.setattr(shards, "encode_parts", counting)
+    monkeypatch.setattr(shard_build, "encode_parts", counting)
     return calls
 
 
 def _load(corpus_file, tokenizer, cache, **kwargs):
-    return shards.load_or_build(FilesSource(str(corpus_file)), tokenizer, cache, show_progress=False, **kwargs)
+    return shard_build.load_or_build(FilesSource(str(corpus_file)), tokenizer, cache, show_progress=False, **kwargs)
 
 
 def test_build_contents_and_manifest(corpus_file, tokenizer, tmp_path):

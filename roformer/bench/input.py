@@ -27,7 +27,8 @@ from pathlib import Path
 
 from roformer.data import DataConfig, make_pretrain_data
 from roformer.data.prepare import prepare_locally
-from roformer.data.shards import chunk_documents, load_or_build
+from roformer.data.shard_build import load_or_build
+from roformer.data.shards import chunk_documents
 from roformer.data.sources import FilesSource
 from roformer.data.tokenizer import load_tokenizer
 from roformer.data.workers import StreamSpec, WorkerStreams

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from roformer.data import shard_build
 from roformer.data import shards as shards_lib
+from roformer.data.cache_lock import build_lock
 from roformer.data.config import MIN_SEQ_LEN, DataConfig
 from roformer.data.masking import MlmMasker
 from roformer.data.packing import PACKINGS, PackPlan, build_rows, plan_rows
@@ -280,7 +282,7 @@ def resolve_tokenizer(data: DataConfig, source: TextSource, cache_dir: Path, *,
     if tokenizer is None:
         # one run trains it, others sharing the cache wait and read it (training is not
         # deterministic: they must not each keep their own)
-        with shards_lib.build_lock(directory):
+        with build_lock(directory):
             tokenizer = _cached_tokenizer(directory, quiet=True)
             if tokenizer is None:
                 for stale in stale_staging(directory.parent):   # trainings killed before the rename
@@ -334,14 +336,14 @@ def prepare_corpus(data: DataConfig, *, process_index: int = 0, process_count: i
     """The tokenizer and token shards of data's corpus, built into the cache if missing.
 
     In a job of `process_count` processes sharing the cache directory, each process
-    tokenizes its share of the source's files (see shards.load_or_build)."""
+    tokenizes its share of the source's files (see shard_build.load_or_build)."""
     if not isinstance(data, DataConfig):
         raise TypeError(f"expected a DataConfig, got {type(data).__name__}: convert a config's data "
                         "section with DataConfig.from_mapping(config.data)")
     cache_dir = cache_directory(data)
     source = make_source(data)
     tokenizer = resolve_tokenizer(data, source, cache_dir, show_progress=show_progress)
-    corpus = shards_lib.load_or_build(source, tokenizer, cache_dir, process_index=process_index,
+    corpus = shard_build.load_or_build(source, tokenizer, cache_dir, process_index=process_index,
                                       process_count=process_count, num_workers=data.num_workers,
                                       show_progress=show_progress)
     return tokenizer, corpus
