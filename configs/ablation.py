@@ -28,18 +28,13 @@ then SST-2 and MRPC with 3 seeds. Variants (`configs/ablation.py:<arg>`):
 Any key can be changed on the command line, e.g. `--config.schemes=rope,learned
 --config.pretrain.model.size=tiny --config.budget_tokens=2000000 --config.glue.task=mrpc`.
 """
-import os
-from pathlib import Path
-
 import ml_collections
 
 from configs import base, glue
+from roformer.config_files import shared_data
 from roformer.errors import ConfigError
 
-# ../shared/data beside the repository (the project's shared-data convention), or where
-# ROFORMER_SHARED_DATA points (as for the tests).
-SHARED_DATA = Path(os.environ.get("ROFORMER_SHARED_DATA",
-                                  Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+SHARED_DATA = shared_data()
 
 
 def get_config(arg=None):

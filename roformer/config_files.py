@@ -1,4 +1,5 @@
-"""Where the config files are, and how `--config=configs/<name>.py` finds one anywhere.
+"""Where the config files are, and how `--config=configs/<name>.py` finds one anywhere;
+where the shared data they name lives (`shared_data`).
 
 The repository keeps the config files at its top, in configs/; a wheel ships the same
 files as the package roformer.configs (setuptools maps the directory: pyproject.toml).
@@ -9,6 +10,7 @@ on sys.path; elsewhere `make_importable` provides it from `CONFIG_DIR`.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +18,13 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 # a wheel: roformer/configs; a checkout (editable install): configs/ beside roformer/
 CONFIG_DIR = (_PACKAGE_DIR / "configs" if (_PACKAGE_DIR / "configs").is_dir()
               else _PACKAGE_DIR.parent / "configs")
+
+
+def shared_data() -> Path:
+    """The shared data (corpora, vocabularies, GLUE): where ROFORMER_SHARED_DATA points, else
+    ../shared/data beside a checkout. Read at each call, so a config file loaded after the
+    variable changed (a test's) sees the new place."""
+    return Path(os.environ.get("ROFORMER_SHARED_DATA", _PACKAGE_DIR.parent.parent / "shared" / "data"))
 
 
 def resolve(spec: str) -> str:

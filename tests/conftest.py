@@ -23,6 +23,8 @@ import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
 
+from roformer import config_files  # noqa: E402
+
 
 def pytest_configure(config):
     """One jax compilation cache for the whole suite: many tests (and the commands they start
@@ -61,9 +63,7 @@ needs_torch = _needs("torch")
 needs_transformers = _needs("transformers")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The shared data lives beside the project (../shared/data); users can point
-# elsewhere with ROFORMER_SHARED_DATA.
-SHARED_DATA = Path(os.environ.get("ROFORMER_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+SHARED_DATA = config_files.shared_data()   # ../shared/data beside the project, or ROFORMER_SHARED_DATA
 
 
 @pytest.fixture(scope="session")

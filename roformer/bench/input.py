@@ -23,8 +23,8 @@ import resource
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
+from roformer.config_files import shared_data
 from roformer.data import DataConfig, make_pretrain_data
 from roformer.data.prepare import prepare_locally
 from roformer.data.shard_build import load_or_build
@@ -33,10 +33,10 @@ from roformer.data.sources import FilesSource
 from roformer.data.tokenizer import load_tokenizer
 from roformer.data.workers import StreamSpec, WorkerStreams
 
-SHARED_DATA = Path(os.environ.get("ROFORMER_SHARED_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
+    SHARED_DATA = shared_data()
     parser.add_argument("--files", default=str(SHARED_DATA / "wikipedia_en" / "wiki_*"),
                         help="glob of text / WikiExtractor files to tokenize")
     parser.add_argument("--vocab", default=str(SHARED_DATA / "vocab" / "bert-base-uncased-vocab.txt"))
