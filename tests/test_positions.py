@@ -2,7 +2,6 @@
 import functools
 import importlib
 import math
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -12,9 +11,8 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from roformer.config_files import CONFIG_DIR
 from roformer.model import ModelConfig, RoFormerModel, attention, positions
-
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 TINY = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
             max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
