@@ -70,3 +70,16 @@ def test_every_docs_page_the_code_names_exists():
                 named.setdefault(ref, name)
     assert named   # the code does name pages (configs, .ci/run, the benchmarks)
     assert {ref: where for ref, where in named.items() if not (REPO / ref).exists()} == {}
+
+
+def test_every_results_page_is_in_the_index():
+    """docs/results/README.md lists every dated page (and nothing that is not there), each with
+    a status of current, superseded or historical."""
+    index = REPO / "docs" / "results" / "README.md"
+    rows = [line for line in index.read_text().splitlines() if line.startswith("| 20")]
+    listed = {(index.parent / target).resolve() for row in rows for target in LINK.findall(row)}
+    pages = {p.resolve() for p in index.parent.glob("20*.md")}
+    assert pages - listed == set(), "pages missing from docs/results/README.md"
+    assert listed - pages == set()
+    for row in rows:
+        assert row.rstrip(" |").split("|")[-1].strip().split()[0] in ("current", "superseded", "historical"), row
