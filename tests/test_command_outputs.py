@@ -22,8 +22,11 @@ def run(*args: str) -> subprocess.CompletedProcess:
     (("roformer.data", "prepare", "--config=configs/tiny.py", "-h"), ["config keys of configs/tiny.py",
                                                                       "train.steps = 250"]),
     (("roformer.data", "tokenizer", "--help"), ["train", "encode"]),
+    (("roformer.capability", "--help"), ["config keys of configs/capability.py"]),
+    (("roformer.convert", "to-hf", "--help"), ["--step"]),
+    (("roformer.bench", "step", "--help"), ["--seq-lens"]),
 ])
-def test_data_help_exits_0(args, expected):
+def test_help_exits_0(args, expected):
     proc = run(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for text in expected:
