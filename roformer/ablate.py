@@ -53,6 +53,8 @@ def main(argv):
     if flags.FLAGS.report_to:
         report_snapshot(flags.FLAGS.config, flags.FLAGS.workdir, flags.FLAGS.report_to)
         print((Path(flags.FLAGS.report_to) / REPORT_MD).read_text())
+        print(f"done: the report of {flags.FLAGS.workdir} as it is now in {flags.FLAGS.report_to}/{REPORT_MD} and "
+              f"{flags.FLAGS.report_to}/{REPORT_JSON} (figures beside them)", flush=True)
         return
     cache = compile_cache_dir(flags.FLAGS.config, Path(flags.FLAGS.workdir).resolve())
     if cache:   # this process's runs too (in turn, vmapped), before it compiles anything
