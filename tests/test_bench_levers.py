@@ -27,3 +27,14 @@ def test_budget_refuses_a_build_the_longest_so_far_says_would_end_past_it():
     unlimited = levers.Budget(0.0)
     unlimited.built(1e6)
     assert unlimited.allows_build()
+
+
+def test_program_digest_reads_the_instructions_not_where_they_were_traced_from():
+    def program(op, frame):
+        text = ('HloModule m\nFileNames\n1 "a.py"\nENTRY %main {\n'
+                f'  %p = f32[] parameter(0), metadata={{op_name="x" stack_frame_id={frame}}}\n'
+                f'  ROOT %r = f32[] {op}(%p, %p), metadata={{op_name="y"}}, stack_frame_id={frame}\n}}\n')
+        return type("Workload", (), {"step_fn": type("Step", (), {"as_text": staticmethod(lambda: text)})})
+
+    assert levers.program_digest(program("add", 3)) == levers.program_digest(program("add", 7))
+    assert levers.program_digest(program("add", 3)) != levers.program_digest(program("multiply", 3))

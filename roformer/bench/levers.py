@@ -36,6 +36,7 @@ import dataclasses
 import gc
 import hashlib
 import os
+import re
 import sys
 import time
 
@@ -107,9 +108,13 @@ def build(size: str, seq_len: int, batch: int, variant: Variant, args: argparse.
 
 
 def program_digest(workload) -> str:
-    """A short digest of the compiled step: variants whose forms change the program differ in it
-    (a form that silently did nothing would not)."""
-    return hashlib.sha1(workload.step_fn.as_text().encode()).hexdigest()[:10]
+    """A short digest of the compiled step's instructions, without its debug information
+    (metadata, the Python stack frames it was traced from): variants whose forms change the
+    program differ in it, a form that silently changed nothing would not."""
+    lines = [re.sub(r",? ?stack_frame_id=\d+", "", re.sub(r", metadata=\{[^}]*\}", "", line))
+             for line in workload.step_fn.as_text().splitlines()
+             if re.match(r"\s*(%|ROOT|ENTRY|fused_computation|\})", line)]
+    return hashlib.sha1("\n".join(lines).encode()).hexdigest()[:10]
 
 
 class Budget:
