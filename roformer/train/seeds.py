@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ from roformer.data.workers import StreamSpec, WorkerStreams
 from roformer.errors import ConfigError
 from roformer.machine import cores_available
 from roformer.model import attention_stats
-from roformer.train import bookkeeping, flops, progress, sharding, steps
+from roformer.train import bookkeeping, flops, optim, progress, sharding, steps
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.config import TrainConfig
 from roformer.train.guard import TrainingStopped
@@ -43,8 +44,9 @@ log = logging.getLogger("roformer.train")
 
 
 def check_seed_group(configs) -> None:
-    """The configs must differ in train.seed only, and ask for nothing a vmapped group does
-    not do (`seed_group_problems`); ConfigError says what."""
+    """The configs must differ in train.seed (and may in train.learning_rate: each member
+    trains at its own peak rate on the shared schedule) only, and ask for nothing a vmapped
+    group does not do (`seed_group_problems`); ConfigError says what."""
     if not configs:
         raise ConfigError("no seeds to train")
     seeds = [int(c.train.seed) for c in configs]
@@ -53,13 +55,13 @@ def check_seed_group(configs) -> None:
 
     def without_seed(config) -> dict:
         values = config.to_dict()
-        values["train"] = {k: v for k, v in values["train"].items() if k != "seed"}
+        values["train"] = {k: v for k, v in values["train"].items() if k not in ("seed", "learning_rate")}
         return values
 
     first = without_seed(configs[0])
     for config in configs[1:]:
         if without_seed(config) != first:
-            raise ConfigError("vmapped seeds must share every setting but train.seed")
+            raise ConfigError("vmapped seeds must share every setting but train.seed and train.learning_rate")
     problems = seed_group_problems(configs[0].train)
     if problems:
         raise ConfigError("; ".join(problems))
@@ -159,7 +161,7 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
             return results
 
         peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
-        setup = TrainSetup(model_cfg, *bookkeeping.run_optimizer(tc), mesh, seed=tc.seed, dropout_rng_impl=tc.dropout_rng_impl)
+        setup = TrainSetup(model_cfg, *_group_optimizer(tcs), mesh, seed=tc.seed, dropout_rng_impl=tc.dropout_rng_impl)
         cleanup.enter_context(jax.set_mesh(mesh))
         rest = setup.init_rest()   # RNG streams only: every step re-derives them from its seed's key
         step_flops = flops.train_flops_per_step(model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
@@ -187,7 +189,8 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
             for index, seed in enumerate(seeds):
                 seed.train_iter = _WorkerStream(streams, index, seed.train_iter.phase)
             log.info("%d seeds' batches made in %d processes", len(seeds), workers)
-        group = _Group(setup, model_cfg, rest, tc, held_out_batches(datas[0], tc, mesh))
+        group = _Group(setup, model_cfg, rest, tc, held_out_batches(datas[0], tc, mesh),
+                       member_rates=_member_rates(tcs))
         stop = cleanup.enter_context(StopFlag())
         bar = cleanup.enter_context(progress.progress_bar(total=tc.steps, initial=min(s.step for s in seeds),
                                                           desc=f"pretrain {len(seeds)} seeds",
@@ -236,6 +239,40 @@ class _WorkerStream:
         return self.streams.state(self.index)
 
 
+def _member_rates(tcs: list[TrainConfig]) -> bool:
+    """Whether the group's members train at rates of their own."""
+    return len({t.learning_rate for t in tcs}) > 1
+
+
+def _group_optimizer(tcs: list[TrainConfig]):
+    """(transform, schedule) of the group: the run's, or with members at rates of their own the
+    same AdamW with its rate in the optimizer state (optim.make_member_optimizer) on the
+    schedule at a peak of 1, which `_rate_step` scales by each member's rate every step. The
+    group of one rate keeps the run's transform, so its checkpoints are a run's."""
+    tc = tcs[0]
+    if not _member_rates(tcs):
+        return bookkeeping.run_optimizer(tc)
+    tx = optim.make_member_optimizer(weight_decay=tc.weight_decay, b1=tc.b1, b2=tc.b2, eps=tc.eps,
+                                     clip_norm=tc.clip_norm)
+    return tx, optim.make_schedule(learning_rate=1.0, warmup_steps=tc.warmup_steps, total_steps=tc.schedule_steps,
+                                   decay=tc.decay)
+
+
+def _rate_step(setup: TrainSetup, *, grad_accum: int, debug_nan_step: int):
+    """`(states, rest, batches, base_keys, rates) -> (states, metrics)`: the seeds' train step
+    with each member's learning rate its rate times the schedule (`_group_optimizer`)."""
+    keyed = steps.make_keyed_train_step(setup.graphdef, setup.tx, setup.schedule, grad_accum=grad_accum,
+                                        debug_nan_step=debug_nan_step)
+
+    def step(state, rest, batch, key, rate):
+        learning_rate = rate * setup.schedule(state["step"])
+        state = {**state, "opt_state": optim.with_learning_rate(state["opt_state"], learning_rate)}
+        state, metrics = keyed(state, rest, batch, key)
+        return state, {**metrics, "learning_rate": learning_rate}
+
+    return jax.jit(jax.vmap(step, in_axes=(0, None, 0, 0, 0)), donate_argnums=0)
+
+
 def _stack(trees: list) -> dict:
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
 
@@ -247,12 +284,14 @@ def _unstack(tree, count: int) -> list:
 class _Group:
     """The compiled steps (one program per number of seeds in a segment) and the segment loop."""
 
-    def __init__(self, setup: TrainSetup, model_cfg, rest, tc: TrainConfig, eval_batches: dict):
+    def __init__(self, setup: TrainSetup, model_cfg, rest, tc: TrainConfig, eval_batches: dict, *,
+                 member_rates: bool = False):
         self.setup, self.model_cfg, self.rest, self.tc, self.eval_batches = setup, model_cfg, rest, tc, eval_batches
         # the first call of each compiles it: announced, with its time (progress.announce_compile)
+        self.member_rates = member_rates
+        make_step = functools.partial(_rate_step, setup) if member_rates else setup.jit_seeds_train_step
         self.train_step = progress.announce_compile(
-            setup.jit_seeds_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step),
-            "the seeds' train step")
+            make_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step), "the seeds' train step")
         self.eval_step = progress.announce_compile(setup.jit_seeds_eval_step(), "the seeds' evaluation step")
         # Linear attention forms no probabilities to measure.
         self.stats_step = (setup.jit_seeds_attention_stats_step()
@@ -266,12 +305,14 @@ class _Group:
         for seed in members:
             seed.state = None
         keys = jnp.stack([steps.dropout_base_key(seed.tc.seed, tc.dropout_rng_impl) for seed in members])
+        # Members at rates of their own (_rate_step) take them as a last argument.
+        rates = (jnp.asarray([seed.tc.learning_rate for seed in members], jnp.float32),) if self.member_rates else ()
         pending: list[tuple[int, dict]] = []
         step, preempted, stopped = members[0].step, False, False
         while step < end and not stopped:
             batch = {k: jnp.asarray(np.stack(v)) for k, v in
                      _by_key([next(seed.train_iter) for seed in members]).items()}
-            states, metrics = self.train_step(states, self.rest, batch, keys)
+            states, metrics = self.train_step(states, self.rest, batch, keys, *rates)
             step += 1
             for seed in members:
                 seed.step = step
