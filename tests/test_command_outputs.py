@@ -33,6 +33,13 @@ def test_help_exits_0(args, expected):
         assert text in proc.stdout, text
 
 
+def test_data_prepare_without_its_config_file_is_one_line():
+    proc = run("roformer.data", "prepare", "--config=configs/no_such.py:smoke")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["error: --config=configs/no_such.py:smoke: no such config file "
+                                        "configs/no_such.py"]
+
+
 def test_data_without_a_command_is_a_usage_error():
     proc = run("roformer.data")
     assert proc.returncode == 2 and "python -m roformer.data prepare" in proc.stderr

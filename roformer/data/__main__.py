@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -60,11 +61,13 @@ def main(argv: list[str] | None = None) -> int:
         prepare_argv = [f"{argv[0]} prepare", *argv[2:]]
         cli.resolve_config_arg(prepare_argv)
         config_files.make_importable()
-        if cli.asks_for_help(prepare_argv):   # as the other commands: the flags and config keys, exit 0
-            spec = cli.config_spec(prepare_argv)
-            with cli.user_errors():
+        spec = cli.config_spec(prepare_argv)
+        with cli.user_errors():   # as the other commands: a missing config file is one line
+            if spec is not None and not Path(spec.partition(":")[0]).is_file():
+                raise cli.UsageError(f"--config={spec}: no such config file {spec.partition(':')[0]}")
+            if cli.asks_for_help(prepare_argv):   # the flags and config keys, exit 0
                 print(cli.help_text(__doc__, spec or str(cli.CONFIG_DIR / "base.py"), given=spec is not None))
-            return 0
+                return 0
         app.run(_prepare_main, argv=prepare_argv)
     print(__doc__, file=sys.stderr)
     return 2
