@@ -98,6 +98,7 @@ def test_console_script_takes_configs_path_from_the_package(installed, tmp_path)
     assert help_.returncode == 0, help_.stderr
     assert str(target / "roformer" / "configs" / "tiny.py") in help_.stdout
     assert "model.size = 'mini'" in help_.stdout
+    assert "--workdir: Run directory" in help_.stdout   # the command's own flags, as with python -m
 
     # a name the package does not ship stays a missing file (roformer-data: no jax to import)
     missing = _run([sys.executable, str(target / "bin" / "roformer-data"), "prepare", "--config=configs/no_such.py"],
