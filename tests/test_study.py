@@ -234,9 +234,12 @@ def test_the_device_script_at_smoke_size(tmp_path):
     # What a lent machine sends back: at most 8 files, none in a subfolder.
     assert len(list(out.iterdir())) <= 8 and all(p.is_file() for p in out.iterdir())
     assert (out / "records.tar.gz").stat().st_size > 0
+    # On a fresh machine: the records of the first call put back, nothing trains again.
+    env = {**env, "STUDY_WORKDIR": str(tmp_path / "fresh"), "RESUME_FROM": str(out / "records.tar.gz")}
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count("already trained, skipping") + \
         again.stderr.count("already trained, skipping") == 2
+    assert json.loads((out / "study.json").read_text())["budgets"] == report["budgets"]
 
 
 def test_the_device_script_refuses_an_unknown_variant(tmp_path):

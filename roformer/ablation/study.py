@@ -381,17 +381,17 @@ class SchemeRun:
     def _rows(self, programs, params, rows: dict) -> dict[str, np.ndarray]:
         """Per member and row: loss and correct sums over `rows` (in eval_batch chunks, the last padded)."""
         size, total = int(self.st.eval_batch), len(rows["input_ids"])
-        out = {"loss": [], "correct": []}
+        pending = []   # every chunk dispatched before any is read back: the device never waits on the host
         for lo in range(0, total, size):
             chunk = {k: v[lo:lo + size] for k, v in rows.items()}
             pad = size - len(chunk["input_ids"])
             if pad:
                 chunk = {k: np.concatenate([v, np.repeat(v[-1:], pad, 0) * (0 if k == "masked_weights" else 1)])
                          for k, v in chunk.items()}
-            sums = jax.device_get(programs.evaluate_rows(params, programs.rest, chunk))
-            for k in out:
-                out[k].append(np.asarray(sums[k])[:, :size - pad])
-        return {k: np.concatenate(v, axis=1) for k, v in out.items()}
+            pending.append((programs.evaluate_rows(params, programs.rest, chunk), size - pad))
+        fetched = jax.device_get([sums for sums, _ in pending])
+        return {k: np.concatenate([np.asarray(sums[k])[:, :keep] for sums, (_, keep) in zip(fetched, pending)], axis=1)
+                for k in ("loss", "correct")}
 
     def _evaluate_trunk(self, programs, states, step: int, timing: dict) -> dict:
         t0 = time.perf_counter()
