@@ -240,7 +240,7 @@ def figures(result: dict, workdir: Path) -> None:
         left = [o["tokens"] / 1e6 for o in i["onsets"] if o["left_censored"]]
         if left:
             ax.scatter(left, [0.02] * len(left), marker="<", s=20)
-    ax.set(xlabel="tokens per member (M)", ylabel="fraction of seeds using word order",
+    ax.set(xlabel="tokens per member (M)", ylabel="fraction of seeds using word order", ylim=(-0.02, 1.02),
            title="Kaplan-Meier, 95% band over seeds; < = left-censored")
     ax.legend(fontsize=7)
     fig.savefig(workdir / "study_onset.png", dpi=110, bbox_inches="tight")
