@@ -67,6 +67,10 @@ def get_config(arg=None):
     c.predict_test = False          # write leaderboard TSVs + zip (with the median-seed model)
     c.log_every = 50
     c.progress_bar = True           # a bar per task and seed (on a terminal)
+    # jax's persistent compilation cache: "auto" = ~/.cache/roformer-jax/xla on a GPU/TPU (off
+    # on CPU), "" = off, else a directory. A rerun, another checkpoint or more seeds then
+    # load their programs instead of compiling them.
+    c.compilation_cache_dir = "auto"
     placeholder = ml_collections.config_dict.placeholder  # typed None: CLI-overridable
     c.per_task = ml_collections.ConfigDict({
         t: ml_collections.ConfigDict({k: placeholder(typ) for k, typ in PER_TASK_KEYS.items()})

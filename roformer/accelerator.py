@@ -9,6 +9,8 @@ kernel. `accel=cpu` keeps the defaults.
 """
 from __future__ import annotations
 
+import os
+
 import jax
 
 from roformer.errors import ConfigError
@@ -59,3 +61,19 @@ def startup_line(model_config, *, training: bool = True) -> str:
     """What a run logs first: devices, compute dtype, attention path and why."""
     return (f"device: {device_summary()}; compute {model_config.dtype} (parameters float32); "
             f"attention: {attention_summary(model_config, training=training)}")
+
+
+def enable_compilation_cache(setting: str) -> str | None:
+    """Turn on jax's persistent compilation cache: `setting` a directory, "auto" (a per-user
+    cache directory on GPUs and TPUs, off on CPU) or "" (off). Programs compiled once, by
+    any run of any command, then load in a fraction of their compile time. Returns the
+    directory in use, or None."""
+    if setting == "auto":
+        if jax.default_backend() == "cpu":
+            return None
+        cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        setting = os.path.join(cache_home, "roformer-jax", "xla")
+    if not setting:
+        return None
+    jax.config.update("jax_compilation_cache_dir", setting)
+    return setting

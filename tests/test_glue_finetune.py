@@ -121,3 +121,23 @@ def test_a_failing_task_keeps_the_other_tasks_results(shared_data, vocab, tmp_pa
     assert "glue_results.json" in str(failed.value)
     on_disk = json.loads((tmp_path / "glue" / "glue_results.json").read_text())
     assert set(on_disk["tasks"]) == {"mrpc"} and set(on_disk["failed"]) == {"stsb"}
+
+
+def test_the_rates_taken_at_once_are_the_schedule_of_each_step():
+    protocol = finetune_lib.Protocol.from_config(glue_config.get_config(), "cola")
+    schedule = protocol.schedule(50)
+    at_once = np.asarray(schedule(np.arange(50)))
+    np.testing.assert_allclose(at_once, [float(schedule(step)) for step in range(50)], rtol=1e-6, atol=1e-12)
+    assert at_once[0] == 0 and at_once.max() == pytest.approx(protocol.learning_rate)
+
+
+def test_the_persistent_compilation_cache_is_off_on_cpu_unless_a_directory_is_given(tmp_path, monkeypatch):
+    from roformer.accelerator import enable_compilation_cache
+
+    assert enable_compilation_cache("") is None
+    if jax.default_backend() == "cpu":
+        assert enable_compilation_cache("auto") is None
+    set_to = []
+    monkeypatch.setattr(jax.config, "update", lambda name, value: set_to.append((name, value)))
+    assert enable_compilation_cache(str(tmp_path)) == str(tmp_path)
+    assert set_to == [("jax_compilation_cache_dir", str(tmp_path))]

@@ -252,7 +252,9 @@ def finetune(classifier: Classifier, programs: Programs, features: Features, pro
     """Train from `classifier`; returns (the trained classifier, {"steps", "final_loss",
     "steps_per_sec"}). The losses are read from the device once, after the last step."""
     total_steps = protocol.total_steps(len(features))
-    schedule = protocol.schedule(total_steps)
+    # every step's rate at once, on the host: a rate computed per step by the schedule would
+    # be a device computation whose value the host waits for, a sync every step
+    rates = np.asarray(jax.device_get(protocol.schedule(total_steps)(np.arange(total_steps))), np.float32)
     batches = planned_train_batches(features, protocol.batch_size, protocol.max_seq_len, seed, total_steps)
     programs.prepare([(protocol.batch_size, length) for length, _ in batches], [])
     params = jax.device_put(classifier.params)
@@ -265,7 +267,7 @@ def finetune(classifier: Classifier, programs: Programs, features: Features, pro
         for step, (length, rows) in enumerate(batches):
             batch = _device_batch(features.batch(rows, protocol.batch_size, length, pad_id), TRAIN_INPUTS)
             params, opt_state, loss = programs.train_step(protocol.batch_size, length)(
-                params, opt_state, rest, batch, np.float32(schedule(step)), base_key, np.int32(step))
+                params, opt_state, rest, batch, rates[step], base_key, np.int32(step))
             if (step + 1) % log_every == 0 or step + 1 == total_steps:
                 logged.append((step + 1, loss))
             bar.update(1)
@@ -276,7 +278,7 @@ def finetune(classifier: Classifier, programs: Programs, features: Features, pro
         if not math.isfinite(loss):
             raise FloatingPointError(f"{desc}: loss is {loss} at step {step}")
         if log_fn:
-            log_fn({"step": step, "loss": loss, "learning_rate": float(schedule(step - 1))})
+            log_fn({"step": step, "loss": loss, "learning_rate": float(rates[step - 1])})
     info = {"steps": total_steps, "final_loss": float(losses[-1]) if len(losses) else float("nan"),
             "steps_per_sec": round(total_steps / max(seconds, 1e-9), 2)}
     return dataclasses.replace(classifier, params=params), info

@@ -18,7 +18,7 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
-from roformer.accelerator import startup_line
+from roformer.accelerator import enable_compilation_cache, startup_line
 from roformer.data.tokenizer import load_tokenizer
 from roformer.errors import ConfigError, UserError
 from roformer.files import write_json_atomic, write_text_atomic, writing
@@ -300,6 +300,9 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     model_config = resolve_model_config(config.model, init, tokenizer.vocab_size)
     check_attention_impl(model_config)   # the checkpoint's attention_impl may not suit this device
     log.info("%s", startup_line(model_config))
+    cache = enable_compilation_cache(config.get("compilation_cache_dir", ""))
+    if cache:
+        log.info("compiled programs are cached in %s", cache)
     init_state = (None if init.encoder_params is None
                   else encoder_state(model_config, init.encoder_params))
 
