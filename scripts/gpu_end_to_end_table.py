@@ -1,0 +1,75 @@
+"""The table of scripts/gpu_end_to_end.sh from the files its stages left in OUTDIR:
+python scripts/gpu_end_to_end_table.py OUTDIR (markdown on stdout). A stage whose file is
+missing shows as not run."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+GLUE_STEPS_TARGET = 100       # optimizer steps/s at base, batch 32, length 128, bf16
+COMPILE_SHARE_TARGET = 0.15   # of a task's wall time
+
+
+def load(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def main(out: Path) -> str:
+    lines = ["| stage | exit | seconds |", "|---|---|---|"]
+    stages = out / "stages.tsv"
+    for row in (stages.read_text().splitlines() if stages.is_file() else []):
+        lines.append("| " + " | ".join(row.split("\t")) + " |")
+    lines.append("")
+
+    summary = load(out / "pretrain_summary.json")
+    if summary:
+        mfu = summary.get("mfu")
+        lines.append(f"**Pretraining**: {summary.get('tokens_per_sec', 0):,.0f} tokens/s, "
+                     f"MFU {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}, "
+                     f"final loss {summary.get('final_loss', summary.get('loss', 'n/a'))}, "
+                     f"{summary.get('wall_time_s', 'n/a')} s wall")
+    else:
+        lines.append("**Pretraining**: not run or did not finish")
+    lines.append("")
+
+    glue = load(out / "glue_results.json")
+    if glue:
+        lines += ["| task | steps | steps/s | compile s | wall s | compile share | dev metrics |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, task in glue["tasks"].items():
+            seed = task["seeds"]["0"]
+            share = task["compile_seconds"] / max(task["wall_seconds"], 1e-9)
+            metrics = ", ".join(f"{split} {m} {100 * v:.1f}" for split, ms in task["median"].items()
+                                for m, v in ms.items())
+            lines.append(f"| {name} | {seed['steps']} | {seed['train_steps_per_sec']:.1f} | "
+                         f"{task['compile_seconds']:.1f} | {task['wall_seconds']:.1f} | {100 * share:.0f}% | {metrics} |")
+        for name, why in glue.get("failed", {}).items():
+            lines.append(f"| {name} | failed: {why} | | | | | |")
+        lines.append(f"\nTargets: >= {GLUE_STEPS_TARGET} steps/s in steady state; compile <= "
+                     f"{100 * COMPILE_SHARE_TARGET:.0f}% of a task's wall time.")
+    else:
+        lines.append("**GLUE**: not run or no task finished")
+    lines.append("")
+
+    parity = load(out / "parity.json")
+    lines.append(f"**HF export parity**: {parity}" if parity else "**HF export parity**: not run")
+    lines.append("")
+
+    peers = load(out / "hf.json")
+    if peers:
+        lines += ["| impl | ms/step | tokens/s | ours_x (median, min, max) | MFU vs bf16 matmul |", "|---|---|---|---|---|"]
+        for row in peers["rows"]:
+            ratio = (f"{row['ours_x']:.2f} ({row['ours_x_min']:.2f}, {row['ours_x_max']:.2f})"
+                     if "ours_x" in row else "")
+            mfu = f"{100 * row['mfu']:.1f}%" if "mfu" in row else ""
+            lines.append(f"| {row['impl']} | {row['ms_step']:.1f} | {row['tokens_s']:,.0f} | {ratio} | {mfu} |")
+        for note in peers.get("notes", []):
+            lines.append(f"\nnote: {note}")
+    else:
+        lines.append("**Peers (bench hf)**: not run")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(main(Path(sys.argv[1])), end="")

@@ -1,0 +1,36 @@
+"""The one-command GPU script of the end-to-end check: it parses, refuses an unknown stage or
+missing data before running anything, and its table reads what the stages leave (here a GLUE
+results file written by run_glue's format and the other stages' files, made up)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_end_to_end.sh"
+
+
+def test_the_script_parses_and_refuses_a_bad_stage_or_missing_data_before_running(tmp_path):
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    bad = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], env={"STEPS": "pretrain glu", "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "unknown stage 'glu'" in bad.stderr
+    missing = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT,
+                             env={"DATA": str(tmp_path / "nowhere"), "PATH": "/usr/bin:/bin"})
+    assert missing.returncode == 2 and "missing" in missing.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_table_reads_every_stage_file_and_says_what_did_not_run(tmp_path):
+    (tmp_path / "stages.tsv").write_text("pretrain\t0\t101\nglue\t0\t236\npeers\t124\t200\n")
+    (tmp_path / "pretrain_summary.json").write_text(json.dumps(
+        {"tokens_per_sec": 545828.6, "mfu": 0.3246, "final_loss": 6.69, "wall_time_s": 52.5}))
+    task = {"seeds": {"0": {"steps": 804, "train_steps_per_sec": 72.4}}, "compile_seconds": 39.7,
+            "wall_seconds": 55.5, "median": {"validation": {"matthews_corr": 0.12}}}
+    (tmp_path / "glue_results.json").write_text(json.dumps({"tasks": {"cola": task}, "failed": {"sst2": "OOM"}}))
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_end_to_end_table.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "| peers | 124 | 200 |" in out and "545,829 tokens/s" in out and "MFU 32.5%" in out
+    assert "| cola | 804 | 72.4 | 39.7 | 55.5 | 72% | validation matthews_corr 12.0 |" in out
+    assert "| sst2 | failed: OOM" in out
+    assert "**HF export parity**: not run" in out and "**Peers (bench hf)**: not run" in out
