@@ -17,8 +17,9 @@
 #                       the sets that took under 0.99x the reference's step together
 #   ab_levers.json      the speed levers' A/B (bench levers, about 5 min): at base/512/64 the step
 #                       without them (baseline), all together, each alone and all at batch 128, then
-#                       baseline and all at base/128/256 and small/512/64, in alternating rounds in
-#                       one process (bf16, cuDNN attention); ab_flags<N>.json: baseline and all at
+#                       the ones that paid alone together (adopted) against the baseline, then
+#                       baseline and adopted at base/128/256 and small/512/64, in alternating rounds
+#                       in one process (bf16, cuDNN attention); ab_flags<N>.json: baseline and all at
 #                       base/512/64 under each XLA flag set of AB_FLAG_SETS (';'-separated, default
 #                       one: cuBLASLt epilogues), a process each (about 1 min each);
 #                       ab.json: all their rows in one table, printed, with x_baseline, each row's
@@ -114,7 +115,7 @@ ab() {   # the levers' A/B, then under each XLA flag set, then one table of them
     index=$((index + 1))
     # shellcheck disable=SC2086
     XLA_FLAGS="${XLA_FLAGS:-} $set" bench "ab_flags$index" 62 levers --shapes "${AB_FLAG_SHAPE:-base/512/64}" \
-      --variants baseline all --budget-s 50 --rounds 3 --iters 5 ${AB_ARGS:-}
+      --variants baseline all --other-variants baseline --budget-s 50 --rounds 3 --iters 5 ${AB_ARGS:-}
   done
   "$py" - "$out" "$index" <<'PY'
 import json, sys
@@ -129,11 +130,14 @@ for path in [out / "ab_levers.json", *(out / f"ab_flags{i}.json" for i in range(
     result = json.loads(path.read_text())
     rows += [{"run": path.stem, **row} for row in result["rows"]]
     notes += [f"{path.stem}: {note}" for note in result.get("notes", [])]
-baseline = {(r["size"], r["seq"]): r for r in rows if r["run"] == "ab_levers" and r["variant"] == "baseline"}
+baseline = {}
+for row in rows:   # the first baseline row of each shape: the levers' stage
+    if row["run"] == "ab_levers" and row["variant"] == "baseline":
+        baseline.setdefault((row["size"], row["seq"]), row)
 for row in rows:
     base = baseline.get((row["size"], row["seq"]))
     row["x_baseline"] = row["tokens_s"] / base["tokens_s"] if base else None
-columns = ["run", "size", "seq", "batch", "variant", "xla_flags", "ms_step", "tokens_s", "mfu", "x_tokens",
+columns = ["run", "stage", "size", "seq", "batch", "variant", "xla_flags", "ms_step", "tokens_s", "mfu", "x_tokens",
            "x_tokens_min", "x_tokens_max", "x_baseline", "loss_step1", "dloss_step1", "program"]
 write_json(out / "ab.json", {"rows": rows, "columns": columns, "notes": notes})
 print(format_table(rows, columns))

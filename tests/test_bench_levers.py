@@ -5,13 +5,18 @@ from roformer.bench import levers
 from roformer.bench.__main__ import main
 
 
-def test_levers_time_each_variant_against_the_baseline_with_its_own_program(tmp_path, capsys):
+def test_levers_time_each_variant_against_the_baseline_with_its_own_program(tmp_path, capsys, monkeypatch):
+    # Whichever lever won on this CPU, `adopted` is fused_qkv alone here: then built and timed.
+    monkeypatch.setattr(levers, "adopted_variant", lambda rows, threshold: (levers.VARIANTS["fused_qkv"], ["x"]))
     out = tmp_path / "levers.json"
     assert main(["levers", "--shapes", "tiny/16/2", "--variants", "all_batch_x2",
                  "--rounds", "1", "--iters", "1", "--vocab-size", "128", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    rows = {row["variant"]: row for row in result["rows"]}
-    assert list(rows) == ["baseline", "all_batch_x2"]   # the baseline is always measured
+    stages = [(row["stage"], row["variant"]) for row in result["rows"]]
+    assert stages == [("levers", "baseline"), ("levers", "all_batch_x2"), ("adopted", "baseline"),
+                      ("adopted", "adopted")]   # the baseline is always measured
+    assert result["rows"][3]["forms"] == ["fused_qkv"]
+    rows = {row["variant"]: row for row in result["rows"][:2]}
     assert rows["baseline"]["x_tokens"] == 1 and rows["baseline"]["dloss_step1"] == 0
     assert rows["all_batch_x2"]["batch"] == 4 and rows["all_batch_x2"]["dropout_rng"] == "rbg"
     assert rows["all_batch_x2"]["forms"] == list(levers.ALL_FORMS)
@@ -38,3 +43,15 @@ def test_program_digest_reads_the_instructions_not_where_they_were_traced_from()
 
     assert levers.program_digest(program("add", 3)) == levers.program_digest(program("add", 7))
     assert levers.program_digest(program("add", 3)) != levers.program_digest(program("multiply", 3))
+
+
+def test_adopted_are_the_levers_that_paid_in_every_round_together():
+    def row(variant, median, low):
+        return {"variant": variant, "x_tokens": median, "x_tokens_min": low}
+
+    rows = [row("baseline", 1, 1), row("all", 1.2, 1.1), row("fused_qkv", 1.02, 1.01),
+            row("rbg_dropout", 1.03, 1.001), row("rope_half_pairs", 1.02, 0.99), row("bf16_mlm_logits", 1.001, 1.0005)]
+    variant, paid = levers.adopted_variant(rows, 1.005)
+    assert paid == ["fused_qkv", "rbg_dropout"]
+    assert variant == levers.Variant(forms=("fused_qkv",), dropout_rng_impl="rbg")
+    assert levers.adopted_variant(rows[:2], 1.005) == (None, [])

@@ -17,6 +17,11 @@ variants under the same load:
   rbg_dropout       dropout keys of jax's rbg implementation (XLA's RngBitGenerator)
   all_batch_x2      `all` at twice the shape's batch
 
+Then the levers that paid alone at the first shape (median `x_tokens` at least
+`--adopt-above`, every round above 1) are built together as `adopted` and timed against the
+baseline once more (rows of stage `adopted`), and the other shapes time the baseline and
+`adopted` (`--other-variants`): the MFU before and after at each shape, in one process.
+
 `x_tokens` is a variant's tokens/s over the baseline's (median of the per-round ratios, with
 their min and max): above 1 is faster. `loss_step1` is the first step's loss from the same
 initial parameters and batch: forms that leave the arithmetic alone match the baseline's to
@@ -68,7 +73,9 @@ VARIANTS = {
     "all_batch_x2": Variant(forms=ALL_FORMS, dropout_rng_impl="rbg", batch_factor=2),
 }
 BASELINE = "baseline"
-TABLE_COLUMNS = ("size", "seq", "batch", "variant", "xla_flags", "ms_step", "tokens_s", "mfu", "x_tokens",
+ADOPTED = "adopted"   # the levers that paid alone at the first shape, together (adopted_variant)
+LEVERS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "bias_grad_in_gemm", "rbg_dropout")
+TABLE_COLUMNS = ("stage", "size", "seq", "batch", "variant", "xla_flags", "ms_step", "tokens_s", "mfu", "x_tokens",
                  "x_tokens_min", "x_tokens_max", "loss_step1", "dloss_step1", "program")
 
 
@@ -77,8 +84,14 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="size/seq_len/batch, measured in this order")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
                         help="variants of the first shape (baseline is always measured)")
-    parser.add_argument("--other-variants", nargs="+", default=["baseline", "all"], choices=list(VARIANTS),
-                        help="variants of the other shapes")
+    parser.add_argument("--other-variants", nargs="+", default=[BASELINE, ADOPTED],
+                        choices=[*VARIANTS, ADOPTED],
+                        help="variants of the other shapes; `adopted` is the levers that paid alone at the "
+                             "first shape, together (timed there too, against the baseline, after the "
+                             "levers), left out when none did")
+    parser.add_argument("--adopt-above", type=float, default=1.005,
+                        help="a lever is adopted when its median x_tokens is at least this and every "
+                             "round's is above 1")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     parser.add_argument("--attention-impl", default=None, choices=["auto", "xla", "cudnn"],
                         help="default: cudnn on a GPU, auto elsewhere")
@@ -130,51 +143,72 @@ class Budget:
         self.longest = max(self.longest, seconds)
 
 
-def bench_shape(shape: str, names: list[str], args: argparse.Namespace, budget: Budget,
-                notes: list[str]) -> list[dict]:
-    size, seq_len, batch = parse_shape(shape)
-    names = [n for n in VARIANTS if n == BASELINE or n in names]
-    built, losses = {}, {}
-    for name in names:
-        if not budget.allows_build():
-            notes.append(f"{shape} {name}: not built, past the {args.budget_s:g} s budget")
-            continue
+class Group:
+    """One shape's workloads, built one by one under the budget, then timed together."""
+
+    def __init__(self, shape: str, args: argparse.Namespace, budget: Budget, notes: list[str]):
+        self.shape, self.args, self.budget, self.notes = shape, args, budget, notes
+        self.size, self.seq_len, self.batch = parse_shape(shape)
+        self.built, self.variants, self.losses = {}, {}, {}
+
+    def build(self, name: str, variant: Variant) -> bool:
+        if not self.budget.allows_build():
+            self.notes.append(f"{self.shape} {name}: not built, past the {self.args.budget_s:g} s budget")
+            return False
         started = time.perf_counter()
         try:
-            built[name], losses[name] = build(size, seq_len, batch, VARIANTS[name], args)
+            self.built[name], self.losses[name] = build(self.size, self.seq_len, self.batch, variant, self.args)
         except Exception as error:   # noqa: BLE001 (one variant's failure must not end the run)
-            notes.append(f"{shape} {name}: failed ({failure(error)})")
+            self.notes.append(f"{self.shape} {name}: failed ({failure(error)})")
             gc.collect()
-            if name == BASELINE:
-                return []
-            continue
-        budget.built(time.perf_counter() - started)
-        print(f"levers {shape} {name}: built in {time.perf_counter() - started:.0f} s, "
-              f"first loss {losses[name]:.6f}", file=sys.stderr, flush=True)
-    if BASELINE not in built:
-        return []
-    times, measured_peaks = time_with_matmul({name: w.step for name, w in built.items()}, dtype=args.dtype,
-                                             peak_size=args.peak_size or default_peak_size(),
-                                             rounds=args.rounds, iters=args.iters)
-    table_peak = vendor_peak(args.dtype)
-    base = built[BASELINE]
-    base_rates = [base.tokens_per_step / s for s in times[BASELINE]]
-    rows = []
-    for name, workload in built.items():
-        seconds = times[name]
-        peaks = [table_peak] * len(seconds) if table_peak else measured_peaks
-        stats = ratio_stats([workload.tokens_per_step / s for s in seconds], base_rates)
-        rows.append({"size": size, "seq": seq_len, "batch": workload.batch_size, "variant": name,
-                     "forms": list(VARIANTS[name].forms), "dropout_rng": VARIANTS[name].dropout_rng_impl,
-                     "xla_flags": os.environ.get("XLA_FLAGS", "").strip(),
-                     **step_figures(workload, seconds, peaks, measured_peaks),
-                     "x_tokens": stats["median"], "x_tokens_min": stats["min"], "x_tokens_max": stats["max"],
-                     "loss_step1": losses[name], "dloss_step1": losses[name] - losses[BASELINE],
-                     "program": program_digest(workload),
-                     "ms_step_rounds": [s * 1e3 for s in seconds]})
-    del built, base
-    gc.collect()
-    return rows
+            return False
+        self.variants[name] = variant
+        self.budget.built(time.perf_counter() - started)
+        print(f"levers {self.shape} {name}: built in {time.perf_counter() - started:.0f} s, "
+              f"first loss {self.losses[name]:.6f}", file=sys.stderr, flush=True)
+        return True
+
+    def drop(self, keep: set[str]) -> None:
+        for name in set(self.built) - keep:
+            del self.built[name]
+        gc.collect()
+
+    def time(self, stage: str) -> list[dict]:
+        """Every built variant against the baseline in alternating rounds: one row each."""
+        args, built = self.args, self.built
+        times, measured_peaks = time_with_matmul({name: w.step for name, w in built.items()}, dtype=args.dtype,
+                                                 peak_size=args.peak_size or default_peak_size(),
+                                                 rounds=args.rounds, iters=args.iters)
+        table_peak = vendor_peak(args.dtype)
+        base = built[BASELINE]
+        base_rates = [base.tokens_per_step / s for s in times[BASELINE]]
+        rows = []
+        for name, workload in built.items():
+            seconds, variant = times[name], self.variants[name]
+            peaks = [table_peak] * len(seconds) if table_peak else measured_peaks
+            stats = ratio_stats([workload.tokens_per_step / s for s in seconds], base_rates)
+            rows.append({"stage": stage, "size": self.size, "seq": self.seq_len, "batch": workload.batch_size,
+                         "variant": name, "forms": list(variant.forms), "dropout_rng": variant.dropout_rng_impl,
+                         "xla_flags": os.environ.get("XLA_FLAGS", "").strip(),
+                         **step_figures(workload, seconds, peaks, measured_peaks),
+                         "x_tokens": stats["median"], "x_tokens_min": stats["min"], "x_tokens_max": stats["max"],
+                         "loss_step1": self.losses[name], "dloss_step1": self.losses[name] - self.losses[BASELINE],
+                         "program": program_digest(workload),
+                         "ms_step_rounds": [s * 1e3 for s in seconds]})
+        return rows
+
+
+def adopted_variant(rows: list[dict], threshold: float) -> tuple[Variant | None, list[str]]:
+    """The levers that paid alone, together: those whose tokens/s over the baseline's was at
+    least `threshold` at the median and above 1 in every round. Returns (the variant, or None
+    when none paid; their names)."""
+    by_name = {row["variant"]: row for row in rows}
+    paid = [name for name in LEVERS if name in by_name
+            and by_name[name]["x_tokens"] >= threshold and by_name[name]["x_tokens_min"] > 1.0]
+    if not paid:
+        return None, []
+    forms = tuple(form for form in ALL_FORMS if any(form in VARIANTS[name].forms for name in paid))
+    return Variant(forms=forms, dropout_rng_impl="rbg" if "rbg_dropout" in paid else "threefry2x32"), paid
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -192,11 +226,36 @@ def run(args: argparse.Namespace) -> dict:
         return {"rows": rows, "notes": list(notes), "wall_s": round(time.perf_counter() - budget.start, 1),
                 "partial": partial, **fixed}
 
-    for index, shape in enumerate(args.shapes):
-        rows += bench_shape(shape, args.variants if index == 0 else args.other_variants, args, budget, notes)
+    def done(shape: str) -> None:
         print(f"levers {shape}: done {time.perf_counter() - budget.start:.0f} s after the start",
               file=sys.stderr, flush=True)
         if args.json is not None:
             write_json(args.json, {"benchmark": "levers", **result(partial=True)})
+
+    adopted = None
+    for index, shape in enumerate(args.shapes):
+        group = Group(shape, args, budget, notes)
+        if index == 0:
+            wanted = {name: VARIANTS[name] for name in VARIANTS if name == BASELINE or name in args.variants}
+        else:
+            wanted = {name: VARIANTS[name] if name != ADOPTED else adopted
+                      for name in args.other_variants if name != ADOPTED or adopted is not None}
+            wanted = {BASELINE: VARIANTS[BASELINE], **wanted}
+        for name, variant in wanted.items():
+            if not group.build(name, variant) and name == BASELINE:
+                break
+        if BASELINE in group.built:
+            rows += group.time("levers")
+        if index == 0 and ADOPTED in args.other_variants:
+            adopted, paid = adopted_variant(rows, args.adopt_above)
+            same = [name for name, variant in group.variants.items() if variant == adopted]
+            notes.append(f"adopted (the levers that paid alone at {shape}, together): "
+                         + (", ".join(paid) if paid else "none") + (f", the same as {same[0]}" if same else ""))
+            if adopted is not None and not same and BASELINE in group.built:
+                group.drop(keep={BASELINE})
+                if group.build(ADOPTED, adopted):
+                    rows += group.time("adopted")
+        group.drop(keep=set())
+        done(shape)
     return result(partial=False)
 
