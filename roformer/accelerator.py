@@ -14,6 +14,7 @@ import os
 import jax
 
 from roformer.errors import ConfigError
+from roformer.model import backend
 from roformer.model.attention import attention_summary
 
 ACCELERATOR_SETTINGS = {
@@ -58,9 +59,12 @@ def device_summary() -> str:
 
 
 def startup_line(model_config, *, training: bool = True) -> str:
-    """What a run logs first: devices, compute dtype, attention path and why."""
+    """What a run logs first: devices, compute dtype, attention path and why, and the backend
+    forms on (roformer.model.backend; named only when there are any)."""
+    forms = backend.active_forms()
     return (f"device: {device_summary()}; compute {model_config.dtype} (parameters float32); "
-            f"attention: {attention_summary(model_config, training=training)}")
+            f"attention: {attention_summary(model_config, training=training)}"
+            + (f"; backend forms: {', '.join(sorted(forms))}" if forms else ""))
 
 
 def enable_compilation_cache(setting: str) -> str | None:

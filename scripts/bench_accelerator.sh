@@ -28,7 +28,7 @@
 #   log.txt             everything the commands printed, with each compilation's time
 # Each step has its own time limit and its own file, so a slow one costs only itself.
 # STEPS picks and orders them (default: all, in the order above). Their limits add up to
-# 1,949 s, so on a machine lent for ten minutes a call, split them, e.g.
+# 1,942 s, so on a machine lent for ten minutes a call, split them, e.g.
 #   STEPS="profile gpu runs_mini" then STEPS="runs_tiny runs64_tiny runs64_mini ablation_vmap", STEPS=flags, STEPS=ab
 # Usage: scripts/bench_accelerator.sh OUTDIR   (PYTHON=... to choose the interpreter)
 set -u
@@ -108,7 +108,7 @@ ab() {   # the levers' A/B, then under each XLA flag set, then one table of them
   # AB_SHAPES, AB_FLAG_SHAPE and AB_ARGS (more levers options, e.g. a CPU smoke test's
   # "--rounds 1 --iters 1 --vocab-size 512") change what is timed, not the limits.
   # shellcheck disable=SC2086
-  bench ab_levers 292 levers --shapes ${AB_SHAPES:-base/512/64 base/128/256 small/512/64} --budget-s 255 \
+  bench ab_levers 285 levers --shapes ${AB_SHAPES:-base/512/64 base/128/256 small/512/64} --budget-s 250 \
     --rounds 3 --iters 5 ${AB_ARGS:-}
   IFS=';' read -ra sets <<<"${AB_FLAG_SETS:---xla_gpu_enable_cublaslt=true}"
   for set in "${sets[@]}"; do

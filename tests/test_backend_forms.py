@@ -138,3 +138,13 @@ def test_bias_gradient_in_the_weight_gradient_product_is_autodiffs(dtype, tolera
         np.testing.assert_allclose(g, w, rtol=tolerance, atol=tolerance * float(jnp.max(jnp.abs(w))))
     with backend.using_forms(["bias_grad_in_gemm"]):   # a layer wider in than out keeps the sum
         assert not backend.bias_grad_in_gemm(24, 16) and backend.bias_grad_in_gemm(16, 24)
+
+
+def test_a_run_names_the_forms_it_runs_in_its_start_up_line(monkeypatch):
+    from roformer.accelerator import startup_line
+
+    config = ModelConfig(**TINY)
+    monkeypatch.setenv(backend.FORMS_ENV, "")
+    assert "backend forms" not in startup_line(config)
+    monkeypatch.setenv(backend.FORMS_ENV, "fused_qkv,rope_half_pairs")
+    assert startup_line(config).endswith("; backend forms: fused_qkv, rope_half_pairs")
