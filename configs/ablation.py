@@ -248,7 +248,7 @@ def _study(c, arg):
     st.test_mask_draws = 2                  # each test row masked twice: >= 200k predictions
     st.min_test_predictions = 200_000
     st.max_test_rows = 0                    # 0: every test row
-    st.eval_batch = 256
+    st.eval_batch = 64                      # rows per evaluation call, per member (their logits: vocab x 20 each)
     st.margin = 0.02                        # nats: |difference| below this is "equivalent" (TOST)
     st.order_threshold = 0.1
     st.bootstrap = 2000

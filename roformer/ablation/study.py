@@ -52,6 +52,7 @@ CONFIG_RECORD = "study_config.json"
 # ALiBi's slopes for n heads are 2^(-8/n), 2^(-16/n), ...: below 4 heads no head has a slope
 # of 1/4 or more, and none can prefer an adjacent token (docs/model.md).
 ALIBI_MIN_HEADS = 4
+EVAL_IN_FLIGHT = 4   # evaluation chunks dispatched before the first is read back
 
 
 # --------------------------------------------------------------------------- the config
@@ -157,18 +158,20 @@ def parameter_count(model_cfg: ModelConfig) -> int:
 
 
 def memory_estimate(model_cfg: ModelConfig, *, members_: int, batch_size: int, seq_len: int,
-                    max_predictions: int, data_bytes: int) -> int:
+                    max_predictions: int, data_bytes: int, eval_batch: int = 0) -> int:
     """Bytes a group needs on the device, estimated before compiling: per member the float32
     parameters, Adam's two moments, the gradients and the branch's copy of all three (8 x
-    parameters), and the activations kept for the backward pass (Korthikanti et al. 2022's
-    per-layer sbh(34 + 5as/h), doubled for float32, plus the MLM head's logits and their
-    gradient); and the data held on the device."""
+    parameters), the activations kept for the backward pass (Korthikanti et al. 2022's
+    per-layer sbh(34 + 5as/h), doubled for float32) and the MLM head's logits with their
+    softmax and gradient; the evaluation's logits and softmax for `eval_batch` rows of every
+    member, `EVAL_IN_FLIGHT` chunks at once; and the data held on the device."""
     params = parameter_count(model_cfg)
     s, b, h, a = seq_len, batch_size, model_cfg.hidden_size, model_cfg.num_heads
     per_layer = s * b * h * (34 + 5 * a * s / h) * 2
-    head = 2 * b * max_predictions * model_cfg.vocab_size * 4
-    per_member = 8 * params * 4 + model_cfg.num_layers * per_layer + head
-    return int(members_ * per_member + data_bytes)
+    logits = max_predictions * model_cfg.vocab_size * 4
+    per_member = 8 * params * 4 + model_cfg.num_layers * per_layer + 3 * b * logits
+    evaluation = EVAL_IN_FLIGHT * 2 * eval_batch * logits
+    return int(members_ * (per_member + evaluation) + data_bytes)
 
 
 def device_memory_bytes(limit_gib: float = 0.0) -> int:
@@ -194,7 +197,7 @@ def check_memory(config, data: study_data.StudyData) -> dict[str, int]:
         model_cfg = scheme_model_config(config, scheme, data.vocab_size, data.pad_id)
         estimates[scheme] = memory_estimate(model_cfg, members_=len(members(config)), batch_size=train.batch_size,
                                             seq_len=train.seq_len, max_predictions=data.max_predictions,
-                                            data_bytes=data_bytes)
+                                            data_bytes=data_bytes, eval_batch=int(config.study.eval_batch))
     worst = max(estimates, key=estimates.get)
     if estimates[worst] > 0.9 * available:
         raise ConfigError(f"the {len(members(config))}-member group of {worst!r} needs about "
@@ -381,7 +384,9 @@ class SchemeRun:
     def _rows(self, programs, params, rows: dict) -> dict[str, np.ndarray]:
         """Per member and row: loss and correct sums over `rows` (in eval_batch chunks, the last padded)."""
         size, total = int(self.st.eval_batch), len(rows["input_ids"])
-        pending = []   # every chunk dispatched before any is read back: the device never waits on the host
+        # A few chunks in flight before any is read back: the device does not wait on the host, and
+        # no more than that many chunks' logits are held at once.
+        pending, fetched = [], []
         for lo in range(0, total, size):
             chunk = {k: v[lo:lo + size] for k, v in rows.items()}
             pad = size - len(chunk["input_ids"])
@@ -389,8 +394,10 @@ class SchemeRun:
                 chunk = {k: np.concatenate([v, np.repeat(v[-1:], pad, 0) * (0 if k == "masked_weights" else 1)])
                          for k, v in chunk.items()}
             pending.append((programs.evaluate_rows(params, programs.rest, chunk), size - pad))
-        fetched = jax.device_get([sums for sums, _ in pending])
-        return {k: np.concatenate([np.asarray(sums[k])[:, :keep] for sums, (_, keep) in zip(fetched, pending)], axis=1)
+            if len(pending) == EVAL_IN_FLIGHT or lo + size >= total:
+                fetched += [(jax.device_get(sums), keep) for sums, keep in pending]
+                pending = []
+        return {k: np.concatenate([np.asarray(sums[k])[:, :keep] for sums, keep in fetched], axis=1)
                 for k in ("loss", "correct")}
 
     def _evaluate_trunk(self, programs, states, step: int, timing: dict) -> dict:
