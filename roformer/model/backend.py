@@ -46,7 +46,8 @@ docs/results/, which also say how they were measured):
                       (2026-11-25-train-step-profile-cpu.md)
 
 Forms for accelerators, each on only where a backend's default set (`DEFAULT_FORMS`)
-names it: none yet, as no GPU measurement has shown one pays. Each is switched per process
+names it: none yet, as no GPU measurement has shown one pays (the CPU checks:
+2026-11-27-levers-cpu.md). Each is switched per process
 by ROFORMER_BACKEND_FORMS (the names, comma-separated, replacing the default set) or, while a
 step is traced, by `using_forms` (what `python -m roformer.bench levers` does to time them
 side by side in one process):
