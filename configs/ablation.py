@@ -210,17 +210,12 @@ def get_config(arg=None):
     return c
 
 
-# The accelerator comparison's sizes (roformer.ablation.study). How they were sized: the one
-# throughput measured (an H200, 2026-11-26, docs/results/2026-11-26-accelerator-h200-train-step.md:
-# 64 vmapped tiny seeds 11.7M tokens/s in all, mini 3.8M) taken down to about half for an
-# H100, for 24 members instead of 64 and for the schemes whose bias or relative keys take
-# the explicit attention path: tiny ~4M tokens/s, mini ~2M, small ~0.7M in all. Of the 8
-# minutes the study allows itself (time_limit_s), about 25-35 s per scheme go to compiling,
-# and evaluation (every trunk evaluation and three test passes of every member) adds about
-# 40% to training, which leaves ~3.5 minutes of training for 7 schemes: the steps below
-# (trunk + cooldown branches: 1.15x the last budget) x 24 members x 2,048 tokens fit that at
-# those rates. The splits come from a pack (study.data_pack), so the device does no text work. `time_limit_s` stops before a scheme that would not
-# finish in time (the command resumes there); the report's time table gives the real figures.
+# The accelerator comparison's sizes (roformer.ablation.study): each variant's budgets are what
+# fits one device call with every scheme's compilation and evaluations, by the one accelerator
+# throughput measured so far, scaled for an H100 and 24 members (how: docs/ablation.md, the
+# accelerator comparison). `time_limit_s` stops before a scheme that would not finish in time
+# (the command resumes there); the report's time table gives what the device did. The splits
+# come from a pack (study.data_pack), so the device does no text work.
 GPU_VARIANTS = ("gpu_tiny", "gpu_mini", "gpu_small", "gpu_smoke")
 
 
