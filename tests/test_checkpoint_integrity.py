@@ -1,7 +1,78 @@
 """Nothing restored silently wrong: a checkpoint whose arrays or metadata changed on disk is
 moved aside like an unreadable one and the run falls back to the previous one; a divergence
 right after a resume names a checkpoint before the one resumed from."""
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from configs import tiny
 from roformer.train.guard import DivergenceGuard
+
+OVERRIDES = {
+    "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_heads": 2, "data.vocab_size": 500,
+    "train.steps": 8, "train.batch_size": 8, "train.seq_len": 32, "train.warmup_steps": 1,
+    "train.log_every": 2, "train.eval_every": 4, "train.eval_batches": 1, "train.eval_attention_stats": False,
+    "train.checkpoint_every": 4, "train.keep_checkpoints": 3, "train.progress_bar": False,
+    "mesh.num_devices": 1,
+}
+
+
+def make_config(cache: Path, **extra):
+    config = tiny.get_config()
+    config.data.cache_dir = str(cache)
+    for key, value in {**OVERRIDES, **extra}.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    return config
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run checkpointed at steps 4 and 8, and its data cache."""
+    from roformer.train import train_and_evaluate
+
+    cache = tmp_path_factory.mktemp("cache")
+    workdir = tmp_path_factory.mktemp("trained") / "run"
+    train_and_evaluate(make_config(cache), workdir)
+    return workdir, cache
+
+
+def flip_bit(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x04
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["array", "iterator_state"])
+def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_previous_one_resumed(trained, tmp_path, caplog, damage):
+    """A flipped bit in an array file still decodes (orbax restores it silently, a changed
+    value), and an edited data-iterator state is still valid JSON: the checksums saved with the
+    step find both, and the run resumes from step 4."""
+    from roformer.train import train_and_evaluate
+
+    finished, cache = trained
+    workdir = tmp_path / "run"
+    shutil.copytree(finished, workdir)
+    step8 = workdir / "checkpoints" / "8"
+    assert (step8 / "checksums.json").is_file() and (workdir / "checkpoints" / "4" / "checksums.json").is_file()
+    if damage == "array":
+        target = max((p for p in (step8 / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+        flip_bit(target, target.stat().st_size // 2)
+    else:
+        target = step8 / "data" / "metadata"
+        text = target.read_text()
+        assert '"step": 8' in text
+        target.write_text(text.replace('"step": 8', '"step": 9'))   # valid, and wrong
+    with caplog.at_level(logging.WARNING, logger="roformer.train"):
+        summary = train_and_evaluate(make_config(cache, **{"train.steps": 10}), workdir)
+    assert summary["start_step"] == 4 and summary["final_step"] == 10
+    assert (workdir / "corrupt_checkpoints" / "8").is_dir()
+    name = target.relative_to(step8).as_posix()
+    said = [r.getMessage() for r in caplog.records if "checksums saved with it" in r.getMessage()]
+    assert said and said[0].startswith(f"checkpoint at step 8 in {workdir / 'checkpoints'} is unreadable: it does "
+                                       f"not match the checksums saved with it ({name} ") and "trying step 4" in said[0]
 
 
 def test_a_divergence_before_any_good_row_since_the_resume_distrusts_the_resumed_checkpoint():

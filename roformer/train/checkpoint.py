@@ -5,8 +5,10 @@ roformer.workdir). Saves are async and keep the last K, plus the one with the lo
 held-out loss (`metrics`, saved with a checkpoint taken right after an evaluation), so a
 run that diverged cannot rotate its best checkpoint away. A save that fails (a full disk) stops the run at that save, or
 at the first log row after it, with one line; its partial step directory is removed.
-Restore walks back from the newest step, so a corrupt or partial newest checkpoint is
-moved aside with a warning and the previous one is used; when none is readable,
+Once a save is complete its files' checksums are recorded beside them (roformer.checksums)
+and checked before any restore, so damage that still decodes (a flipped bit) is found too.
+Restore walks back from the newest step, so a corrupt, partial or damaged newest checkpoint
+is moved aside with a warning and the previous one is used; when none is readable,
 training starts from step 0 with a warning that says so.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from roformer import orbax_logs
+from roformer import checksums, orbax_logs
 from roformer.distributed import allgather_json
 from roformer.train.guard import CheckpointSaveFailed
 from roformer.workdir import ITEMS
@@ -78,6 +80,7 @@ class Checkpointer:
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
         self._closed = False
         self._pending: dict | None = None   # the save in flight: step, bytes, free space
+        self._verified: set[int] = set()      # steps whose files matched their checksums
         self._save_errors = orbax_logs.save_errors()
 
     def latest_step(self) -> int | None:
@@ -138,7 +141,14 @@ class Checkpointer:
         self._save_errors.pending += 1
 
     def _end(self) -> None:
+        """The save in flight completed: record its checksums (roformer.checksums), which every
+        restore checks, then forget it."""
         if self._pending is not None:
+            if jax.process_index() == 0:
+                try:
+                    checksums.write(self.directory / str(self._pending["step"]))
+                except OSError as error:   # a full disk: the step stays, unverified
+                    self._failed(error)
             self._pending = None
             self._save_errors.pending -= 1
 
@@ -172,6 +182,7 @@ class Checkpointer:
         """Model config of the newest readable checkpoint, or None when there is none."""
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
+                self._verify(step)
                 restored = self.manager.restore(step, args=ocp.args.Composite(
                     model_config=ocp.args.JsonRestore()))
                 return dict(restored["model_config"])
@@ -188,6 +199,7 @@ class Checkpointer:
         steps = sorted(self.manager.all_steps(), reverse=True)
         for index, step in enumerate(steps):
             try:
+                self._verify(step)
                 restored = self.manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract_state),
                     data=ocp.args.JsonRestore()))
@@ -201,12 +213,23 @@ class Checkpointer:
                         self.directory, self.directory.parent / "corrupt_checkpoints")
         return None
 
+    def _verify(self, step: int) -> None:
+        """Check `step`'s files against the checksums saved with them, once per step
+        (ChecksumMismatch when they differ; a step saved without checksums passes)."""
+        if step not in self._verified:
+            checksums.verify(self.directory / str(step))
+            self._verified.add(step)
+
     def _move_aside(self, step: int, error: Exception, *, next_step: int | None) -> None:
         aside = self.directory.parent / "corrupt_checkpoints" / str(step)
-        log.warning("checkpoint at step %d in %s is unreadable (%s: %s); moving it to %s%s", step,
-                    self.directory, type(error).__name__, str(error).splitlines()[0][:200], aside,
-                    "" if next_step is None else f" and trying step {next_step}")
+        if isinstance(error, checksums.ChecksumMismatch):
+            why = f"it does not match the checksums saved with it ({error})"
+        else:
+            why = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        log.warning("checkpoint at step %d in %s is unreadable: %s; moving it to %s%s", step, self.directory, why,
+                    aside, "" if next_step is None else f" and trying step {next_step}")
         self.set_aside([step], "corrupt_checkpoints")
+        self._verified.discard(step)
 
     def set_aside(self, steps: list[int], folder: str) -> Path:
         """Move the checkpoints of `steps` to `workdir/<folder>/<step>` (collective), so the
