@@ -1,6 +1,7 @@
 """What the commands tell a person: `--help` exits 0 on every command and subcommand, and a
 command ends with one line naming its outputs."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,12 @@ def test_pretraining_off_a_terminal_logs_plain_progress_and_compile_lines(tmp_pa
     assert summary.startswith("summary: 4 steps; train loss ") and len(summary) < 300
     assert summary.endswith(f"(all of it in {workdir}/summary.json)")
     assert last.startswith(f"done: metrics in {workdir}/metrics.jsonl")
+
+
+def test_tokenizing_off_a_terminal_draws_no_bar(tmp_path):
+    """The token-shard build's bar stays off when stderr is a file (as here): its closing
+    log line says what it did."""
+    proc = run("roformer.data", "prepare", "--config=configs/tiny.py", f"--config.data.cache_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "\r" not in proc.stderr and "tok/s]" not in proc.stderr
+    assert re.search(r"\] tokenized \d+ docs / \d+ tokens in ", proc.stderr)   # the closing line

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -220,6 +221,13 @@ class _ShardWriter:
         return manifest
 
 
+def _on_a_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):   # replaced or closed stderr
+        return False
+
+
 class _Build:
     """Builds one cache entry, alone or as one process of several."""
 
@@ -295,9 +303,11 @@ class _Build:
 
     # ------------------------------------------------------------ steps
     def _encode(self, parts: Sequence[int], description: str) -> Iterator[tuple[int, Encoded]]:
-        # The bar runs over the fraction of the parts read (ETA) when the source can tell.
-        progress = tqdm(desc=description, total=100.0, unit="%", disable=not self.show_progress,
-                        mininterval=1.0, dynamic_ncols=True,
+        # The bar runs over the fraction of the parts read (ETA) when the source can tell. Only on
+        # a terminal: in a log file its redraws pile up into one long line; there the build's
+        # closing log line says what it did.
+        progress = tqdm(desc=description, total=100.0, unit="%",
+                        disable=not (self.show_progress and _on_a_terminal()), mininterval=1.0, dynamic_ncols=True,
                         bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}% [{elapsed}<{remaining}{postfix}]")
         tokens = 0
         for position, encoded, fraction in encode_parts([self.parts[i] for i in parts], self.tokenizer,
