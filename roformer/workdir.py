@@ -19,7 +19,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from roformer import orbax_logs
+from roformer import checksums, orbax_logs
 from roformer.data.tokenizer import WordPieceTokenizer
 from roformer.errors import ConfigError
 from roformer.model import ModelConfig, RoFormerForMaskedLM
@@ -39,6 +39,7 @@ class PretrainWorkdir:
     def __init__(self, path: str | Path):
         self.path = Path(path).expanduser().resolve()
         self.checkpoints = self.path / CHECKPOINTS
+        self._verified: set[int] = set()   # steps whose files matched their checksums
         if not self.path.is_dir():
             raise ConfigError(f"{path}: no such directory (expected a pretraining workdir)")
         if not self.checkpoints.is_dir():
@@ -63,12 +64,25 @@ class PretrainWorkdir:
             raise ConfigError(f"{self.path} has no checkpoint at step {step} (it has steps {steps})")
         return step
 
+    def verify(self, step: int) -> None:
+        """Refuse a checkpoint step whose files differ from the checksums saved with them
+        (roformer.checksums), in one line: it would load silently changed values."""
+        if step in self._verified:
+            return
+        try:
+            checksums.verify(self.checkpoints / str(step))
+        except checksums.ChecksumMismatch as error:
+            raise ConfigError(f"{self.path}: the checkpoint at step {step} does not match the checksums saved with "
+                              f"it ({error}); it is damaged: choose another step") from None
+        self._verified.add(step)
+
     def _manager(self) -> ocp.CheckpointManager:
         orbax_logs.quiet_unrequested_items(ITEMS)   # model_config and params each read some of the items
         return ocp.CheckpointManager(self.checkpoints, item_names=ITEMS)
 
     def model_config(self, step: int = -1):
         step = self.resolve_step(step)
+        self.verify(step)
         with self._manager() as manager:
             saved = manager.restore(step, args=ocp.args.Composite(model_config=ocp.args.JsonRestore()))
         return ModelConfig.from_dict(ModelConfig.saved_fields(saved["model_config"]))

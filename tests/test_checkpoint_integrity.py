@@ -109,3 +109,22 @@ def test_checksums_find_a_flipped_bit_a_cut_file_and_a_missing_one(tmp_path):
     chunk.unlink()
     with pytest.raises(checksums.ChecksumMismatch, match="state/d/chunk is missing"):
         checksums.verify(step)
+
+
+def test_a_damaged_checkpoint_is_refused_by_its_readers_in_one_line(trained, tmp_path):
+    """GLUE init, warm starts and convert read a run through PretrainWorkdir: a step whose files
+    changed is refused naming it, not loaded with changed values."""
+    from roformer.errors import ConfigError
+    from roformer.workdir import PretrainWorkdir
+
+    finished, _ = trained
+    workdir = tmp_path / "run"
+    shutil.copytree(finished, workdir)
+    target = max((p for p in (workdir / "checkpoints" / "8" / "state").rglob("*") if p.is_file()),
+                 key=lambda p: p.stat().st_size)
+    flip_bit(target, target.stat().st_size // 3)
+    run = PretrainWorkdir(workdir)
+    with pytest.raises(ConfigError, match=r"the checkpoint at step 8 does not match the checksums saved with it "
+                                          r"\(state/.* does not match the CRC32 saved with it\); it is damaged"):
+        run.params(8)
+    assert run.params(4)[1]   # the other step still loads
