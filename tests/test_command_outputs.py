@@ -75,7 +75,7 @@ def test_pretraining_off_a_terminal_logs_plain_progress_and_compile_lines(tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "\r" not in proc.stderr
     for text in ("compiling the train step ...", "compiled the train step in ", "compiling the evaluation step ...",
-                 "pretrain: step 4 of 4 (100%)"):
+                 "compiling the attention-statistics step ...", "pretrain: step 4 of 4 (100%)"):
         assert text in proc.stderr, text
     summary, last = proc.stdout.splitlines()[-2:]
     assert summary.startswith("summary: 4 steps; train loss ") and len(summary) < 300
