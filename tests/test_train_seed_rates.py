@@ -15,6 +15,7 @@ def member_configs(cache):
     return [seed_configs(cache, seeds=(seed,), **{"train.learning_rate": rate})[0] for seed, rate in MEMBERS]
 
 
+@pytest.mark.slow   # three short trainings: about a minute on a loaded 2-core CPU
 def test_members_at_their_own_rates_train_as_each_run_alone(tmp_path_factory):
     cache = tmp_path_factory.mktemp("rates_cache")
     alone, together = tmp_path_factory.mktemp("alone"), tmp_path_factory.mktemp("together")
