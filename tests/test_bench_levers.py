@@ -1,6 +1,8 @@
 """`python -m roformer.bench levers`: the speed levers' A/B in one process."""
 import json
 
+import numpy as np
+
 from roformer.bench import levers
 from roformer.bench.__main__ import main
 
@@ -55,3 +57,17 @@ def test_adopted_are_the_levers_that_paid_in_every_round_together():
     assert paid == ["fused_qkv", "rbg_dropout"]
     assert variant == levers.Variant(forms=("fused_qkv",), dropout_rng_impl="rbg")
     assert levers.adopted_variant(rows[:2], 1.005) == (None, [])
+
+
+def test_the_segment_mask_variant_is_the_baseline_with_the_packed_rows_mask():
+    """One segment per row: the same attention as no mask, so the same first loss; only the
+    form cuDNN gets differs (a dense [B, 1, L, L] mask)."""
+    from roformer.bench.workload import build_train_workload
+    from roformer.model import ModelConfig
+
+    config = ModelConfig.from_preset("tiny", vocab_size=128, attention_dropout=0.0, hidden_dropout=0.0)
+    plain = build_train_workload(config, batch_size=2, seq_len=16, attention_impl="xla")
+    masked = build_train_workload(config, batch_size=2, seq_len=16, attention_impl="xla", segment_mask=True)
+    assert "segment_ids" in masked.batch and "segment_ids" not in plain.batch
+    assert levers.VARIANTS["segment_mask"].segment_mask and "segment_mask" not in levers.LEVERS
+    np.testing.assert_allclose(float(masked.step()[1]["loss"]), float(plain.step()[1]["loss"]), rtol=1e-6)

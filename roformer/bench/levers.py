@@ -8,7 +8,11 @@ the step `python -m roformer.pretrain` runs) and compiles it under its own backe
 of them and a square matmul run in alternating rounds, so that every round compares the
 variants under the same load:
 
-  baseline          no backend form, threefry2x32 dropout keys, the shape's batch
+  baseline          no backend form, threefry2x32 dropout keys, the shape's batch; rows of
+                    one whole document each, so attention gets no mask
+  segment_mask      the baseline with the packed rows' [B, 1, L, L] segment mask (one segment
+                    per row: the same attention): what cuDNN got before padding reached it in
+                    the form it takes, and what packed pretraining batches still give it
   all               every form below and rbg dropout keys
   rope_half_pairs   RoPE's pairs as split halves (q/k kernel columns permuted per head)
   fused_qkv         q, k and v from one product
@@ -58,12 +62,14 @@ class Variant:
     forms: tuple[str, ...] = ()
     dropout_rng_impl: str = "threefry2x32"
     batch_factor: int = 1
+    segment_mask: bool = False
 
 
 ALL_FORMS = tuple(backend.FORMS)
 # In the order they are built, so that a budget cut leaves the levers alone last.
 VARIANTS = {
     "baseline": Variant(),
+    "segment_mask": Variant(segment_mask=True),
     "all": Variant(forms=ALL_FORMS, dropout_rng_impl="rbg"),
     "rope_half_pairs": Variant(forms=("rope_half_pairs",)),
     "fused_qkv": Variant(forms=("fused_qkv",)),
@@ -116,7 +122,8 @@ def build(size: str, seq_len: int, batch: int, variant: Variant, args: argparse.
     with backend.using_forms(variant.forms):
         workload = build_train_workload(config, batch_size=batch * variant.batch_factor, seq_len=seq_len,
                                         attention_impl=args.attention_impl,
-                                        dropout_rng_impl=variant.dropout_rng_impl)
+                                        dropout_rng_impl=variant.dropout_rng_impl,
+                                        segment_mask=variant.segment_mask)
     return workload, float(workload.step()[1]["loss"])
 
 

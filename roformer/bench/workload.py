@@ -77,17 +77,22 @@ class TrainWorkload:
 
 def build_train_workload(config: ModelConfig, *, batch_size: int, seq_len: int,
                          attention_impl: str = "auto", seed: int = 0,
-                         dropout_rng_impl: str = "threefry2x32") -> TrainWorkload:
+                         dropout_rng_impl: str = "threefry2x32", segment_mask: bool = False) -> TrainWorkload:
     """Initialise the model and AdamW state on one device (roformer.train's TrainSetup on a 1x1x1
     mesh; op by op, which spares a compilation that on a GPU takes longer than the train
-    step's), put a synthetic batch there and compile the train step, all outside any timing."""
+    step's), put a synthetic batch there and compile the train step, all outside any timing.
+    `segment_mask`: the batch carries segment ids (one segment per row), so attention gets the
+    [B, 1, L, L] mask of packed rows, as the pretraining loop's packed batches do."""
     config = dataclasses.replace(config, attention_impl=attention_impl)   # before the model is built
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
     tx, schedule = optim.make_optimizer(**train_config())
     setup = TrainSetup(config, tx, schedule, mesh, seed=seed, dropout_rng_impl=dropout_rng_impl)
     with jax.set_mesh(mesh):
         state, rest_state = setup.init_state(compiled=False), setup.init_rest()
-        batch = sharding.global_batch(synthetic_batch(config, batch_size, seq_len, seed), mesh)
+        rows = synthetic_batch(config, batch_size, seq_len, seed)
+        if segment_mask:
+            rows["segment_ids"] = np.ones((batch_size, seq_len), np.int32)
+        batch = sharding.global_batch(rows, mesh)
         step_fn = setup.jit_train_step().lower(state, rest_state, batch).compile()
     flops = train_flops.train_flops_per_step(config, batch_size=batch_size, seq_len=seq_len,
                                              num_predictions=num_predictions(seq_len))
