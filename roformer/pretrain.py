@@ -29,8 +29,8 @@ def next_steps(summary: dict, workdir: str) -> str:
     """One line: where the run's outputs are and what to run next (a command a shell takes
     as it is, whatever the workdir's name holds)."""
     if summary.get("preempted"):
-        return (f"stopped at step {summary['final_step']} (SIGTERM); run the same command again to resume "
-                f"from {workdir}/checkpoints")
+        return (f"stopped at step {summary['final_step']} (SIGTERM or Ctrl-C); run the same command again to "
+                f"resume from {workdir}/checkpoints")
     glue_workdir = workdir.rstrip("/") + "_glue"
     # The smoke variant: minutes on a CPU, where the full protocol takes hours.
     return (f"done: metrics in {workdir}/metrics.jsonl, TensorBoard in {workdir}/tensorboard, checkpoints in "

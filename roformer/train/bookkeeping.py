@@ -1,7 +1,8 @@
 """A pretraining run's bookkeeping, the same under both drivers (one run: roformer.train.loop;
 vmapped seeds: roformer.train.seeds): open the run in its workdir (refuse another
-architecture, return a finished run's summary, write config.json and the tokenizer), the
-run's data and optimizer, restore-or-init of its state, what metrics.jsonl logged before a
+architecture, return a finished run's summary), the run's data and optimizer,
+restore-or-init of its state, the run's files (config.json and the tokenizer, written only
+once every check that can refuse the run has passed), what metrics.jsonl logged before a
 resume, and the summary it ends with.
 """
 from __future__ import annotations
@@ -66,11 +67,12 @@ def finished_summary(workdir: Path, latest_step: int | None, steps: int) -> dict
     return summary
 
 
-def open_run(cleanup: contextlib.ExitStack, config, workdir: Path, tc: TrainConfig, model_cfg: ModelConfig,
-             tokenizer, *, is_main: bool = True) -> tuple[Checkpointer, dict | None]:
+def open_run(cleanup: contextlib.ExitStack, workdir: Path, tc: TrainConfig, model_cfg: ModelConfig, *,
+             is_main: bool = True) -> tuple[Checkpointer, dict | None]:
     """The run's Checkpointer (closed by `cleanup`), after refusing a workdir of another
-    architecture, and the summary of a run already finished (None otherwise; then the run's
-    files are written and a changed optimizer setting is said)."""
+    architecture, and the summary of a run already finished (None otherwise; then a changed
+    optimizer setting is said). Writes nothing: the run's files wait for `write_run_files`,
+    after the restore has checked the corpus too."""
     checkpointer = cleanup.enter_context(contextlib.closing(Checkpointer(
         workdir / CHECKPOINTS, max_to_keep=tc.keep_checkpoints, async_save=tc.async_checkpoints)))
     check_same_model_config(checkpointer.saved_model_config(), model_cfg.to_dict(), workdir)
@@ -79,16 +81,16 @@ def open_run(cleanup: contextlib.ExitStack, config, workdir: Path, tc: TrainConf
         log.info("%s: already complete at step %d (train.steps=%d); nothing to do",
                  workdir, finished["final_step"], tc.steps)
         return checkpointer, finished
-    if is_main:
-        if checkpointer.latest_step() is not None:
-            _say_changed_optimizer(checkpointer, workdir, tc, checkpointer.latest_step())
-        _write_run_files(workdir, config, model_cfg, tokenizer)
+    if is_main and checkpointer.latest_step() is not None:
+        _say_changed_optimizer(checkpointer, workdir, tc, checkpointer.latest_step())
     return checkpointer, None
 
 
-def _write_run_files(workdir: Path, config, model_cfg: ModelConfig, tokenizer) -> None:
+def write_run_files(workdir: Path, config, model_cfg: ModelConfig, tokenizer) -> None:
     """config.json (the config as run, plus the resolved ModelConfig) and the tokenizer
-    (tokenizer.json + vocab.txt: fine-tuning and warm starts read it from here)."""
+    (tokenizer.json + vocab.txt: fine-tuning and warm starts read it from here). Called once
+    the run can no longer be refused, so a refused run leaves the files of the checkpoints
+    beside them."""
     workdir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(workdir / "config.json", {**config.to_dict(), "resolved_model": model_cfg.to_dict()},
                       indent=2, default=str)

@@ -1,7 +1,7 @@
 """`train_and_evaluate(config, workdir)`: the MLM pretraining loop.
 
 Owns the run: mesh, sharded state, data iterator, jitted steps, evaluation,
-logging, checkpoints, resume, preemption (SIGTERM) and the divergence guard (a
+logging, checkpoints, resume, preemption (SIGTERM, Ctrl-C) and the divergence guard (a
 non-finite loss, or a finite one far above its recent level: roformer.train.guard).
 What a run reads and writes in its workdir is roformer.train.bookkeeping's, shared with
 the vmapped seeds (roformer.train.seeds).
@@ -49,24 +49,31 @@ def build_model_config(model_section, *, vocab_size: int, pad_token_id: int = 0)
 
 
 class StopFlag:
-    """Set by SIGTERM (preemption notice) while the `with` block runs; the loop then saves
-    and exits cleanly. The previous handler comes back on exit."""
+    """Set by SIGTERM (preemption notice) or SIGINT (Ctrl-C) while the `with` block runs; the
+    loop then saves and exits cleanly. A second Ctrl-C interrupts at once (KeyboardInterrupt).
+    The previous handlers come back on exit."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
         self.requested = False
-        self._previous = None
+        self.signal = ""   # the name of the signal that asked to stop
+        self._previous: dict = {}
 
     def __enter__(self) -> "StopFlag":
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
     def _handle(self, signum, frame) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
         self.requested = True
+        self.signal = signal.Signals(signum).name
 
     def should_stop(self, step: int, every: int) -> bool:
         """Single process: as soon as signalled. Multi-process: every `every` steps
@@ -132,11 +139,10 @@ def _train_phase(config, workdir: Path) -> dict:
     is_main = jax.process_index() == 0
 
     with contextlib.ExitStack() as cleanup:   # closes the progress bar, signal handler, logs, checkpoints
-        checkpointer, finished = bookkeeping.open_run(cleanup, config, workdir, tc, model_cfg, data.tokenizer,
-                                                      is_main=is_main)
+        checkpointer, finished = bookkeeping.open_run(cleanup, workdir, tc, model_cfg, is_main=is_main)
         if finished is not None:
             return finished
-        # measured outside the mesh context: a CPU peak is timed on one local device
+        # the device kind's (None on a CPU: MFU is not reported there)
         peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
         setup = TrainSetup(model_cfg, *bookkeeping.run_optimizer(tc), mesh, seed=tc.seed,
                            dropout_rng_impl=tc.dropout_rng_impl)
@@ -145,6 +151,8 @@ def _train_phase(config, workdir: Path) -> dict:
         state, start_step, train_iter = bookkeeping.restore_or_init(
             setup, checkpointer, data, tc, init_source=init_source, init_params=init_params)
         del init_params   # on the device now
+        if is_main:   # after every check that can refuse the run (the corpus's, at the restore)
+            bookkeeping.write_run_files(workdir, config, model_cfg, data.tokenizer)
         eval_batches = held_out_batches(data, tc, mesh)
         # the first call of each compiles it: announced, with its time (progress.announce_compile)
         train_step = progress.announce_compile(
@@ -198,7 +206,7 @@ def _train_phase(config, workdir: Path) -> dict:
                 train_log.flush(step)
             if preempted:
                 save(step)
-                log.warning("SIGTERM received: saved a checkpoint at step %d; exiting", step)
+                log.warning("%s received: saved a checkpoint at step %d; exiting", stop.signal, step)
                 break
             with timer.paused():
                 if step % tc.eval_every == 0 or step == tc.steps:

@@ -152,7 +152,7 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
     with contextlib.ExitStack() as cleanup:
         seeds: list[_Seed] = []
         for index, (config, workdir, t, data) in enumerate(zip(configs, workdirs, tcs, datas)):
-            checkpointer, finished = bookkeeping.open_run(cleanup, config, workdir, t, model_cfg, data.tokenizer)
+            checkpointer, finished = bookkeeping.open_run(cleanup, workdir, t, model_cfg)
             if finished is not None:
                 results[index] = finished
                 continue
@@ -166,10 +166,12 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
         rest = setup.init_rest()   # RNG streams only: every step re-derives them from its seed's key
         step_flops = flops.train_flops_per_step(model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
                                                 num_predictions=datas[0].masker.max_predictions)
-        for seed in seeds:
+        for seed in seeds:   # every restore's checks (the corpus's, say) before any workdir is written
             seed.state, seed.start_step, seed.train_iter = bookkeeping.restore_or_init(
                 setup, seed.checkpointer, seed.data, seed.tc)
             seed.step = seed.start_step
+        for seed in seeds:
+            bookkeeping.write_run_files(seed.workdir, seed.config, model_cfg, seed.data.tokenizer)
             writer = cleanup.enter_context(contextlib.closing(MetricsWriter(seed.workdir, resume_step=seed.start_step)))
             logged = bookkeeping.logged_history(seed.workdir, seed.start_step, tc.divergence_window)
             guard = bookkeeping.resumed_guard(tc, logged, seed.start_step)
@@ -327,7 +329,7 @@ class _Group:
                 pending = []
             if preempted:
                 self._save(members, states)
-                log.warning("SIGTERM received: saved a checkpoint of every seed at step %d; exiting", step)
+                log.warning("%s received: saved a checkpoint of every seed at step %d; exiting", stop.signal, step)
                 break
             with contextlib.ExitStack() as paused:
                 for seed in members:

@@ -1,0 +1,110 @@
+"""Nothing written before a refusal: every check that can refuse a pretraining run (a
+setting, resume compatibility of the model, the corpus and its masking, the workdir lock)
+runs before any file of the workdir is created or replaced; each test compares the workdir
+byte for byte before and after the refused command."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from configs import tiny
+from roformer.errors import ConfigError
+from roformer.train import train_and_evaluate
+from roformer.workdir_lock import WorkdirBusy
+
+REPO = Path(__file__).resolve().parents[1]
+OVERRIDES = {
+    "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_heads": 2,
+    "data.vocab_size": 500,
+    "train.steps": 4, "train.batch_size": 8, "train.seq_len": 32, "train.warmup_steps": 1,
+    "train.log_every": 2, "train.eval_every": 4, "train.eval_batches": 1, "train.eval_attention_stats": False,
+    "train.checkpoint_every": 4, "train.keep_checkpoints": 2, "train.progress_bar": False,
+    "mesh.num_devices": 1,
+}
+
+
+def make_config(cache: Path, **extra):
+    config = tiny.get_config()
+    config.data.cache_dir = str(cache)
+    for key, value in {**OVERRIDES, **extra}.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    return config
+
+
+def snapshot(workdir: Path) -> dict[str, bytes | None]:
+    """Every file (its bytes) and directory (None) under `workdir`."""
+    if not workdir.exists():
+        return {}
+    return {str(p.relative_to(workdir)): (p.read_bytes() if p.is_file() else None) for p in sorted(workdir.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("data_cache")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, cache):
+    workdir = tmp_path_factory.mktemp("finished") / "run"
+    train_and_evaluate(make_config(cache), workdir)
+    return workdir
+
+
+@pytest.fixture
+def run(finished, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(finished, workdir)
+    return workdir
+
+
+def refused_leaves_it_alone(workdir: Path, config, error, match: str) -> None:
+    before = snapshot(workdir)
+    with pytest.raises(error, match=match):
+        train_and_evaluate(config, workdir)
+    after = snapshot(workdir)
+    assert after.keys() == before.keys(), sorted(set(after) ^ set(before))
+    assert [name for name in before if before[name] != after[name]] == []
+
+
+def test_a_refused_setting_writes_nothing(run, cache, tmp_path):
+    refused_leaves_it_alone(run, make_config(cache, **{"train.steps": 0}), ConfigError, "train.steps=0 is not allowed")
+    refused_leaves_it_alone(run, make_config(cache, **{"train.keep_checkpoints": -1, "train.steps": 8}), ConfigError,
+                            "train.keep_checkpoints=-1 is not allowed")
+    fresh = tmp_path / "fresh" / "run"
+    with pytest.raises(ConfigError, match="train.checkpoint_every=0"):
+        train_and_evaluate(make_config(cache, **{"train.checkpoint_every": 0}), fresh)
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_a_refused_resume_of_another_model_writes_nothing(run, cache):
+    refused_leaves_it_alone(run, make_config(cache, **{"model.hidden_size": 64, "train.steps": 8}), ConfigError,
+                            "hidden_size: checkpoint=32 config=64")
+
+
+def test_a_refused_resume_of_another_corpus_or_masking_writes_nothing(run, cache, tmp_path):
+    """The probes' case: resuming with another corpus (its own trained tokenizer) or another
+    mask rate is refused, and the run's tokenizer and config.json still describe its checkpoints."""
+    refused_leaves_it_alone(run, make_config(cache, **{"data.mask_rate": 0.3, "train.steps": 8}), ConfigError,
+                            "data iterator state has")
+    text = tmp_path / "other.txt"
+    text.write_text("\n\n".join(f"another corpus, document {i}, with words of its own: " + " ".join(
+        f"word{(i * 7 + j) % 300}" for j in range(40)) for i in range(200)) + "\n")
+    other = make_config(cache, **{"train.steps": 8})
+    other.data.source, other.data.files = "files", str(text)
+    # a tokenizer of another size is refused as another model, one of the same size by the corpus check
+    refused_leaves_it_alone(run, other, ConfigError, "data iterator state has|vocab_size: checkpoint=")
+
+
+def test_a_workdir_in_use_is_refused_before_anything_is_written(run, cache):
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom roformer.workdir_lock import workdir_lock\n"
+                               "with workdir_lock(sys.argv[1]):\n    print('locked', flush=True)\n    time.sleep(60)\n",
+                               str(run)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        refused_leaves_it_alone(run, make_config(cache, **{"train.steps": 8}), WorkdirBusy, "in use by another run")
+    finally:
+        holder.kill()
+        holder.wait()
