@@ -16,6 +16,7 @@ from roformer.errors import ConfigError
 from roformer.train import optim
 
 REPO = Path(__file__).resolve().parents[1]
+SCHEMES = ("rope", "shaw", "learned", "t5", "alibi", "sinusoidal", "none")
 
 
 def config(variant="gpu_smoke", **study_keys):
@@ -212,17 +213,18 @@ def test_percentile_band_ignores_diverged_values():
 
 @pytest.mark.slow
 def test_the_device_script_at_smoke_size(tmp_path):
-    """scripts/gpu_comparison.sh OUTDIR gpu_smoke on the CPU: two schemes, one rate that
-    diverges (reported, not chosen), the report; a second call resumes (trains nothing)."""
+    """scripts/gpu_comparison.sh OUTDIR gpu_smoke on the CPU: every scheme through the vmapped
+    study, one rate that diverges (reported, not chosen), the report; a second call on a fresh
+    workdir resumes from the first's records (trains nothing)."""
     out = tmp_path / "out"
     env = {**os.environ, "PYTHON": sys.executable, "ROFORMER_CACHE": str(tmp_path / "cache"),
            "STUDY_WORKDIR": str(tmp_path / "work")}
     cmd = ["bash", str(REPO / "scripts/gpu_comparison.sh"), str(out), "gpu_smoke",
-           "--config.study.schemes=rope,sinusoidal", "--config.study.learning_rates=2e-3,30"]
+           f"--config.study.schemes={','.join(SCHEMES)}", "--config.study.learning_rates=2e-3,30"]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     report = json.loads((out / "study.json").read_text())
-    assert report["schemes"] == ["rope", "sinusoidal"]
+    assert report["schemes"] == list(SCHEMES)
     last = report["budgets"][-1]["rows"]
     assert last["rope"]["rate"] == 2e-3 and {d["rate"] for d in last["rope"]["diverged"]} == {30.0}
     assert last["sinusoidal"]["vs_reference"]["verdict"] in {"higher", "lower", "undecided"} or \
@@ -238,7 +240,7 @@ def test_the_device_script_at_smoke_size(tmp_path):
     env = {**env, "STUDY_WORKDIR": str(tmp_path / "fresh"), "RESUME_FROM": str(out / "records.tar.gz")}
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count("already trained, skipping") + \
-        again.stderr.count("already trained, skipping") == 2
+        again.stderr.count("already trained, skipping") == len(SCHEMES)
     assert json.loads((out / "study.json").read_text())["budgets"] == report["budgets"]
 
 
