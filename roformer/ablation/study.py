@@ -223,7 +223,7 @@ def row_sums(model, batch) -> dict[str, jax.Array]:
 class Programs:
     """The compiled programs of one scheme's group."""
 
-    def __init__(self, model_cfg: ModelConfig, config, data: study_data.StudyData, group: list[Member]):
+    def __init__(self, model_cfg: ModelConfig, config, data: study_data.StudyData):
         st, train = config.study, config.pretrain.train
         self.tx = optim.make_member_optimizer(weight_decay=train.weight_decay, b1=train.b1, b2=train.b2,
                                               eps=train.eps, clip_norm=train.clip_norm)
@@ -304,7 +304,7 @@ class SchemeRun:
     def run(self) -> tuple[dict, dict[str, np.ndarray]]:
         st, group = self.st, self.group
         started = time.perf_counter()
-        programs = Programs(self.model_cfg, self.config, self.data, group)
+        programs = Programs(self.model_cfg, self.config, self.data)
         seeds = sorted({m.seed for m in group})
         member_inputs = {
             "seed_index": jnp.asarray([seeds.index(m.seed) for m in group], jnp.int32),
@@ -326,7 +326,7 @@ class SchemeRun:
         timing["first_eval_s"] = timing["eval_s"]
         step, compiled = 0, False
         while step < ends[-1]:
-            for b, (start, end) in enumerate(branches[:-1]):
+            for start, end in branches[:-1]:
                 if step == start:   # a cooldown branch from the trunk's state here
                     t0 = time.perf_counter()
                     branch = jax.tree.map(jnp.copy, states)
@@ -496,7 +496,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     workdir = Path(workdir).resolve()
     (workdir / SCHEMES_DIR).mkdir(parents=True, exist_ok=True)
     write_text_atomic(workdir / CONFIG_RECORD, config.to_json_best_effort(indent=2) + "\n")
-    st, train = config.study, config.pretrain.train
+    st = config.study
     t0 = time.perf_counter()
     data = study_splits(config)
     if data.test_predictions < st.min_test_predictions:
