@@ -150,3 +150,16 @@ def test_stage_fingerprints_are_unchanged(variant, monkeypatch):
     assert stage_fingerprints(variant) == PINNED[variant], (
         f"configs/ablation.py:{variant}: a stage fingerprint changed, so existing ablation workdirs "
         "rerun those stages; change a fingerprint only on purpose, then update PINNED")
+
+
+def test_glue_settings_that_only_show_cache_or_pick_a_kernel_leave_the_fingerprint():
+    from configs import glue as glue_config
+
+    glue = glue_config.get_config()
+    before = plan.fingerprint("pretrain", glue)
+    glue.progress_bar = not glue.progress_bar
+    glue.compilation_cache_dir = "/elsewhere"
+    glue.model.attention_impl = "cudnn"
+    assert plan.fingerprint("pretrain", glue) == before
+    glue.learning_rate *= 2
+    assert plan.fingerprint("pretrain", glue) != before

@@ -357,12 +357,19 @@ def _extension_problems(config: ml_collections.ConfigDict, schemes: list[str]) -
 # reruns a finished stage (a guard that fires stops the run, which is then not done anyway).
 WATCH_ONLY_TRAIN_KEYS = ("progress_bar", "eval_attention_stats")
 WATCH_ONLY_TRAIN_PREFIXES = ("divergence_",)
+# Likewise for the GLUE section: what it shows and where compiled programs are cached, and
+# the attention kernel (the same math: auto picks what the device runs fastest).
+WATCH_ONLY_GLUE_KEYS = ("progress_bar", "compilation_cache_dir")
+KERNEL_ONLY_MODEL_KEYS = ("attention_impl",)
 
 
 def _fingerprinted(part: Any) -> Any:
     if not isinstance(part, ml_collections.ConfigDict):
         return part
     data = part.to_dict()
+    if "per_task" in data:   # a GLUE section (configs/glue.py)
+        data = {k: v for k, v in data.items() if k not in WATCH_ONLY_GLUE_KEYS}
+        data["model"] = {k: v for k, v in data["model"].items() if k not in KERNEL_ONLY_MODEL_KEYS}
     train = data.get("train")
     if isinstance(train, dict):
         data["train"] = {k: v for k, v in train.items()
