@@ -140,3 +140,27 @@ def test_ctrl_c_outside_a_training_loop_is_one_line_and_status_130(capsys):
         interrupted()
     assert exit_info.value.code == 130
     assert capsys.readouterr().err == "error: interrupted (Ctrl-C)\n"
+
+
+def test_a_full_disk_while_glue_logs_is_one_line_naming_its_outputs(tmp_path, capsys, monkeypatch):
+    from roformer.glue.run import RunLog
+
+    log = RunLog(tmp_path, {"config": {}})
+    log.write("wnli", 0, 1, {"loss": 0.7})
+    real_open = open
+
+    class Full:
+        def __init__(self, file):
+            self.file = file
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+    monkeypatch.setattr("builtins.open", lambda *a, **k: Full(real_open(*a, **k)))
+    message = one_line_error(lambda: log.write("mrpc", 0, 1, {"loss": 0.6}), capsys)
+    monkeypatch.undo()
+    assert message.startswith(f"could not write the GLUE metrics in {tmp_path}: no space left on device")
+    log.close()
