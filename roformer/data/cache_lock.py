@@ -1,5 +1,7 @@
-"""The lock of a cache entry (token shards, a trained tokenizer): runs that share a cache
-build an entry once, the others wait for it and then read it.
+"""How runs and processes that share a cache coordinate: the lock of a cache entry (token
+shards, a trained tokenizer), so that runs build an entry once and the others wait for it
+and then read it; and the handshake by which the processes of one job find out whether they
+share the cache directory (then they split a build).
 
 Not roformer.workdir_lock's lock file: a workdir refuses a second run at once, naming its
 holder's host and pid, while a cache entry makes the second run wait and then reuse what
@@ -13,6 +15,7 @@ import fcntl
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,3 +70,30 @@ def build_lock(target: Path) -> Iterator[None]:
             yield
         finally:
             path.unlink(missing_ok=True)
+
+
+def find_each_other(parts_dir: Path, process_index: int, process_count: int, seconds: float) -> bool:
+    """True when all processes of the job see each other's marker in parts_dir within `seconds`:
+    the cache directory is shared and they can split the build."""
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    markers = [parts_dir / f"process_{i}_of_{process_count}" for i in range(process_count)]
+    markers[process_index].touch()
+    deadline, delay = time.monotonic() + seconds, 0.05
+    while True:
+        absent = [i for i, marker in enumerate(markers) if not marker.exists()]
+        if not absent:
+            return True
+        if time.monotonic() > deadline:
+            break
+        time.sleep(delay)
+        delay = min(2 * delay, 2.0)
+    log.warning("processes %s of %d did not appear in %s within %.0fs: the cache directory seems private "
+                "to each host, so process %d tokenizes the whole corpus (set data.cache_dir to storage every "
+                "host sees to split the work)", absent, process_count, parts_dir.parent.parent, seconds,
+                process_index)
+    markers[process_index].unlink(missing_ok=True)
+    try:
+        parts_dir.rmdir()
+    except OSError:
+        pass
+    return False

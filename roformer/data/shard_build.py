@@ -33,7 +33,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from roformer.data import shards
-from roformer.data.cache_lock import build_lock
+from roformer.data.cache_lock import build_lock, find_each_other
 from roformer.data.shards import (FORMAT_VERSION, Entry, TokenCorpus, cache_key, chunk_documents,
                                   crc32, default_cache_dir, move_into_place)
 from roformer.data.sources import TextSource
@@ -81,7 +81,7 @@ def load_or_build(source: TextSource, tokenizer: WordPieceTokenizer, cache_dir: 
         shutil.rmtree(stale, ignore_errors=True)
     build = _Build(source, tokenizer, entry, fingerprint, num_workers or cores_available(), shard_tokens, show_progress)
     with writing(f"the token shard cache entry {directory}"):
-        if process_count == 1 or not _find_each_other(build.parts_dir, process_index, process_count,
+        if process_count == 1 or not find_each_other(build.parts_dir, process_index, process_count,
                                                        handshake_seconds):
             build.alone()
         else:
@@ -430,30 +430,3 @@ class _Build:
     def _part_name(self, index: int) -> str:
         paths = getattr(self.parts[index][0], "paths", None)
         return os.path.basename(paths[0]) if paths else f"part {index}"
-
-
-def _find_each_other(parts_dir: Path, process_index: int, process_count: int, seconds: float) -> bool:
-    """True when all processes of the job see each other's marker in parts_dir within `seconds`:
-    the cache directory is shared and they can split the build."""
-    parts_dir.mkdir(parents=True, exist_ok=True)
-    markers = [parts_dir / f"process_{i}_of_{process_count}" for i in range(process_count)]
-    markers[process_index].touch()
-    deadline, delay = time.monotonic() + seconds, 0.05
-    while True:
-        absent = [i for i, marker in enumerate(markers) if not marker.exists()]
-        if not absent:
-            return True
-        if time.monotonic() > deadline:
-            break
-        time.sleep(delay)
-        delay = min(2 * delay, 2.0)
-    log.warning("processes %s of %d did not appear in %s within %.0fs: the cache directory seems private "
-                "to each host, so process %d tokenizes the whole corpus (set data.cache_dir to storage every "
-                "host sees to split the work)", absent, process_count, parts_dir.parent.parent, seconds,
-                process_index)
-    markers[process_index].unlink(missing_ok=True)
-    try:
-        parts_dir.rmdir()
-    except OSError:
-        pass
-    return False
