@@ -2,15 +2,19 @@
 pretraining and GLUE sections' own rules, as problems for `plan.validate` to report."""
 from __future__ import annotations
 
+import numbers
+
 import ml_collections
 
 from roformer.settings import problems
 
-RULES = {"seeds": "int >= 1", "order_threshold": "float > 0", "budget_tokens": "int >= 0",
-         "progress_every_s": "float >= 0", "parallel": "int >= 1", "vmap_seeds": "int >= 1"}
+# The keys plan.validate does not range-check itself; those it does (seeds, parallel,
+# vmap_seeds, the extension's factor, seeds, steps and eval_every, with messages of their own)
+# are only checked here to be numbers where it compares them, so no comparison meets text.
+RULES = {"order_threshold": "float > 0", "budget_tokens": "int >= 0", "progress_every_s": "float >= 0"}
 EXTRAPOLATION_RULES = {"num_docs": "int >= 1", "batch_size": "int >= 1"}
-EXTENSION_RULES = {"seeds": "int >= 0", "factor": "int >= 2", "base": "float > 0", "steps": "int >= 1",
-                   "eval_every": "int >= 1", "learning_rate": "float > 0", "warmup_steps": "int >= 0"}
+EXTENSION_RULES = {"seeds": "int", "factor": "int", "base": "float > 0", "steps": "int", "eval_every": "int",
+                   "learning_rate": "float > 0", "warmup_steps": "int >= 0"}
 
 
 def setting_problems(config: ml_collections.ConfigDict) -> list[str]:
@@ -22,6 +26,8 @@ def setting_problems(config: ml_collections.ConfigDict) -> list[str]:
     from roformer.train.config import TrainConfig
 
     found = problems("config.", config, {k: v for k, v in RULES.items() if k in config})
+    if not isinstance(config.seeds, numbers.Real):   # the extension's check compares it
+        found.append(f"config.seeds={config.seeds!r} is not allowed: give the number of pretraining seeds (>= 1)")
     found += problems("extrapolation.", config.extrapolation, EXTRAPOLATION_RULES)
     if config.extension.enabled:
         found += problems("extension.", config.extension, EXTENSION_RULES)
