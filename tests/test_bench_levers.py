@@ -2,11 +2,13 @@
 import json
 
 import numpy as np
+import pytest
 
 from roformer.bench import levers
 from roformer.bench.__main__ import main
 
 
+@pytest.mark.slow   # builds every variant's train step: minutes on 2 cores
 def test_levers_time_each_variant_against_the_baseline_with_its_own_program(tmp_path, capsys, monkeypatch):
     # Whichever lever won on this CPU, `adopted` is fused_qkv alone here: then built and timed.
     monkeypatch.setattr(levers, "adopted_variant", lambda rows, threshold: (levers.VARIANTS["fused_qkv"], ["x"]))
