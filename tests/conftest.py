@@ -19,11 +19,28 @@ for flag in ("--xla_force_host_platform_device_count=8", COMPILE_FAST_FLAG):
 
 import importlib.util  # noqa: E402
 import shutil  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
 
 from roformer import config_files  # noqa: E402
+
+# Test modules import helpers from one another across the package folders (tests/<package>/),
+# so every folder of the suite is on the import path, as tests/ itself is.
+for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
+    if _folder.is_dir() and not _folder.name.startswith(("_", ".")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
+
+# The fast lane (`python -m pytest tests -m fast`, docs/testing.md): the unit tests of every
+# package, no training run and no command in a process of its own. A module joins when its
+# tests take seconds.
+FAST_LANE = frozenset({"test_ablation_plan", "test_ablation_progress", "test_ablation_report",
+    "test_ablation_state", "test_ablation_stats", "test_attention", "test_attention_stats", "test_backend",
+    "test_checkpoint_source", "test_data_masking", "test_data_sources", "test_data_tokenizer",
+    "test_docs_links", "test_files", "test_glue_features", "test_glue_metrics", "test_glue_readers",
+    "test_imports", "test_machine", "test_model", "test_orbax_logs", "test_position_signal", "test_positions",
+    "test_rope", "test_settings"})
 
 
 def pytest_configure(config):
@@ -40,9 +57,14 @@ def pytest_configure(config):
     os.environ.update({name: str(value) for name, value in compile_cache_settings(directory).items()})
 
 
+@pytest.hookimpl(tryfirst=True)   # before `-m` selects by marker
 def pytest_collection_modifyitems(config, items):
     """The slow tests first (a stable sort keeps each group's order), so that none of them
-    starts last and leaves one xdist worker running alone at the end of the suite."""
+    starts last and leaves one xdist worker running alone at the end of the suite; the fast
+    lane's tests marked `fast`."""
+    for item in items:
+        if item.path.stem in FAST_LANE and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.fast)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
