@@ -50,7 +50,7 @@ def test_rope_explained_notebook(tmp_path, monkeypatch):
 
 
 # Plain extrapolation and YaRN: each extension run costs a compile, so two of the five
-# methods (tests/test_ablate.py covers every method's config and the per-seed plumbing).
+# methods (tests/ablation/test_ablate.py covers every method's config and the per-seed plumbing).
 EXTENSION_METHODS = ("none", "yarn")
 
 

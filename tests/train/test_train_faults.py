@@ -25,7 +25,7 @@ from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.guard import CheckpointSaveFailed, TrainingDiverged
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STEPS = 24
 
 # A 2-layer, 32-wide model on seq 32: every run here shares these settings.

@@ -1,5 +1,5 @@
 """The ablation session's progress lines (roformer.ablation.progress), read from the runs'
-metrics.jsonl; tests/test_ablate_parallel.py checks them in a real side-by-side session."""
+metrics.jsonl; tests/ablation/test_ablate_parallel.py checks them in a real side-by-side session."""
 import json
 import logging
 import time

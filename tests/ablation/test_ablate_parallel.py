@@ -105,7 +105,7 @@ def test_validate_refuses_a_bad_parallel(value, message):
 
 
 class FakeProcesses:
-    """Stands in for `_start_job`: runs the job's stages here, with tests/test_ablate.py's fake
+    """Stands in for `_start_job`: runs the job's stages here, with tests/ablation/test_ablate.py's fake
     stage runners, into the job's own state file as a run's process does, then starts a
     process that exits 0; or, for a run in `status`, records nothing and starts one that
     exits with that status."""
@@ -243,7 +243,7 @@ def overrides(config):
 
 def kill_after_first_checkpoints(workdir, config, runs):
     """Start the ablation as a command, SIGKILL it once every run in `runs` saved step 10."""
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     command = [sys.executable, "-m", "roformer.ablate", "--config=configs/ablation.py:smoke",
                f"--workdir={workdir}", *overrides(config)]
     process = subprocess.Popen(command, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -5,7 +5,7 @@ The tests swap the stage runners for fast fakes that write what the real ones wr
 context-extension results), so validation, the order of seeds and stages, skipping,
 resuming, failure handling and the report the runs add up to are checked without
 training; tests/test_notebooks.py runs a tiny real ablation end to end. The pieces have
-their own tests: tests/test_ablation_plan.py, test_ablation_state.py,
+their own tests: tests/ablation/test_ablation_plan.py, test_ablation_state.py,
 test_ablation_collect.py, test_ablation_report.py, test_ablation_extrapolation.py.
 """
 import json

@@ -413,7 +413,7 @@ def test_attention_implementation_is_a_config_choice(monkeypatch):
 
     # Which kernel each setting asks jax.nn.dot_product_attention for (on CPU every request
     # runs as XLA, so the outputs above cannot tell them apart): "auto" on a GPU takes XLA's
-    # kernel for this float32 model (cuDNN's takes bf16/fp16: tests/test_attention_kernels.py).
+    # kernel for this float32 model (cuDNN's takes bf16/fp16: tests/model/test_attention_kernels.py).
     fused = jax.nn.dot_product_attention
     requested = []
 

@@ -25,7 +25,7 @@ from roformer.bench.hf import flax_port_peer
 from roformer.machine import cpu_identity
 from roformer.model import ModelConfig, rope
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_bench(tmp_path, *argv):

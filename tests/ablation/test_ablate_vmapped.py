@@ -77,7 +77,7 @@ def test_vmapped_seeds_resume_after_kill_and_give_the_losses_of_runs_in_turn(tmp
         config.schemes, config.seeds, config.vmap_seeds = "rope", 2, vmap_seeds
         config.progress_every_s = 1.0
         workdir = tmp_path / f"vmap{vmap_seeds}"
-        if vmap_seeds > 1:   # killed once both seeds saved step 10 (in turn, tests/test_ablate_parallel.py)
+        if vmap_seeds > 1:   # killed once both seeds saved step 10 (in turn, tests/ablation/test_ablate_parallel.py)
             kill_after_first_checkpoints(workdir, config, runs)
         caplog.clear()
         result = runner.run_ablation(config, workdir)   # resumes from the checkpoints

@@ -247,7 +247,7 @@ def test_metrics_writer_jsonl_and_tensorboard(tmp_path):
 def test_tensorboard_is_a_dependency_and_reads_the_event_files(tmp_path):
     """The README's `tensorboard --logdir` needs the tensorboard package (tensorboardX only
     writes the events), so the project depends on it; and it reads what MetricsWriter writes."""
-    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     names = {re.match(r"[A-Za-z0-9_.-]+", dep).group().lower() for dep in pyproject["project"]["dependencies"]}
     assert "tensorboard" in names
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")

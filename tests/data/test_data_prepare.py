@@ -15,7 +15,7 @@ from roformer.data import shard_build, shards
 from roformer.data.sources import FilesSource
 from roformer.data.tokenizer import WordPieceTokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

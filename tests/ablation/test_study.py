@@ -15,7 +15,7 @@ from roformer.ablation import plan, study, study_data, study_stats
 from roformer.errors import ConfigError
 from roformer.train import optim
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCHEMES = ("rope", "shaw", "learned", "t5", "alibi", "sinusoidal", "none")
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from roformer.train import read_metrics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Each process: train 4 steps (checkpoint at 2 and 4), then a second call resumes at 4.
 DRIVER = textwrap.dedent("""
