@@ -65,6 +65,10 @@ def get_config(arg=None):
     c.max_eval_examples = 0         # > 0: first N dev rows
     c.eval_batch_size = 128
     c.predict_test = False          # write leaderboard TSVs + zip (with the median-seed model)
+    # Fine-tuned models kept in models/<task>/seed<k>/ (roformer.convert's format, tokenizer
+    # included) and the median seed's exported to models/<task>/hf/ (HF
+    # RoFormerForSequenceClassification): "median", "all" seeds, or "none".
+    c.save_models = "median"
     c.log_every = 50
     c.progress_bar = True           # a bar per task and seed (on a terminal)
     # jax's persistent compilation cache: "auto" = ~/.cache/roformer-jax/xla on a GPU/TPU (off

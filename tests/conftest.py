@@ -108,3 +108,28 @@ def wiki_cfg(shared_data: Path, cache: Path, **overrides):
     cfg = {"source": "files", "files": str(shared_data / "wikipedia_en" / "wiki_0[67]"),
            "vocab": str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), "cache_dir": str(cache)}
     return DataConfig(**{**cfg, **overrides})
+
+
+def cudnn_layout_errors(q, k, v, bias, mask, kv_lengths) -> list[str]:
+    """What jax's cuDNN path (jax.nn.dot_product_attention -> cudnn_dot_product_attention ->
+    combine_bias_and_mask -> check_layout, BTNH layout) would refuse in these arguments
+    (tests/model/test_attention_kernels.py, tests/glue/test_glue_finetune.py)."""
+    import jax.numpy as jnp   # here: conftest sets the XLA flags before jax is first imported
+
+    errors = []
+    if q.dtype not in (jnp.bfloat16, jnp.float16) or not q.dtype == k.dtype == v.dtype:
+        errors.append(f"Q/K/V must be fp16/bf16 of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.ndim != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
+        errors.append(f"Q/K/V shapes {q.shape} {k.shape} {v.shape} are not one BTNH layout")
+    if q.shape[-1] % 8 or q.shape[-1] > 128:
+        errors.append(f"head size {q.shape[-1]}")
+    combined = [t for t in (bias, mask) if t is not None]
+    if combined:
+        shape = jnp.broadcast_shapes(*[(1,) * (4 - t.ndim) + tuple(t.shape) for t in combined])
+        if shape[2] != q.shape[1] or shape[3] != k.shape[1]:
+            errors.append(f"Bias must have same seq length as QKV, got {shape[2]} and {shape[3]}")
+        if shape[0] not in (1, q.shape[0]) or shape[1] not in (1, q.shape[2]):
+            errors.append(f"bias batch/heads {shape[:2]}")
+    if kv_lengths is not None and (kv_lengths.dtype != jnp.int32 or kv_lengths.shape != (q.shape[0],)):
+        errors.append(f"kv_seqlen must be int32 [B], got {kv_lengths.dtype} {kv_lengths.shape}")
+    return errors

@@ -357,9 +357,10 @@ def _extension_problems(config: ml_collections.ConfigDict, schemes: list[str]) -
 # reruns a finished stage (a guard that fires stops the run, which is then not done anyway).
 WATCH_ONLY_TRAIN_KEYS = ("progress_bar", "eval_attention_stats")
 WATCH_ONLY_TRAIN_PREFIXES = ("divergence_",)
-# Likewise for the GLUE section: what it shows and where compiled programs are cached, and
-# the attention kernel (the same math: auto picks what the device runs fastest).
-WATCH_ONLY_GLUE_KEYS = ("progress_bar", "compilation_cache_dir")
+# Likewise for the GLUE section: what it shows, which models it keeps, where compiled
+# programs are cached, and the attention kernel (the same math: auto picks what the device
+# runs fastest).
+WATCH_ONLY_GLUE_KEYS = ("progress_bar", "compilation_cache_dir", "save_models")
 KERNEL_ONLY_MODEL_KEYS = ("attention_impl",)
 
 

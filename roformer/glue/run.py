@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from roformer.accelerator import enable_compilation_cache, startup_line
+from roformer.convert import load_converted, save_converted, save_hf, write_hf_tokenizer_config
 from roformer.data.tokenizer import load_tokenizer
 from roformer.errors import ConfigError, UserError
 from roformer.files import write_json_atomic, write_text_atomic, writing
@@ -126,7 +127,8 @@ class ProgramsCache:
 
 
 def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_state,
-             run_log: RunLog, submission_dir: Path | None, programs_cache: ProgramsCache) -> dict:
+             run_log: RunLog, submission_dir: Path | None, programs_cache: ProgramsCache,
+             models_dir: Path) -> dict:
     protocol = Protocol.from_config(config, task.name)
     read = _data_kwargs(config)
     train = _limit(read_split(task, task.train_split, **read), protocol.max_train_examples)
@@ -145,7 +147,7 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
     test_f = {key: feats(ex) for key, ex in tests.items()}
     predict_kw = dict(batch_size=config.eval_batch_size, max_seq_len=protocol.max_seq_len, pad_id=special.pad_id)
 
-    seeds, test_predictions = {}, {}
+    seeds, test_predictions, trained = {}, {}, {}
     task_start, compile_seconds, programs = time.time(), 0.0, None
     for seed in range(config.seeds):
         start = time.time()
@@ -183,6 +185,10 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
         if test_f:
             test_predictions[seed] = {key: predict(classifier, programs, f, **predict_kw)
                                       for key, f in test_f.items()}
+        if config.save_models == "all":
+            save_classifier(classifier, models_dir / task.name / f"seed{seed}", tokenizer)
+        elif config.save_models == "median":
+            trained[seed] = classifier
 
     medians = {split: {m: float(np.median([seeds[s][split][m] for s in seeds]))
                        for m in task.metrics} for split in task.eval_splits}
@@ -191,13 +197,43 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
            "num_train_examples": len(train_f),
            "num_eval_examples": {s: len(f) for s, f in eval_f.items()},
            "seeds": {str(s): r for s, r in seeds.items()}, "median": medians}
+    chosen = median_seed(task, seeds, medians)
     if test_predictions:
-        chosen = median_seed(task, seeds, medians)
         for (t, split), f in test_f.items():
             write_predictions(submission_dir, TASKS[t], split, f.idx,
                               test_predictions[chosen][(t, split)])
         out["submitted_seed"] = chosen
+    if config.save_models != "none":
+        if config.save_models == "median":
+            save_classifier(trained[chosen], models_dir / task.name / f"seed{chosen}", tokenizer)
+        saved = {"median_seed": chosen, "dir": str(models_dir / task.name)}
+        try:
+            saved["hf"] = str(export_classifier(models_dir / task.name / f"seed{chosen}", models_dir / task.name / "hf"))
+        except ConfigError as why:   # a position scheme HF's RoFormer cannot express
+            saved["hf"] = None
+            saved["hf_not_exported"] = str(why)
+        out["saved_models"] = saved
     return out
+
+
+def save_classifier(classifier: Classifier, out_dir: Path, tokenizer) -> Path:
+    """A fine-tuned classifier in roformer.convert's format (model_config.json + params/),
+    with its tokenizer: `python -m roformer.convert to-hf` exports it, and GLUE (or
+    load_converted) reloads it."""
+    out_dir = save_converted(classifier.model(), out_dir)
+    tokenizer.save(out_dir)
+    return out_dir
+
+
+def export_classifier(saved_dir: Path, hf_dir: Path) -> Path:
+    """The saved classifier as an HF RoFormerForSequenceClassification directory, tokenizer
+    files included (what AutoTokenizer / AutoModelForSequenceClassification load)."""
+    config, model = load_converted(saved_dir)
+    save_hf(model, config, hf_dir)
+    tokenizer = load_tokenizer(str(saved_dir / "tokenizer.json"))
+    tokenizer.save(hf_dir)
+    write_hf_tokenizer_config(hf_dir, lowercase=tokenizer.lowercase, model_max_length=config.max_position_embeddings)
+    return hf_dir
 
 
 def predicted_splits(task: TaskSpec) -> list[tuple[TaskSpec, str]]:
@@ -318,7 +354,8 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
                 results["tasks"][name] = run_task(
                     TASKS[name], config, tokenizer=tokenizer, special=special,
                     model_config=model_config, init_state=init_state, run_log=run_log,
-                    submission_dir=submission_dir, programs_cache=programs_cache)
+                    submission_dir=submission_dir, programs_cache=programs_cache,
+                    models_dir=workdir / "models")
             except (UserError, KeyboardInterrupt):
                 raise
             except Exception as error:   # one task failing keeps the others' results

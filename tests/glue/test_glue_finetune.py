@@ -10,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 
+from conftest import cudnn_layout_errors
 from configs import glue as glue_config
 from roformer.glue import finetune as finetune_lib
 from roformer.glue import run as glue_run
@@ -89,8 +90,6 @@ def test_a_model_that_cannot_predict_fails_before_training(shared_data, vocab, t
 def test_glue_on_a_cudnn_model_hands_the_kernel_layouts_it_takes(shared_data, vocab, tmp_path, monkeypatch):
     """GLUE (training and prediction) with attention_impl=cudnn, the cuDNN calls checked
     against its layout rules and run by XLA's kernel (no GPU here)."""
-    from test_attention_kernels import cudnn_layout_errors
-
     original, calls = jax.nn.dot_product_attention, []
 
     def checked(q, k, v, bias=None, mask=None, *, implementation=None, key_value_seq_lengths=None, **kw):
@@ -141,3 +140,42 @@ def test_the_persistent_compilation_cache_is_off_on_cpu_unless_a_directory_is_gi
     monkeypatch.setattr(jax.config, "update", lambda name, value: set_to.append((name, value)))
     assert enable_compilation_cache(str(tmp_path)) == str(tmp_path)
     assert set_to == [("jax_compilation_cache_dir", str(tmp_path))]
+
+
+def test_the_median_seed_is_saved_reloads_to_its_scores_and_loads_in_transformers(shared_data, vocab, tmp_path):
+    from roformer.convert import load_converted
+
+    config = tiny_config(shared_data, vocab, "mrpc")
+    config.seeds = 3
+    results = glue_run.run_glue(config, tmp_path / "glue")
+    saved = results["tasks"]["mrpc"]["saved_models"]
+    chosen = saved["median_seed"]
+    models = tmp_path / "glue" / "models" / "mrpc"
+    assert sorted(p.name for p in models.iterdir()) == ["hf", f"seed{chosen}"]   # the median only
+    # reloaded, the saved model predicts the dev scores the run reported for that seed
+    model_config, model = load_converted(models / f"seed{chosen}")
+    classifier = finetune_lib.Classifier.split(model)
+    from roformer.glue.features import featurize
+    from roformer.glue.readers import read_split
+    from roformer.glue.tasks import TASKS
+    from roformer.data.tokenizer import load_tokenizer
+    from roformer.glue.metrics import task_metrics
+
+    task = TASKS["mrpc"]
+    tokenizer = load_tokenizer(str(models / f"seed{chosen}" / "tokenizer.json"))
+    dev = featurize(read_split(task, "validation", source="local", data_dir=config.data_dir, hf_path="",
+                               hf_cache_dir=None, tfds_data_dir=None)[:16], tokenizer, 32)
+    programs = finetune_lib.Programs(classifier, finetune_lib.Protocol.from_config(config, "mrpc").update_settings, False)
+    preds = finetune_lib.predict(classifier, programs, dev, batch_size=16, max_seq_len=32, pad_id=tokenizer.pad_id)
+    assert task_metrics(task, dev.labels, preds) == pytest.approx(results["tasks"]["mrpc"]["seeds"][str(chosen)]["validation"])
+    assert (models / "hf" / "config.json").is_file() and (models / "hf" / "tokenizer_config.json").is_file()
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(models / "hf").eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(models / "hf")
+    ids = hf_tokenizer(["a short sentence ."], return_tensors="pt")
+    with torch.no_grad():
+        hf_logits = hf(**ids).logits.numpy()
+    ours = np.asarray(model(jnp.asarray(ids["input_ids"].numpy()),
+                            token_type_ids=jnp.asarray(ids["token_type_ids"].numpy())))
+    np.testing.assert_allclose(ours, hf_logits, atol=1e-4)
