@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import sys
+import time
 from collections.abc import Callable
 
 import jax
@@ -118,11 +120,21 @@ def bench_group(size: str, seq_len: int, batch: int, schemes, args: argparse.Nam
     """Time every (scheme, dropout key implementation, hidden dropout) at one (size, seq_len)
     in alternating rounds with a matmul; one row each. `max_len` sizes the learned position
     table (scaling needs the longest); a hidden dropout of None is the model config's."""
-    workloads = {
-        (scheme, impl, rate): build_train_workload(
-            model_config(size, scheme, args, max_len or seq_len, hidden_dropout=rate),
-            batch_size=batch, seq_len=seq_len, attention_impl=args.attention_impl, dropout_rng_impl=impl)
-        for scheme in schemes for impl in dropout_rng_impls for rate in hidden_dropouts}
+    workloads = {}
+    for scheme in schemes:
+        for impl in dropout_rng_impls:
+            for rate in hidden_dropouts:
+                # each build compiles a train step (seconds to minutes): a line per build, so a
+                # long benchmark shows where it is
+                print(f"step {size}/{seq_len}/{batch} {scheme}: compiling ...", file=sys.stderr, flush=True)
+                started = time.perf_counter()
+                workloads[(scheme, impl, rate)] = build_train_workload(
+                    model_config(size, scheme, args, max_len or seq_len, hidden_dropout=rate),
+                    batch_size=batch, seq_len=seq_len, attention_impl=args.attention_impl, dropout_rng_impl=impl)
+                print(f"step {size}/{seq_len}/{batch} {scheme}: compiled in {time.perf_counter() - started:.1f}s",
+                      file=sys.stderr, flush=True)
+    print(f"step {size}/{seq_len}/{batch}: timing {len(workloads)} variant(s), {args.rounds} rounds",
+          file=sys.stderr, flush=True)
     labels = {key: "/".join(map(str, key)) for key in workloads}
     # The first step's loss, from the seed's initial parameters and batch: the same in every
     # process unless a setting changes the arithmetic (roformer.bench.flags compares it).

@@ -88,7 +88,7 @@ def test_rope_bench_pairs_variant_is_the_models_product_and_its_vjp():
                                atol=1e-6)
 
 
-def test_step_and_scaling_bench(tmp_path):
+def test_step_and_scaling_bench(tmp_path, capsys):
     common = ["--vocab-size", "64", "--rounds", "1", "--iters", "1", "--peak-size", "128"]
     # the accelerator path's switches: fused attention needs attention dropout off
     result = run_bench(tmp_path, "step", "--sizes", "tiny", "--seq-lens", "16", "--batch", "2",
@@ -102,6 +102,9 @@ def test_step_and_scaling_bench(tmp_path):
     assert all(r["tokens_s"] > 0 and r["mfu"] > 0 and r["GFLOP_step"] > 0 for r in rows.values())
     # the first step's loss, from the same initial parameters and batch for every dropout key
     assert len({r["loss_step1"] for r in rows.values() if r["hidden_dropout"] == 0}) == 1
+    # a line per compiled variant while it runs, not silence until the table
+    progress = capsys.readouterr().err
+    assert progress.count("step tiny/16/2 rope: compiling ...") == 4 and "compiled in" in progress
 
     result = run_bench(tmp_path, "scaling", "--size", "tiny", "--seq-lens", "32", "--tokens", "64",
                        "--schemes", "learned", "rope", *common)
