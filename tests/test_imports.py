@@ -41,31 +41,46 @@ def _module_level(body: list[ast.stmt]):
             yield from _module_level(node.body)
 
 
+def imported_modules(node: ast.AST, package: str, known) -> list[str | None]:
+    """The roformer modules an import statement `node` (in `package`) names, each resolved by
+    `known` to the module file it runs (None: not a roformer module); [] for other nodes.
+    `from pkg import module` imports the module."""
+    if isinstance(node, ast.Import):
+        return [known(alias.name) for alias in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:
+        parts = package.split(".")
+        base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+    return [known(f"{base}.{alias.name}") or known(base) for alias in node.names]
+
+
+def module_resolver(files: dict[str, Path]):
+    """name -> the longest prefix of `name` that is a roformer module, or None."""
+    def known(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+    return known
+
+
+def package_of(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
 def import_graph() -> dict[str, set[str]]:
     """module -> the roformer modules its module-level statements import. Importing
     `a.b.c` runs the packages `a.b` and `a` first, so they count too (except the module's
     own packages, which are already running when it is imported)."""
     files = module_files()
-
-    def known(name: str) -> str | None:
-        while name and name not in files:
-            name = name.rpartition(".")[0]
-        return name or None
-
+    known = module_resolver(files)
     graph = {}
     for name, path in files.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        package = package_of(name, path)
         targets = set()
         for node in _module_level(ast.parse(path.read_text()).body):
-            if isinstance(node, ast.Import):
-                targets.update(known(alias.name) for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")
-                    base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
-                for alias in node.names:   # `from pkg import module` imports the module
-                    targets.add(known(f"{base}.{alias.name}") or known(base))
+            targets.update(imported_modules(node, package, known))
         own = {name.rsplit(".", k)[0] for k in range(name.count(".") + 1)}
         edges = set()
         for target in targets - {None, name}:
@@ -79,27 +94,13 @@ def all_imports() -> dict[str, dict[str, int]]:
     """module -> {roformer module it imports anywhere (module level or inside a function):
     the line of the first such import}."""
     files = module_files()
-
-    def known(name: str) -> str | None:
-        while name and name not in files:
-            name = name.rpartition(".")[0]
-        return name or None
-
+    known = module_resolver(files)
     graph = {}
     for name, path in files.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        package = package_of(name, path)
         targets: dict[str, int] = {}
         for node in ast.walk(ast.parse(path.read_text())):
-            found = []
-            if isinstance(node, ast.Import):
-                found = [known(alias.name) for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")
-                    base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
-                found = [known(f"{base}.{alias.name}") or known(base) for alias in node.names]
-            for target in found:
+            for target in imported_modules(node, package, known):
                 if target and target != name:
                     targets.setdefault(target, node.lineno)
         graph[name] = targets
