@@ -133,3 +133,16 @@ def cudnn_layout_errors(q, k, v, bias, mask, kv_lengths) -> list[str]:
     if kv_lengths is not None and (kv_lengths.dtype != jnp.int32 or kv_lengths.shape != (q.shape[0],)):
         errors.append(f"kv_seqlen must be int32 [B], got {kv_lengths.dtype} {kv_lengths.shape}")
     return errors
+
+
+def tiny_run_config(cache: Path, overrides: dict, **extra):
+    """configs/tiny.py with its data cache in `cache` and `overrides`, then `extra`, set by
+    dotted key ("train.steps": 8): the small pretraining runs the training tests share."""
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.data.cache_dir = str(cache)
+    for key, value in {**overrides, **extra}.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    return config

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from configs import tiny
+from conftest import tiny_run_config
 from roformer.train.guard import DivergenceGuard
 
 OVERRIDES = {
@@ -20,12 +20,7 @@ OVERRIDES = {
 
 
 def make_config(cache: Path, **extra):
-    config = tiny.get_config()
-    config.data.cache_dir = str(cache)
-    for key, value in {**OVERRIDES, **extra}.items():
-        section, name = key.split(".")
-        config[section][name] = value
-    return config
+    return tiny_run_config(cache, OVERRIDES, **extra)
 
 
 @pytest.fixture(scope="module")

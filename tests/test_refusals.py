@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from configs import tiny
+from conftest import tiny_run_config
 from roformer.errors import ConfigError
 from roformer.train import train_and_evaluate
 from roformer.workdir_lock import WorkdirBusy
@@ -26,12 +26,7 @@ OVERRIDES = {
 
 
 def make_config(cache: Path, **extra):
-    config = tiny.get_config()
-    config.data.cache_dir = str(cache)
-    for key, value in {**OVERRIDES, **extra}.items():
-        section, name = key.split(".")
-        config[section][name] = value
-    return config
+    return tiny_run_config(cache, OVERRIDES, **extra)
 
 
 def snapshot(workdir: Path) -> dict[str, bytes | None]:

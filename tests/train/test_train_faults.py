@@ -20,7 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from configs import tiny
+from conftest import tiny_run_config
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.guard import CheckpointSaveFailed, TrainingDiverged
@@ -41,12 +41,7 @@ OVERRIDES = {
 
 
 def make_config(cache: Path, **extra):
-    config = tiny.get_config()
-    config.data.cache_dir = str(cache)
-    for key, value in {**OVERRIDES, **extra}.items():
-        section, name = key.split(".")
-        config[section][name] = value
-    return config
+    return tiny_run_config(cache, OVERRIDES, **extra)
 
 
 def cli(workdir: Path, cache: Path, **extra) -> list[str]:

@@ -16,8 +16,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from conftest import REPO_ROOT, SHARED_DATA, needs_torch, needs_transformers
-from configs import bert_staged, tiny
+from conftest import REPO_ROOT, SHARED_DATA, needs_torch, needs_transformers, tiny_run_config
+from configs import bert_staged
 from roformer import checkpoint_source
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.config import Phase, parse_phases
@@ -37,12 +37,7 @@ OVERRIDES = {
 
 
 def make_config(cache: Path, **extra):
-    config = tiny.get_config()
-    config.data.cache_dir = str(cache)
-    for key, value in {**OVERRIDES, **extra}.items():
-        section, name = key.split(".")
-        config[section][name] = value
-    return config
+    return tiny_run_config(cache, OVERRIDES, **extra)
 
 
 def params_at(workdir: Path, step: int) -> dict:
