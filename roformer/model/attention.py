@@ -102,12 +102,11 @@ def check_attention_impl(config, platform: str | None = None) -> None:
     attention dropout, for schemes whose attention is plain softmax with at most a bias."""
     if config.attention_impl != "cudnn":
         return
-    platform = platform or jax.default_backend()
+    refused = backend.fused_kernel_refusal(platform=platform or jax.default_backend(), dtype=config.dtype,
+                                           head_dim=config.head_dim)
     why = None
-    if platform not in ("gpu", "cuda"):
-        why = f"it runs on NVIDIA GPUs only and this run's devices are {platform}"
-    elif config.dtype not in backend.FUSED_DTYPES:
-        why = f"it takes bf16/fp16 inputs and model.dtype is {config.dtype}; set model.dtype=bfloat16"
+    if refused:
+        why = f"it {refused}"
     elif config.attention_dropout > 0:
         why = (f"it has no attention dropout and model.attention_dropout is {config.attention_dropout}; "
                "set it to 0")
@@ -115,8 +114,6 @@ def check_attention_impl(config, platform: str | None = None) -> None:
         why = "the model uses linear attention"
     elif POSITION_SCHEMES[config.position].relative_kv:
         why = f"position {config.position!r} adds relative terms to keys and values, which no kernel takes"
-    elif config.head_dim % 8 or config.head_dim > backend.FUSED_MAX_HEAD_DIM:
-        why = f"head size {config.head_dim} is not a multiple of 8 up to {backend.FUSED_MAX_HEAD_DIM}"
     if why:
         raise ConfigError(f"model.attention_impl='cudnn' cannot be used: {why} "
                           "(attention_impl=auto picks the fused kernel wherever it can)")

@@ -269,7 +269,6 @@ def attention_path(implementation: str, *, dtype, head_dim: int, dropout_active:
     operands, whose batched dots its dot library runs faster (2026-11-25-attention-dots-cpu.md).
     """
     platform = platform or jax.default_backend()
-    dtype = jnp.dtype(dtype).name
     if relative_kv:
         return "explicit", "written out (Shaw relative keys and values: no kernel takes them)"
     if dropout_active:
@@ -279,14 +278,25 @@ def attention_path(implementation: str, *, dtype, head_dim: int, dropout_active:
         return implementation, f"{implementation} (attention_impl={implementation})"
     if platform == "cpu":
         return "explicit", "written out, head-major (auto on CPU)"
-    if platform in ("gpu", "cuda"):
-        if dtype not in FUSED_DTYPES:
-            return "xla", (f"xla (auto: the fused cuDNN kernel takes bf16/fp16, model.dtype is {dtype}; "
-                           "set model.dtype=bfloat16)")
-        if head_dim % 8 or head_dim > FUSED_MAX_HEAD_DIM:
-            return "xla", f"xla (auto: head size {head_dim} is not one cuDNN's fused kernel takes)"
-        return "cudnn", "cudnn fused kernel (auto on GPU)"
-    return "xla", f"xla (auto on {platform})"
+    if platform not in ("gpu", "cuda"):
+        return "xla", f"xla (auto on {platform})"
+    refused = fused_kernel_refusal(platform=platform, dtype=dtype, head_dim=head_dim)
+    if refused:
+        return "xla", f"xla (auto: cuDNN's fused kernel {refused})"
+    return "cudnn", "cudnn fused kernel (auto on GPU)"
+
+
+def fused_kernel_refusal(*, platform: str, dtype, head_dim: int) -> str | None:
+    """Why cuDNN's fused kernel cannot take inputs of this device, dtype and head size, or
+    None when it can (what attention_path's auto and attention.check_attention_impl ask)."""
+    dtype = jnp.dtype(dtype).name
+    if platform not in ("gpu", "cuda"):
+        return f"runs on NVIDIA GPUs only and this run's devices are {platform}"
+    if dtype not in FUSED_DTYPES:
+        return f"takes bf16/fp16 inputs and model.dtype is {dtype}; set model.dtype=bfloat16"
+    if head_dim % 8 or head_dim > FUSED_MAX_HEAD_DIM:
+        return f"takes head sizes that are multiples of 8 up to {FUSED_MAX_HEAD_DIM}, not {head_dim}"
+    return None
 
 
 # ---- Dense layers and the MLM decoder -------------------------------------------------
