@@ -495,6 +495,13 @@ def write_hf_tokenizer_config(out_dir: str | Path, *, lowercase: bool, model_max
     write_json_atomic(out_dir / "special_tokens_map.json", specials)
 
 
+def save_hf_tokenizer(tokenizer, out_dir: str | Path, *, model_max_length: int) -> None:
+    """Our WordPiece tokenizer beside an HF export: vocab.txt, tokenizer.json and the config
+    files AutoTokenizer reads (write_hf_tokenizer_config)."""
+    tokenizer.save(out_dir)
+    write_hf_tokenizer_config(out_dir, lowercase=tokenizer.lowercase, model_max_length=model_max_length)
+
+
 # ------------------------------------------------------------------------------- CLI
 
 @cli.entry_point
@@ -542,10 +549,7 @@ def main(argv: list[str] | None = None) -> None:
         out = save_hf(model, config, args.out_dir)
         run = PretrainWorkdir(src)
         if run.tokenizer_file.is_file():
-            tokenizer = run.tokenizer()
-            tokenizer.save(out)
-            write_hf_tokenizer_config(out, lowercase=tokenizer.lowercase,
-                                      model_max_length=config.max_position_embeddings)
+            save_hf_tokenizer(run.tokenizer(), out, model_max_length=config.max_position_embeddings)
     else:
         raise cli.UsageError(f"to-hf: {src} has neither {OUR_CONFIG_FILE} (from-hf output) nor {CHECKPOINTS}/ "
                              "(a pretraining workdir)")

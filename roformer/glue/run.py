@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from roformer.accelerator import enable_compilation_cache, startup_line
-from roformer.convert import load_converted, save_converted, save_hf, write_hf_tokenizer_config
+from roformer.convert import save_converted, save_hf, save_hf_tokenizer
 from roformer.data.tokenizer import load_tokenizer
 from roformer.errors import ConfigError, UserError
 from roformer.files import write_json_atomic, write_text_atomic, writing
@@ -148,29 +148,26 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
     predict_kw = dict(batch_size=config.eval_batch_size, max_seq_len=protocol.max_seq_len, pad_id=special.pad_id)
 
     seeds, test_predictions, trained = {}, {}, {}
-    task_start, compile_seconds, programs = time.time(), 0.0, None
+    task_start, programs = time.time(), None
     for seed in range(config.seeds):
         start = time.time()
         classifier = Classifier.split(create_model(model_config, task.num_labels, seed, init_state))
         if programs is None:
             programs = programs_cache.get(classifier, protocol, task.is_regression)
+            compiled_before = programs.compile_seconds   # shared with earlier tasks
             # Every program this task runs, compiled before training (tracing them checks that
             # the attention kernel takes them), then one real prediction on a tiny batch: a
             # model that cannot predict fails in seconds, not after training.
-            compiled_before = programs.compile_seconds
             programs.prepare(
                 [(protocol.batch_size, length) for length, _ in planned_train_batches(
                     train_f, protocol.batch_size, protocol.max_seq_len, seed, protocol.total_steps(len(train_f)))],
                 [shape for f in (*eval_f.values(), *test_f.values())
                  for shape in predict_shapes(f, batch_size=config.eval_batch_size, max_seq_len=protocol.max_seq_len)])
             predict(classifier, programs, train_f.head(2), **predict_kw)
-            compile_seconds += programs.compile_seconds - compiled_before
-        compiled_before = programs.compile_seconds
         classifier, info = finetune(classifier, programs, train_f, protocol, seed=seed, pad_id=special.pad_id,
                                     desc=f"{task.display} seed {seed}", log_every=config.log_every,
                                     log_fn=lambda row, s=seed: run_log.write(task.name, s, row["step"], row),
                                     progress=config.progress_bar)
-        compile_seconds += programs.compile_seconds - compiled_before
         result = {"steps": info["steps"], "final_train_loss": info["final_loss"],
                   "train_steps_per_sec": info["steps_per_sec"],
                   "train_seconds": round(time.time() - start, 2)}
@@ -185,15 +182,13 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
         if test_f:
             test_predictions[seed] = {key: predict(classifier, programs, f, **predict_kw)
                                       for key, f in test_f.items()}
-        if config.save_models == "all":
-            save_classifier(classifier, models_dir / task.name / f"seed{seed}", tokenizer)
-        elif config.save_models == "median":
+        if config.save_models != "none":
             trained[seed] = classifier
 
     medians = {split: {m: float(np.median([seeds[s][split][m] for s in seeds]))
                        for m in task.metrics} for split in task.eval_splits}
     out = {"protocol": dataclasses.asdict(protocol),
-           "wall_seconds": round(time.time() - task_start, 2), "compile_seconds": round(compile_seconds, 2),
+           "wall_seconds": round(time.time() - task_start, 2), "compile_seconds": round(programs.compile_seconds - compiled_before, 2),
            "num_train_examples": len(train_f),
            "num_eval_examples": {s: len(f) for s, f in eval_f.items()},
            "seeds": {str(s): r for s, r in seeds.items()}, "median": medians}
@@ -204,36 +199,34 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
                               test_predictions[chosen][(t, split)])
         out["submitted_seed"] = chosen
     if config.save_models != "none":
-        if config.save_models == "median":
-            save_classifier(trained[chosen], models_dir / task.name / f"seed{chosen}", tokenizer)
-        saved = {"median_seed": chosen, "dir": str(models_dir / task.name)}
-        try:
-            saved["hf"] = str(export_classifier(models_dir / task.name / f"seed{chosen}", models_dir / task.name / "hf"))
-        except ConfigError as why:   # a position scheme HF's RoFormer cannot express
-            saved["hf"] = None
-            saved["hf_not_exported"] = str(why)
-        out["saved_models"] = saved
+        out["saved_models"] = save_models(trained, chosen, models_dir / task.name, tokenizer,
+                                          every_seed=config.save_models == "all")
     return out
 
 
-def save_classifier(classifier: Classifier, out_dir: Path, tokenizer) -> Path:
-    """A fine-tuned classifier in roformer.convert's format (model_config.json + params/),
-    with its tokenizer: `python -m roformer.convert to-hf` exports it, and GLUE (or
-    load_converted) reloads it."""
-    out_dir = save_converted(classifier.model(), out_dir)
-    tokenizer.save(out_dir)
-    return out_dir
-
-
-def export_classifier(saved_dir: Path, hf_dir: Path) -> Path:
-    """The saved classifier as an HF RoFormerForSequenceClassification directory, tokenizer
-    files included (what AutoTokenizer / AutoModelForSequenceClassification load)."""
-    config, model = load_converted(saved_dir)
-    save_hf(model, config, hf_dir)
-    tokenizer = load_tokenizer(str(saved_dir / "tokenizer.json"))
-    tokenizer.save(hf_dir)
-    write_hf_tokenizer_config(hf_dir, lowercase=tokenizer.lowercase, model_max_length=config.max_position_embeddings)
-    return hf_dir
+def save_models(trained: dict[int, Classifier], chosen: int, task_dir: Path, tokenizer, *,
+                every_seed: bool) -> dict:
+    """The fine-tuned classifiers of a task in roformer.convert's format with their tokenizer,
+    task_dir/seed<k> (`python -m roformer.convert to-hf` exports one, load_converted reloads
+    it): the median seed's, or `every_seed`'s. The median seed's is also exported to
+    task_dir/hf as HF RoFormerForSequenceClassification (what AutoTokenizer and
+    AutoModelForSequenceClassification load), when HF's RoFormer can express it."""
+    saved = {"median_seed": chosen, "dir": str(task_dir)}
+    for seed, classifier in trained.items():
+        if every_seed or seed == chosen:
+            model = classifier.model()
+            save_converted(model, task_dir / f"seed{seed}")
+            tokenizer.save(task_dir / f"seed{seed}")
+            if seed == chosen:
+                try:
+                    save_hf(model, None, task_dir / "hf")
+                except ConfigError as why:   # a position scheme HF's RoFormer cannot express
+                    saved.update(hf=None, hf_not_exported=str(why))
+                else:
+                    save_hf_tokenizer(tokenizer, task_dir / "hf",
+                                      model_max_length=model.config.max_position_embeddings)
+                    saved["hf"] = str(task_dir / "hf")
+    return saved
 
 
 def predicted_splits(task: TaskSpec) -> list[tuple[TaskSpec, str]]:
