@@ -6,7 +6,7 @@ from roformer.glue.metrics import glue_scores, task_metrics
 from roformer.glue.readers import Example, GlueDataError, read_split
 from roformer.glue.tasks import GLUE_TASKS, TASKS, get_task
 
-__all__ = ["Example", "GLUE_TASKS", "GlueDataError", "TASKS", "get_task", "glue_scores",
+__all__ = ["Example", "GLUE_TASKS", "GlueDataError", "TASKS", "evaluate_glue", "get_task", "glue_scores",
            "read_split", "run_glue", "task_metrics"]
 
 
@@ -15,3 +15,10 @@ def run_glue(config, workdir):
     from roformer.glue.run import run_glue as _run_glue
 
     return _run_glue(config, workdir)
+
+
+def evaluate_glue(config, saved, workdir):
+    """See roformer.glue.evaluate.evaluate_glue (imported lazily, as run_glue)."""
+    from roformer.glue.evaluate import evaluate_glue as _evaluate_glue
+
+    return _evaluate_glue(config, saved, workdir)

@@ -1,19 +1,28 @@
 """python -m roformer.glue --config=configs/glue.py --config.task=<task|all>
-    --config.init=<pretraining workdir | HF RoFormer dir | none> --workdir=DIR"""
+    --config.init=<pretraining workdir | HF RoFormer dir | none> --workdir=DIR
+
+Evaluation only, of the fine-tuned models an earlier run kept (no training):
+python -m roformer.glue --config=<its config> --eval_only=<its workdir> --workdir=NEW_DIR"""
 from absl import flags
 from ml_collections import config_flags
 
 from roformer import cli
+from roformer.glue.evaluate import evaluate_glue
 from roformer.glue.run import run_glue
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "GLUE config file (default: configs/glue.py).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.", required=True)
+_EVAL_ONLY = flags.DEFINE_string("eval_only", None, "Score the fine-tuned models this GLUE workdir saved "
+                                 "(models/<task>/seed<k>) on the dev splits, without training.")
 
 
 def main(argv):
     if len(argv) > 1:
         raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
-    results = run_glue(_CONFIG.value, _WORKDIR.value)
+    if _EVAL_ONLY.value:
+        results = evaluate_glue(_CONFIG.value, _EVAL_ONLY.value, _WORKDIR.value)
+    else:
+        results = run_glue(_CONFIG.value, _WORKDIR.value)
     print(open(f"{_WORKDIR.value}/glue_results.md").read(), end="")
     print(done_line(_WORKDIR.value, results), flush=True)
 

@@ -102,13 +102,15 @@ def _logged_task(line: str) -> str | None:
         return None
 
 
-def _data_kwargs(config) -> dict:
+def data_kwargs(config) -> dict:
+    """read_split's keyword arguments: where a GLUE config reads its data."""
     return dict(source=config.source, data_dir=config.data_dir, hf_path=config.hf_path,
                 hf_cache_dir=config.hf_cache_dir or None,
                 tfds_data_dir=config.tfds_data_dir or None)
 
 
-def _limit(examples: list, n: int) -> list:
+def limit_examples(examples: list, n: int) -> list:
+    """The first `n` examples (all of them when n <= 0): max_train_examples, max_eval_examples."""
     return examples[:n] if n and n > 0 else examples
 
 
@@ -130,9 +132,9 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
              run_log: RunLog, submission_dir: Path | None, programs_cache: ProgramsCache,
              models_dir: Path) -> dict:
     protocol = Protocol.from_config(config, task.name)
-    read = _data_kwargs(config)
-    train = _limit(read_split(task, task.train_split, **read), protocol.max_train_examples)
-    evals = {s: _limit(read_split(task, s, **read), config.max_eval_examples)
+    read = data_kwargs(config)
+    train = limit_examples(read_split(task, task.train_split, **read), protocol.max_train_examples)
+    evals = {s: limit_examples(read_split(task, s, **read), config.max_eval_examples)
              for s in task.eval_splits}
     tests = {}
     if submission_dir is not None:
@@ -285,7 +287,8 @@ def results_markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_results(workdir: Path, results: dict) -> None:
+def write_results(workdir: Path, results: dict) -> None:
+    """glue_results.json and glue_results.md, each replaced atomically."""
     write_json_atomic(workdir / "glue_results.json", results, indent=2, default=_json)
     write_text_atomic(workdir / "glue_results.md", results_markdown(results))
 
@@ -356,7 +359,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
                 failed[name] = f"{type(error).__name__}: {error}".split("\n")[0]
                 results["failed"] = failed
             results["glue"] = glue_scores({t: r["median"] for t, r in results["tasks"].items()})
-            _write_results(workdir, results)
+            write_results(workdir, results)
     finally:
         run_log.close()
     if submission_dir is not None:
@@ -366,7 +369,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
         if results["submission"]["missing_files"]:
             log.warning("submission.zip lacks %s (tasks not run); the leaderboard needs all "
                         "of them", ", ".join(results["submission"]["missing_files"]))
-        _write_results(workdir, results)
+        write_results(workdir, results)
     if failed:
         raise RuntimeError(f"GLUE task(s) failed: {'; '.join(f'{t}: {why}' for t, why in failed.items())}. "
                            f"The other tasks' results are in {workdir / 'glue_results.json'}")
