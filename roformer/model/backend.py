@@ -76,6 +76,19 @@ side by side in one process):
                       feed-forward's first layer), where the copy of the input with its ones
                       column moves fewer bytes than the sum reads (`biased_product`).
 
+  pallas_residual_norm
+                      The post-LN block's tail, LayerNorm(x + dropout(y)), after attention
+                      and after the MLP, as one Pallas kernel forward and one backward
+                      (roformer/model/pallas_norm.py) instead of XLA's fusions: the forward
+                      reads x, y and the keep mask once and writes the output (and the sum
+                      the backward reads); the backward writes both inputs' gradients and
+                      per-program partial sums of the scale's and bias's gradients. The keep
+                      mask is the one nnx.Dropout would draw (the same key), so only float
+                      rounding changes. Compiled by Triton on a GPU; on the CPU the same
+                      kernels run in Pallas's interpret mode (slow; it is what the tests
+                      check); refused elsewhere. Pre-LN layers keep their form. One device
+                      only: XLA cannot partition the kernel's call over a mesh.
+
 Two more levers of the same A/B are settings, not forms: the dropout keys' implementation
 (train.dropout_rng_impl: rbg draws masks from XLA's RngBitGenerator) and the batch size.
 
@@ -102,7 +115,9 @@ def on_cpu() -> bool:
 
 # ---- Forms switched per process (the accelerator levers) ------------------------------
 
-FORMS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "bias_grad_in_gemm")
+FORMS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "bias_grad_in_gemm", "pallas_residual_norm")
+# The forms that run a hand-written kernel, which may fail to lower where the XLA forms do not.
+KERNEL_FORMS = ("pallas_residual_norm",)
 # The forms each platform runs by default: a form joins its platform's set once a measurement
 # there shows it pays (a dated page in docs/results/).
 DEFAULT_FORMS: dict[str, frozenset[str]] = {"cpu": frozenset(), "gpu": frozenset(), "tpu": frozenset()}
@@ -153,6 +168,23 @@ def bias_grad_in_gemm(in_features: int, out_features: int) -> bool:
     """Whether a dense layer [in, out] takes `biased_product` (the form on, and the input no
     wider than the output: the ones column it copies costs less than the sum it replaces)."""
     return "bias_grad_in_gemm" in active_forms() and in_features <= out_features
+
+
+def pallas_residual_norm() -> bool:
+    return "pallas_residual_norm" in active_forms()
+
+
+def residual_layer_norm(x, y, keep, scale, bias, *, keep_prob: float, epsilon: float) -> jax.Array:
+    """LayerNorm(x + where(keep, y / keep_prob, 0)) by pallas_norm's kernels: compiled on a
+    GPU, interpreted on the CPU; other platforms are refused (a ConfigError)."""
+    platform = jax.default_backend()
+    if platform not in ("gpu", "cpu"):
+        raise ConfigError(f"backend form pallas_residual_norm runs on GPUs (or interpreted on the CPU), "
+                          f"not on {platform}; leave it out of {FORMS_ENV}")
+    from roformer.model import pallas_norm   # jax's Pallas is imported only where the form runs
+
+    return pallas_norm.residual_layer_norm(x, y, keep, scale, bias, keep_prob=keep_prob, epsilon=epsilon,
+                                           interpret=platform == "cpu")
 
 
 def mlm_logits_dtype(compute_dtype) -> jnp.dtype:

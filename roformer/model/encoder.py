@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from roformer.errors import ConfigError
+from roformer.model import backend
 from roformer.model.attention import (ATTENTION_IMPLEMENTATIONS, ATTENTION_KINDS, RoFormerSelfAttention,
                                       lengths_mask)
 from roformer.model.axes import EMBED, EMBEDDING, HEADS, MLP, NORM, VOCAB, declare
@@ -218,6 +219,20 @@ class RoFormerOutput(nnx.Module):
         self.LayerNorm = _layer_norm(config, config.hidden_size, rngs)
         self.dropout = nnx.Dropout(config.hidden_dropout, rngs=rngs)
 
+    def add_and_norm(self, x, y):
+        """LayerNorm(x + dropout(y)), the post-LN block's tail: one Pallas kernel each way under
+        the pallas_residual_norm form, given the mask self.dropout would draw (same key)."""
+        if not backend.pallas_residual_norm():
+            return self.LayerNorm(x + self.dropout(y))
+        norm, drop = self.LayerNorm, self.dropout
+        keep = None
+        if not drop.deterministic and drop.rate > 0.0:
+            keep = jax.random.bernoulli(drop.rngs(), 1.0 - drop.rate, y.shape, out_sharding=jax.typeof(y).sharding)
+        dtype = norm.dtype
+        return backend.residual_layer_norm(x.astype(dtype), y.astype(dtype), keep, norm.scale[...].astype(dtype),
+                                           norm.bias[...].astype(dtype), keep_prob=1.0 - drop.rate,
+                                           epsilon=norm.epsilon)
+
 
 class RoFormerAttention(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
@@ -254,9 +269,9 @@ class RoFormerLayer(nnx.Module):
             h = self.act(self.intermediate.dense(mlp_out.LayerNorm(x)))
             return x + mlp_out.dropout(mlp_out.dense(h))
         h = self.attention.self(x, **attention_inputs)
-        x = attn_out.LayerNorm(x + attn_out.dropout(attn_out.dense(h)))
+        x = attn_out.add_and_norm(x, attn_out.dense(h))
         h = self.act(self.intermediate.dense(x))
-        return mlp_out.LayerNorm(x + mlp_out.dropout(mlp_out.dense(h)))
+        return mlp_out.add_and_norm(x, mlp_out.dense(h))
 
 
 class RoFormerEncoder(nnx.Module):
