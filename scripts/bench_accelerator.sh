@@ -15,7 +15,7 @@
 #                       epilogues, cuDNN layer norm, Triton normalisation fusions, launches), each set in
 #                       a process of its own between two reference runs, with its first-step loss, then
 #                       the sets that took under 0.99x the reference's step together
-#   ab_levers.json      the speed levers' A/B (bench levers, about 5 min): at base/512/64 the step
+#   ab_levers.json      the speed levers' A/B (bench levers, about 5.5 min): at base/512/64 the step
 #                       without them (baseline), all together, each alone and all at batch 128, then
 #                       the ones that paid alone together (adopted) against the baseline, then
 #                       baseline and adopted at base/128/256 and small/512/64, in alternating rounds
@@ -24,11 +24,11 @@
 #                       one: cuBLASLt epilogues), a process each (about 1 min each);
 #                       ab.json: all their rows in one table, printed, with x_baseline, each row's
 #                       tokens/s over the flag-free baseline of its shape. The ab step alone:
-#                       STEPS=ab scripts/bench_accelerator.sh OUTDIR (under 6 minutes)
+#                       STEPS=ab scripts/bench_accelerator.sh OUTDIR (under 7 minutes)
 #   log.txt             everything the commands printed, with each compilation's time
 # Each step has its own time limit and its own file, so a slow one costs only itself.
 # STEPS picks and orders them (default: all, in the order above). Their limits add up to
-# 1,942 s, so on a machine lent for ten minutes a call, split them, e.g.
+# 1,982 s, so on a machine lent for ten minutes a call, split them, e.g.
 #   STEPS="profile gpu runs_mini" then STEPS="runs_tiny runs64_tiny runs64_mini ablation_vmap", STEPS=flags, STEPS=ab
 # Usage: scripts/bench_accelerator.sh OUTDIR   (PYTHON=... to choose the interpreter)
 set -u
@@ -108,7 +108,7 @@ ab() {   # the levers' A/B, then under each XLA flag set, then one table of them
   # AB_SHAPES, AB_FLAG_SHAPE and AB_ARGS (more levers options, e.g. a CPU smoke test's
   # "--rounds 1 --iters 1 --vocab-size 512") change what is timed, not the limits.
   # shellcheck disable=SC2086
-  bench ab_levers 285 levers --shapes ${AB_SHAPES:-base/512/64 base/128/256 small/512/64} --budget-s 250 \
+  bench ab_levers 325 levers --shapes ${AB_SHAPES:-base/512/64 base/128/256 small/512/64} --budget-s 290 \
     --rounds 3 --iters 5 ${AB_ARGS:-}
   IFS=';' read -ra sets <<<"${AB_FLAG_SETS:---xla_gpu_enable_cublaslt=true}"
   for set in "${sets[@]}"; do
@@ -131,14 +131,14 @@ for path in [out / "ab_levers.json", *(out / f"ab_flags{i}.json" for i in range(
     rows += [{"run": path.stem, **row} for row in result["rows"]]
     notes += [f"{path.stem}: {note}" for note in result.get("notes", [])]
 baseline = {}
-for row in rows:   # the first baseline row of each shape: the levers' stage
-    if row["run"] == "ab_levers" and row["variant"] == "baseline":
+for row in rows:   # the first timed baseline row of each shape: the levers' stage
+    if row["run"] == "ab_levers" and row["variant"] == "baseline" and row.get("tokens_s"):
         baseline.setdefault((row["size"], row["seq"]), row)
-for row in rows:
+for row in rows:   # a variant that failed to build has a row saying why, and no times
     base = baseline.get((row["size"], row["seq"]))
-    row["x_baseline"] = row["tokens_s"] / base["tokens_s"] if base else None
+    row["x_baseline"] = row["tokens_s"] / base["tokens_s"] if base and row.get("tokens_s") else None
 columns = ["run", "stage", "size", "seq", "batch", "variant", "xla_flags", "ms_step", "tokens_s", "mfu", "x_tokens",
-           "x_tokens_min", "x_tokens_max", "x_baseline", "loss_step1", "dloss_step1", "program"]
+           "x_tokens_min", "x_tokens_max", "x_baseline", "loss_step1", "dloss_step1", "program", "failed"]
 write_json(out / "ab.json", {"rows": rows, "columns": columns, "notes": notes})
 print(format_table(rows, columns))
 for note in notes:

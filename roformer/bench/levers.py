@@ -13,11 +13,16 @@ variants under the same load:
   segment_mask      the baseline with the packed rows' [B, 1, L, L] segment mask (one segment
                     per row: the same attention): what cuDNN got before padding reached it in
                     the form it takes, and what packed pretraining batches still give it
-  all               every form below and rbg dropout keys
+  all               every XLA form below and rbg dropout keys (not the Pallas kernel,
+                    which may fail to lower where XLA's forms do not: it is timed alone,
+                    and joins `adopted` when it pays)
   rope_half_pairs   RoPE's pairs as split halves (q/k kernel columns permuted per head)
   fused_qkv         q, k and v from one product
   bf16_mlm_logits   bf16 MLM logits, the loss's log-sum-exp in float32
   bias_grad_in_gemm dense layers' bias gradients inside their weight-gradient products
+  pallas_residual_norm
+                    dropout + residual add + LayerNorm (post-LN) as one Pallas kernel each
+                    way (Triton; in interpret mode on a CPU, which is slow)
   rbg_dropout       dropout keys of jax's rbg implementation (XLA's RngBitGenerator)
   all_batch_x2      `all` at twice the shape's batch
 
@@ -33,8 +38,9 @@ bf16 rounding; rbg dropout draws other masks and twice the batch is another batc
 differ by design. XLA flags (`XLA_FLAGS`) are read once per process: the row says which were
 set, and scripts/bench_accelerator.sh's `ab` step runs this benchmark once per flag set.
 
-Accelerator time is scarce, so a variant that fails to build or to run its first step is a
-note and the rest still run; `--budget-s` starts no build that the builds so far say would
+Accelerator time is scarce, so a variant that fails to build or to run its first step (a
+kernel that does not lower, say) is a row whose `failed` column says why, and the rest
+still run; `--budget-s` starts no build that the builds so far say would
 end past it (shapes are measured in the order given); with --json the result so far is
 written after every shape.
 """
@@ -65,7 +71,7 @@ class Variant:
     segment_mask: bool = False
 
 
-ALL_FORMS = tuple(backend.FORMS)
+ALL_FORMS = tuple(form for form in backend.FORMS if form not in backend.KERNEL_FORMS)
 # In the order they are built, so that a budget cut leaves the levers alone last.
 VARIANTS = {
     "baseline": Variant(),
@@ -75,14 +81,16 @@ VARIANTS = {
     "fused_qkv": Variant(forms=("fused_qkv",)),
     "bf16_mlm_logits": Variant(forms=("bf16_mlm_logits",)),
     "bias_grad_in_gemm": Variant(forms=("bias_grad_in_gemm",)),
+    "pallas_residual_norm": Variant(forms=("pallas_residual_norm",)),
     "rbg_dropout": Variant(dropout_rng_impl="rbg"),
     "all_batch_x2": Variant(forms=ALL_FORMS, dropout_rng_impl="rbg", batch_factor=2),
 }
 BASELINE = "baseline"
 ADOPTED = "adopted"   # the levers that paid alone at the first shape, together (adopted_variant)
-LEVERS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "bias_grad_in_gemm", "rbg_dropout")
+LEVERS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "bias_grad_in_gemm", "pallas_residual_norm",
+          "rbg_dropout")
 TABLE_COLUMNS = ("stage", "size", "seq", "batch", "variant", "xla_flags", "ms_step", "tokens_s", "mfu", "x_tokens",
-                 "x_tokens_min", "x_tokens_max", "loss_step1", "dloss_step1", "program")
+                 "x_tokens_min", "x_tokens_max", "loss_step1", "dloss_step1", "program", "failed")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -156,7 +164,7 @@ class Group:
     def __init__(self, shape: str, args: argparse.Namespace, budget: Budget, notes: list[str]):
         self.shape, self.args, self.budget, self.notes = shape, args, budget, notes
         self.size, self.seq_len, self.batch = parse_shape(shape)
-        self.built, self.variants, self.losses = {}, {}, {}
+        self.built, self.variants, self.losses, self.failed = {}, {}, {}, {}
 
     def build(self, name: str, variant: Variant) -> bool:
         if not self.budget.allows_build():
@@ -167,6 +175,7 @@ class Group:
             self.built[name], self.losses[name] = build(self.size, self.seq_len, self.batch, variant, self.args)
         except Exception as error:   # noqa: BLE001 (one variant's failure must not end the run)
             self.notes.append(f"{self.shape} {name}: failed ({failure(error)})")
+            self.failed[name] = (variant, failure(error))
             gc.collect()
             return False
         self.variants[name] = variant
@@ -179,6 +188,15 @@ class Group:
         for name in set(self.built) - keep:
             del self.built[name]
         gc.collect()
+
+    def failed_rows(self, stage: str) -> list[dict]:
+        """A row for each variant whose build failed since the last call: its name and why."""
+        rows = [{"stage": stage, "size": self.size, "seq": self.seq_len, "batch": self.batch * variant.batch_factor,
+                 "variant": name, "forms": list(variant.forms), "dropout_rng": variant.dropout_rng_impl,
+                 "xla_flags": os.environ.get("XLA_FLAGS", "").strip(), "failed": why}
+                for name, (variant, why) in self.failed.items()]
+        self.failed.clear()
+        return rows
 
     def time(self, stage: str) -> list[dict]:
         """Every built variant against the baseline in alternating rounds: one row each."""
@@ -209,12 +227,12 @@ def adopted_variant(rows: list[dict], threshold: float) -> tuple[Variant | None,
     """The levers that paid alone, together: those whose tokens/s over the baseline's was at
     least `threshold` at the median and above 1 in every round. Returns (the variant, or None
     when none paid; their names)."""
-    by_name = {row["variant"]: row for row in rows}
+    by_name = {row["variant"]: row for row in rows if "x_tokens" in row}   # failed rows are not timed
     paid = [name for name in LEVERS if name in by_name
             and by_name[name]["x_tokens"] >= threshold and by_name[name]["x_tokens_min"] > 1.0]
     if not paid:
         return None, []
-    forms = tuple(form for form in ALL_FORMS if any(form in VARIANTS[name].forms for name in paid))
+    forms = tuple(form for form in backend.FORMS if any(form in VARIANTS[name].forms for name in paid))
     return Variant(forms=forms, dropout_rng_impl="rbg" if "rbg_dropout" in paid else "threefry2x32"), paid
 
 
@@ -253,6 +271,7 @@ def run(args: argparse.Namespace) -> dict:
                 break
         if BASELINE in group.built:
             rows += group.time("levers")
+        rows += group.failed_rows("levers")
         if index == 0 and ADOPTED in args.other_variants:
             adopted, paid = adopted_variant(rows, args.adopt_above)
             same = [name for name, variant in group.variants.items() if variant == adopted]
@@ -262,6 +281,7 @@ def run(args: argparse.Namespace) -> dict:
                 group.drop(keep={BASELINE})
                 if group.build(ADOPTED, adopted):
                     rows += group.time("adopted")
+                rows += group.failed_rows("adopted")
         group.drop(keep=set())
         done(shape)
     return result(partial=False)

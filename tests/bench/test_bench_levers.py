@@ -73,3 +73,33 @@ def test_the_segment_mask_variant_is_the_baseline_with_the_packed_rows_mask():
     assert "segment_ids" in masked.batch and "segment_ids" not in plain.batch
     assert levers.VARIANTS["segment_mask"].segment_mask and "segment_mask" not in levers.LEVERS
     np.testing.assert_allclose(float(masked.step()[1]["loss"]), float(plain.step()[1]["loss"]), rtol=1e-6)
+
+
+def test_a_variant_that_fails_to_build_is_a_row_saying_why_and_the_rest_still_run(monkeypatch):
+    """A kernel that does not lower on the device is reported in the table, not a crash of
+    the A/B, and is never adopted."""
+    import argparse
+
+    def build(size, seq_len, batch, variant, args):
+        if "pallas_residual_norm" in variant.forms:
+            raise RuntimeError("Triton lowering failed\nthe rest of the message")
+        return object(), 1.0
+
+    def time(self, stage):   # every built variant, timed as paying
+        return [{"stage": stage, "variant": name, "x_tokens": 1.1, "x_tokens_min": 1.05} for name in self.built]
+
+    monkeypatch.setattr(levers, "build", build)
+    monkeypatch.setattr(levers.Group, "time", time)
+    parser = argparse.ArgumentParser()
+    levers.add_args(parser)
+    args = parser.parse_args(["--shapes", "tiny/16/2", "--variants", "pallas_residual_norm", "fused_qkv"])
+    args.json = None
+    result = levers.run(args)
+    rows = [(row["stage"], row["variant"], row.get("failed")) for row in result["rows"]]
+    assert rows == [("levers", "baseline", None), ("levers", "fused_qkv", None),
+                    ("levers", "pallas_residual_norm", "RuntimeError: Triton lowering failed")]
+    assert any("pallas_residual_norm: failed (RuntimeError" in note for note in result["notes"])
+    assert "adopted (the levers that paid alone at tiny/16/2, together): fused_qkv, the same as fused_qkv" \
+        in result["notes"]
+    assert "failed" in levers.TABLE_COLUMNS
+    assert "pallas_residual_norm" not in levers.ALL_FORMS and "pallas_residual_norm" in levers.LEVERS
