@@ -39,3 +39,7 @@ def bench() -> None:
 
 def data() -> None:
     _run_module("roformer.data")
+
+
+def evaluate() -> None:
+    _run_module("roformer.evaluate")

@@ -26,6 +26,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     (("roformer.capability", "--help"), ["config keys of configs/capability.py"]),
     (("roformer.convert", "to-hf", "--help"), ["--step"]),
     (("roformer.bench", "step", "--help"), ["--seq-lens"]),
+    (("roformer.evaluate", "--help"), ["--workdir", "--step", "--eval-batches", "--out"]),
 ])
 def test_help_exits_0(args, expected):
     proc = run(*args)

@@ -124,7 +124,7 @@ HOUSE = (
     ("bench",),
     ("commands",),           # pretrain, ablate, capability, every __main__
 )
-COMMANDS = ("pretrain", "ablate", "capability", "console_scripts")
+COMMANDS = ("pretrain", "ablate", "capability", "evaluate", "console_scripts")
 # Upward imports tolerated, each named with why (at most one): none.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 

@@ -105,17 +105,24 @@ def train_and_evaluate(config, workdir: str | Path) -> dict:
         for index, phase in enumerate(phases):
             if done >= phase.end and index < len(phases) - 1:
                 continue   # finished earlier; the last phase still reports
-            phase_cfg = ml_collections.ConfigDict(config.to_dict())
-            phase_cfg.train.update(steps=phase.end, seq_len=phase.seq_len, batch_size=phase.batch_size,
-                                   decay_steps=config.train.decay_steps or phases[-1].end)
-            if phase.max_predictions:
-                phase_cfg.data.max_predictions_per_seq = phase.max_predictions
+            phase_cfg = phase_config(config, phase, phases)
             log.info("phase %d of %d: up to step %d at seq_len %d, batch %d", index + 1, len(phases), phase.end,
                      phase.seq_len, phase.batch_size)
             summary = _train_phase(phase_cfg, workdir)
             if summary.get("preempted"):
                 break
         return summary
+
+
+def phase_config(config, phase, phases: list) -> ml_collections.ConfigDict:
+    """The config `phase` (one of `phases`, train.phases parsed) trains with: its steps, batch
+    shape and masked slots, with the learning-rate schedule over all phases."""
+    phase_cfg = ml_collections.ConfigDict(config.to_dict())
+    phase_cfg.train.update(steps=phase.end, seq_len=phase.seq_len, batch_size=phase.batch_size,
+                           decay_steps=config.train.decay_steps or phases[-1].end)
+    if phase.max_predictions:
+        phase_cfg.data.max_predictions_per_seq = phase.max_predictions
+    return phase_cfg
 
 
 def _train_phase(config, workdir: Path) -> dict:
