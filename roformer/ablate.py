@@ -40,7 +40,7 @@ from pathlib import Path
 from absl import flags
 
 from roformer import cli
-from roformer.ablation.plan import CONFIG_DIR, split_list
+from roformer.ablation.plan import CONFIG_DIR
 from roformer.ablation.report import REPORT_JSON, REPORT_MD
 from roformer.ablation.parallel import use_compile_cache
 from roformer.ablation.runner import compile_cache_dir, report_snapshot, run_ablation
@@ -69,15 +69,15 @@ def main(argv):
     result = run_ablation(flags.FLAGS.config, flags.FLAGS.workdir)
     if is_main_process():
         print((Path(flags.FLAGS.workdir) / REPORT_MD).read_text())
-        print(done_line(flags.FLAGS.workdir, flags.FLAGS.config), flush=True)
+        print(done_line(flags.FLAGS.workdir, result), flush=True)
     if any(s["status"] == "failed" for s in result["runs"] + result["extension"]["runs"]):
         sys.exit(1)
 
 
-def done_line(workdir: str, config) -> str:
-    """The command's last line: where its outputs are."""
-    runs = [f"{workdir}/pretrain"] + ([f"{workdir}/glue"] if split_list(config.glue.task) else []) + (
-        [f"{workdir}/extension"] if config.extension.enabled else [])
+def done_line(workdir: str, result: dict) -> str:
+    """The command's last line: where its outputs are (those of the runs in the report `result`)."""
+    runs = [f"{workdir}/pretrain"] + ([f"{workdir}/glue"] if any(r["glue_workdir"] for r in result["runs"]) else []) + (
+        [f"{workdir}/extension"] if result["extension"]["runs"] else [])
     return (f"done: report in {workdir}/{REPORT_MD} and {workdir}/{REPORT_JSON} (figures beside them), "
             f"the runs in {', '.join(runs)}")
 

@@ -130,7 +130,7 @@ def ablation_numeric_keys() -> list[str]:
 
 @pytest.mark.parametrize("key", ablation_numeric_keys())
 def test_every_numeric_ablation_setting_refuses_bad_values_in_one_line(key):
-    from roformer.ablation import plan
+    from roformer.ablation import plan, validation
 
     def validate(value):
         config = plan.load_config_file("ablation", "smoke")   # extension on: its keys are checked
@@ -140,7 +140,7 @@ def test_every_numeric_ablation_setting_refuses_bad_values_in_one_line(key):
             node[name] = value
         # the key and value; what is allowed follows (in the plan's own words for the keys it checks)
         shown = f"{'config.' if not sections else ''}{key}={node[name]!r}"
-        return lambda: plan.validate(config), shown
+        return lambda: validation.validate(config), shown
 
     for value in [*BAD[:2], *([] if key in ABLATION_ZERO else [0])]:
         run, shown = validate(value)
@@ -150,14 +150,14 @@ def test_every_numeric_ablation_setting_refuses_bad_values_in_one_line(key):
 
 
 def test_the_ablation_checks_its_pretraining_and_glue_sections_too():
-    from roformer.ablation import plan
+    from roformer.ablation import plan, validation
 
     config = plan.load_config_file("ablation", "smoke")
     config.pretrain.train.checkpoint_every = 0
     config.pretrain.model.hidden_dropout = 1.5
     config.glue.learning_rate = -1.0
     with pytest.raises(ConfigError) as error:
-        plan.validate(config)
+        validation.validate(config)
     for refused in ("pretrain.train.checkpoint_every=0 is not allowed", "glue.learning_rate=-1.0 is not allowed",
                     "pretrain.model.hidden_dropout=1.5 is not allowed"):
         assert refused in str(error.value)

@@ -3,7 +3,7 @@
 One row per (scheme, seed) run, from its stage records (status, extrapolation), its
 `metrics.jsonl` (final metrics, the held-out curve) and its GLUE workdir's
 `glue_results.json`; one row per context-extension run; and the setup they share. The
-statistics over seeds and the words are roformer.ablation.report's (`summarize`).
+statistics over seeds and the words are roformer.ablation.summary's (`summarize`).
 """
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ from typing import Any, Iterable, Mapping
 import ml_collections
 
 from roformer.model import attention_stats
-from roformer.ablation import report
-from roformer.ablation.plan import (EXTENSION_STAGES, RUN_STAGES, extension_seeds, fingerprint, planned_runs,
-                                    pretrain_steps, scheme_pretrain_config, scheme_seeds, split_list)
-from roformer.ablation.report import finite
+from roformer.ablation import summary
+from roformer.ablation.plan import Plan, PlannedRun, fingerprint
+from roformer.ablation.stats import finite
 from roformer.ablation.state import PINNED_TOKENIZER, AblationState, is_main_process, run_status
 from roformer.files import write_json_atomic
 from roformer.glue.tasks import TASKS
@@ -121,28 +120,25 @@ def glue_summary(results: Mapping, display: Mapping[str, str] | None = None) -> 
 # --------------------------------------------------------------------------- the report's rows
 
 
-def build_report(config: ml_collections.ConfigDict, workdir: Path, state: AblationState) -> dict:
+def build_report(plan: Plan, state: AblationState) -> dict:
     """The report dict (ablation.json) from the state file and the run directories."""
-    setup = _setup(config, workdir)
-    runs = [_run_row(config, workdir, state, scheme, seed) for scheme, seed in planned_runs(config)]
-    extension = []
-    if config.extension.enabled:
-        extension = [_extension_row(state, method, seed) for seed in range(extension_seeds(config))
-                     for method in split_list(config.extension.methods)]
-        setup["extension"] = (f"{config.extension.scheme} at {config.extension.factor}x the length, "
-                              f"{config.extension.steps} steps, lr {config.extension.learning_rate}, "
-                              f"pretraining seed{'s' if extension_seeds(config) > 1 else ''} "
-                              f"{', '.join(map(str, range(extension_seeds(config))))}")
-    result = report.summarize(setup, runs, extension, reference=config.reference, baseline=config.baseline,
+    config = plan.config
+    setup = _setup(plan)
+    runs = [_run_row(plan, state, run) for run in plan.scheme_runs]
+    extension = [_extension_row(state, run) for run in plan.extension_runs]
+    if plan.extension_runs:
+        ext, seeds = config.extension, plan.extension_seeds
+        setup["extension"] = (f"{ext.scheme} at {ext.factor}x the length, {ext.steps} steps, lr {ext.learning_rate}, "
+                              f"pretraining seed{'s' if seeds > 1 else ''} {', '.join(map(str, range(seeds)))}")
+    result = summary.summarize(setup, runs, extension, reference=config.reference, baseline=config.baseline,
                               order_threshold=config.order_threshold)
-    result["position_signal"] = _position_signals(workdir, config)
+    result["position_signal"] = _position_signals(plan)
     return result
 
 
-def _setup(config: ml_collections.ConfigDict, workdir: Path) -> dict[str, Any]:
+def _setup(plan: Plan) -> dict[str, Any]:
     """What every run shares, in words and numbers (the report's first line)."""
-    pre = config.pretrain
-    steps = pretrain_steps(config)
+    config, pre, steps = plan.config, plan.config.pretrain, plan.steps
     setup = {
         "size": pre.model.size,
         "data": pre.data.files if pre.data.source == "files" else pre.data.source,
@@ -151,32 +147,31 @@ def _setup(config: ml_collections.ConfigDict, workdir: Path) -> dict[str, Any]:
         "batch_size": pre.train.batch_size,
         "steps": steps,
         "tokens": steps * pre.train.batch_size * pre.train.seq_len,
-        "seeds": _seeds_text(config),
+        "seeds": _seeds_text(plan),
         "glue": (f"{config.glue.task} (median of {config.glue.seeds} fine-tuning seed"
                  f"{'s' if config.glue.seeds > 1 else ''} per pretrained model)"
-                 if split_list(config.glue.task) else "skipped"),
+                 if plan.glue_tasks else "skipped"),
         "machine": _machine(),
     }
-    unigram = _unigram_loss(workdir, config)
+    unigram = _unigram_loss(plan.workdir, config)
     if unigram is not None:
         setup["unigram_loss"] = unigram
     return setup
 
 
-def _run_row(config: ml_collections.ConfigDict, workdir: Path, state: AblationState, scheme: str,
-             seed: int) -> dict[str, Any]:
+def _run_row(plan: Plan, state: AblationState, run: PlannedRun) -> dict[str, Any]:
     """One (scheme, seed) run: status, final metrics, curve, extrapolation and GLUE."""
-    name = f"{scheme}/seed{seed}"
-    stages = [s for s in RUN_STAGES if s != "glue" or split_list(config.glue.task)]
+    name, workdir, train = run.name, plan.workdir, run.train_config.train
+    stages = [stage.name for stage in run.stages]
     records = {s: state.get(name, s) for s in stages}
-    row: dict[str, Any] = {"scheme": scheme, "seed": seed, **run_status(records, stages),
+    row: dict[str, Any] = {"scheme": run.key, "seed": run.seed, **run_status(records, stages),
                            "pretrain_workdir": f"pretrain/{name}", "glue_workdir": None,
-                           "learning_rate": scheme_pretrain_config(config, scheme, seed).train.learning_rate}
+                           "learning_rate": train.learning_rate}
     row["wall_s"] = round(sum(r.get("wall_s", 0.0) for r in records.values()), 1)
-    metrics = read_metrics(workdir / row["pretrain_workdir"] / "metrics.jsonl")
+    metrics = read_metrics(run.workdir / "metrics.jsonl")
     row.update(pretrain_summary(metrics))
-    row["curve"] = eval_curve(metrics, config.pretrain.train.batch_size * config.pretrain.train.seq_len)
-    ext = records["extrapolation"].get("result") or {}
+    row["curve"] = eval_curve(metrics, train.batch_size * train.seq_len)
+    ext = records.get("extrapolation", {}).get("result") or {}
     row["params"] = ext.get("params")
     row["extrapolation"] = ext.get("extrapolation")
     if records.get("glue", {}).get("status") == "done":
@@ -186,22 +181,21 @@ def _run_row(config: ml_collections.ConfigDict, workdir: Path, state: AblationSt
     return row
 
 
-def _extension_row(state: AblationState, method: str, seed: int) -> dict[str, Any]:
+def _extension_row(state: AblationState, run: PlannedRun) -> dict[str, Any]:
     """One context-extension run: status and its held-out loss at every evaluated step."""
-    name = f"extension/{method}/seed{seed}"
-    records = {s: state.get(name, s) for s in EXTENSION_STAGES}
-    row = {"method": method, "seed": seed, **run_status(records, EXTENSION_STAGES), "workdir": name,
+    stages = [stage.name for stage in run.stages]
+    records = {s: state.get(run.name, s) for s in stages}
+    row = {"method": run.key, "seed": run.seed, **run_status(records, stages), "workdir": run.name,
            "wall_s": round(sum(r.get("wall_s", 0.0) for r in records.values()), 1)}
     row.update(records["extension_eval"].get("result") or {})
     return row
 
 
-def _seeds_text(config: ml_collections.ConfigDict) -> int | str:
+def _seeds_text(plan: Plan) -> int | str:
     """config.seeds, or per scheme when config.scheme_seeds makes them differ."""
-    counts = {scheme: scheme_seeds(config, scheme) for scheme in split_list(config.schemes)}
-    if len(set(counts.values())) <= 1:
-        return config.seeds
-    return " / ".join(f"{scheme} {n}" for scheme, n in counts.items())
+    if len(set(plan.seeds.values())) <= 1:
+        return plan.config.seeds
+    return " / ".join(f"{scheme} {n}" for scheme, n in plan.seeds.items())
 
 
 def _machine() -> str:
@@ -215,12 +209,19 @@ def _machine() -> str:
     return desc
 
 
-def _position_signals(workdir: Path, config: ml_collections.ConfigDict) -> dict[str, dict]:
+def position_signal_fingerprint(plan: Plan) -> str:
+    """What the position signals depend on: every scheme's model and the vocabulary's size."""
+    models = {run.key: run.pretrain_config.model.to_dict() for run in plan.scheme_runs if run.seed == 0}
+    return fingerprint(models, plan.config.pretrain.data.vocab_size)
+
+
+def _position_signals(plan: Plan) -> dict[str, dict]:
     """Per scheme, the position / token signal ratios at initialisation
     (roformer.model.position_signal), at the pretraining length, cached in the workdir."""
-    cache = workdir / "position_signal.json"
-    configs = {scheme: scheme_pretrain_config(config, scheme) for scheme in split_list(config.schemes)}
-    fp = fingerprint({s: c.model.to_dict() for s, c in configs.items()}, config.pretrain.data.vocab_size)
+    config = plan.config
+    cache = plan.workdir / "position_signal.json"
+    configs = {run.key: run.pretrain_config for run in plan.scheme_runs if run.seed == 0}
+    fp = position_signal_fingerprint(plan)
     if cache.exists():
         saved = json.loads(cache.read_text())
         if saved.get("fingerprint") == fp:

@@ -1,32 +1,33 @@
-"""What an ablation runs: the per-run configs, their validation and their fingerprints.
+"""What an ablation runs: the plan, computed once from the config (`build_plan`).
 
 Every scheme of one seed gets the same `config.pretrain` (data, data order, masking,
 initialisation of the shared parameters, optimiser, budget); only the model keys of the
-scheme's config file are applied on top. A run is a `Job`: (scheme, seed) for the
-comparison, (extension method, seed) for the context extension. Nothing here trains.
+scheme's config file are applied on top. A run is a `PlannedRun`: (scheme, seed) for the
+comparison, (extension method, seed) for the context extension, with its configs, workdir
+and the fingerprints of its stages. The runner, the stages, the progress lines and the
+report's rows all read the one `Plan`; none goes back to the raw config for a derived
+value. The settings are checked first, by roformer.ablation.validation. Nothing here trains.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
 import math
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import ml_collections
 
 from roformer import config_files
-from roformer.ablation import parallel
 from roformer.config_files import CONFIG_DIR
 from roformer.errors import ConfigError
-from roformer.glue.tasks import parse_task_list
-from roformer.host_memory import cpu_only
 
 # Ablation arms that are not a position scheme of their own: a config file's variant.
 VARIANT_CONFIG_FILES = {"rope_linear": "rotary_linear"}
-RUN_STAGES = ("pretrain", "extrapolation", "glue")
-EXTENSION_STAGES = ("extension", "extension_eval")
+SCHEME_STAGES = ("pretrain", "extrapolation", "glue")   # config.stages when a config names none
+EXTENSION_STAGES = ("extension", "extension_eval")      # a context-extension run's
 # Context-extension methods: the model keys each sets for a run at `factor` x the length.
 EXTENSION_METHODS = ("none", "linear", "ntk", "yarn", "base")
 
@@ -34,8 +35,12 @@ EXTENSION_METHODS = ("none", "linear", "ntk", "yarn", "base")
 # --------------------------------------------------------------------------- configs
 
 
-def split_list(value: str) -> list[str]:
-    return [item.strip() for item in str(value).split(",") if item.strip()]
+def split_list(value: Any) -> list[str]:
+    """A list setting's items as text: a tuple or list (a config file's form; from the command
+    line `--config.schemes=rope,learned` arrives as the tuple ("rope,learned",)) or a comma
+    string; comma items are split, blanks dropped."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
 
 
 def load_config_file(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
@@ -51,7 +56,7 @@ def load_config_file(name: str, arg: str | None = None) -> ml_collections.Config
     return module.get_config(arg)
 
 
-def _position_schemes() -> dict:
+def position_schemes() -> dict:
     # roformer.model imports jax: only when a scheme name is looked up, not at start-up.
     from roformer.model.positions import POSITION_SCHEMES
 
@@ -61,7 +66,7 @@ def _position_schemes() -> dict:
 def scheme_config_file(scheme: str) -> str:
     """The pretraining config file of an ablation arm: a position scheme's registry name
     (learned, rope, ...), a variant (rope_linear) or a config file name (absolute, ...)."""
-    schemes = _position_schemes()
+    schemes = position_schemes()
     if scheme in schemes:
         return schemes[scheme].config_file
     if scheme in VARIANT_CONFIG_FILES:
@@ -108,14 +113,6 @@ def scheme_seeds(config: ml_collections.ConfigDict, scheme: str) -> int:
     return parse_scheme_values(config.get("scheme_seeds", ""), "scheme_seeds", int).get(scheme, config.seeds)
 
 
-def planned_runs(config: ml_collections.ConfigDict) -> list[tuple[str, int]]:
-    """(scheme, seed) of every pretraining run, every scheme of seed 0 first: an interrupted
-    ablation already compares all schemes."""
-    schemes = split_list(config.schemes)
-    most = max([scheme_seeds(config, s) for s in schemes], default=0)
-    return [(scheme, seed) for seed in range(most) for scheme in schemes if seed < scheme_seeds(config, scheme)]
-
-
 def scheme_pretrain_config(config: ml_collections.ConfigDict, scheme: str, seed: int = 0
                            ) -> ml_collections.ConfigDict:
     """config.pretrain with the scheme's model keys and learning rate (config.scheme_learning_rates),
@@ -144,12 +141,12 @@ def extension_model_keys(method: str, ext: ml_collections.ConfigDict, seq_len: i
             "rope_original_max_len": int(seq_len)}
 
 
-def extension_pretrain_config(config: ml_collections.ConfigDict, method: str, seed: int,
-                              init_from: Path) -> ml_collections.ConfigDict:
-    """The extension run: the scheme's pretraining config at factor x the length (same tokens
-    per step), warm-started from its pretrained model, with the method's RoPE settings."""
-    ext = config.extension
-    cfg = scheme_pretrain_config(config, ext.scheme, seed)
+def extension_config(scheme_cfg: ml_collections.ConfigDict, ext: ml_collections.ConfigDict, method: str,
+                     init_from: Path) -> ml_collections.ConfigDict:
+    """The extension run: the scheme's pretraining config (of the seed it extends) at factor x
+    the length (same tokens per step), warm-started from its pretrained model, with the
+    method's RoPE settings."""
+    cfg = ml_collections.ConfigDict(scheme_cfg.to_dict())
     seq_len = cfg.train.seq_len
     cfg.train.seq_len = seq_len * int(ext.factor)
     cfg.train.batch_size = cfg.train.batch_size // int(ext.factor)
@@ -176,21 +173,99 @@ def extension_seeds(config: ml_collections.ConfigDict) -> int:
     return int(config.extension.seeds) or int(config.seeds)
 
 
-def scheme_glue_config(config: ml_collections.ConfigDict, pretrain_workdir: Path) -> ml_collections.ConfigDict:
-    cfg = ml_collections.ConfigDict(config.glue.to_dict())
-    cfg.init = str(pretrain_workdir)
-    return cfg
+def glue_tasks(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The GLUE tasks the scheme runs fine-tune on: none when config.stages leaves out "glue"
+    or glue.task is "" (the command line's way to skip it)."""
+    if "glue" not in split_list(config.get("stages", SCHEME_STAGES)):
+        return ()
+    return tuple(split_list(config.glue.task))
 
 
-# --------------------------------------------------------------------------- runs
+def scheme_stage_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The stages of a scheme's run, in order: config.stages, less GLUE when it has no task."""
+    tasks = glue_tasks(config)
+    return tuple(name for name in split_list(config.get("stages", SCHEME_STAGES)) if name != "glue" or tasks)
 
 
-class Job(NamedTuple):
-    """One run of the ablation: its name in the state, and what builds its stages."""
-    run: str          # <scheme>/seed<k> or extension/<method>/seed<k>
-    kind: str         # "scheme" or "extension"
-    key: str          # the scheme or the extension method
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclasses.dataclass(frozen=True)
+class StageKind:
+    """A stage a run can have, by name in `STAGES` (config.stages names a scheme run's, as
+    big_vision's config.evals names its evaluators); its runner is
+    roformer.ablation.stages.STAGE_RUNNERS[name]."""
+    run_kind: str          # the runs it belongs to: "scheme" or "extension"
+    section: str | None    # an evaluation's: the config section its fingerprint adds to the training's
+
+
+STAGES = {
+    "pretrain": StageKind("scheme", None),
+    "extrapolation": StageKind("scheme", "extrapolation"),
+    "glue": StageKind("scheme", "glue"),
+    "extension": StageKind("extension", None),
+    "extension_eval": StageKind("extension", "extrapolation"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSpec:
+    name: str
+    fingerprint: str   # the record in ablation_state.json is current when it holds this one
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PlannedRun:
+    """One run of the ablation, with everything its stages, its progress and its report row need."""
+    name: str          # <scheme>/seed<k> or extension/<method>/seed<k>: its key in the state
+    kind: str          # "scheme" or "extension"
+    key: str           # the scheme or the extension method
     seed: int
+    workdir: Path      # where its training writes (metrics, checkpoints)
+    train_config: ml_collections.ConfigDict      # what its first stage trains
+    pretrain_config: ml_collections.ConfigDict   # the scheme's (an extension run's: the extended scheme's)
+    stages: tuple[StageSpec, ...]
+
+    @property
+    def fingerprint(self) -> str:
+        """Its training's (the first stage's)."""
+        return self.stages[0].fingerprint
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Plan:
+    """Every run of an ablation and the settings they share, derived once (`build_plan`)."""
+    config: ml_collections.ConfigDict   # as given: the sections the stages hand on (glue, extension)
+    workdir: Path
+    schemes: tuple[str, ...]
+    seeds: dict[str, int]               # pretraining seeds per scheme
+    steps: int                          # the shared pretraining budget in steps
+    glue_tasks: tuple[str, ...]         # () when no run fine-tunes
+    factors: tuple[int, ...]            # extrapolation lengths, multiples of the pretraining length
+    scalings: tuple[str, ...]           # eval-only rope scalings of the extrapolation table
+    extension_methods: tuple[str, ...]  # () when the context extension is off
+    extension_seeds: int
+    runs: tuple[PlannedRun, ...]        # the schemes' (every scheme of seed 0 first), then the extension's
+
+    @property
+    def scheme_runs(self) -> tuple[PlannedRun, ...]:
+        return tuple(r for r in self.runs if r.kind == "scheme")
+
+    @property
+    def extension_runs(self) -> tuple[PlannedRun, ...]:
+        return tuple(r for r in self.runs if r.kind == "extension")
+
+    def run(self, name: str) -> PlannedRun:
+        return next(r for r in self.runs if r.name == name)
+
+    def glue_workdir(self, run: PlannedRun) -> Path:
+        return self.workdir / "glue" / run.key / f"seed{run.seed}"
+
+    def glue_config(self, run: PlannedRun) -> ml_collections.ConfigDict:
+        """The GLUE section, fine-tuning the run's pretrained model."""
+        cfg = ml_collections.ConfigDict(self.config.glue.to_dict())
+        cfg.init = str(run.workdir)
+        return cfg
 
 
 def pretrain_workdir(workdir: Path, scheme: str, seed: int) -> Path:
@@ -203,151 +278,54 @@ def extension_workdir(workdir: Path, method: str, seed: int) -> Path:
     return workdir / "extension" / method / f"seed{seed}"
 
 
-def training_workdir(workdir: Path, job: Job) -> Path:
-    """The workdir (metrics, checkpoints) the job's training writes."""
-    make = pretrain_workdir if job.kind == "scheme" else extension_workdir
-    return make(workdir, job.key, job.seed)
+def build_plan(config: ml_collections.ConfigDict, workdir: str | Path, vocab: str | None = None) -> Plan:
+    """The plan of a valid config (roformer.ablation.validation.validate) in `workdir`. With
+    `vocab` (the pinned vocabulary) every run's configs read it; fingerprints stay those of
+    the config as written, so moving the workdir resumes it."""
+    workdir = Path(workdir)
+    schemes = tuple(split_list(config.schemes))
+    seeds = {scheme: scheme_seeds(config, scheme) for scheme in schemes}
+    factors = tuple(int(f) for f in split_list(config.extrapolation.factors))
+    scalings = tuple(split_list(config.extrapolation.scalings))
+    # What an evaluation's fingerprint covers: its section, lists in the comma form
+    # existing workdirs recorded, so a list written either way resumes them.
+    sections = {"glue": config.glue, "extrapolation": {
+        **config.extrapolation.to_dict(), "factors": ",".join(map(str, factors)), "scalings": ",".join(scalings)}}
 
+    def stages(names: tuple[str, ...], trained: str) -> tuple[StageSpec, ...]:
+        return tuple(StageSpec(name, trained if STAGES[name].section is None
+                               else fingerprint(trained, sections[STAGES[name].section])) for name in names)
 
-def scheme_jobs(config: ml_collections.ConfigDict) -> list[Job]:
-    return [Job(f"{scheme}/seed{seed}", "scheme", scheme, seed) for scheme, seed in planned_runs(config)]
-
-
-def extension_jobs(config: ml_collections.ConfigDict) -> list[Job]:
-    return [Job(f"extension/{method}/seed{seed}", "extension", method, seed)
-            for seed in range(extension_seeds(config)) for method in split_list(config.extension.methods)]
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def validate(config: ml_collections.ConfigDict) -> None:
-    """Every setting the runs depend on, checked before anything trains (one error naming
-    all problems)."""
-    from roformer.ablation.settings import setting_problems
-
-    problems = setting_problems(config)
-    if problems:   # the checks below compare these values
-        raise ConfigError("ablation config: " + "; ".join(problems))
-    schemes = split_list(config.schemes)
-    problems = _scheme_problems(config, schemes)
-    problems += _parallel_problems(config.parallel)
-    problems += _vmap_problems(config)
-    if config.progress_every_s < 0:
-        problems.append(f"config.progress_every_s={config.progress_every_s!r}: give the seconds between "
-                        "progress lines (0: none)")
-    if config.reference not in schemes:
-        problems.append(f"config.reference={config.reference!r} is not one of config.schemes {schemes}")
-    problems += _evaluation_problems(config)
-    if config.extension.enabled:
-        problems += _extension_problems(config, schemes)
-    if problems:
-        raise ConfigError("ablation config: " + "; ".join(problems))
-
-
-def _scheme_problems(config: ml_collections.ConfigDict, schemes: list[str]) -> list[str]:
-    """The schemes, the seeds and the per-scheme exceptions."""
-    problems = []
-    if not schemes:
-        problems.append("config.schemes is empty; list at least one scheme")
-    if len(set(schemes)) != len(schemes):
-        problems.append(f"config.schemes lists a scheme twice: {config.schemes!r}")
-    for scheme in schemes:
-        try:
-            scheme_pretrain_config(config, scheme)
-        except ValueError as error:
-            problems.append(str(error))
-    if not isinstance(config.seeds, int) or isinstance(config.seeds, bool) or config.seeds < 1:
-        problems.append(f"config.seeds={config.seeds!r}: give the number of pretraining seeds (>= 1)")
-    for key, kind in (("scheme_seeds", int), ("scheme_learning_rates", float)):
-        try:
-            values = parse_scheme_values(config.get(key, ""), key, kind)
-        except ValueError as error:
-            problems.append(str(error))
-            continue
-        if sorted(set(values) - set(schemes)):
-            problems.append(f"config.{key} names {sorted(set(values) - set(schemes))}, not in config.schemes "
-                            f"{schemes}")
-        if any(v <= 0 for v in values.values()):
-            problems.append(f"config.{key}={config.get(key)!r}: every value must be > 0")
-    return problems
-
-
-def _parallel_problems(parallel_runs: Any) -> list[str]:
-    if not isinstance(parallel_runs, int) or isinstance(parallel_runs, bool) or parallel_runs < 1:
-        return [f"config.parallel={parallel_runs!r}: give how many runs train at once (>= 1)"]
-    if parallel_runs == 1:
-        return []
-    if not cpu_only():
-        return [f"config.parallel={parallel_runs}: runs side by side share a CPU host's cores; with an "
-                "accelerator, run one at a time (or set JAX_PLATFORMS=cpu)"]
-    try:
-        parallel.core_slots(parallel_runs)
-    except ValueError as error:
-        return [f"config.parallel={parallel_runs}: {error}"]
-    return []
-
-
-def _vmap_problems(config: ml_collections.ConfigDict) -> list[str]:
-    seeds = config.get("vmap_seeds", 1)
-    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
-        return [f"config.vmap_seeds={seeds!r}: give how many seeds of a scheme train in one vmapped step (>= 1)"]
-    if seeds == 1:
-        return []
-    # The vmapped group's own check (jax and the train loop: only when validating, as _evaluation_problems).
-    from roformer.train.seeds import seed_group_problems
-
-    return [f"config.vmap_seeds={seeds}: {problem}" for problem in seed_group_problems(config.pretrain.train)]
-
-
-def _evaluation_problems(config: ml_collections.ConfigDict) -> list[str]:
-    """The extrapolation lengths and scalings, and the GLUE tasks."""
-    # roformer.ablation.extrapolation imports jax and the model: only for validation, not at start-up.
-    from roformer.ablation.extrapolation import SCALINGS
-
-    problems = []
-    factors = split_list(config.extrapolation.factors)
-    if not factors or not all(f.isdigit() and int(f) >= 1 for f in factors) or "1" not in factors:
-        problems.append(f"extrapolation.factors={config.extrapolation.factors!r}: comma list of whole "
-                        "multiples of the pretraining length, including 1")
-    unknown = sorted(set(split_list(config.extrapolation.scalings)) - set(SCALINGS))
-    if unknown:
-        problems.append(f"extrapolation.scalings: unknown {unknown}; choose from {', '.join(SCALINGS)}")
-    try:
-        parse_task_list(config.glue.task) if split_list(config.glue.task) else None
-    except ValueError as error:
-        problems.append(f"glue.task: {error}")
-    return problems
-
-
-def _extension_problems(config: ml_collections.ConfigDict, schemes: list[str]) -> list[str]:
-    """The context extension's settings (checked only when it runs)."""
+    scheme_cfgs = {scheme: scheme_pretrain_config(config, scheme) for scheme in schemes}
+    names = scheme_stage_names(config)
+    runs = []
+    for seed in range(max(seeds.values(), default=0)):   # every scheme of seed 0 first
+        for scheme in (s for s in schemes if seed < seeds[s]):
+            cfg = _seeded(scheme_cfgs[scheme], seed)
+            runs.append(PlannedRun(f"{scheme}/seed{seed}", "scheme", scheme, seed,
+                                   pretrain_workdir(workdir, scheme, seed), cfg, cfg, stages(names, fingerprint(cfg))))
     ext = config.extension
-    problems = []
-    methods = split_list(ext.methods)
-    unknown = sorted(set(methods) - set(EXTENSION_METHODS))
-    if not methods or unknown:
-        problems.append(f"extension.methods={ext.methods!r}: choose from {', '.join(EXTENSION_METHODS)}")
-    if ext.scheme not in schemes:
-        problems.append(f"extension.scheme={ext.scheme!r} is not one of config.schemes {schemes}")
-    else:
-        position = scheme_pretrain_config(config, ext.scheme).model.position
-        if not _position_schemes()[position].rope_scaling:
-            problems.append(f"extension.scheme={ext.scheme!r} (position {position!r}) has no rotary "
-                            "scaling to extend with; use a rotary scheme")
-    if ext.factor < 2 or config.pretrain.train.batch_size % ext.factor:
-        problems.append(f"extension.factor={ext.factor}: must be >= 2 and divide pretrain.train.batch_size="
-                        f"{config.pretrain.train.batch_size} (the extension keeps the tokens per step)")
-    if str(ext.factor) not in split_list(config.extrapolation.factors):
-        problems.append(f"extension.factor={ext.factor} must be one of extrapolation.factors "
-                        f"{config.extrapolation.factors!r} (its step-0 loss is that column)")
-    if not isinstance(ext.seeds, int) or not 0 <= ext.seeds <= config.seeds:
-        problems.append(f"extension.seeds={ext.seeds!r}: how many of the {config.seeds} pretraining seeds "
-                        "to extend (0 = all)")
-    if ext.steps < 1 or ext.eval_every < 1 or ext.steps % ext.eval_every:
-        problems.append(f"extension.steps={ext.steps} must be a positive multiple of "
-                        f"extension.eval_every={ext.eval_every}")
-    return problems
+    methods = tuple(split_list(ext.methods)) if ext.enabled else ()
+    ext_seeds = extension_seeds(config) if ext.enabled else 0
+    for seed in range(ext_seeds):
+        source = _seeded(scheme_cfgs[ext.scheme], seed)
+        for method in methods:
+            cfg = extension_config(source, ext, method, pretrain_workdir(workdir, ext.scheme, seed))
+            runs.append(PlannedRun(f"extension/{method}/seed{seed}", "extension", method, seed,
+                                   extension_workdir(workdir, method, seed), cfg, source,
+                                   stages(EXTENSION_STAGES, fingerprint(fingerprint(source), cfg))))
+    if vocab:
+        for run in runs:
+            run.train_config.data.vocab = run.pretrain_config.data.vocab = vocab
+    return Plan(config, workdir, schemes, seeds, pretrain_steps(config), glue_tasks(config), factors, scalings,
+                methods, ext_seeds, tuple(runs))
+
+
+def _seeded(cfg: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigDict:
+    """A copy of a scheme's pretraining config for pretraining seed `seed`."""
+    out = ml_collections.ConfigDict(cfg.to_dict())
+    out.train.seed = int(seed)
+    return out
 
 
 # --------------------------------------------------------------------------- fingerprints

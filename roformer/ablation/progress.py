@@ -21,9 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-import ml_collections
-
-from roformer.ablation.plan import extension_jobs, pretrain_steps, scheme_jobs, training_workdir
+from roformer.ablation.plan import Plan
 
 log = logging.getLogger("roformer.ablate")
 
@@ -39,13 +37,10 @@ class TrainingRun(NamedTuple):
     steps: int
 
 
-def training_runs(config: ml_collections.ConfigDict, workdir: Path) -> list[TrainingRun]:
+def training_runs(plan: Plan) -> list[TrainingRun]:
     """Every run the ablation trains (the schemes' pretraining, then the context extension
     when enabled), with its workdir and step budget."""
-    jobs = scheme_jobs(config) + (extension_jobs(config) if config.extension.enabled else [])
-    return [TrainingRun(job.run, training_workdir(workdir, job),
-                        pretrain_steps(config) if job.kind == "scheme" else int(config.extension.steps))
-            for job in jobs]
+    return [TrainingRun(run.name, run.workdir, int(run.train_config.train.steps)) for run in plan.runs]
 
 
 def last_step(workdir: Path) -> int:
@@ -124,13 +119,13 @@ class Progress:
 
 
 @contextlib.contextmanager
-def reporting(config: ml_collections.ConfigDict, workdir: Path, enabled: bool = True) -> Iterator[None]:
+def reporting(plan: Plan, enabled: bool = True) -> Iterator[None]:
     """Log a progress line every config.progress_every_s seconds (0: never) while the block runs."""
-    every = float(config.progress_every_s)
+    every = float(plan.config.progress_every_s)
     if not enabled or every <= 0:
         yield
         return
-    progress = Progress(training_runs(config, workdir))
+    progress = Progress(training_runs(plan))
     log.info("%s", progress.first_line())
     stop = threading.Event()
 

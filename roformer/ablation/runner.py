@@ -33,10 +33,11 @@ import ml_collections
 from jax.experimental import multihost_utils
 
 from roformer.ablation import collect, parallel, progress, report
-from roformer.ablation.plan import Job, extension_jobs, scheme_jobs, validate
-from roformer.ablation.stages import (PREEMPTED_EXIT, Preempted, Stage, error_name, job_stages, record_done,
-                                      record_failure, run_stages, scheme_pretrain, trained)
+from roformer.ablation.plan import Plan, PlannedRun, build_plan
+from roformer.ablation.stages import (PREEMPTED_EXIT, Preempted, error_name, record_done, record_failure,
+                                      run_stages, trained)
 from roformer.ablation.state import PINNED_TOKENIZER, AblationState, is_main_process
+from roformer.ablation.validation import validate
 from roformer.errors import ConfigError
 from roformer.files import write_json_atomic, write_text_atomic
 from roformer.workdir_lock import workdir_lock
@@ -69,31 +70,31 @@ def _run_ablation(config: ml_collections.ConfigDict, workdir: Path) -> dict:
         write_text_atomic(workdir / CONFIG_RECORD, config.to_json_best_effort(indent=2) + "\n")
 
     started = time.time()
-    vocab = pin_vocabulary(config, workdir)
+    plan = build_plan(config, workdir, pin_vocabulary(config, workdir))
     result = None
-    with progress.reporting(config, workdir, enabled=is_main_process()):
+    with progress.reporting(plan, enabled=is_main_process()):
         try:
             # config.parallel > 1: every run in a process of its own, that many at once.
-            run_jobs = _run_side_by_side if config.parallel > 1 else _run_in_turn
-            jobs = scheme_jobs(config)
+            run_all = _run_side_by_side if config.parallel > 1 else _run_in_turn
+            runs = list(plan.scheme_runs)
             if config.get("vmap_seeds", 1) > 1:   # the schemes' pretraining first, seeds vmapped; the other stages below
-                failed = _pretrain_vmapped(config, workdir, state, vocab, jobs)
-                jobs = [job for job in jobs if job.run not in failed]   # retried next session, as a failed stage is
-            result = run_jobs(config, workdir, state, vocab, jobs)
-            if config.extension.enabled:   # after the comparison itself, which it builds on
-                result = run_jobs(config, workdir, state, vocab, extension_jobs(config))
+                failed = _pretrain_vmapped(plan, state, runs)
+                runs = [run for run in runs if run.name not in failed]   # retried next session, as a failed stage is
+            result = run_all(plan, state, runs)
+            if plan.extension_runs:   # after the comparison itself, which it builds on
+                result = run_all(plan, state, list(plan.extension_runs))
         except Preempted as error:
             log.warning("%s; stopping the ablation (re-run the command to resume)", error)
             result = None   # the runs done before the preemption are in the state, not yet in a report
     log.info("ablation session took %.0f s", time.time() - started)
-    return result if result is not None else write_report(config, workdir, state)
+    return result if result is not None else write_report(plan, state)
 
 
-def write_report(config: ml_collections.ConfigDict, workdir: Path, state: AblationState) -> dict:
+def write_report(plan: Plan, state: AblationState) -> dict:
     """Collect the results into the report dict and (main process) write its files."""
-    result = collect.build_report(config, workdir, state)
+    result = collect.build_report(plan, state)
     if is_main_process():
-        report.write_report(result, workdir)
+        report.write_report(result, plan.workdir)
     return result
 
 
@@ -112,7 +113,7 @@ def report_snapshot(config: ml_collections.ConfigDict, workdir: str | Path, out_
     for path in sorted((workdir / JOBS_DIR).glob("*.state.json")):
         for run, records in json.loads(path.read_text()).items():
             state.data.setdefault(run, {}).update(records)
-    result = collect.build_report(config, workdir, state)
+    result = collect.build_report(build_plan(config, workdir), state)
     report.write_report(result, out_dir)
     return result
 
@@ -150,59 +151,59 @@ def _trained_vocabulary(config: ml_collections.ConfigDict, workdir: Path) -> str
     return corpus_tokenizer(DataConfig.from_mapping(config.pretrain.data)).tokenizer.to_str()
 
 
-def _run_in_turn(config, workdir: Path, state: AblationState, vocab: str, jobs: list[Job]) -> dict | None:
+def _run_in_turn(plan: Plan, state: AblationState, runs: list[PlannedRun]) -> dict | None:
     result = None
-    for job in jobs:
-        run_stages(state, workdir, job.run, job_stages(config, workdir, job, vocab))
-        result = write_report(config, workdir, state)   # readable while the next run trains
+    for run in runs:
+        run_stages(state, plan, run)
+        result = write_report(plan, state)   # readable while the next run trains
     return result
 
 
 # --------------------------------------------------------------------------- vmapped seeds
 
 
-def _pretrain_vmapped(config, workdir: Path, state: AblationState, vocab: str, jobs: list[Job]) -> set[str]:
+def _pretrain_vmapped(plan: Plan, state: AblationState, runs: list[PlannedRun]) -> set[str]:
     """The pretrain stage of every scheme's unfinished seeds, config.vmap_seeds at a time in
     one vmapped step (roformer.train.seeds), recorded as the stage would record it; a seed
     left alone trains with the other stages. Returns the runs whose pretraining failed here;
     raises Preempted when SIGTERM stopped a group."""
     from roformer.train.seeds import train_seeds_and_evaluate   # jax: only when vmapping
 
+    workdir = plan.workdir
     _merge_job_states(state, workdir)   # what a killed side-by-side session left
-    todo: dict[str, list[tuple[Job, tuple]]] = {}
-    for job in jobs:
-        run = scheme_pretrain(config, workdir, job.key, job.seed, vocab)   # (config, workdir, fingerprint)
-        if not state.is_done(job.run, "pretrain", run[2]):
-            todo.setdefault(job.key, []).append((job, run))
-    size, failed = int(config.vmap_seeds), set()
-    for group in (runs[start:start + size] for runs in todo.values() for start in range(0, len(runs), size)):
+    todo: dict[str, list[PlannedRun]] = {}
+    for run in runs:
+        if not state.is_done(run.name, "pretrain", run.fingerprint):
+            todo.setdefault(run.key, []).append(run)
+    size, failed = int(plan.config.vmap_seeds), set()
+    for group in (seeds[start:start + size] for seeds in todo.values() for start in range(0, len(seeds), size)):
         if len(group) < 2:
             continue
-        names = [job.run for job, _ in group]
+        names = [run.name for run in group]
         log.info("%s: pretraining as %d vmapped seeds", ", ".join(names), len(group))
         begun = time.time()
         try:
-            outcomes = train_seeds_and_evaluate([cfg for _, (cfg, _, _) in group], [d for _, (_, d, _) in group])
+            outcomes = train_seeds_and_evaluate([run.train_config for run in group], [run.workdir for run in group])
         except Exception as error:  # noqa: BLE001 - recorded for every seed of the group, as a stage's
             outcomes = [error] * len(group)
         wall, preempted = time.time() - begun, False
-        for (job, (cfg, _, fp)), outcome in zip(group, outcomes):
+        for run, outcome in zip(group, outcomes):
             try:
                 if isinstance(outcome, Exception):
                     raise outcome
-                result = trained(outcome, cfg)
+                result = trained(outcome, run.train_config)
             except Preempted:
                 preempted = True
                 continue
             except Exception as error:  # noqa: BLE001 - recorded, as run_stages records a failed stage
-                record_failure(state, workdir, job.run, "pretrain", fp, error)
-                failed.add(job.run)
+                record_failure(state, workdir, run.name, "pretrain", run.fingerprint, error)
+                failed.add(run.name)
                 continue
             # wall_s: the group's, as each seed's training took all of it; a seed that had
             # finished alone before (its summary has no seeds_in_step) trained on its own.
-            record_done(state, workdir, job.run, "pretrain", fp, wall,
+            record_done(state, workdir, run.name, "pretrain", run.fingerprint, wall,
                         {**result, "seeds_in_step": outcome.get("seeds_in_step", 1)})
-        write_report(config, workdir, state)
+        write_report(plan, state)
         if preempted:
             raise Preempted(f"{', '.join(names)} preempted")
     return failed
@@ -211,14 +212,15 @@ def _pretrain_vmapped(config, workdir: Path, state: AblationState, vocab: str, j
 # --------------------------------------------------------------------------- side by side
 
 
-def _run_side_by_side(config, workdir: Path, state: AblationState, vocab: str, jobs: list[Job]) -> dict | None:
-    """Run the jobs config.parallel at a time, each in a process of its own with its share of
+def _run_side_by_side(plan: Plan, state: AblationState, runs: list[PlannedRun]) -> dict | None:
+    """Run the runs config.parallel at a time, each in a process of its own with its share of
     the cores (roformer.ablation.parallel), in the order given; the report is rewritten as each
     ends. On SIGTERM every running run saves a checkpoint and Preempted is raised once they have."""
+    workdir = plan.workdir
     _merge_job_states(state, workdir)
-    slots = parallel.core_slots(int(config.parallel))
-    pending = _unfinished(config, workdir, state, vocab, jobs)
-    running: dict[int, tuple[Any, Job]] = {}   # slot -> (process, job)
+    slots = parallel.core_slots(int(plan.config.parallel))
+    pending = _unfinished(state, runs)
+    running: dict[int, tuple[Any, PlannedRun]] = {}   # slot -> (process, run)
     stop: list[str] = []                       # why no further run starts
 
     def preempt(reason: str) -> None:
@@ -234,26 +236,25 @@ def _run_side_by_side(config, workdir: Path, state: AblationState, vocab: str, j
         while running or (pending and not stop):
             for slot, cores in enumerate(slots):
                 if slot not in running and pending and not stop:
-                    job, stages = pending.pop(0)
-                    running[slot] = (_start_job(config, workdir, state, vocab, job, stages, cores), job)
+                    run = pending.pop(0)
+                    running[slot] = (_start_run(plan, state, run, cores), run)
             time.sleep(POLL_S)
-            for slot, (process, job) in list(running.items()):
+            for slot, (process, run) in list(running.items()):
                 if process.poll() is None:
                     continue
                 del running[slot]
-                _merge_job_states(state, workdir, job.run)
+                _merge_job_states(state, workdir, run.name)
                 if process.returncode == PREEMPTED_EXIT:
-                    preempt(f"{job.run} preempted")
+                    preempt(f"{run.name} preempted")
                 elif process.returncode != 0 and not (stop and process.returncode == -signal.SIGTERM):
-                    _record_crash(state, workdir, job, job_stages(config, workdir, job, vocab),
-                                  process.returncode)
-                log.info("%s: process ended (status %d)", job.run, process.returncode)
-                result = write_report(config, workdir, state)
+                    _record_crash(state, workdir, run, process.returncode)
+                log.info("%s: process ended (status %d)", run.name, process.returncode)
+                result = write_report(plan, state)
     finally:
-        for process, job in running.values():   # only after an error here: let them save and stop
+        for process, run in running.values():   # only after an error here: let them save and stop
             process.terminate()
             process.wait()
-            _merge_job_states(state, workdir, job.run)
+            _merge_job_states(state, workdir, run.name)
         if handled:
             signal.signal(signal.SIGTERM, previous)
         with contextlib.suppress(OSError):   # left only while runs are unmerged
@@ -263,34 +264,33 @@ def _run_side_by_side(config, workdir: Path, state: AblationState, vocab: str, j
     return result
 
 
-def _unfinished(config, workdir: Path, state: AblationState, vocab: str, jobs: list[Job]
-                ) -> list[tuple[Job, list[Stage]]]:
-    """The jobs with a stage left to run, with their stages (a process starts only for those)."""
+def _unfinished(state: AblationState, runs: list[PlannedRun]) -> list[PlannedRun]:
+    """The runs with a stage left to run (a process starts only for those)."""
     pending = []
-    for job in jobs:
-        stages = job_stages(config, workdir, job, vocab)
-        if all(state.is_done(job.run, stage, fp) for stage, fp, _ in stages):
-            log.info("%s: already done, skipping", job.run)
+    for run in runs:
+        if all(state.is_done(run.name, stage.name, stage.fingerprint) for stage in run.stages):
+            log.info("%s: already done, skipping", run.name)
         else:
-            pending.append((job, stages))
+            pending.append(run)
     return pending
 
 
-def _start_job(config, workdir: Path, state: AblationState, vocab: str, job: Job,
-               stages: list[Stage], cores: list[int]):
-    name = error_name(job.run)
+def _start_run(plan: Plan, state: AblationState, run: PlannedRun, cores: list[int]):
+    workdir, name = plan.workdir, error_name(run.name)
     jobs_dir, logs_dir = workdir / JOBS_DIR, workdir / LOGS_DIR
     jobs_dir.mkdir(exist_ok=True)
     logs_dir.mkdir(exist_ok=True)
     job_state = jobs_dir / f"{name}.state.json"
-    write_json_atomic(job_state, {job.run: state.data.get(job.run, {})})
-    spec = {"config": config.to_dict(), "workdir": str(workdir), "job": list(job), "vocab": vocab,
-            "state": str(job_state), "fingerprints": [fp for _, fp, _ in stages]}
+    write_json_atomic(job_state, {run.name: state.data.get(run.name, {})})
+    # The process builds the plan again from this config and checks it gives these fingerprints.
+    spec = {"config": plan.config.to_dict(), "workdir": str(workdir), "run": run.name,
+            "vocab": run.train_config.data.vocab, "state": str(job_state),
+            "fingerprints": [stage.fingerprint for stage in run.stages]}
     write_json_atomic(jobs_dir / f"{name}.job.json", spec)
-    log.info("%s: starting in a process of its own (log: %s)", job.run, logs_dir / f"{name}.log")
+    log.info("%s: starting in a process of its own (log: %s)", run.name, logs_dir / f"{name}.log")
     with open(logs_dir / f"{name}.log", "a") as out:
         return subprocess.Popen([sys.executable, "-m", "roformer.ablation.job", str(jobs_dir / f"{name}.job.json")],
-                                env=parallel.child_env(cores, compile_cache=compile_cache_dir(config, workdir)),
+                                env=parallel.child_env(cores, compile_cache=compile_cache_dir(plan.config, workdir)),
                                 stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -316,16 +316,16 @@ def _merge_job_states(state: AblationState, workdir: Path, run: str | None = Non
         (jobs_dir / name.replace(".state.json", ".job.json")).unlink(missing_ok=True)
 
 
-def _record_crash(state: AblationState, workdir: Path, job: Job, stages: list[Stage], returncode: int) -> None:
+def _record_crash(state: AblationState, workdir: Path, run: PlannedRun, returncode: int) -> None:
     """A run's process that died without recording its stage (killed, out of memory): the
     stage it was in is failed, so the report says so and the next session retries it."""
-    for stage, fp, _ in stages:
-        if state.get(job.run, stage).get("status") == "failed":
+    for stage in run.stages:
+        if state.get(run.name, stage.name).get("status") == "failed":
             return
-        if not state.is_done(job.run, stage, fp):
-            log_file = workdir / LOGS_DIR / f"{error_name(job.run)}.log"
+        if not state.is_done(run.name, stage.name, stage.fingerprint):
+            log_file = workdir / LOGS_DIR / f"{error_name(run.name)}.log"
             how = (f"was killed by {signal.Signals(-returncode).name}" if returncode < 0
                    else f"exited with status {returncode}")
-            record_failure(state, workdir, job.run, stage, fp, RuntimeError(
+            record_failure(state, workdir, run.name, stage.name, stage.fingerprint, RuntimeError(
                 f"the run's process {how}; its output is in {log_file}"))
             return

@@ -1,5 +1,5 @@
 """What each numeric setting of an ablation config (configs/ablation.py) allows, and the
-pretraining and GLUE sections' own rules, as problems for `plan.validate` to report."""
+pretraining and GLUE sections' own rules, as problems for `validation.validate` to report."""
 from __future__ import annotations
 
 import numbers
@@ -8,7 +8,7 @@ import ml_collections
 
 from roformer.settings import problems
 
-# The keys plan.validate does not range-check itself; those it does (seeds, parallel,
+# The keys validation.validate does not range-check itself; those it does (seeds, parallel,
 # vmap_seeds, the extension's factor, seeds, steps and eval_every, with messages of their own)
 # are only checked here to be numbers where it compares them, so no comparison meets text.
 RULES = {"order_threshold": "float > 0", "budget_tokens": "int >= 0", "progress_every_s": "float >= 0"}
@@ -17,9 +17,10 @@ EXTENSION_RULES = {"seeds": "int", "factor": "int", "base": "float > 0", "steps"
                    "learning_rate": "float > 0", "warmup_steps": "int >= 0"}
 
 
-def setting_problems(config: ml_collections.ConfigDict) -> list[str]:
-    """Every setting of `config` its rule refuses, each in one line naming it."""
-    # imported here, as plan.py's other checks import theirs: only validation needs them
+def setting_problems(config: ml_collections.ConfigDict, glue: bool) -> list[str]:
+    """Every setting of `config` its rule refuses, each in one line naming it (the GLUE
+    section's when `glue`: a scheme run fine-tunes)."""
+    # imported here, as validation.py's other checks import theirs: only validation needs them
     from roformer.data.config import DataConfig
     from roformer.glue.settings import check_config
     from roformer.model.encoder import RULES as MODEL_RULES
@@ -39,7 +40,7 @@ def setting_problems(config: ml_collections.ConfigDict) -> list[str]:
             found.append(f"pretrain.{error}" if str(error).startswith(("train.", "data.")) else str(error))
     model = {k: v for k, v in config.pretrain.model.items() if k in MODEL_RULES and v is not None}   # set ones
     found += problems("pretrain.model.", model, {k: MODEL_RULES[k] for k in model})
-    if str(config.glue.task).strip():
+    if glue:
         try:
             check_config(config.glue, prefix="glue.")
         except ValueError as error:

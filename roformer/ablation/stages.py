@@ -1,10 +1,11 @@
-"""The stages of one run, run in order and recorded.
+"""The stages of one planned run, run in order and recorded.
 
-A scheme's run has the stages pretrain -> extrapolation -> glue, a context-extension run
-extension -> extension_eval. Each stage is (name, fingerprint, call); a stage whose record
-is done with the same fingerprint is skipped, a failing one is recorded (traceback in
-DIR/errors/<run>.<stage>.txt) and the run's other stages still go ahead, except after a
-failed first stage (training), whose model the rest need.
+A scheme's run has the stages config.stages names (pretrain -> extrapolation -> glue by
+default), a context-extension run extension -> extension_eval; the plan
+(roformer.ablation.plan) gives each its fingerprint, `STAGE_RUNNERS` its runner by name. A
+stage whose record is done with the same fingerprint is skipped, a failing one is recorded
+(traceback in DIR/errors/<run>.<stage>.txt) and the run's other stages still go ahead,
+except after a failed first stage (training), whose model the rest need.
 """
 from __future__ import annotations
 
@@ -17,14 +18,12 @@ from typing import Callable
 
 import ml_collections
 
-from roformer.ablation.plan import (Job, extension_pretrain_config, extension_workdir, fingerprint,
-                                    pretrain_workdir, scheme_glue_config, scheme_pretrain_config, split_list)
+from roformer.ablation.plan import Plan, PlannedRun, build_plan
 from roformer.ablation.state import AblationState, is_main_process
 from roformer.files import write_text_atomic
 
 log = logging.getLogger("roformer.ablate")
 
-Stage = tuple[str, str, Callable[[], dict]]   # (stage, fingerprint, call)
 PREEMPTED_EXIT = 75   # a run's process saved a checkpoint on SIGTERM (EX_TEMPFAIL)
 
 
@@ -59,108 +58,72 @@ def _run_glue(cfg: ml_collections.ConfigDict, workdir: Path) -> dict:
     return {}
 
 
-def _run_extrapolation(config: ml_collections.ConfigDict, pretrain_cfg: ml_collections.ConfigDict,
-                       pretrain_workdir: Path) -> dict:
+def _run_extrapolation(plan: Plan, pretrain_cfg: ml_collections.ConfigDict, pretrain_workdir: Path) -> dict:
     # jax and the data pipeline: when a stage runs.
     from roformer.ablation import extrapolation
     from roformer.data import DataConfig
 
-    ext = config.extrapolation
+    ext = plan.config.extrapolation
     return extrapolation.evaluate_workdir(
         pretrain_workdir, DataConfig.from_mapping(pretrain_cfg.data), seq_len=pretrain_cfg.train.seq_len,
-        factors=[int(f) for f in split_list(ext.factors)], scalings=split_list(ext.scalings),
-        num_docs=ext.num_docs, batch_size=ext.batch_size, seed=pretrain_cfg.train.seed)
+        factors=plan.factors, scalings=plan.scalings, num_docs=ext.num_docs, batch_size=ext.batch_size,
+        seed=pretrain_cfg.train.seed)
 
 
-def _run_extension_eval(config: ml_collections.ConfigDict, pretrain_cfg: ml_collections.ConfigDict,
-                        extension_workdir: Path) -> dict:
+def _run_extension_eval(plan: Plan, pretrain_cfg: ml_collections.ConfigDict, extension_workdir: Path) -> dict:
     """Held-out loss at factor x the length after every saved extension step, on the same
     windows as the extrapolation table (so step 0 is that table's column)."""
     # jax and the data pipeline: when a stage runs.
     from roformer.ablation import extrapolation
     from roformer.data import DataConfig
 
-    ext = config.extrapolation
+    ext = plan.config.extrapolation
     return extrapolation.evaluate_checkpoints(
         extension_workdir, DataConfig.from_mapping(pretrain_cfg.data), seq_len=pretrain_cfg.train.seq_len,
-        factors=[int(f) for f in split_list(ext.factors)], factor=int(config.extension.factor),
-        num_docs=ext.num_docs, batch_size=ext.batch_size, seed=pretrain_cfg.train.seed)
+        factors=plan.factors, factor=int(plan.config.extension.factor), num_docs=ext.num_docs,
+        batch_size=ext.batch_size, seed=pretrain_cfg.train.seed)
 
 
-# Stage runners are looked up here at call time, so tests can swap in fast fakes.
+# Stage runners by the plan's stage names (roformer.ablation.plan.STAGES), looked up at call
+# time, so tests can swap in fast fakes.
 STAGE_RUNNERS: dict[str, Callable] = {
     "pretrain": _train, "extrapolation": _run_extrapolation, "glue": _run_glue,
     "extension": _train, "extension_eval": _run_extension_eval,
 }
 
 
+def stage_call(plan: Plan, run: PlannedRun, stage: str) -> dict:
+    """Run one stage of `run` by its runner."""
+    runner = STAGE_RUNNERS[stage]
+    if stage in ("pretrain", "extension"):    # the run's training
+        return runner(run.train_config, run.workdir)
+    if stage == "glue":
+        return runner(plan.glue_config(run), plan.glue_workdir(run))
+    return runner(plan, run.pretrain_config, run.workdir)   # an evaluation of what trained
+
+
 # --------------------------------------------------------------------------- a run's stages
 
 
-def scheme_pretrain(config, workdir: Path, scheme: str, seed: int, vocab: str
-                    ) -> tuple[ml_collections.ConfigDict, Path, str]:
-    """A scheme's pretraining run: its config (reading the pinned vocabulary), workdir and
-    fingerprint."""
-    pretrain_cfg = scheme_pretrain_config(config, scheme, seed)
-    # The pinned vocabulary is a property of the workdir, not of the config: fingerprints
-    # stay those of the config as written, so moving the workdir resumes it.
-    fp = fingerprint(pretrain_cfg)
-    pretrain_cfg.data.vocab = vocab
-    return pretrain_cfg, pretrain_workdir(workdir, scheme, seed), fp
-
-
-def scheme_stages(config, workdir: Path, scheme: str, seed: int, vocab: str) -> list[Stage]:
-    """(stage, fingerprint, call) for one scheme and seed."""
-    pretrain_cfg, pretrain_dir, fp = scheme_pretrain(config, workdir, scheme, seed, vocab)
-    stages = [
-        ("pretrain", fp, lambda: STAGE_RUNNERS["pretrain"](pretrain_cfg, pretrain_dir)),
-        ("extrapolation", fingerprint(fp, config.extrapolation),
-         lambda: STAGE_RUNNERS["extrapolation"](config, pretrain_cfg, pretrain_dir)),
-    ]
-    if split_list(config.glue.task):
-        stages.append(("glue", fingerprint(fp, config.glue), lambda: STAGE_RUNNERS["glue"](
-            scheme_glue_config(config, pretrain_dir), workdir / "glue" / scheme / f"seed{seed}")))
-    return stages
-
-
-def extension_stages(config, workdir: Path, method: str, seed: int, vocab: str) -> list[Stage]:
-    source = pretrain_workdir(workdir, config.extension.scheme, seed)
-    ext_cfg = extension_pretrain_config(config, method, seed, source)
-    pretrain_cfg = scheme_pretrain_config(config, config.extension.scheme, seed)
-    ext_dir = extension_workdir(workdir, method, seed)
-    fp = fingerprint(fingerprint(pretrain_cfg), ext_cfg)
-    ext_cfg.data.vocab = pretrain_cfg.data.vocab = vocab
-    return [
-        ("extension", fp, lambda: STAGE_RUNNERS["extension"](ext_cfg, ext_dir)),
-        ("extension_eval", fingerprint(fp, config.extrapolation),
-         lambda: STAGE_RUNNERS["extension_eval"](config, pretrain_cfg, ext_dir)),
-    ]
-
-
-def job_stages(config, workdir: Path, job: Job, vocab: str) -> list[Stage]:
-    make = scheme_stages if job.kind == "scheme" else extension_stages
-    return make(config, workdir, job.key, job.seed, vocab)
-
-
-def run_stages(state: AblationState, workdir: Path, run: str, stages: list[Stage]) -> None:
+def run_stages(state: AblationState, plan: Plan, run: PlannedRun) -> None:
     """Run the stages of one run that are not done yet; failures are recorded, not raised.
     A failed first stage (training) skips the rest, which need its model."""
-    for index, (stage, fp, call) in enumerate(stages):
-        if state.is_done(run, stage, fp):
-            log.info("%s: %s already done, skipping", run, stage)
+    for index, stage in enumerate(run.stages):
+        if state.is_done(run.name, stage.name, stage.fingerprint):
+            log.info("%s: %s already done, skipping", run.name, stage.name)
             continue
-        log.info("%s: %s starting", run, stage)
+        log.info("%s: %s starting", run.name, stage.name)
         start = time.time()
         try:
-            result = call()
+            result = stage_call(plan, run, stage.name)
         except Preempted:
             raise
         except Exception as error:  # noqa: BLE001 - recorded; the other stages and runs still go ahead
-            record_failure(state, workdir, run, stage, fp, error)
+            record_failure(state, plan.workdir, run.name, stage.name, stage.fingerprint, error)
             if index == 0:
                 return
             continue
-        record_done(state, workdir, run, stage, fp, time.time() - start, result)
+        record_done(state, plan.workdir, run.name, stage.name, stage.fingerprint, time.time() - start, result)
 
 
 def error_name(run: str) -> str:
@@ -193,13 +156,12 @@ def run_job_file(path: str | Path) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("roformer").setLevel(logging.INFO)
     spec = json.loads(Path(path).read_text())
-    config = ml_collections.ConfigDict(spec["config"])
-    workdir, job = Path(spec["workdir"]), Job(*spec["job"])
-    stages = job_stages(config, workdir, job, spec["vocab"])
-    if [fp for _, fp, _ in stages] != spec["fingerprints"]:
+    plan = build_plan(ml_collections.ConfigDict(spec["config"]), Path(spec["workdir"]), spec["vocab"])
+    run = plan.run(spec["run"])
+    if [stage.fingerprint for stage in run.stages] != spec["fingerprints"]:
         raise RuntimeError(f"{path}: the config read back does not give the stages' fingerprints")
     try:
-        run_stages(AblationState(workdir, Path(spec["state"])), workdir, job.run, stages)
+        run_stages(AblationState(plan.workdir, Path(spec["state"])), plan, run)
     except Preempted as error:
         log.warning("%s", error)
         return PREEMPTED_EXIT

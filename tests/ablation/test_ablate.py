@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 
 from roformer import ablate
-from roformer.ablation import plan, report, runner
+from roformer.ablation import plan, report, runner, validation
 from roformer.ablation.stages import STAGE_RUNNERS, Preempted
 from roformer.ablation.state import PINNED_TOKENIZER, STATE_FILE
 
@@ -95,7 +95,7 @@ class FakeStages:
                                     "eval_shuffled_loss": loss + gap, "eval_order_gap": gap, **stats}) + "\n")
         return {"steps": steps}
 
-    def extrapolation(self, config, pretrain_cfg, pretrain_dir):
+    def extrapolation(self, the_plan, pretrain_cfg, pretrain_dir):
         run = run_name(pretrain_dir)
         self._check(run, "extrapolation")
         scheme, seed = pretrain_dir.parent.name, pretrain_cfg.train.seed
@@ -120,12 +120,12 @@ class FakeStages:
         workdir.mkdir(parents=True, exist_ok=True)
         return {"steps": cfg.train.steps}
 
-    def extension_eval(self, config, pretrain_cfg, workdir):
+    def extension_eval(self, the_plan, pretrain_cfg, workdir):
         run = run_name(workdir)
         self._check(run, "extension_eval")
         self.configs[(run, "extension_eval")] = pretrain_cfg
         method, seed = workdir.parent.name, pretrain_cfg.train.seed
-        ext = config.extension
+        ext = the_plan.config.extension
         steps = list(range(0, ext.steps + 1, ext.eval_every))
         loss = self.extension_loss.get((method, seed)) or [7.4 - 0.1 * i for i in range(len(steps))]
         return {"length": pretrain_cfg.train.seq_len * ext.factor, "steps": steps, "loss": loss,
@@ -195,7 +195,7 @@ def test_validate_refuses_a_bad_config_before_any_training(tmp_path, monkeypatch
     stages = FakeStages()
     stages.install(monkeypatch)
     config = small_config()
-    plan.validate(config)   # the smoke config itself is fine
+    validation.validate(config)   # the smoke config itself is fine
     for change in changes:
         change(config)
     with pytest.raises(ValueError, match=message) as error:
@@ -223,7 +223,7 @@ def test_validate_names_every_problem_in_one_error(tmp_path, monkeypatch):
     # Extension settings are checked only when the extension runs.
     config = small_config()
     config.extension.update(enabled=False, methods="none,rotate", factor=3)
-    plan.validate(config)
+    validation.validate(config)
 
 
 def test_run_writes_report_skips_finished_and_reports_failures(tmp_path, monkeypatch):
@@ -309,7 +309,7 @@ def test_seeds_run_in_turn_and_the_report_aggregates_them(tmp_path, monkeypatch,
     config = small_config(seeds=3, methods="none,linear")
     result = runner.run_ablation(config, tmp_path)
     # The command's last line names outputs that exist.
-    named = [word.rstrip(",") for word in ablate.done_line(str(tmp_path), config).split()
+    named = [word.rstrip(",") for word in ablate.done_line(str(tmp_path), result).split()
              if word.startswith(str(tmp_path))]
     assert len(named) == 5 and all(Path(p).exists() for p in named), named
 

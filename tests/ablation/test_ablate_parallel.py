@@ -19,8 +19,8 @@ import pytest
 
 from roformer import machine
 from roformer.ablation import parallel as parallel_runs   # tests name their own `parallel` settings
-from roformer.ablation import plan, runner
-from roformer.ablation.stages import PREEMPTED_EXIT, error_name, job_stages, run_stages
+from roformer.ablation import plan, runner, validation
+from roformer.ablation.stages import PREEMPTED_EXIT, error_name, run_stages
 from roformer.ablation.state import PINNED_TOKENIZER, STATE_FILE, AblationState
 from roformer.train.metrics import read_metrics
 from roformer.workdir_lock import process_state
@@ -98,14 +98,14 @@ def test_validate_refuses_a_bad_parallel(value, message):
     config = small_config()
     config.parallel = value
     with pytest.raises(ValueError, match=message):
-        plan.validate(config)
+        validation.validate(config)
 
 
 # --------------------------------------------------------------------------- orchestration with fake processes
 
 
 class FakeProcesses:
-    """Stands in for `_start_job`: runs the job's stages here, with tests/ablation/test_ablate.py's fake
+    """Stands in for `_start_run`: runs the run's stages here, with tests/ablation/test_ablate.py's fake
     stage runners, into the job's own state file as a run's process does, then starts a
     process that exits 0; or, for a run in `status`, records nothing and starts one that
     exits with that status."""
@@ -115,17 +115,17 @@ class FakeProcesses:
         self.status = status or {}
         self.started = []
 
-    def __call__(self, config, workdir, state, vocab, job, stages, cores):
-        self.started.append((job.run, tuple(cores)))
-        jobs_dir = workdir / runner.JOBS_DIR
+    def __call__(self, the_plan, state, run, cores):
+        self.started.append((run.name, tuple(cores)))
+        jobs_dir = the_plan.workdir / runner.JOBS_DIR
         jobs_dir.mkdir(exist_ok=True)
-        job_state = AblationState(workdir, jobs_dir / f"{error_name(job.run)}.state.json")
-        job_state.data = {job.run: dict(state.data.get(job.run, {}))}
-        status = self.status.get(job.run, 0)
+        job_state = AblationState(the_plan.workdir, jobs_dir / f"{error_name(run.name)}.state.json")
+        job_state.data = {run.name: dict(state.data.get(run.name, {}))}
+        status = self.status.get(run.name, 0)
         if status == 0:
-            run_stages(job_state, workdir, job.run, stages)
+            run_stages(job_state, the_plan, run)
         else:
-            job_state.set(job.run, "pretrain", state.get(job.run, "pretrain"))
+            job_state.set(run.name, "pretrain", state.get(run.name, "pretrain"))
         # A run that fails or is preempted ends after the others have (they would take
         # SIGTERM for the preemption otherwise, which these fakes do not handle).
         wait = 1.0 if status else 0.0
@@ -136,7 +136,7 @@ class FakeProcesses:
 def test_runs_go_side_by_side_in_plan_order_and_their_records_are_merged(tmp_path, monkeypatch):
     stub_figures(monkeypatch)
     fake = FakeProcesses(monkeypatch)
-    monkeypatch.setattr(runner, "_start_job", fake)
+    monkeypatch.setattr(runner, "_start_run", fake)
     config = small_config(methods="none,linear")   # 2 schemes x 2 seeds, extension of 2 seeds x 2 methods
     config.parallel = 2
     result = runner.run_ablation(config, tmp_path)
@@ -158,7 +158,7 @@ def test_runs_go_side_by_side_in_plan_order_and_their_records_are_merged(tmp_pat
 def test_a_run_process_that_dies_is_a_failed_stage_and_the_others_go_on(tmp_path, monkeypatch):
     stub_figures(monkeypatch)
     fake = FakeProcesses(monkeypatch, status={"rope/seed0": -9})
-    monkeypatch.setattr(runner, "_start_job", fake)
+    monkeypatch.setattr(runner, "_start_run", fake)
     config = small_config(seeds=1)
     config.extension.enabled = False
     config.parallel = 2
@@ -179,7 +179,7 @@ def test_a_preempted_run_stops_the_ablation_and_a_killed_sessions_records_are_ke
     stub_figures(monkeypatch)
     preempted = PREEMPTED_EXIT
     fake = FakeProcesses(monkeypatch, status={"learned/seed0": preempted, "rope/seed0": preempted})
-    monkeypatch.setattr(runner, "_start_job", fake)
+    monkeypatch.setattr(runner, "_start_run", fake)
     config = small_config(seeds=2)
     config.extension.enabled = False
     config.parallel = 2
@@ -190,9 +190,9 @@ def test_a_preempted_run_stops_the_ablation_and_a_killed_sessions_records_are_ke
     # A session killed while a run's process had recorded its stages: the next one takes them in.
     jobs_dir = tmp_path / runner.JOBS_DIR
     jobs_dir.mkdir()
-    stages = job_stages(config, tmp_path, plan.Job("rope/seed0", "scheme", "rope", 0),
-                                str(tmp_path / PINNED_TOKENIZER))
-    records = {stage: {"status": "done", "fingerprint": fp, "wall_s": 1.0, "result": {}} for stage, fp, _ in stages}
+    run = plan.build_plan(config, tmp_path, str(tmp_path / PINNED_TOKENIZER)).run("rope/seed0")
+    records = {stage.name: {"status": "done", "fingerprint": stage.fingerprint, "wall_s": 1.0, "result": {}}
+               for stage in run.stages}
     (jobs_dir / "rope.seed0.state.json").write_text(json.dumps({"rope/seed0": records}))
     fake.status.clear()
     fake.started.clear()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from roformer.ablation import plan, stages
+from roformer.ablation import collect, plan
 
 # Fixed paths, so the fingerprints (which include data paths and the extension's
 # init_from) do not depend on where the repository or the shared data live.
@@ -132,14 +132,11 @@ PINNED = {
 
 def stage_fingerprints(variant: str) -> dict[str, str]:
     config = plan.load_config_file("ablation", variant)
-    out = {}
-    for job in plan.scheme_jobs(config) + plan.extension_jobs(config):
-        if job.seed == 0:
-            for stage, fp, _ in stages.job_stages(config, WORKDIR, job, str(WORKDIR / "tokenizer.json")):
-                out[f"{job.run} {stage}"] = fp
-    configs = {s: plan.scheme_pretrain_config(config, s) for s in plan.split_list(config.schemes)}
-    out["position_signal"] = plan.fingerprint({s: c.model.to_dict() for s, c in configs.items()},
-                                              config.pretrain.data.vocab_size)
+    config.extension.enabled = True   # pinned for every variant, also those that leave it off
+    the_plan = plan.build_plan(config, WORKDIR, str(WORKDIR / "tokenizer.json"))
+    out = {f"{run.name} {stage.name}": stage.fingerprint for run in the_plan.runs if run.seed == 0
+           for stage in run.stages}
+    out["position_signal"] = collect.position_signal_fingerprint(the_plan)
     out["unigram_loss"] = plan.fingerprint(config.pretrain.data)
     return out
 

@@ -2,7 +2,7 @@
 exceptions, validation and fingerprints."""
 import pytest
 
-from roformer.ablation import plan
+from roformer.ablation import plan, validation
 
 from test_ablate import small_config
 
@@ -36,9 +36,9 @@ def test_scheme_seeds_and_learning_rates_are_per_scheme_exceptions():
     config = small_config("learned,rope,none", seeds=2)
     config.scheme_seeds = "rope=3,none=1"
     config.scheme_learning_rates = "learned=1e-3"
-    plan.validate(config)
+    validation.validate(config)
     # Every scheme of seed 0 first, then seed 1 of the schemes that have it, ...
-    assert plan.planned_runs(config) == [("learned", 0), ("rope", 0), ("none", 0), ("learned", 1), ("rope", 1),
+    assert [(r.key, r.seed) for r in plan.build_plan(config, "/ablation").scheme_runs] == [("learned", 0), ("rope", 0), ("none", 0), ("learned", 1), ("rope", 1),
                                            ("rope", 2)]
     assert plan.scheme_pretrain_config(config, "learned").train.learning_rate == 1e-3
     assert plan.scheme_pretrain_config(config, "rope").train.learning_rate == config.pretrain.train.learning_rate
@@ -54,7 +54,7 @@ def test_per_scheme_settings_are_checked_before_any_training(key, value, message
     config = small_config()
     config[key] = value
     with pytest.raises(ValueError, match=message):
-        plan.validate(config)
+        validation.validate(config)
 
 
 def test_fingerprint_ignores_settings_that_only_watch_a_run():
@@ -70,7 +70,7 @@ def test_fingerprint_ignores_settings_that_only_watch_a_run():
 @pytest.mark.parametrize("variant", [None, "smoke", "reference", "onset"])
 def test_every_ablation_variant_is_a_valid_config(variant):
     config = plan.load_config_file("ablation", variant)
-    plan.validate(config)
+    validation.validate(config)
     if variant == "onset":   # 10x the reference's budget, more seeds where onsets vary most
         assert plan.pretrain_steps(config) == 20_000
         assert [plan.scheme_seeds(config, s) for s in ("rope", "learned", "none", "shaw")] == [5, 5, 5, 3]

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from roformer.ablation import plan, progress
+from roformer.ablation import plan, progress, validation
 from roformer.ablation.progress import Progress, TrainingRun
 
 
@@ -78,7 +78,7 @@ def test_a_line_names_the_runs_that_trained_the_steps_left_and_the_time_left(tmp
 def test_training_runs_are_the_schemes_pretraining_then_the_extension(tmp_path):
     config = plan.load_config_file("ablation", "smoke")
     config.schemes, config.seeds = "learned,rope", 2
-    runs = progress.training_runs(config, tmp_path)
+    runs = progress.training_runs(plan.build_plan(config, tmp_path))
     steps = plan.pretrain_steps(config)
     assert runs[:4] == [TrainingRun(f"{s}/seed{k}", tmp_path / "pretrain" / s / f"seed{k}", steps)
                         for k in (0, 1) for s in ("learned", "rope")]
@@ -87,7 +87,7 @@ def test_training_runs_are_the_schemes_pretraining_then_the_extension(tmp_path):
                                     config.extension.steps)
                         for k in range(plan.extension_seeds(config)) for m in methods]
     config.extension.enabled = False
-    assert len(progress.training_runs(config, tmp_path)) == 4
+    assert len(progress.training_runs(plan.build_plan(config, tmp_path))) == 4
 
 
 def test_reporting_logs_lines_while_the_block_runs_and_stops_with_it(tmp_path, caplog):
@@ -95,7 +95,7 @@ def test_reporting_logs_lines_while_the_block_runs_and_stops_with_it(tmp_path, c
     config.schemes, config.seeds, config.extension.enabled = "rope", 1, False
     config.progress_every_s = 0.05
     caplog.set_level(logging.INFO, logger="roformer.ablate")
-    with progress.reporting(config, tmp_path):
+    with progress.reporting(plan.build_plan(config, tmp_path)):
         write_rows(tmp_path / "pretrain" / "rope" / "seed0", [10])
         time.sleep(0.5)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress: ")]
@@ -107,7 +107,7 @@ def test_reporting_logs_lines_while_the_block_runs_and_stops_with_it(tmp_path, c
 
     caplog.clear()
     config.progress_every_s = 0
-    with progress.reporting(config, tmp_path):
+    with progress.reporting(plan.build_plan(config, tmp_path)):
         time.sleep(0.2)
     assert not caplog.records
 
@@ -116,4 +116,4 @@ def test_validate_refuses_a_negative_progress_interval():
     config = plan.load_config_file("ablation", "smoke")
     config.progress_every_s = -1.0
     with pytest.raises(ValueError, match="config.progress_every_s="):
-        plan.validate(config)
+        validation.validate(config)
