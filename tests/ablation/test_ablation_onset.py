@@ -1,7 +1,7 @@
 """roformer.ablation.onset: per-run onset of word-order use, fraction started with censoring, matched tokens."""
 import pytest
 
-from roformer.ablation import onset, report
+from roformer.ablation import figures, findings, onset, report_md
 
 TPS = 1000   # tokens per step
 
@@ -73,11 +73,11 @@ def test_loss_at_matched_tokens_pairs_seeds_with_the_reference():
 
 def test_markdown_and_plot(tmp_path):
     result = onset.summarize_onset(runs(), reference="rope", threshold=0.1)
-    text = "\n".join(report._onset_md(result))
+    text = "\n".join(report_md._onset_md(result))
     assert "| learned | 1 / 3 | 0.3M | 0.3M | 0.2M, 0.4M | — | — |" in text
     assert "| rope | 2 / 2 | 0.1M | 0.1M, 0.2M | — | — | — |" in text
     assert "(+2.050 [" in text
-    report.plot_onset({"onset": result}, tmp_path / "onset.png")
+    figures.plot_onset({"onset": result}, tmp_path / "onset.png")
     assert (tmp_path / "onset.png").stat().st_size > 0
 
 
@@ -92,7 +92,7 @@ def test_loss_spike_is_a_jump_above_the_best_so_far():
     runs_ = [{"scheme": "learned", "seed": 0, "status": "done", "curve": spiked}]
     result = onset.summarize_onset(runs_, reference="learned", threshold=0.1)
     assert result["schemes"][0]["loss_spikes"] == [{"seed": 0, **onset.loss_spike(spiked)}]
-    assert "seed 0 at 0.4M (+0.65, not recovered)" in "\n".join(report._onset_md(result))
+    assert "seed 0 at 0.4M (+0.65, not recovered)" in "\n".join(report_md._onset_md(result))
 
 
 def trend_runs():
@@ -127,7 +127,7 @@ def test_gap_trend_says_whether_the_gap_to_the_reference_is_still_closing():
     assert by["noisy"]["trend"] == "unclear"
     assert by["alone"]["trend"] is None and by["alone"]["seeds"] == [0]   # one seed: no interval
     result = onset.summarize_onset(trend_runs(), reference="rope", threshold=0.1)
-    text = "\n".join(report._onset_md(result))
+    text = "\n".join(report_md._onset_md(result))
     assert "| closing | 2 | +1.305 | -1.000 [-1.000, -1.000] | closing | 13.0M more tokens |" in text
-    finding = report._gap_trend_findings(result["gap_trend"], "rope")[0]
+    finding = findings._gap_trend_findings(result["gap_trend"], "rope")[0]
     assert "closing: closing (-1.000 [" in finding and "parallel: level" in finding and "unclear: noisy" in finding

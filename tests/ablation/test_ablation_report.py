@@ -1,7 +1,7 @@
-"""The report's words and tables (roformer.ablation.report): findings and markdown, on
-hand-made run rows."""
+"""The report's statistics, words and tables (roformer.ablation.summary, findings, report_md
+and formats), on hand-made run rows."""
 
-from roformer.ablation import report
+from roformer.ablation import formats, report_md, summary
 
 
 def _run(scheme, seed, loss, gaps, status="done", tokens_per_step=1_000_000):
@@ -20,7 +20,7 @@ def test_findings_say_which_differences_exceed_the_seed_spread_and_who_ignores_w
                  _run("learned", k, [7.5, 7.8, 7.6][k], [0.02, 0.15, 0.4]),        # worse, beyond the spread
                  _run("sinusoidal", k, [7.1, 7.1, 7.2][k], [0.01, 0.05, 0.2 + 0.1 * k]),   # within it
                  _run("none", k, [6.5, 6.6, 6.6][k], [0.0, 0.01, [0.0, 0.01, 0.02][k]])]  # better; ignores order
-    result = report.summarize({"seeds": 3}, runs, [], reference="rope", baseline="learned", order_threshold=0.1)
+    result = summary.summarize({"seeds": 3}, runs, [], reference="rope", baseline="learned", order_threshold=0.1)
     findings = result["findings"]
 
     def finding(start):
@@ -47,16 +47,16 @@ def test_findings_say_which_differences_exceed_the_seed_spread_and_who_ignores_w
     assert result["convergence"]["seeds"] == [0, 1, 2]
 
     # A higher threshold: learned's gap (0.4 at the end) no longer counts as using word order.
-    strict = report.summarize({"seeds": 3}, runs, [], reference="rope", baseline="learned",
+    strict = summary.summarize({"seeds": 3}, runs, [], reference="rope", baseline="learned",
                               order_threshold=0.5)["findings"]
     ignores = next(f for f in strict if f.startswith("Ignore word order"))
     assert "gap < 0.5 nats" in ignores and "learned (final gap 0.400" in ignores and "rope" not in ignores
 
     # One seed: the comparison has no interval yet, and says so.
-    one = report.summarize({"seeds": 1}, [r for r in runs if r["seed"] == 0], [], reference="rope",
+    one = summary.summarize({"seeds": 1}, [r for r in runs if r["seed"] == 0], [], reference="rope",
                            baseline="learned")
     assert "Only one seed finished for rope: differences have no interval yet." in one["findings"]
-    assert "(+0.500 (one seed))" in report.to_markdown(one)
+    assert "(+0.500 (one seed))" in report_md.to_markdown(one)
     convergence = next(f for f in one["findings"] if f.startswith("Convergence"))
     assert convergence.startswith("Convergence (RoFormer Fig. 3): one seed in common, no interval yet; "
                                   "learned - rope held-out loss is +0.500 at 3.00M tokens")
@@ -66,7 +66,7 @@ def test_findings_say_which_differences_exceed_the_seed_spread_and_who_ignores_w
     # "not distinguishable" at the reference's seed count.
     partial_runs = [r for r in runs if (r["seed"] < 2 or r["scheme"] == "rope")
                     and not (r["scheme"] == "none" and r["seed"] == 1)]
-    partial = report.summarize({"seeds": 3}, partial_runs, [], reference="rope", baseline="learned")
+    partial = summary.summarize({"seeds": 3}, partial_runs, [], reference="rope", baseline="learned")
     assert any(f.startswith("One seed in common with rope so far, no interval yet: none (")
                                     for f in partial["findings"])
     assert not any(f.startswith("Not distinguishable") and "none" in f for f in partial["findings"])
@@ -78,24 +78,24 @@ def test_report_helpers():
     schemes = [{"scheme": "a", "tokens_per_sec": {"mean": 100.0, "std": None, "n": 1}},
                {"scheme": "b", "tokens_per_sec": {"mean": 50.0, "std": None, "n": 1}},
                {"scheme": "c", "tokens_per_sec": None}]
-    report._add_relative_step_time(schemes)
+    summary._add_relative_step_time(schemes)
     assert [s["step_time_rel"] for s in schemes] == [1.0, 2.0, None]
 
     runs = [_run("a", 0, 3.0, [0.2, 0.2, 0.2]),
             {"scheme": "c", "seed": 0, "status": "failed", "failed_stage": "pretrain", "error": "RuntimeError: boom"}]
-    result = report.summarize({}, runs, [], reference="a")
-    md = report.to_markdown(result)
+    result = summary.summarize({}, runs, [], reference="a")
+    md = report_md.to_markdown(result)
     assert "| a | done |" in md and "| c | failed | n/a |" in md and "- c seed 0 pretrain: RuntimeError: boom" in md
 
 
 def test_convergence_table_shows_at_most_twelve_evaluations_and_the_first_separated_one():
     points = [{"step": k, "tokens": k * 1_000_000, "diff": 0.1, "lo": 0.0, "hi": 0.2, "exceeds": k >= 40}
               for k in range(1, 81)]
-    shown = report._convergence_points(points)
+    shown = report_md._convergence_points(points)
     assert shown[0]["step"] == 1 and shown[-1]["step"] == 80
     assert 40 in [p["step"] for p in shown] and len(shown) == 13   # 12 evenly spaced + the first separated
-    assert report._convergence_points(points[:12]) == points[:12]
-    md = "\n".join(report._convergence_md({"baseline": "learned", "reference": "rope", "seeds": [0, 1],
+    assert report_md._convergence_points(points[:12]) == points[:12]
+    md = "\n".join(report_md._convergence_md({"baseline": "learned", "reference": "rope", "seeds": [0, 1],
                                            "at_step": points}))
     assert "13 of 80 evaluations, all of them in ablation.json" in md
     assert md.splitlines()[-1].count("|") == 14 + 1   # "Δ loss" and 13 cells
@@ -104,15 +104,15 @@ def test_convergence_table_shows_at_most_twelve_evaluations_and_the_first_separa
 def test_a_run_short_of_the_unigram_loss_has_a_banner_and_no_findings_in_its_markdown():
     runs = [_run(scheme, k, loss + k, [0.0, 0.5, 1.0]) for k in range(2) for scheme, loss in (("rope", 7.0),
                                                                                                ("learned", 9.0))]
-    short = report.summarize({"seeds": 2, "unigram_loss": 6.5}, runs, [], reference="rope", baseline="learned")
-    assert report.short_of_unigram(short) and short["findings"]   # ablation.json keeps them
-    text = report.to_markdown(short)
+    short = summary.summarize({"seeds": 2, "unigram_loss": 6.5}, runs, [], reference="rope", baseline="learned")
+    assert summary.short_of_unigram(short) and short["findings"]   # ablation.json keeps them
+    text = report_md.to_markdown(short)
     assert "No findings: a pipeline check" in text and "6.500 nats" in text and "## Findings" not in text
-    learned = report.summarize({"seeds": 2, "unigram_loss": 8.0}, runs, [], reference="rope", baseline="learned")
-    assert not report.short_of_unigram(learned)
-    assert "## Findings" in report.to_markdown(learned) and "No findings" not in report.to_markdown(learned)
+    learned = summary.summarize({"seeds": 2, "unigram_loss": 8.0}, runs, [], reference="rope", baseline="learned")
+    assert not summary.short_of_unigram(learned)
+    assert "## Findings" in report_md.to_markdown(learned) and "No findings" not in report_md.to_markdown(learned)
 
 
 def test_token_counts_of_a_short_run_are_distinct():
-    assert [report._mtokens(n) for n in (None, 640, 20_480, 40_960, 3e5, 1.3e7)] == [
+    assert [formats.mtokens(n) for n in (None, 640, 20_480, 40_960, 3e5, 1.3e7)] == [
         "—", "640", "20k", "41k", "0.3M", "13.0M"]
