@@ -164,7 +164,7 @@ def _evaluate(config, run: SavedRun, tasks: list[str], protocols: dict, workdir:
                      for s in task.eval_splits}
             tests = ({(t.name, s): read_split(t, s, **read) for t, s in predicted_splits(task)}
                      if submission_dir is not None else {})
-            seeds, test_predictions = {}, {}
+            seeds, test_predictions, featurized = {}, {}, {}
             for seed, model_dir in sorted(run.seeds[name].items()):
                 model_config, classifier, tokenizer = run.load(config, name, seed)
                 if not started:
@@ -173,10 +173,12 @@ def _evaluate(config, run: SavedRun, tasks: list[str], protocols: dict, workdir:
                     if cache:
                         log.info("compiled programs are cached in %s", cache)
                     started = True
-                feats = lambda ex: features_lib.featurize(ex, tokenizer, protocol.max_seq_len,  # noqa: E731
-                                                          regression=task.is_regression)
-                eval_f = {s: feats(ex) for s, ex in evals.items()}
-                test_f = {key: feats(ex) for key, ex in tests.items()}
+                if tokenizer.hash not in featurized:   # the seeds of a task share their tokenizer
+                    feats = lambda ex: features_lib.featurize(ex, tokenizer, protocol.max_seq_len,  # noqa: E731
+                                                              regression=task.is_regression)
+                    featurized[tokenizer.hash] = ({s: feats(ex) for s, ex in evals.items()},
+                                                  {key: feats(ex) for key, ex in tests.items()})
+                eval_f, test_f = featurized[tokenizer.hash]
                 programs = programs_cache.get(classifier, protocol, task.is_regression)
                 predict_kw = dict(batch_size=config.eval_batch_size, max_seq_len=protocol.max_seq_len,
                                   pad_id=features_lib.tokenizer_special_ids(tokenizer).pad_id)
