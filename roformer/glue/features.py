@@ -96,6 +96,42 @@ class Features:
                 "attention_mask": attention_mask.astype(np.int32), "labels": labels, "weights": weights}
 
 
+@dataclasses.dataclass(frozen=True)
+class PaddedRows:
+    """Every example right-padded to one length, plus a last all-padding row (length 1,
+    label 0) that stands for the missing rows of a short batch: a batch is then a gather of
+    rows, one NumPy operation, instead of a Python loop per row and step."""
+    input_ids: np.ndarray         # [n + 1, length]
+    token_type_ids: np.ndarray    # [n + 1, length]
+    lengths: np.ndarray           # [n + 1]
+    labels: np.ndarray            # [n + 1]
+
+    @classmethod
+    def of(cls, features: Features, length: int, pad_id: int) -> "PaddedRows":
+        lengths = np.append(features.lengths, 1).astype(np.int32)
+        if lengths.max(initial=0) > length:
+            raise ValueError(f"an example has {lengths.max()} tokens, more than the padded length {length}")
+        filled = np.arange(length)[None, :] < lengths[:-1, None]
+        input_ids = np.full((len(lengths), length), pad_id, np.int32)
+        token_type_ids = np.zeros((len(lengths), length), np.int32)
+        if len(features):
+            input_ids[:-1][filled] = np.concatenate(features.input_ids)
+            token_type_ids[:-1][filled] = np.concatenate(features.token_type_ids)
+        labels = np.append(features.labels, np.zeros((1,), features.labels.dtype))
+        return cls(input_ids, token_type_ids, lengths, labels)
+
+    def stacked(self, batches: Sequence[np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
+        """The batches (rows each) stacked to [len(batches), batch_size, ...]: what
+        `Features.batch` gives for each at the full length, missing rows included."""
+        missing = len(self.lengths) - 1
+        rows = np.full((len(batches), batch_size), missing, np.int64)
+        for i, batch_rows in enumerate(batches):
+            rows[i, :len(batch_rows)] = batch_rows
+        return {"input_ids": self.input_ids[rows], "token_type_ids": self.token_type_ids[rows],
+                "lengths": self.lengths[rows], "labels": self.labels[rows],
+                "weights": (rows != missing).astype(np.float32)}
+
+
 def featurize(examples: Sequence[Example], tokenizer, max_seq_len: int,
               regression: bool = False) -> Features:
     if max_seq_len < 8:

@@ -3,10 +3,14 @@
 Built so an accelerator is never waiting on the host:
 - the steps are jitted functions of split state (plain pytrees of params, optimizer
   state and RNG state), as in pretraining, not NNX objects walked on every call;
-- the learning rate is an argument of the train step, so one compiled program serves every
-  schedule: all seeds, and every task with the same architecture and batch shape;
-- every (padded length) program a task will run is compiled before its first step
-  (`Programs.prepare`, in parallel threads, or loaded from jax's persistent cache);
+- one call of the train program runs `steps_per_call` optimizer steps (a scan over that
+  many consecutive batches, each padded length a branch), so the host's cost of a call
+  (assembling and sending the batches, flattening the state) is paid once for many steps,
+  with the same updates in the same order as one step per call (test);
+- the learning rate and the step number are inputs of the program, so one compiled program
+  serves every schedule: all seeds, and every task with the same head and batch size;
+- every program a task will run is compiled before its first step (`Programs.prepare`,
+  in parallel threads, or loaded from jax's persistent cache);
 - nothing is fetched from the device while training or predicting: losses and
   predictions stay there and are read once at the end.
 """
@@ -28,7 +32,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from roformer.errors import ConfigError
-from roformer.glue.features import Features, eval_batches, planned_train_batches
+from roformer.glue.features import Features, PaddedRows, bucket_lengths, eval_batches, planned_train_batches
 from roformer.model import ModelConfig, RoFormerForSequenceClassification
 from roformer.train.optim import decay_mask, make_schedule
 from roformer.train.steps import reseeded
@@ -37,6 +41,22 @@ log = logging.getLogger("roformer.glue")
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "lengths")
 TRAIN_INPUTS = (*MODEL_INPUTS, "labels", "weights")
+# Optimizer steps per call of the train program. More steps per call spread the host's
+# cost of a call thinner; the last call of a run pads with steps that change nothing.
+STEPS_PER_CALL = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainProgram:
+    """What a compiled train program is specialised to: the batch size, the padded lengths
+    it can run (one branch each) and the steps per call."""
+    batch_size: int
+    lengths: tuple[int, ...]
+    steps_per_call: int
+
+    @classmethod
+    def for_protocol(cls, protocol: "Protocol", steps_per_call: int = STEPS_PER_CALL) -> "TrainProgram":
+        return cls(protocol.batch_size, bucket_lengths(protocol.max_seq_len), steps_per_call)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +193,9 @@ class Programs:
         self._train, self._predict = {}, {}
         self.compile_seconds = 0.0
 
-    def _train_fn(self):
+    def single_step(self):
+        """One optimizer step on one [batch, length] batch: (params, opt_state, rest, batch,
+        learning_rate, base_key, step) -> (params, opt_state, loss), a pure function."""
         graphdef, tx, regression = self.graphdef, self.tx, self.regression
 
         def train_step(params, opt_state, rest, batch, learning_rate, base_key, step):
@@ -185,9 +207,36 @@ class Programs:
             loss, grads = jax.value_and_grad(loss_fn)(params)
             updates, opt_state = tx.update(grads, opt_state, params)
             updates = jax.tree.map(lambda u: learning_rate * u, updates)
-            return optax.apply_updates(params, updates), opt_state, loss
+            return optax.apply_updates(params, updates), opt_state, loss.astype(jnp.float32)
 
-        return jax.jit(train_step, donate_argnums=(0, 1))
+        return train_step
+
+    def _train_fn(self, lengths: tuple[int, ...]):
+        """Steps over stacked batches [steps, batch, max(lengths)]: step i runs branch
+        `branch[i]`, the single step on its batch cut to lengths[branch[i]], or, with
+        branch len(lengths), no step at all (the padding of a run's last call)."""
+        single_step = self.single_step()
+
+        def train_steps(params, opt_state, rest, batches, base_key):
+            def one_length(length):
+                def run(carry, xs):
+                    batch = {k: xs[k][:, :length] if k in ("input_ids", "token_type_ids") else xs[k]
+                             for k in TRAIN_INPUTS}
+                    return single_step(*carry, rest, batch, xs["learning_rate"], base_key, xs["step"])
+                return run
+
+            def no_step(carry, xs):
+                return (*carry, jnp.zeros((), jnp.float32))
+
+            def body(carry, xs):
+                params, opt_state, loss = jax.lax.switch(
+                    xs["branch"], [*map(one_length, lengths), no_step], carry, xs)
+                return (params, opt_state), loss
+
+            (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), batches)
+            return params, opt_state, losses
+
+        return jax.jit(train_steps, donate_argnums=(0, 1))
 
     def _predict_fn(self):
         graphdef, regression = self.graphdef, self.regression
@@ -200,29 +249,33 @@ class Programs:
 
         return jax.jit(predict_step)
 
-    def _lower_train(self, batch_size: int, length: int):
+    def _lower_train(self, program: TrainProgram):
         key = jax.eval_shape(lambda: jax.random.key(0))
-        return self._train_fn().lower(
-            self.abstract_params, self.abstract_opt_state, self.abstract_rest,
-            _batch_spec(batch_size, length, TRAIN_INPUTS, self.label_dtype),
-            jax.ShapeDtypeStruct((), jnp.float32), key, jax.ShapeDtypeStruct((), jnp.int32))
+        steps = program.steps_per_call
+        batches = {k: jax.ShapeDtypeStruct((steps, *v.shape), v.dtype) for k, v in
+                   _batch_spec(program.batch_size, max(program.lengths), TRAIN_INPUTS, self.label_dtype).items()}
+        batches.update(learning_rate=jax.ShapeDtypeStruct((steps,), jnp.float32),
+                       step=jax.ShapeDtypeStruct((steps,), jnp.int32),
+                       branch=jax.ShapeDtypeStruct((steps,), jnp.int32))
+        return self._train_fn(program.lengths).lower(
+            self.abstract_params, self.abstract_opt_state, self.abstract_rest, batches, key)
 
     def _lower_predict(self, batch_size: int, length: int):
         return self._predict_fn().lower(self.abstract_params, self.abstract_rest,
                                         _batch_spec(batch_size, length, MODEL_INPUTS, self.label_dtype))
 
-    def prepare(self, train_shapes: Iterable[tuple[int, int]], predict_shapes: Iterable[tuple[int, int]],
+    def prepare(self, train_programs: Iterable[TrainProgram], predict_shapes: Iterable[tuple[int, int]],
                 threads: int = 8) -> float:
-        """Compile every (batch, length) program not compiled yet, in parallel; returns the
-        seconds it took. Tracing happens here too, so a model whose attention a kernel
-        cannot take fails now, before any training."""
-        todo = [("train", s) for s in sorted(set(train_shapes)) if s not in self._train]
+        """Compile every train program and (batch, length) predict program not compiled yet,
+        in parallel; returns the seconds it took. Tracing happens here too, so a model whose
+        attention a kernel cannot take fails now, before any training."""
+        todo = [("train", p) for p in dict.fromkeys(train_programs) if p not in self._train]
         todo += [("predict", s) for s in sorted(set(predict_shapes)) if s not in self._predict]
         if not todo:
             return 0.0
         start = time.perf_counter()
-        lowered = [(kind, shape, (self._lower_train if kind == "train" else self._lower_predict)(*shape))
-                   for kind, shape in todo]      # tracing is Python: one thread
+        lowered = [(kind, key, self._lower_train(key) if kind == "train" else self._lower_predict(*key))
+                   for kind, key in todo]      # tracing is Python: one thread
         with ThreadPoolExecutor(max_workers=max(1, min(threads, len(lowered)))) as pool:
             compiled = list(pool.map(lambda item: item[2].compile(), lowered))
         for (kind, shape, _), program in zip(lowered, compiled):
@@ -231,10 +284,10 @@ class Programs:
         self.compile_seconds += seconds
         return seconds
 
-    def train_step(self, batch_size: int, length: int):
-        if (batch_size, length) not in self._train:
-            self.prepare([(batch_size, length)], [])
-        return self._train[(batch_size, length)]
+    def train_steps(self, program: TrainProgram):
+        if program not in self._train:
+            self.prepare([program], [])
+        return self._train[program]
 
     def predict_step(self, batch_size: int, length: int):
         if (batch_size, length) not in self._predict:
@@ -246,40 +299,61 @@ def _device_batch(batch: dict[str, np.ndarray], keys: Iterable[str]) -> dict:
     return jax.device_put({k: batch[k] for k in keys})
 
 
+def call_inputs(program: TrainProgram, padded: PaddedRows, plan: list[tuple[int, np.ndarray]],
+                rates: np.ndarray, first: int) -> dict[str, np.ndarray]:
+    """The inputs of the call of `program` that runs steps first, first + 1, ... of `plan`
+    (padded lengths and rows, per step) with `rates` (per step): the batches stacked at the
+    program's longest length, each step's branch (its length; past the plan's end, no step),
+    rate and number."""
+    steps = program.steps_per_call
+    chunk = plan[first:first + steps]
+    pad = steps - len(chunk)
+    inputs = padded.stacked([rows for _, rows in chunk] + [np.zeros(0, np.int64)] * pad, program.batch_size)
+    inputs["branch"] = np.array([program.lengths.index(length) for length, _ in chunk] + [len(program.lengths)] * pad,
+                                np.int32)
+    inputs["learning_rate"] = np.pad(rates[first:first + len(chunk)], (0, pad))
+    inputs["step"] = np.arange(first, first + steps, dtype=np.int32)
+    return inputs
+
+
 def finetune(classifier: Classifier, programs: Programs, features: Features, protocol: Protocol, *,
              seed: int, pad_id: int, desc: str = "", log_every: int = 50,
-             log_fn: Callable[[dict], None] | None = None, progress: bool = True) -> tuple[Classifier, dict]:
+             log_fn: Callable[[dict], None] | None = None, progress: bool = True,
+             steps_per_call: int = STEPS_PER_CALL) -> tuple[Classifier, dict]:
     """Train from `classifier`; returns (the trained classifier, {"steps", "final_loss",
     "steps_per_sec"}). The losses are read from the device once, after the last step."""
     total_steps = protocol.total_steps(len(features))
     # every step's rate at once, on the host: a rate computed per step by the schedule would
     # be a device computation whose value the host waits for, a sync every step
     rates = np.asarray(jax.device_get(protocol.schedule(total_steps)(np.arange(total_steps))), np.float32)
-    batches = planned_train_batches(features, protocol.batch_size, protocol.max_seq_len, seed, total_steps)
-    programs.prepare([(protocol.batch_size, length) for length, _ in batches], [])
-    params = jax.device_put(classifier.params)
+    plan = planned_train_batches(features, protocol.batch_size, protocol.max_seq_len, seed, total_steps)
+    program = TrainProgram.for_protocol(protocol, steps_per_call)
+    train_steps = programs.train_steps(program)
+    padded = PaddedRows.of(features, max(program.lengths), pad_id)
+    # a copy: the program donates (frees) its input params, and the caller keeps its classifier
+    params = jax.device_put(classifier.params, may_alias=False)
     opt_state = programs.tx.init(params)
     rest, base_key = classifier.rest, jax.random.key(seed)
-    logged = []
+    logged = []     # (step, losses of its call, index in them)
     start = time.perf_counter()
     with tqdm(total=total_steps, desc=desc, unit="step", leave=False, dynamic_ncols=True,
               disable=not progress) as bar:
-        for step, (length, rows) in enumerate(batches):
-            batch = _device_batch(features.batch(rows, protocol.batch_size, length, pad_id), TRAIN_INPUTS)
-            params, opt_state, loss = programs.train_step(protocol.batch_size, length)(
-                params, opt_state, rest, batch, rates[step], base_key, np.int32(step))
-            if (step + 1) % log_every == 0 or step + 1 == total_steps:
-                logged.append((step + 1, loss))
-            bar.update(1)
-    losses = jax.device_get([loss for _, loss in logged])     # waits for the last step
+        for first in range(0, total_steps, steps_per_call):
+            batches = call_inputs(program, padded, plan, rates, first)
+            params, opt_state, losses = train_steps(params, opt_state, rest, jax.device_put(batches), base_key)
+            last = min(first + steps_per_call, total_steps)
+            logged += [(step, losses, step - first - 1) for step in range(first + 1, last + 1)
+                       if step % log_every == 0 or step == total_steps]
+            bar.update(last - first)
+    fetched = jax.device_get([losses for _, losses, _ in logged])     # waits for the last step
     seconds = time.perf_counter() - start
-    for (step, _), loss in zip(logged, losses):
-        loss = float(loss)
+    losses = [float(values[index]) for (_, _, index), values in zip(logged, fetched)]
+    for (step, _, _), loss in zip(logged, losses):
         if not math.isfinite(loss):
             raise FloatingPointError(f"{desc}: loss is {loss} at step {step}")
         if log_fn:
             log_fn({"step": step, "loss": loss, "learning_rate": float(rates[step - 1])})
-    info = {"steps": total_steps, "final_loss": float(losses[-1]) if len(losses) else float("nan"),
+    info = {"steps": total_steps, "final_loss": losses[-1] if losses else float("nan"),
             "steps_per_sec": round(total_steps / max(seconds, 1e-9), 2)}
     return dataclasses.replace(classifier, params=params), info
 

@@ -24,8 +24,8 @@ from roformer.data.tokenizer import load_tokenizer
 from roformer.errors import ConfigError, UserError
 from roformer.files import write_json_atomic, write_text_atomic, writing
 from roformer.glue import features as features_lib
-from roformer.glue.features import planned_train_batches
-from roformer.glue.finetune import Classifier, Programs, Protocol, create_model, finetune, predict, predict_shapes
+from roformer.glue.finetune import (Classifier, Programs, Protocol, TrainProgram, create_model, finetune, predict,
+                                    predict_shapes)
 from roformer.glue.init import encoder_state, load_init, resolve_model_config
 from roformer.glue.metrics import glue_scores, task_metrics
 from roformer.glue.readers import GlueDataError, check_data_dir, local_path, read_split
@@ -161,8 +161,7 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
             # the attention kernel takes them), then one real prediction on a tiny batch: a
             # model that cannot predict fails in seconds, not after training.
             programs.prepare(
-                [(protocol.batch_size, length) for length, _ in planned_train_batches(
-                    train_f, protocol.batch_size, protocol.max_seq_len, seed, protocol.total_steps(len(train_f)))],
+                [TrainProgram.for_protocol(protocol)],
                 [shape for f in (*eval_f.values(), *test_f.values())
                  for shape in predict_shapes(f, batch_size=config.eval_batch_size, max_seq_len=protocol.max_seq_len)])
             predict(classifier, programs, train_f.head(2), **predict_kw)

@@ -98,3 +98,28 @@ def test_submission_files(tmp_path):
                                                 "CoLA.tsv"])
         assert zf.read("RTE.tsv").decode().startswith("index\tprediction\n")
     assert set(SUBMISSION_FILES) >= {"MNLI-mm.tsv", "QQP.tsv", "WNLI.tsv", "SST-2.tsv"}
+
+
+def test_stacked_padded_rows_are_the_batches_at_the_longest_length():
+    from roformer.glue.features import Features, PaddedRows
+
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(5, 50, n).astype(np.int32) for n in (3, 17, 9, 32, 5)]
+    feats = Features(ids, [np.arange(len(x)) % 2 for x in ids], np.arange(5, dtype=np.float32) / 4, np.arange(5))
+    padded = PaddedRows.of(feats, 32, pad_id=7)
+    batches = [np.array([4, 1, 0]), np.array([3]), np.array([], np.int64)]   # full, short, empty (no step)
+    stacked = padded.stacked(batches, batch_size=3)
+    assert stacked["input_ids"].shape == (3, 3, 32) and stacked["weights"].shape == (3, 3)
+    for i, rows in enumerate(batches):
+        for length in (16, 32):
+            if len(rows) and max(len(ids[r]) for r in rows) > length:
+                continue
+            want = feats.batch(rows, 3, length, pad_id=7)
+            assert stacked["input_ids"][i, :, length:].tolist() == np.full((3, 32 - length), 7).tolist()
+            for key in ("input_ids", "token_type_ids"):
+                np.testing.assert_array_equal(stacked[key][i, :, :length], want[key])
+            for key in ("lengths", "labels", "weights"):
+                np.testing.assert_array_equal(stacked[key][i], want[key])
+                assert stacked[key].dtype == want[key].dtype
+    with pytest.raises(ValueError, match="more than the padded length"):
+        PaddedRows.of(feats, 16, pad_id=0)

@@ -179,3 +179,54 @@ def test_the_median_seed_is_saved_reloads_to_its_scores_and_loads_in_transformer
     ours = np.asarray(model(jnp.asarray(ids["input_ids"].numpy()),
                             token_type_ids=jnp.asarray(ids["token_type_ids"].numpy())))
     np.testing.assert_allclose(ours, hf_logits, atol=1e-4)
+
+
+def _random_features(n: int, seed: int = 0):
+    """Mostly short examples, a few long ones: batches of 8 pad to 16, 32 or 64 tokens."""
+    from roformer.glue.features import Features
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.choice([4, 10, 14, 30, 60], size=n, p=[0.5, 0.3, 0.12, 0.05, 0.03])
+    ids = [rng.integers(5, 100, k).astype(np.int32) for k in lengths]
+    return Features(ids, [(np.arange(len(x)) > len(x) // 2).astype(np.int32) for x in ids],
+                    rng.integers(0, 2, n).astype(np.int32), np.arange(n))
+
+
+def test_several_steps_per_call_make_the_same_updates_as_one_step_per_call():
+    """The batches, rates, dropout keys and order of the one-program-per-step loop (a batch
+    assembled per step, one program per padded length): every logged loss and the final
+    params equal bit for bit, for a call of 1 step, of 3 (the last call padded with no-op
+    steps) and of more steps than the run has."""
+    from roformer.glue.features import planned_train_batches
+    from roformer.model import ModelConfig
+
+    features = _random_features(30)    # a short last batch
+    config = glue_config.get_config()
+    config.update(batch_size=8, max_seq_len=64, num_epochs=2.0, learning_rate=1e-3)
+    protocol = finetune_lib.Protocol.from_config(config, "sst2")
+    model_config = ModelConfig(vocab_size=100, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    classifier = finetune_lib.Classifier.split(finetune_lib.create_model(model_config, 2, 0))
+    programs = finetune_lib.Programs(classifier, protocol.update_settings, False)
+
+    total = protocol.total_steps(len(features))
+    rates = np.asarray(protocol.schedule(total)(np.arange(total)), np.float32)
+    step = jax.jit(programs.single_step())
+    params, opt_state = classifier.params, programs.tx.init(classifier.params)
+    plan = planned_train_batches(features, 8, 64, 3, total)
+    assert len({length for length, _ in plan}) > 1 and len(plan[-1][1]) < 8
+    reference = []
+    for i, (length, rows) in enumerate(plan):
+        batch = {k: v for k, v in features.batch(rows, 8, length, 0).items() if k in finetune_lib.TRAIN_INPUTS}
+        params, opt_state, loss = step(params, opt_state, classifier.rest, batch, rates[i], jax.random.key(3), np.int32(i))
+        reference.append(float(loss))
+
+    for steps_per_call in (1, 3, total + 5):
+        logged = []
+        trained, info = finetune_lib.finetune(classifier, programs, features, protocol, seed=3, pad_id=0,
+                                              log_every=1, log_fn=logged.append, progress=False,
+                                              steps_per_call=steps_per_call)
+        assert [row["step"] for row in logged] == list(range(1, total + 1))
+        assert [row["loss"] for row in logged] == reference, steps_per_call
+        assert info["final_loss"] == reference[-1]
+        for ours, theirs in zip(jax.tree.leaves(trained.params), jax.tree.leaves(params)):
+            np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
