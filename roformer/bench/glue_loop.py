@@ -1,0 +1,206 @@
+"""The GLUE fine-tuning loop's host cost per optimizer step, with a model so small that the
+device's work is negligible: what is left of a step's time is the host's.
+
+Times, in alternating rounds over the same planned steps (synthetic examples whose lengths
+fill several padded-length buckets):
+- `per-step loop`: one call per step, as the loop ran before steps_per_call (c208fa5): a
+  batch assembled per step (`Features.batch`), sent with `jax.device_put`, one compiled
+  program per padded length, the rate and step as NumPy scalars;
+- `finetune k=K`: `roformer.glue.finetune.finetune` itself with `steps_per_call` K, its own
+  steps/s (the loop, not the compilation);
+- `bare k=K`: the same compiled programs called with every batch already on the device: the
+  floor a loop of that many steps per call can reach on this machine.
+Then a breakdown of the host's parts, per step: assembling a batch (per step, and as one
+gather of K batches), sending it, flattening the state at a call (this model's, and a base
+model's state built abstractly), and a progress-bar update.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+from tqdm.auto import tqdm
+
+from roformer.glue import finetune as finetune_lib
+from roformer.glue.features import Features, PaddedRows, planned_train_batches
+from roformer.model import ModelConfig
+
+COLUMNS = ("variant", "steps_per_call", "steps_s", "steps_s_min", "steps_s_max", "ms_step", "x_per_step_loop")
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hidden", type=int, default=32, help="hidden size of the micro model (1 head per 16)")
+    parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--vocab-size", type=int, default=1000)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--max-len", type=int, default=128, help="max_seq_len (buckets 16, 32, ... up to it)")
+    parser.add_argument("--steps", type=int, default=400, help="optimizer steps per timed loop")
+    parser.add_argument("--steps-per-call", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+
+
+def synthetic_features(n: int, max_len: int, vocab_size: int, seed: int = 0) -> Features:
+    """n single-sentence examples, lengths log-normal around 18 tokens (SST-2-like: most
+    batches of 32 pad to 32 or 64, a few to 128 at max_len 128)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(2.9, 0.45, n).astype(int), 3, max_len)
+    ids = [rng.integers(5, vocab_size, n_tokens).astype(np.int32) for n_tokens in lengths]
+    return Features(ids, [np.zeros(len(x), np.int32) for x in ids], rng.integers(0, 2, n).astype(np.int32),
+                    np.arange(n))
+
+
+class Setup:
+    """The micro classifier, its programs and one plan of `steps` steps."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.protocol = finetune_lib.Protocol(
+            learning_rate=4e-5, batch_size=args.batch, num_epochs=1.0, max_steps=args.steps, warmup_fraction=0.1,
+            weight_decay=0.01, max_seq_len=args.max_len, max_train_examples=0, decay="linear", b1=0.9, b2=0.98,
+            eps=1e-6, clip_norm=1.0)
+        self.features = synthetic_features(args.batch * args.steps, args.max_len, args.vocab_size)
+        model_config = ModelConfig(vocab_size=args.vocab_size, hidden_size=args.hidden, num_layers=args.layers,
+                                   num_heads=max(1, args.hidden // 16), intermediate_size=2 * args.hidden,
+                                   attention_dropout=0.0)
+        self.classifier = finetune_lib.Classifier.split(finetune_lib.create_model(model_config, 2, 0))
+        self.programs = finetune_lib.Programs(self.classifier, self.protocol.update_settings, False)
+        self.steps = args.steps
+        self.plan = planned_train_batches(self.features, args.batch, args.max_len, 0, args.steps)
+        self.rates = np.full(args.steps, 1e-5, np.float32)
+        self.single = jax.jit(self.programs.single_step(), donate_argnums=(0, 1))
+        self.per_length = {}
+        for length in sorted({length for length, _ in self.plan}):
+            batch = self.features.batch(np.zeros(0, np.int64), args.batch, length, 0)
+            self.per_length[length] = self.single.lower(
+                self.programs.abstract_params, self.programs.abstract_opt_state, self.programs.abstract_rest,
+                {k: jax.ShapeDtypeStruct(batch[k].shape, batch[k].dtype) for k in finetune_lib.TRAIN_INPUTS},
+                jax.ShapeDtypeStruct((), np.float32), jax.eval_shape(lambda: jax.random.key(0)),
+                jax.ShapeDtypeStruct((), np.int32)).compile()
+
+    def fresh_state(self):
+        params = jax.device_put(self.classifier.params, may_alias=False)
+        return params, self.programs.tx.init(params)
+
+    def per_step_loop(self) -> float:
+        """The loop before steps_per_call: seconds for the plan's steps."""
+        params, opt_state = self.fresh_state()
+        rest, key, batch_size = self.classifier.rest, jax.random.key(0), self.protocol.batch_size
+        start = time.perf_counter()
+        for step, (length, rows) in enumerate(self.plan):
+            batch = self.features.batch(rows, batch_size, length, 0)
+            batch = jax.device_put({k: batch[k] for k in finetune_lib.TRAIN_INPUTS})
+            params, opt_state, loss = self.per_length[length](params, opt_state, rest, batch, self.rates[step], key,
+                                                              np.int32(step))
+        jax.block_until_ready(loss)
+        return time.perf_counter() - start
+
+    def finetune(self, steps_per_call: int) -> float:
+        _, info = finetune_lib.finetune(self.classifier, self.programs, self.features, self.protocol, seed=0,
+                                        pad_id=0, progress=False, steps_per_call=steps_per_call)
+        return self.steps / info["steps_per_sec"]
+
+    def call_inputs(self, steps_per_call: int) -> list[dict]:
+        """Every call's inputs of the plan, as finetune builds them (NumPy)."""
+        program = finetune_lib.TrainProgram.for_protocol(self.protocol, steps_per_call)
+        padded = PaddedRows.of(self.features, max(program.lengths), 0)
+        return [finetune_lib.call_inputs(program, padded, self.plan, self.rates, first)
+                for first in range(0, self.steps, steps_per_call)]
+
+    def bare(self, steps_per_call: int, device_calls: list[dict]) -> float:
+        program = self.programs.train_steps(finetune_lib.TrainProgram.for_protocol(self.protocol, steps_per_call))
+        params, opt_state = self.fresh_state()
+        rest, key = self.classifier.rest, jax.random.key(0)
+        start = time.perf_counter()
+        for batches in device_calls:
+            params, opt_state, losses = program(params, opt_state, rest, batches, key)
+        jax.block_until_ready(losses)
+        return time.perf_counter() - start
+
+
+def per_call_us(fn, calls: int, repeat: int = 3) -> float:
+    """Median over `repeat` of the microseconds per call of `fn` run `calls` times."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(times)
+
+
+def base_state_structure():
+    """A base classifier's (params, opt_state, rest) built abstractly (nothing allocated):
+    the pytree a call of a base model's train program flattens."""
+    model = nnx.eval_shape(lambda: finetune_lib.create_model(ModelConfig.from_preset("base"), 2, 0))
+    classifier = finetune_lib.Classifier.split(model)
+    programs = finetune_lib.Programs(classifier, (0.9, 0.98, 1e-6, 0.01, 1.0), False)
+    return programs.abstract_params, programs.abstract_opt_state, programs.abstract_rest
+
+
+def breakdown(setup: Setup, steps_per_call: int) -> list[dict]:
+    plan, features, batch_size = setup.plan, setup.features, setup.protocol.batch_size
+    length, rows = plan[len(plan) // 2]
+    one = features.batch(rows, batch_size, length, 0)
+    one = {k: one[k] for k in finetune_lib.TRAIN_INPUTS}
+    program = finetune_lib.TrainProgram.for_protocol(setup.protocol, steps_per_call)
+    padded = PaddedRows.of(features, max(program.lengths), 0)
+    chunk = [r for _, r in plan[:steps_per_call]]
+    stacked = padded.stacked(chunk, batch_size)
+    params, opt_state = setup.fresh_state()
+    state = (params, opt_state, setup.classifier.rest)
+    base_state = base_state_structure()
+    bar = tqdm(total=10 ** 9, file=io.StringIO(), mininterval=0.1)
+    k = steps_per_call
+    rows_out = [
+        ("batch assembly: Features.batch (per step)", per_call_us(lambda: features.batch(rows, batch_size, length, 0), 200), 1),
+        (f"batch assembly: PaddedRows.stacked of {k} batches", per_call_us(lambda: padded.stacked(chunk, batch_size), 50), k),
+        ("device_put of one step's batch", per_call_us(lambda: jax.block_until_ready(jax.device_put(one)), 200), 1),
+        (f"device_put of {k} stacked batches", per_call_us(lambda: jax.block_until_ready(jax.device_put(stacked)), 50), k),
+        (f"flatten (params, opt_state, rest), this model: {len(jax.tree.leaves(state))} leaves",
+         per_call_us(lambda: jax.tree.flatten(state), 500), 1),
+        (f"flatten (params, opt_state, rest), base model: {len(jax.tree.leaves(base_state))} leaves",
+         per_call_us(lambda: jax.tree.flatten(base_state), 200), 1),
+        ("tqdm update (bar enabled)", per_call_us(lambda: bar.update(1), 2000), 1),
+    ]
+    bar.close()
+    return [{"part": name, "us_per_call": us, "steps_per_call": per, "us_per_step": us / per}
+            for name, us, per in rows_out]
+
+
+def run(args: argparse.Namespace) -> dict:
+    setup = Setup(args)
+    for k in args.steps_per_call:      # compile outside the timing
+        setup.programs.train_steps(finetune_lib.TrainProgram.for_protocol(setup.protocol, k))
+    device_calls = {k: [jax.device_put(c) for c in setup.call_inputs(k)] for k in args.steps_per_call}
+    variants = {("per-step loop", 1): setup.per_step_loop}
+    for k in args.steps_per_call:
+        variants[("finetune", k)] = lambda k=k: setup.finetune(k)
+        variants[("bare", k)] = lambda k=k: setup.bare(k, device_calls[k])
+    for fn in variants.values():      # warm up (allocations, first calls)
+        fn()
+    times = {key: [] for key in variants}
+    names = list(variants)
+    for round_index in range(args.rounds):
+        shift = round_index % len(names)
+        for key in names[shift:] + names[:shift]:
+            times[key].append(variants[key]())
+    reference = times[("per-step loop", 1)]
+    rows = []
+    for (name, k), seconds in times.items():
+        rates = [setup.steps / s for s in seconds]
+        speedups = sorted(r / ref for r, ref in zip(seconds, reference))
+        rows.append({"variant": name, "steps_per_call": k, "steps_s": statistics.median(rates),
+                     "steps_s_min": min(rates), "steps_s_max": max(rates),
+                     "ms_step": statistics.median(seconds) / setup.steps * 1e3,
+                     "x_per_step_loop": 1 / statistics.median(speedups)})
+    parts = breakdown(setup, max(args.steps_per_call))
+    lengths = sorted({length for length, _ in setup.plan})
+    return {"rows": rows, "columns": COLUMNS,
+            "tables": {"host time per step, by part": {"rows": parts}},
+            "settings": {k: v for k, v in vars(args).items() if k != "json"},
+            "notes": [f"{setup.steps} steps of batch {args.batch}, padded lengths {lengths}; "
+                      f"x_per_step_loop: median over rounds of (per-step loop time / this variant's time)"]}
