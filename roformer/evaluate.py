@@ -36,9 +36,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="", help="result file (default: WORKDIR/eval_<step>.json)")
     args = parser.parse_args(argv)
     from roformer.train.checkpoint_eval import evaluate_checkpoint   # jax: after --help
+    from roformer.workdir import PretrainWorkdir
 
     result = evaluate_checkpoint(args.workdir, step=args.step, eval_batches=args.eval_batches)
-    out = Path(args.out) if args.out else Path(result["workdir"]) / f"eval_{result['step']}.json"
+    out = Path(args.out) if args.out else PretrainWorkdir(result["workdir"]).eval_file(result["step"])
     with writing(f"the held-out metrics {out}"):
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out, result, indent=2)

@@ -6,6 +6,7 @@ Layout (written by roformer.train: `train_and_evaluate`, the vmapped seeds):
     workdir/tokenizer.json         the run's tokenizer (and vocab.txt)
     workdir/checkpoints/<step>/    orbax items ITEMS (+ metrics of a checkpoint taken after an evaluation)
     workdir/metrics.jsonl, summary.json, tensorboard/
+    workdir/eval_<step>.json       a checkpoint's held-out metrics, evaluated afterwards (python -m roformer.evaluate)
 
 Below train/, convert and checkpoint_source, which all read it through this module.
 """
@@ -109,6 +110,10 @@ class PretrainWorkdir:
                 restore_args=jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), target))))
         params = restored["state"]["params"]
         return config, params["roformer"] if encoder_only else params
+
+    def eval_file(self, step: int) -> Path:
+        """Where `python -m roformer.evaluate` writes checkpoint `step`'s held-out metrics."""
+        return self.path / f"eval_{step}.json"
 
     def run_config(self) -> dict:
         """The resolved config the run wrote (config.json), or {} for a workdir without one."""
