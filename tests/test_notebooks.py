@@ -59,7 +59,7 @@ def tiny_ablation_config(shared_data: Path, cache_dir: Path):
     every 2), 16 GLUE rows, 2 pretraining seeds, and a 4-step context extension of seed 0's
     rope at 2x the length, evaluated every 2 steps."""
     config = plan.load_config_file("ablation", "smoke")
-    config.schemes = "learned,rope"
+    config.schemes = ("learned", "rope")
     config.seeds = 2
     pre = config.pretrain
     pre.model.update(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
@@ -73,8 +73,8 @@ def tiny_ablation_config(shared_data: Path, cache_dir: Path):
     config.budget_tokens = 4 * 8 * 32          # 4 steps
     config.glue.update(task="wnli", data_dir=str(shared_data / "glue"), max_train_examples=16,
                        max_eval_examples=16, max_seq_len=16, batch_size=8, eval_batch_size=16)
-    config.extrapolation.update(factors="1,2", num_docs=2, batch_size=4, scalings="linear,ntk,yarn")
-    config.extension.update(enabled=True, scheme="rope", seeds=1, methods=",".join(EXTENSION_METHODS),
+    config.extrapolation.update(factors=(1, 2), num_docs=2, batch_size=4, scalings=("linear", "ntk", "yarn"))
+    config.extension.update(enabled=True, scheme="rope", seeds=1, methods=EXTENSION_METHODS,
                             factor=2, steps=4, eval_every=2, warmup_steps=1)
     return config
 

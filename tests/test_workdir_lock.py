@@ -159,7 +159,7 @@ def test_ablation_stages_lock_their_own_workdirs_under_the_ablation_lock(tmp_pat
 
     monkeypatch.setitem(stages.STAGE_RUNNERS, "pretrain", stage)
     config = plan.load_config_file("ablation", "smoke")
-    config.schemes, config.seeds, config.extension.enabled = "rope", 1, False
+    config.schemes, config.seeds, config.extension.enabled = ("rope",), 1, False
     runner.run_ablation(config, tmp_path)
     assert seen and all(seen_ == (True, True) for seen_ in seen)
     assert not list(tmp_path.rglob(LOCK_FILE))

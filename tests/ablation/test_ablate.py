@@ -23,13 +23,13 @@ from roformer.ablation.state import PINNED_TOKENIZER, STATE_FILE
 
 def small_config(schemes="learned,rope", *, seeds=None, methods=None):
     """configs/ablation.py:smoke: 2 seeds, 40 steps, MRPC, context extension of rope at 2x
-    (10 steps, evaluated every 5) under every extension method."""
+    (10 steps, evaluated every 5) under every extension method (`schemes`, `methods`: comma lists)."""
     config = plan.load_config_file("ablation", "smoke")
-    config.schemes = schemes
+    config.schemes = tuple(schemes.split(","))
     if seeds is not None:
         config.seeds = seeds
     if methods is not None:
-        config.extension.methods = methods
+        config.extension.methods = tuple(methods.split(","))
     return config
 
 
@@ -210,19 +210,19 @@ def test_validate_names_every_problem_in_one_error(tmp_path, monkeypatch):
     config = small_config("learned,rotery")
     config.seeds = 0
     config.reference = "t5"
-    config.extension.methods = "none,rotate"
+    config.extension.methods = ("none", "rotate")
     config.extension.factor = 3
     with pytest.raises(ValueError) as error:
         runner.run_ablation(config, tmp_path / "ablation")
     text = str(error.value)
     for part in ("unknown scheme 'rotery'", "config.seeds=0", "config.reference='t5'",
-                 "extension.methods='none,rotate'", "divide pretrain.train.batch_size=16",
+                 "extension.methods=('none', 'rotate')", "divide pretrain.train.batch_size=16",
                  "extension.factor=3 must be one of extrapolation.factors"):
         assert part in text
     assert stages.calls == [] and not (tmp_path / "ablation").exists()
     # Extension settings are checked only when the extension runs.
     config = small_config()
-    config.extension.update(enabled=False, methods="none,rotate", factor=3)
+    config.extension.update(enabled=False, methods=("none", "rotate"), factor=3)
     validation.validate(config)
 
 
@@ -289,7 +289,7 @@ def test_run_writes_report_skips_finished_and_reports_failures(tmp_path, monkeyp
 
     # A bigger budget changes the pretraining config: every stage of every seed reruns.
     stages.calls.clear()
-    config.schemes = "rope"
+    config.schemes = ("rope",)
     config.reference = "rope"
     config.budget_tokens *= 2
     runner.run_ablation(config, tmp_path)

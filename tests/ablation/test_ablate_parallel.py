@@ -211,8 +211,8 @@ def tiny_config(parallel):
     config.parallel = parallel
     config.glue.task = ""
     config.extension.enabled = False
-    config.extrapolation.factors = "1"
-    config.extrapolation.scalings = ""
+    config.extrapolation.factors = (1,)
+    config.extrapolation.scalings = ()
     config.extrapolation.num_docs = 2
     pre = config.pretrain.train
     config.budget_tokens = 40 * pre.batch_size * pre.seq_len

@@ -74,3 +74,42 @@ def test_every_ablation_variant_is_a_valid_config(variant):
     if variant == "onset":   # 10x the reference's budget, more seeds where onsets vary most
         assert plan.pretrain_steps(config) == 20_000
         assert [plan.scheme_seeds(config, s) for s in ("rope", "learned", "none", "shaw")] == [5, 5, 5, 3]
+
+
+def test_list_settings_take_comma_lists_from_the_command_line_and_give_the_same_fingerprints():
+    from absl import flags
+    from ml_collections import config_flags
+
+    argv = ["ablate", f"--config={plan.CONFIG_DIR / 'ablation.py'}:smoke", "--config.schemes=rope,learned",
+            "--config.stages=pretrain,extrapolation", "--config.extrapolation.factors=1,2",
+            "--config.extrapolation.scalings=", "--config.extension.methods=none",
+            "--config.extension.methods=linear"]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "ablation config", flag_values=values, sys_argv=argv)
+    values(argv)
+    config = values.config
+    validation.validate(config)
+    the_plan = plan.build_plan(config, "/ablation")
+    assert (the_plan.schemes, the_plan.factors, the_plan.scalings, the_plan.extension_methods) == (
+        ("rope", "learned"), (1, 2), (), ("none", "linear"))
+    assert the_plan.glue_tasks == ()
+    assert [[s.name for s in r.stages] for r in the_plan.runs[:2]] == [["pretrain", "extrapolation"]] * 2
+
+    # A list written as a comma string (an older workdir's config) plans the same stages.
+    as_text = plan.load_config_file("ablation", "smoke")
+    for section, key in (("extrapolation", "factors"), ("extrapolation", "scalings"), ("extension", "methods")):
+        with as_text[section].ignore_type():
+            as_text[section][key] = ",".join(map(str, as_text[section][key]))
+    with as_text.ignore_type():
+        as_text.schemes = "learned,rope"
+    fingerprints = [[(s.name, s.fingerprint) for s in r.stages]
+                    for r in plan.build_plan(plan.load_config_file("ablation", "smoke"), "/ablation").runs]
+    assert fingerprints == [[(s.name, s.fingerprint) for s in r.stages] for r in plan.build_plan(as_text, "/ablation").runs]
+
+
+@pytest.mark.parametrize("stages", [("extrapolation", "pretrain"), ("pretrain", "glue", "glue"), ("pretrain", "extension")])
+def test_stages_start_with_pretraining_and_name_each_scheme_stage_once(stages):
+    config = small_config()
+    config.stages = stages
+    with pytest.raises(ValueError, match=r"config.stages=.*: pretrain, then any of extrapolation, glue, each once"):
+        validation.validate(config)

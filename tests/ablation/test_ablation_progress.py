@@ -77,7 +77,7 @@ def test_a_line_names_the_runs_that_trained_the_steps_left_and_the_time_left(tmp
 
 def test_training_runs_are_the_schemes_pretraining_then_the_extension(tmp_path):
     config = plan.load_config_file("ablation", "smoke")
-    config.schemes, config.seeds = "learned,rope", 2
+    config.schemes, config.seeds = ("learned", "rope"), 2
     runs = progress.training_runs(plan.build_plan(config, tmp_path))
     steps = plan.pretrain_steps(config)
     assert runs[:4] == [TrainingRun(f"{s}/seed{k}", tmp_path / "pretrain" / s / f"seed{k}", steps)
@@ -92,7 +92,7 @@ def test_training_runs_are_the_schemes_pretraining_then_the_extension(tmp_path):
 
 def test_reporting_logs_lines_while_the_block_runs_and_stops_with_it(tmp_path, caplog):
     config = plan.load_config_file("ablation", "smoke")
-    config.schemes, config.seeds, config.extension.enabled = "rope", 1, False
+    config.schemes, config.seeds, config.extension.enabled = ("rope",), 1, False
     config.progress_every_s = 0.05
     caplog.set_level(logging.INFO, logger="roformer.ablate")
     with progress.reporting(plan.build_plan(config, tmp_path)):
