@@ -1,5 +1,5 @@
-"""The accelerator comparison (roformer.ablation.study): its checks, data, statistics and,
-at smoke size, the whole command (scripts/gpu_comparison.sh)."""
+"""The accelerator comparison (roformer.ablation.study, study_plan, study_train): its checks,
+data, statistics and, at smoke size, the whole command (scripts/gpu_comparison.sh)."""
 import json
 import os
 import subprocess
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from roformer.ablation import plan, study, study_data, study_stats
+from roformer.ablation import plan, study, study_data, study_plan, study_stats
 from roformer.errors import ConfigError
 from roformer.train import optim
 
@@ -29,18 +29,18 @@ def config(variant="gpu_smoke", **study_keys):
 @pytest.mark.parametrize("variant", ["gpu_tiny", "gpu_mini", "gpu_small", "gpu_smoke"])
 def test_every_variant_is_valid_and_alibi_has_at_least_four_heads(variant):
     c = config(variant)
-    study.validate(c)
+    study_plan.validate(c)
     if "alibi" in plan.split_list(c.study.schemes):
-        assert study.scheme_model_config(c, "alibi").num_heads >= 4
-    assert len(study.members(c)) == c.study.seeds * len(study.rates(c))
+        assert study_plan.scheme_model_config(c, "alibi").num_heads >= 4
+    assert len(study_plan.members(c)) == c.study.seeds * len(study_plan.rates(c))
 
 
 def test_the_accelerator_variants_train_every_scheme_8_seeds_x_3_rates():
     for variant in ("gpu_tiny", "gpu_mini", "gpu_small"):
         c = config(variant)
         assert set(plan.split_list(c.study.schemes)) == {"rope", "learned", "shaw", "t5", "alibi", "sinusoidal", "none"}
-        assert c.study.seeds >= 8 and len(study.rates(c)) == 3 and c.study.min_test_predictions >= 200_000
-    mini = study.scheme_model_config(config("gpu_mini"), "rope")
+        assert c.study.seeds >= 8 and len(study_plan.rates(c)) == 3 and c.study.min_test_predictions >= 200_000
+    mini = study_plan.scheme_model_config(config("gpu_mini"), "rope")
     assert (mini.num_layers, mini.hidden_size, mini.num_heads) == (4, 256, 4)
 
 
@@ -51,7 +51,7 @@ def test_the_accelerator_variants_train_every_scheme_8_seeds_x_3_rates():
     ({"budget_steps": "10,15"}, "study.budget_steps"), ({"windows": "1,4"}, "study.windows")])
 def test_bad_settings_are_one_line_before_anything_trains(keys, message):
     with pytest.raises(ConfigError, match=message) as error:
-        study.validate(config(**keys))
+        study_plan.validate(config(**keys))
     assert "\n" not in str(error.value)
 
 
@@ -59,7 +59,7 @@ def test_alibi_with_two_heads_is_refused():
     c = config()
     c.pretrain.model.num_heads = 2
     with pytest.raises(ConfigError, match="ALiBi with 2 heads"):
-        study.validate(c)
+        study_plan.validate(c)
 
 
 def test_an_unknown_variant_is_one_line():
@@ -71,15 +71,15 @@ def test_the_memory_estimate_refuses_a_group_that_does_not_fit():
     c = config(memory_limit_gib=0.001)
     data = study.study_splits(c)
     with pytest.raises(ConfigError, match=r"group of 'rope' needs about .* GiB, more than 90% of the device's"):
-        study.check_memory(c, data)
+        study_plan.check_memory(c, data)
     c.study.memory_limit_gib = 64.0
-    assert set(study.check_memory(c, data)) == set(plan.split_list(c.study.schemes))
+    assert set(study_plan.check_memory(c, data)) == set(plan.split_list(c.study.schemes))
 
 
 def test_memory_estimate_grows_with_members_and_width():
-    base = study.scheme_model_config(config("gpu_tiny"), "rope")
-    mini = study.scheme_model_config(config("gpu_mini"), "rope")
-    est = lambda m, n: study.memory_estimate(m, members_=n, batch_size=16, seq_len=128, max_predictions=20,  # noqa: E731
+    base = study_plan.scheme_model_config(config("gpu_tiny"), "rope")
+    mini = study_plan.scheme_model_config(config("gpu_mini"), "rope")
+    est = lambda m, n: study_plan.memory_estimate(m, members_=n, batch_size=16, seq_len=128, max_predictions=20,  # noqa: E731
                                              data_bytes=0)
     assert est(base, 24) == 2 * est(base, 12) and est(mini, 24) > est(base, 24)
 

@@ -1,0 +1,175 @@
+"""What the accelerator comparison (roformer.ablation.study) trains, and whether it fits:
+the settings read from `config.study`, their validation (every problem in one error), the
+members of a scheme's group (rate x seed) and the group's memory estimate on the device.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import jax
+import numpy as np
+from flax import nnx
+
+from roformer.ablation import plan, study_data
+from roformer.errors import ConfigError
+from roformer.model import ModelConfig, RoFormerForMaskedLM
+from roformer.train import optim
+from roformer.train.loop import build_model_config
+
+# ALiBi's slopes for n heads are 2^(-8/n), 2^(-16/n), ...: below 4 heads no head has a slope
+# of 1/4 or more, and none can prefer an adjacent token (docs/model.md).
+ALIBI_MIN_HEADS = 4
+EVAL_IN_FLIGHT = 4   # evaluation chunks dispatched before the first is read back
+
+
+# --------------------------------------------------------------------------- the config
+
+
+def rates(config) -> list[float]:
+    return [float(r) for r in plan.split_list(config.study.learning_rates)]
+
+
+def budgets(config) -> list[int]:
+    return sorted(int(b) for b in plan.split_list(config.study.budget_steps))
+
+
+def windows(config) -> list[int]:
+    return [int(w) for w in plan.split_list(config.study.windows)]
+
+
+def scheme_model_config(config, scheme: str, vocab_size: int = 8000, pad_token_id: int = 0) -> ModelConfig:
+    """The scheme's model: config.pretrain's model section with the scheme's config-file keys."""
+    cfg = plan.scheme_pretrain_config(config, scheme)
+    return build_model_config(cfg.model, vocab_size=vocab_size, pad_token_id=pad_token_id)
+
+
+def validate(config) -> None:
+    """Every setting the study depends on, before anything is read or trained: one ConfigError
+    naming every problem."""
+    st, problems = config.study, []
+    schemes = plan.split_list(st.schemes)
+    if not schemes or len(set(schemes)) != len(schemes):
+        problems.append(f"study.schemes={st.schemes!r}: list each scheme once")
+    if st.reference not in schemes:
+        problems.append(f"study.reference={st.reference!r} is not one of study.schemes {schemes}")
+    for scheme in schemes:
+        try:
+            model = scheme_model_config(config, scheme)
+        except ValueError as error:
+            problems.append(f"scheme {scheme!r}: {error}")
+            continue
+        if model.position == "alibi" and model.num_heads < ALIBI_MIN_HEADS:
+            problems.append(f"scheme {scheme!r}: ALiBi with {model.num_heads} heads has no slope >= 1/4 (no head can "
+                            f"prefer an adjacent token); give the model >= {ALIBI_MIN_HEADS} heads "
+                            "(pretrain.model.num_heads)")
+    try:
+        values = rates(config)
+        if not values or any(not math.isfinite(r) or r <= 0 for r in values) or len(set(values)) != len(values):
+            raise ValueError
+    except ValueError:
+        problems.append(f"study.learning_rates={st.learning_rates!r}: a comma list of distinct rates, each > 0")
+    if not (isinstance(st.seeds, int) and st.seeds >= 1):
+        problems.append(f"study.seeds={st.seeds!r}: give the number of seeds per rate (>= 1)")
+    if not (isinstance(st.margin, (int, float)) and math.isfinite(st.margin) and st.margin > 0):
+        problems.append(f"study.margin={st.margin!r}: the equivalence margin in nats must be > 0")
+    if not 0 < st.cooldown_fraction <= 1:
+        problems.append(f"study.cooldown_fraction={st.cooldown_fraction!r}: must be in (0, 1]")
+    try:
+        ends = budgets(config)
+        if not ends or ends[0] <= 0 or any(b % st.eval_every for b in ends) or len(set(ends)) != len(ends):
+            raise ValueError
+        starts = [start for start, _ in optim.cooldown_branches(ends, st.cooldown_fraction)]
+        if any(s % st.eval_every for s in starts) or starts[0] < st.warmup_steps:
+            problems.append(f"study.budget_steps={st.budget_steps!r}: each budget's cooldown start "
+                            f"({starts}) must be a multiple of study.eval_every={st.eval_every} and come after "
+                            f"study.warmup_steps={st.warmup_steps}")
+    except ValueError:
+        problems.append(f"study.budget_steps={st.budget_steps!r}: distinct positive multiples of "
+                        f"study.eval_every={st.eval_every}")
+    try:
+        ws = windows(config)
+        if not ws or any(w < 2 for w in ws):
+            raise ValueError
+    except ValueError:
+        problems.append(f"study.windows={st.windows!r}: a comma list of window lengths >= 2")
+    for key in ("validation_rows", "variant_rows", "test_mask_draws", "eval_batch", "bootstrap"):
+        if not (isinstance(st[key], int) and st[key] >= 1):
+            problems.append(f"study.{key}={st[key]!r}: must be a whole number >= 1")
+    if isinstance(st.variant_rows, int) and isinstance(st.validation_rows, int) and st.variant_rows > st.validation_rows:
+        problems.append(f"study.variant_rows={st.variant_rows} must not exceed study.validation_rows={st.validation_rows}")
+    if st.memory_limit_gib < 0:
+        problems.append(f"study.memory_limit_gib={st.memory_limit_gib!r}: must be >= 0 (0: the device's)")
+    if problems:
+        raise ConfigError("study config: " + "; ".join(problems))
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    index: int
+    seed: int
+    rate: float
+
+
+def members(config) -> list[Member]:
+    """Every (rate, seed) of a scheme's group, rate-major: member r * seeds + s."""
+    seeds = int(config.study.seeds)
+    return [Member(r * seeds + s, s, rate) for r, rate in enumerate(rates(config)) for s in range(seeds)]
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def parameter_count(model_cfg: ModelConfig) -> int:
+    shapes = nnx.eval_shape(lambda: RoFormerForMaskedLM(model_cfg, rngs=nnx.Rngs(0)))
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(shapes, nnx.Param)))
+
+
+def memory_estimate(model_cfg: ModelConfig, *, members_: int, batch_size: int, seq_len: int,
+                    max_predictions: int, data_bytes: int, eval_batch: int = 0) -> int:
+    """Bytes a group needs on the device, estimated before compiling: per member the float32
+    parameters, Adam's two moments, the gradients and the branch's copy of all three (8 x
+    parameters), the activations kept for the backward pass (Korthikanti et al. 2022's
+    per-layer sbh(34 + 5as/h), doubled for float32) and the MLM head's logits with their
+    softmax and gradient; the evaluation's logits and softmax for `eval_batch` rows of every
+    member, `EVAL_IN_FLIGHT` chunks at once; and the data held on the device."""
+    params = parameter_count(model_cfg)
+    s, b, h, a = seq_len, batch_size, model_cfg.hidden_size, model_cfg.num_heads
+    per_layer = s * b * h * (34 + 5 * a * s / h) * 2
+    logits = max_predictions * model_cfg.vocab_size * 4
+    per_member = 8 * params * 4 + model_cfg.num_layers * per_layer + 3 * b * logits
+    evaluation = EVAL_IN_FLIGHT * 2 * eval_batch * logits
+    return int(members_ * (per_member + evaluation) + data_bytes)
+
+
+def device_memory_bytes(limit_gib: float = 0.0) -> int:
+    """`limit_gib` when > 0, else what the first device may allocate (the host's available
+    memory on a CPU backend)."""
+    if limit_gib > 0:
+        return int(limit_gib * 2**30)
+    stats = jax.devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else 0
+    return int(pages * os.sysconf("SC_PAGE_SIZE")) if pages else 2**40
+
+
+def check_memory(config, data: study_data.StudyData) -> dict[str, int]:
+    """Each scheme's estimate; ConfigError (one line) when one exceeds 90% of the device's."""
+    train = config.pretrain.train
+    data_bytes = sum(v.nbytes for v in data.train.values()) + 4 * config.study.seeds * data.train["input_ids"].shape[0] * \
+        study_data.passes_needed(budgets(config)[-1], train.batch_size, data.train["input_ids"].shape[0])
+    available = device_memory_bytes(config.study.memory_limit_gib)
+    estimates = {}
+    for scheme in plan.split_list(config.study.schemes):
+        model_cfg = scheme_model_config(config, scheme, data.vocab_size, data.pad_id)
+        estimates[scheme] = memory_estimate(model_cfg, members_=len(members(config)), batch_size=train.batch_size,
+                                            seq_len=train.seq_len, max_predictions=data.max_predictions,
+                                            data_bytes=data_bytes, eval_batch=int(config.study.eval_batch))
+    worst = max(estimates, key=estimates.get)
+    if estimates[worst] > 0.9 * available:
+        raise ConfigError(f"the {len(members(config))}-member group of {worst!r} needs about "
+                          f"{estimates[worst] / 2**30:.1f} GiB, more than 90% of the device's "
+                          f"{available / 2**30:.1f} GiB: fewer study.seeds or learning_rates, or a smaller batch")
+    return estimates

@@ -1,0 +1,250 @@
+"""One scheme's group of the accelerator comparison (roformer.ablation.study) trained: its
+compiled programs (the vmapped members' training chunk, evaluation and position signal) and
+the run that trains the trunk and its cooldown branches, evaluates them and records the
+scheme (the JSON record and the test sums the report's bootstrap resamples).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from roformer.ablation import study_data, study_stats
+from roformer.ablation.study_plan import EVAL_IN_FLIGHT, budgets, members, parameter_count, scheme_model_config
+from roformer.model import ModelConfig, RoFormerForMaskedLM
+from roformer.train import optim, steps
+
+log = logging.getLogger("roformer.ablate")
+
+
+# --------------------------------------------------------------------------- the programs
+
+
+def row_sums(model, batch) -> dict[str, jax.Array]:
+    """Per row: summed MLM loss, correct predictions and predictions (steps.mlm_sums by row)."""
+    logits = model(batch["input_ids"], token_type_ids=batch["token_type_ids"], positions=batch["positions"],
+                   segment_ids=batch["segment_ids"], masked_positions=batch["masked_positions"]).astype(jnp.float32)
+    labels, weights = batch["masked_labels"], batch["masked_weights"]
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    label_logits = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    correct = (label_logits >= jnp.max(logits, axis=-1)).astype(jnp.float32)
+    return {"loss": jnp.sum(losses * weights, -1), "correct": jnp.sum(correct * weights, -1)}
+
+
+class Programs:
+    """The compiled programs of one scheme's group."""
+
+    def __init__(self, model_cfg: ModelConfig, config, data: study_data.StudyData):
+        st, train = config.study, config.pretrain.train
+        self.tx = optim.make_member_optimizer(weight_decay=train.weight_decay, b1=train.b1, b2=train.b2,
+                                              eps=train.eps, clip_norm=train.clip_norm)
+        abstract = nnx.eval_shape(lambda: RoFormerForMaskedLM(model_cfg, rngs=nnx.Rngs(0)))
+        self.graphdef = nnx.split(abstract, nnx.Param, ...)[0]
+        self.rest = nnx.split(RoFormerForMaskedLM(model_cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)[2]
+        keyed = steps.make_keyed_train_step(self.graphdef, self.tx, lambda _: 0.0)
+        batch_size, chunk, warmup = int(train.batch_size), int(st.eval_every), int(st.warmup_steps)
+        masking = dict(batch_size=batch_size, mask_id=data.mask_id, mask_rate=data.mask_rate,
+                       max_predictions=data.max_predictions)
+
+        def member_step(state, aux, rest, member, decay_start, decay_end):
+            step = state["step"]
+            batch = study_data.device_batch(aux["train"], aux["orders"], member["seed_index"], member["data_key"], step,
+                                            special=aux["special"], replacement_ids=aux["replacement_ids"], **masking)
+            factor = optim.wsd_factor(step, warmup_steps=warmup, decay_start=decay_start, decay_end=decay_end)
+            state = {**state, "opt_state": optim.with_learning_rate(state["opt_state"], member["rate"] * factor)}
+            state, metrics = keyed(state, rest, batch, member["dropout_key"])
+            return state, metrics["loss"]
+
+        def train_chunk(states, aux, rest, group_, decay_start, decay_end):
+            step = jax.vmap(member_step, in_axes=(0, None, None, 0, None, None))
+            return jax.lax.scan(lambda s, _: step(s, aux, rest, group_, decay_start, decay_end), states, None,
+                                length=chunk)
+
+        self.train_chunk = jax.jit(train_chunk, donate_argnums=0)
+
+        def init(key):
+            model = RoFormerForMaskedLM(model_cfg, rngs=nnx.Rngs(key))
+            params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+            return {"params": params, "opt_state": self.tx.init(params), "step": jnp.zeros((), jnp.int32)}
+
+        # Op by op, not compiled: a compiled initialiser inlines one random-bits generator per
+        # parameter and takes seconds to compile per scheme (docs/results/
+        # 2026-11-26-accelerator-h200-train-step.md), more than a small model's ops take to run.
+        self.init = init
+
+        def evaluate(params, rest, rows):
+            def one(p):
+                model = nnx.merge(self.graphdef, nnx.State(p), steps.reseeded(rest, jax.random.key(0)))
+                model.eval()
+                return row_sums(model, rows)
+            return jax.vmap(one)(params)
+
+        self.evaluate_rows = jax.jit(evaluate)
+
+        def signal(params, rest):
+            def one(p):
+                return nnx.merge(self.graphdef, nnx.State(p), rest).roformer.position.signal()
+            return jax.vmap(one)(params)
+
+        self.signal = jax.jit(signal)
+
+
+# --------------------------------------------------------------------------- one scheme
+
+
+def _stack(trees: list):
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+class SchemeRun:
+    """Train one scheme's group and collect its record (the JSON) and test sums (the arrays)."""
+
+    def __init__(self, config, scheme: str, data: study_data.StudyData, device_data: dict):
+        self.config, self.scheme, self.data, self.aux = config, scheme, data, device_data
+        self.st, self.train_cfg = config.study, config.pretrain.train
+        self.group = members(config)
+        self.model_cfg = scheme_model_config(config, scheme, data.vocab_size, data.pad_id)
+        self.tokens_per_step = int(self.train_cfg.batch_size) * int(self.train_cfg.seq_len)
+        eval_sets = [("validation", data.validation)] + [(name, batch) for name, batch in data.variants.items()]
+        self.eval_names = [name for name, _ in eval_sets]
+        self.eval_rows = {k: np.concatenate([b[k] for _, b in eval_sets]) for k in data.validation}
+        self.eval_owner = np.concatenate([np.full(len(b["input_ids"]), i) for i, (_, b) in enumerate(eval_sets)])
+        self.diverged: list[int | None] = [None] * len(self.group)
+        self.first_loss: np.ndarray | None = None
+
+    def run(self) -> tuple[dict, dict[str, np.ndarray]]:
+        st, group = self.st, self.group
+        started = time.perf_counter()
+        programs = Programs(self.model_cfg, self.config, self.data)
+        seeds = sorted({m.seed for m in group})
+        member_inputs = {
+            "seed_index": jnp.asarray([seeds.index(m.seed) for m in group], jnp.int32),
+            "data_key": jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s), 1))(
+                jnp.asarray([m.seed for m in group], jnp.uint32)),
+            "dropout_key": jax.vmap(lambda s: jax.random.key(s))(jnp.asarray([m.seed for m in group], jnp.uint32)),
+            "rate": jnp.asarray([m.rate for m in group], jnp.float32),
+        }
+        per_seed = {s: jax.block_until_ready(programs.init(jax.random.key(s))) for s in seeds}
+        states = _stack([per_seed[m.seed] for m in group])
+        del per_seed
+        ends = budgets(self.config)
+        branches = optim.cooldown_branches(ends, st.cooldown_fraction)
+        trunk_decay = branches[-1]
+        evals, budget_records, test_loss = [], [], {}
+        timing = {"setup_s": time.perf_counter() - started, "compile_s": 0.0, "train_s": 0.0, "eval_s": 0.0,
+                  "branch_s": 0.0}
+        evals.append(self._evaluate_trunk(programs, states, 0, timing))
+        timing["first_eval_s"] = timing["eval_s"]
+        step, compiled = 0, False
+        while step < ends[-1]:
+            for start, end in branches[:-1]:
+                if step == start:   # a cooldown branch from the trunk's state here
+                    t0 = time.perf_counter()
+                    branch = jax.tree.map(jnp.copy, states)
+                    branch = self._train_to(programs, member_inputs, branch, start, end, (start, end), timing)
+                    budget_records.append(self._budget(programs, branch, end, test_loss, timing))
+                    del branch
+                    timing["branch_s"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            states, losses = programs.train_chunk(states, self.aux, programs.rest, member_inputs, *trunk_decay)
+            losses = np.asarray(jax.device_get(losses))
+            elapsed = time.perf_counter() - t0
+            timing["compile_s" if not compiled else "train_s"] += elapsed
+            compiled = True
+            step += int(st.eval_every)
+            self._watch(losses, step)
+            evals.append(self._evaluate_trunk(programs, states, step, timing))
+            log.info("%s: step %d/%d (%d members), %.0f tokens/s in all", self.scheme, step, ends[-1], len(group),
+                     len(group) * self.tokens_per_step * st.eval_every / max(elapsed, 1e-9))
+        budget_records.append(self._budget(programs, states, ends[-1], test_loss, timing, trunk_eval=evals[-1]))
+        trained_steps = ends[-1] - st.eval_every + sum(end - start for start, end in branches[:-1])
+        timing["wall_s"] = time.perf_counter() - started
+        # Every chunk but the first (which compiled the program) is in train_s.
+        timing["tokens_per_s"] = len(group) * self.tokens_per_step * trained_steps / max(timing["train_s"], 1e-9)
+        record = {
+            "scheme": self.scheme, "model": self.model_cfg.to_dict(),
+            "parameters": parameter_count(self.model_cfg),
+            "members": [dataclasses.asdict(m) for m in group], "tokens_per_step": self.tokens_per_step,
+            "evals": evals, "budgets": budget_records, "diverged_at": self.diverged, "timing": timing,
+            "device": str(jax.devices()[0].device_kind), "backend": jax.default_backend(),
+        }
+        return record, test_loss
+
+    def _train_to(self, programs, member_inputs, states, step, end, decay, timing):
+        while step < end:
+            t0 = time.perf_counter()
+            states, losses = programs.train_chunk(states, self.aux, programs.rest, member_inputs, *decay)
+            losses = np.asarray(jax.device_get(losses))
+            timing["train_s"] += time.perf_counter() - t0
+            step += int(self.st.eval_every)
+            self._watch(losses, step)
+        return states
+
+    def _watch(self, losses: np.ndarray, step: int) -> None:
+        """Mark members whose training loss is not finite or above where it started."""
+        if self.first_loss is None:
+            self.first_loss = losses[0].copy()
+        bad = ~np.isfinite(losses) | (losses > self.first_loss[None, :] + 1.0)
+        for m in np.flatnonzero(bad.any(axis=0)):
+            if self.diverged[m] is None:
+                first_bad = int(np.flatnonzero(bad[:, m])[0])
+                self.diverged[m] = step - losses.shape[0] + first_bad + 1
+                log.warning("%s: member %d (seed %d, rate %g) diverged at step %d", self.scheme, m,
+                            self.group[m].seed, self.group[m].rate, self.diverged[m])
+
+    def _rows(self, programs, params, rows: dict) -> dict[str, np.ndarray]:
+        """Per member and row: loss and correct sums over `rows` (in eval_batch chunks, the last padded)."""
+        size, total = int(self.st.eval_batch), len(rows["input_ids"])
+        # A few chunks in flight before any is read back: the device does not wait on the host, and
+        # no more than that many chunks' logits are held at once.
+        pending, fetched = [], []
+        for lo in range(0, total, size):
+            chunk = {k: v[lo:lo + size] for k, v in rows.items()}
+            pad = size - len(chunk["input_ids"])
+            if pad:
+                chunk = {k: np.concatenate([v, np.repeat(v[-1:], pad, 0) * (0 if k == "masked_weights" else 1)])
+                         for k, v in chunk.items()}
+            pending.append((programs.evaluate_rows(params, programs.rest, chunk), size - pad))
+            if len(pending) == EVAL_IN_FLIGHT or lo + size >= total:
+                fetched += [(jax.device_get(sums), keep) for sums, keep in pending]
+                pending = []
+        return {k: np.concatenate([np.asarray(sums[k])[:, :keep] for sums, keep in fetched], axis=1)
+                for k in ("loss", "correct")}
+
+    def _evaluate_trunk(self, programs, states, step: int, timing: dict) -> dict:
+        t0 = time.perf_counter()
+        sums = self._rows(programs, states["params"], self.eval_rows)
+        weights = self.eval_rows["masked_weights"].sum(-1)
+        losses = {}
+        for i, name in enumerate(self.eval_names):
+            pick = self.eval_owner == i
+            losses[name] = sums["loss"][:, pick].sum(1) / max(weights[pick].sum(), 1.0)
+        variant_rows = int(self.st.variant_rows)
+        plain = sums["loss"][:, self.eval_owner == 0][:, :variant_rows].sum(1) / max(
+            weights[self.eval_owner == 0][:variant_rows].sum(), 1.0)
+        gaps = {name: (losses[name] - plain).tolist() for name in self.eval_names[1:]}
+        signal = {k: np.asarray(v).tolist() for k, v in jax.device_get(programs.signal(states["params"],
+                                                                                        programs.rest)).items()}
+        accuracy = sums["correct"][:, self.eval_owner == 0].sum(1) / max(weights[self.eval_owner == 0].sum(), 1.0)
+        timing["eval_s"] += time.perf_counter() - t0
+        return {"step": step, "tokens": step * self.tokens_per_step, "validation_loss": losses["validation"].tolist(),
+                "validation_accuracy": accuracy.tolist(), "gaps": gaps, "signal": signal}
+
+    def _budget(self, programs, states, end: int, test_loss: dict, timing: dict, trunk_eval: dict | None = None) -> dict:
+        t0 = time.perf_counter()
+        validation = trunk_eval["validation_loss"] if trunk_eval else self._evaluate_trunk(
+            programs, states, end, {"eval_s": 0.0})["validation_loss"]
+        sums = self._rows(programs, states["params"], self.data.test)
+        # Summed per test item (a row with all its mask draws): what the bootstrap resamples.
+        test_loss[f"budget{end}"] = study_stats.item_sums(sums["loss"], self.data.test["masked_weights"].sum(-1),
+                                                          self.data.test_items)[0].astype(np.float32)
+        weight = float(self.data.test["masked_weights"].sum())
+        timing["eval_s"] += time.perf_counter() - t0
+        return {"steps": end, "tokens": end * self.tokens_per_step, "validation_loss": validation,
+                "test_loss": (sums["loss"].sum(1) / weight).tolist()}
