@@ -2,8 +2,9 @@
 module-level imports among roformer's modules form no cycle (a cycle works or fails by
 import order, and hiding one in a function-level import only moves the failure); the
 packages stand on the floors of HOUSE, each importing (at module or function level) only
-from its own floor and those below, with no cycle among them; and no module imports
-another module's private (_underscore) names.
+from its own floor and those below, with no cycle among them; no module imports another
+module's private (_underscore) names; and no module of model/, train/, data/ or ablation/
+is over 450 lines.
 
 `python tests/test_imports.py` prints the house: its upward imports, its package cycles,
 and the biggest modules."""
@@ -304,6 +305,24 @@ def test_every_module_imports_in_a_fresh_interpreter():
 def biggest_modules(count: int = 10) -> list[tuple[int, str]]:
     return sorted(((len(p.read_text().splitlines()), str(p.relative_to(REPO))) for p in module_files().values()),
                   reverse=True)[:count]
+
+
+# A module of these packages longer than this has more than one job: split it by its parts.
+MAX_LINES = 450
+SIZED_PACKAGES = ("model", "train", "data", "ablation")
+
+
+def long_modules(limit: int = MAX_LINES) -> list[tuple[int, str]]:
+    """(lines, path) of every module of SIZED_PACKAGES over `limit` lines, longest first."""
+    return [(lines, path) for lines, path in biggest_modules(len(module_files()))
+            if lines > limit and Path(path).parts[1] in SIZED_PACKAGES]
+
+
+def test_no_module_of_the_core_packages_is_over_450_lines():
+    assert {Path(path).parts[1] for _, path in long_modules(limit=100)} == set(SIZED_PACKAGES)   # sees them all
+    too_long = long_modules()
+    assert not too_long, f"modules over {MAX_LINES} lines (split each by its parts): " + "; ".join(
+        f"{path} {lines}" for lines, path in too_long)
 
 
 if __name__ == "__main__":
