@@ -50,7 +50,8 @@ def value_and_grads(fn, args, weights):
 
 
 def kernel(*args, **kwargs):
-    return pallas_norm.residual_layer_norm(*args, **kwargs, interpret=True)
+    """The kernels, interpreted (compiled by Triton where a GPU runs the tests)."""
+    return pallas_norm.residual_layer_norm(*args, **kwargs, interpret=jax.default_backend() != "gpu")
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
@@ -79,6 +80,19 @@ def test_kernels_normalise_rows_whose_width_is_not_a_power_of_two(small_blocks):
     got, _ = value_and_grads(kernel, args, weights)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(jnp.mean(got, axis=-1), jnp.mean(want, axis=-1), atol=1e-5)
+
+
+def test_kernels_batch_under_vmap_as_the_seeds_of_an_ablation_do(small_blocks):
+    args, weights = inputs(jnp.float32, shape=(2, 5, 48))
+
+    def grads(fn):
+        def loss(x, y, keep):
+            out = fn(x, y, keep, args["scale"], args["bias"], keep_prob=KEEP_PROB, epsilon=1e-12)
+            return jnp.sum(out * out)
+        return jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1))))(args["x"], args["y"], args["keep"])
+
+    for got, want in zip(grads(kernel), grads(pallas_norm.residual_layer_norm_reference)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def model_outputs(config, forms, *, train):
