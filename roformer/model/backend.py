@@ -86,8 +86,8 @@ side by side in one process):
                       mask is the one nnx.Dropout would draw (the same key), so only float
                       rounding changes. Compiled by Triton on a GPU; on the CPU the same
                       kernels run in Pallas's interpret mode (slow; it is what the tests
-                      check); refused elsewhere. Pre-LN layers keep their form. One device
-                      only: XLA cannot partition the kernel's call over a mesh.
+                      check); refused elsewhere, and on a mesh of several devices (XLA
+                      cannot partition the kernel's call). Pre-LN layers keep their form.
 
 Two more levers of the same A/B are settings, not forms: the dropout keys' implementation
 (train.dropout_rng_impl: rbg draws masks from XLA's RngBitGenerator) and the batch size.
@@ -176,11 +176,15 @@ def pallas_residual_norm() -> bool:
 
 def residual_layer_norm(x, y, keep, scale, bias, *, keep_prob: float, epsilon: float) -> jax.Array:
     """LayerNorm(x + where(keep, y / keep_prob, 0)) by pallas_norm's kernels: compiled on a
-    GPU, interpreted on the CPU; other platforms are refused (a ConfigError)."""
-    platform = jax.default_backend()
+    GPU, interpreted on the CPU; other platforms and meshes of several devices are refused (a
+    ConfigError: XLA would gather the kernel's operands onto every device)."""
+    platform, mesh = jax.default_backend(), jax.sharding.get_abstract_mesh()
     if platform not in ("gpu", "cpu"):
         raise ConfigError(f"backend form pallas_residual_norm runs on GPUs (or interpreted on the CPU), "
                           f"not on {platform}; leave it out of {FORMS_ENV}")
+    if not mesh.empty and mesh.size > 1:
+        raise ConfigError(f"backend form pallas_residual_norm runs on one device, not on a mesh of "
+                          f"{mesh.size}; leave it out of {FORMS_ENV}")
     from roformer.model import pallas_norm   # jax's Pallas is imported only where the form runs
 
     return pallas_norm.residual_layer_norm(x, y, keep, scale, bias, keep_prob=keep_prob, epsilon=epsilon,

@@ -161,8 +161,11 @@ def test_pre_layer_norm_layers_keep_their_form():
         assert "pallas_call" not in str(jax.make_jaxpr(lambda ids: model(ids))(jnp.ones((1, 4), jnp.int32)))
 
 
-def test_the_form_is_refused_on_platforms_without_its_lowering(monkeypatch):
+def test_the_form_is_refused_on_platforms_without_its_lowering_and_on_several_devices(monkeypatch):
     args, _ = inputs(jnp.float32)
+    mesh = jax.sharding.AbstractMesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+    with jax.sharding.use_abstract_mesh(mesh), pytest.raises(ConfigError, match="one device, not on a mesh of 2"):
+        backend.residual_layer_norm(**args, keep_prob=KEEP_PROB, epsilon=1e-12)
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     with pytest.raises(ConfigError, match="pallas_residual_norm runs on GPUs"):
         backend.residual_layer_norm(**args, keep_prob=KEEP_PROB, epsilon=1e-12)
