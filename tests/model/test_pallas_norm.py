@@ -95,6 +95,23 @@ def test_kernels_batch_under_vmap_as_the_seeds_of_an_ablation_do(small_blocks):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("features, dtype, dropout", [(768, jnp.bfloat16, True), (128, jnp.float32, False)])
+def test_kernels_lower_through_triton_for_a_gpu(features, dtype, dropout):
+    """The Triton lowering (jax to Triton IR, where Pallas checks the block shapes) runs on
+    the CPU: both kernels of base's hidden size lower for CUDA. Compiling the IR needs a GPU."""
+    shape = (4, 128, features)
+    x = jax.ShapeDtypeStruct(shape, dtype)
+    keep = jax.ShapeDtypeStruct(shape, jnp.bool_) if dropout else None
+    params = jax.ShapeDtypeStruct((features,), dtype)
+
+    def loss(x, y, keep, scale, bias):
+        out = pallas_norm.residual_layer_norm(x, y, keep, scale, bias, keep_prob=0.9, epsilon=1e-12)
+        return jnp.sum(out.astype(jnp.float32))
+
+    lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 3, 4))).trace(x, x, keep, params, params)
+    assert lowered.lower(lowering_platforms=("cuda",)).as_text().count("__gpu$xla.gpu.triton") == 2
+
+
 def model_outputs(config, forms, *, train):
     """Logits (eval) or the MLM loss and every parameter's gradient (train mode, dropout on:
     the same dropout key stream whichever form runs), traced under `forms`."""
