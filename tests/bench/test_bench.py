@@ -555,3 +555,17 @@ def test_flags_bench_times_the_sets_that_won_together_before_the_last_reference(
     ran.clear()
     flags_bench.run(argparse.Namespace(flag_set=["--a", "--c"], step_args="", timeout_s=1.0, combine_below=0.99))
     assert ran == ["", "--a", "--c", ""]   # one winner: nothing to combine
+
+
+@pytest.mark.slow   # compiles four train programs: a minute and more on 2 shared cores
+def test_glue_loop_bench_times_the_loops_and_breaks_the_host_time_down(tmp_path):
+    result = run_bench(tmp_path, "glue_loop", "--hidden", "16", "--batch", "4", "--max-len", "32", "--steps", "6",
+                       "--steps-per-call", "1", "4", "--rounds", "1")
+    rows = {(row["variant"], row["steps_per_call"]): row for row in result["rows"]}
+    assert list(rows) == [("per-step loop", 1), ("finetune", 1), ("bare", 1), ("finetune", 4), ("bare", 4)]
+    assert rows["per-step loop", 1]["x_per_step_loop"] == 1.0
+    for row in rows.values():
+        assert row["steps_s"] > 0 and within(row, "steps_s")
+    parts = result["tables"]["host time per step, by part"]["rows"]
+    assert len(parts) == 7 and all(part["us_per_step"] > 0 for part in parts)
+    assert any("base model" in part["part"] for part in parts)
