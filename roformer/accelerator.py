@@ -80,4 +80,8 @@ def enable_compilation_cache(setting: str) -> str | None:
     if not setting:
         return None
     jax.config.update("jax_compilation_cache_dir", setting)
+    # every program, not only those compiling for over a second (jax's default): a task's
+    # predict programs each compile in under a second, and together they are seconds of
+    # every run that the cache would save
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     return setting

@@ -139,7 +139,7 @@ def test_the_persistent_compilation_cache_is_off_on_cpu_unless_a_directory_is_gi
     set_to = []
     monkeypatch.setattr(jax.config, "update", lambda name, value: set_to.append((name, value)))
     assert enable_compilation_cache(str(tmp_path)) == str(tmp_path)
-    assert set_to == [("jax_compilation_cache_dir", str(tmp_path))]
+    assert set_to == [("jax_compilation_cache_dir", str(tmp_path)), ("jax_persistent_cache_min_compile_time_secs", 0.0)]
 
 
 def test_the_median_seed_is_saved_reloads_to_its_scores_and_loads_in_transformers(shared_data, vocab, tmp_path):
