@@ -77,12 +77,15 @@ side by side in one process):
                       column moves fewer bytes than the sum reads (`biased_product`).
 
   pallas_residual_norm
-                      The post-LN block's tail, LayerNorm(x + dropout(y)), after attention
-                      and after the MLP, as one Pallas kernel forward and one backward
-                      (roformer/model/pallas_norm.py) instead of XLA's fusions: the forward
-                      reads x, y and the keep mask once and writes the output (and the sum
-                      the backward reads); the backward writes both inputs' gradients and
-                      per-program partial sums of the scale's and bias's gradients. The keep
+                      The post-LN block's tail, LayerNorm(x + dropout(dense(h))), after
+                      attention and after the MLP: the dense layer's product without its
+                      bias, then one Pallas kernel forward and one backward for the rest
+                      (roformer/model/pallas_norm.py) instead of XLA's fusions. The forward
+                      reads x, the product and the keep mask once and writes the output (and
+                      the sum the backward reads); the backward writes the gradients of x and
+                      of the product, and per-program partial sums of the gradients of the
+                      dense bias and the norm's scale and bias (no reduction over the
+                      product's gradient for the dense bias). The keep
                       mask is the one nnx.Dropout would draw (the same key), so only float
                       rounding changes. Compiled by Triton on a GPU; on the CPU the same
                       kernels run in Pallas's interpret mode (slow; it is what the tests
@@ -174,8 +177,8 @@ def pallas_residual_norm() -> bool:
     return "pallas_residual_norm" in active_forms()
 
 
-def residual_layer_norm(x, y, keep, scale, bias, *, keep_prob: float, epsilon: float) -> jax.Array:
-    """LayerNorm(x + where(keep, y / keep_prob, 0)) by pallas_norm's kernels: compiled on a
+def residual_layer_norm(x, y, y_bias, keep, scale, bias, *, keep_prob: float, epsilon: float) -> jax.Array:
+    """LayerNorm(x + where(keep, (y + y_bias) / keep_prob, 0)) by pallas_norm's kernels: compiled on a
     GPU, interpreted on the CPU; other platforms and meshes of several devices are refused (a
     ConfigError: XLA would gather the kernel's operands onto every device)."""
     platform, mesh = jax.default_backend(), jax.sharding.get_abstract_mesh()
@@ -187,8 +190,8 @@ def residual_layer_norm(x, y, keep, scale, bias, *, keep_prob: float, epsilon: f
                           f"{mesh.size}; leave it out of {FORMS_ENV}")
     from roformer.model import pallas_norm   # jax's Pallas is imported only where the form runs
 
-    return pallas_norm.residual_layer_norm(x, y, keep, scale, bias, keep_prob=keep_prob, epsilon=epsilon,
-                                           interpret=platform == "cpu")
+    return pallas_norm.residual_layer_norm(x, y, y_bias, keep, scale, bias, keep_prob=keep_prob,
+                                           epsilon=epsilon, interpret=platform == "cpu")
 
 
 def mlm_logits_dtype(compute_dtype) -> jnp.dtype:

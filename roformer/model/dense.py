@@ -24,11 +24,16 @@ class Dense(nnx.Linear):
     def project(self, inputs, kernel, bias):
         """This layer's product with another kernel [in, out'] and bias [out'] (e.g. its own
         with columns permuted, or several layers' concatenated), in its dtype and dot."""
-        inputs, kernel = self.promote_dtype((inputs, kernel), dtype=self.dtype)
         if inputs.ndim >= 2 and backend.bias_grad_in_gemm(*kernel.shape):
-            return backend.biased_product(inputs, kernel, bias)
-        y = self.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
+            return backend.biased_product(*self.promote_dtype((inputs, kernel), dtype=self.dtype), bias)
+        y = self.product(inputs, kernel)
         return y + jnp.broadcast_to(bias, y.shape).astype(y.dtype)
+
+    def product(self, inputs, kernel):
+        """inputs @ kernel in this layer's dtype and dot, without the bias (for a form that
+        adds the bias itself: backend.residual_layer_norm)."""
+        inputs, kernel = self.promote_dtype((inputs, kernel), dtype=self.dtype)
+        return self.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
 
 
 def dense(in_features: int, out_features: int, axes: tuple[str | None, str | None], *, dtype,

@@ -219,19 +219,21 @@ class RoFormerOutput(nnx.Module):
         self.LayerNorm = _layer_norm(config, config.hidden_size, rngs)
         self.dropout = nnx.Dropout(config.hidden_dropout, rngs=rngs)
 
-    def add_and_norm(self, x, y):
-        """LayerNorm(x + dropout(y)), the post-LN block's tail: one Pallas kernel each way under
-        the pallas_residual_norm form, given the mask self.dropout would draw (same key)."""
+    def add_and_norm(self, x, h):
+        """LayerNorm(x + dropout(dense(h))), the post-LN block's tail. Under the
+        pallas_residual_norm form, dense's product without its bias, then one Pallas kernel
+        each way for the rest, given the mask self.dropout would draw (the same key)."""
         if not backend.pallas_residual_norm():
-            return self.LayerNorm(x + self.dropout(y))
+            return self.LayerNorm(x + self.dropout(self.dense(h)))
         norm, drop = self.LayerNorm, self.dropout
+        y = self.dense.product(h, self.dense.kernel[...])
         keep = None
         if not drop.deterministic and drop.rate > 0.0:
             keep = jax.random.bernoulli(drop.rngs(), 1.0 - drop.rate, y.shape, out_sharding=jax.typeof(y).sharding)
         dtype = norm.dtype
-        return backend.residual_layer_norm(x.astype(dtype), y.astype(dtype), keep, norm.scale[...].astype(dtype),
-                                           norm.bias[...].astype(dtype), keep_prob=1.0 - drop.rate,
-                                           epsilon=norm.epsilon)
+        return backend.residual_layer_norm(x.astype(dtype), y.astype(dtype), self.dense.bias[...], keep,
+                                           norm.scale[...].astype(dtype), norm.bias[...].astype(dtype),
+                                           keep_prob=1.0 - drop.rate, epsilon=norm.epsilon)
 
 
 class RoFormerAttention(nnx.Module):
@@ -269,9 +271,9 @@ class RoFormerLayer(nnx.Module):
             h = self.act(self.intermediate.dense(mlp_out.LayerNorm(x)))
             return x + mlp_out.dropout(mlp_out.dense(h))
         h = self.attention.self(x, **attention_inputs)
-        x = attn_out.add_and_norm(x, attn_out.dense(h))
+        x = attn_out.add_and_norm(x, h)
         h = self.act(self.intermediate.dense(x))
-        return mlp_out.add_and_norm(x, mlp_out.dense(h))
+        return mlp_out.add_and_norm(x, h)
 
 
 class RoFormerEncoder(nnx.Module):

@@ -1,16 +1,18 @@
-"""Dropout + residual add + LayerNorm as one Pallas kernel each way (the post-LN block's tail).
+"""Bias + dropout + residual add + LayerNorm as one Pallas kernel each way (the post-LN
+block's tail, after its dense layer's product).
 
-`residual_layer_norm(x, y, keep, scale, bias)` is LayerNorm(x + dropout(y)) over the last
-axis, with the values of the model's plain form (nnx.Dropout, then nnx.LayerNorm with its
-float32 statistics and fast variance): the dropped branch `y / keep_prob` and the sum are
-rounded to the compute dtype where the plain form rounds them; the statistics and the
-normalisation run in float32.
+`residual_layer_norm(x, y, y_bias, keep, scale, bias)` is LayerNorm(x + dropout(y + y_bias))
+over the last axis, with the values of the model's plain form (roformer.model.dense.Dense's
+bias, nnx.Dropout, then nnx.LayerNorm with its float32 statistics and fast variance): the
+biased product, the dropped branch `/ keep_prob` and the sum are rounded to the compute dtype
+where the plain form rounds them; the statistics and the normalisation run in float32.
 
 Forward, one kernel reads x, y and the keep mask and writes the output (and, under autodiff,
 the rounded sum with each row's mean and 1/std for the backward). Backward, one kernel reads
 the output's gradient, the sum and the mask and writes the gradients of x and of y, with
-each program's partial sums of the scale's and bias's gradients (a [programs, H] array that
-XLA then sums over programs: a pass over a few rows per program, not over every token).
+each program's partial sums of the gradients of y_bias, scale and bias ([programs, H] arrays
+that XLA then sums over programs: a pass over a few rows per program, not over every token,
+so y_bias's gradient needs no reduction of its own over y's gradient).
 
 Written for the GPU's Triton lowering: each program takes a block of whole rows; the hidden
 size is padded to a power of two inside the program (Triton's tensors must have one) by
@@ -29,7 +31,7 @@ from jax.experimental.pallas import triton as plgpu
 
 # Elements of [rows, padded hidden] one program holds per array: a forward block, and a
 # backward chunk (a backward program walks BACKWARD_ROWS rows chunk by chunk, carrying its
-# partial scale and bias gradients).
+# partial gradients of y_bias, scale and bias).
 FORWARD_ELEMENTS = 4096
 BACKWARD_ELEMENTS = 4096
 BACKWARD_ROWS = 32
@@ -50,27 +52,34 @@ def _tile(rows, features: int, width: int, n_rows: int):
     return (rows[:, None], cols[None, :]), mask
 
 
+def _row_vector(ref, width: int, features: int) -> jax.Array:
+    """A [features] parameter as float32 [width], zeros past its end."""
+    cols = jnp.arange(width)
+    return plgpu.load(ref.at[cols], mask=cols < features, other=0.0).astype(jnp.float32)
+
+
 def _forward_kernel(*refs, features, width, block_rows, n_rows, keep_prob, epsilon, has_keep, save):
     refs = list(refs)
-    x_ref, y_ref = refs.pop(0), refs.pop(0)
+    x_ref, y_ref, y_bias_ref = refs.pop(0), refs.pop(0), refs.pop(0)
     keep_ref = refs.pop(0) if has_keep else None
     scale_ref, bias_ref, out_ref = refs.pop(0), refs.pop(0), refs.pop(0)
     rows = pl.program_id(0) * block_rows + jnp.arange(block_rows)
     at, mask = _tile(rows, features, width, n_rows)
     dtype = out_ref.dtype
+    # Dense's bias: float32, cast to the compute dtype, added in it.
+    y_bias = _row_vector(y_bias_ref, width, features).astype(dtype).astype(jnp.float32)
     y = plgpu.load(y_ref.at[at], mask=mask, other=0.0)
+    y = (y.astype(jnp.float32) + y_bias[None, :]).astype(dtype)
     if has_keep:
         keep = plgpu.load(keep_ref.at[at], mask=mask, other=0) != 0
         y = jnp.where(keep, (y.astype(jnp.float32) / keep_prob).astype(dtype), jnp.zeros_like(y))
     x = plgpu.load(x_ref.at[at], mask=mask, other=0.0)
-    total = (x.astype(jnp.float32) + y.astype(jnp.float32)).astype(dtype)   # x + dropout(y), rounded
+    total = (x.astype(jnp.float32) + y.astype(jnp.float32)).astype(dtype)   # x + dropout(y + y_bias)
     s = total.astype(jnp.float32)
     mean = jnp.sum(s, axis=1) / features
     var = jnp.maximum(jnp.sum(s * s, axis=1) / features - mean * mean, 0.0)
     rstd = jax.lax.rsqrt(var + epsilon)
-    col_ok = jnp.arange(width) < features
-    scale = plgpu.load(scale_ref.at[jnp.arange(width)], mask=col_ok, other=0.0).astype(jnp.float32)
-    bias = plgpu.load(bias_ref.at[jnp.arange(width)], mask=col_ok, other=0.0).astype(jnp.float32)
+    scale, bias = _row_vector(scale_ref, width, features), _row_vector(bias_ref, width, features)
     out = (s - mean[:, None]) * (rstd[:, None] * scale[None, :]) + bias[None, :]
     plgpu.store(out_ref.at[at], out.astype(dtype), mask=mask)
     if save:
@@ -84,11 +93,10 @@ def _backward_kernel(*refs, features, width, chunk_rows, chunks, n_rows, keep_pr
     refs = list(refs)
     d_out_ref, sum_ref = refs.pop(0), refs.pop(0)
     keep_ref = refs.pop(0) if has_keep else None
-    scale_ref, mean_ref, rstd_ref, d_x_ref, d_y_ref, d_scale_ref, d_bias_ref = refs
+    scale_ref, mean_ref, rstd_ref, d_x_ref, d_y_ref, d_y_bias_ref, d_scale_ref, d_bias_ref = refs
     program = pl.program_id(0)
     cols = jnp.arange(width)
-    col_ok = cols < features
-    scale = plgpu.load(scale_ref.at[cols], mask=col_ok, other=0.0).astype(jnp.float32)
+    scale = _row_vector(scale_ref, width, features)
 
     def chunk(index, sums):
         rows = (program * chunks + index) * chunk_rows + jnp.arange(chunk_rows)
@@ -103,21 +111,22 @@ def _backward_kernel(*refs, features, width, chunk_rows, chunks, n_rows, keep_pr
         mean_g = jnp.sum(g, axis=1) / features
         d_s = ((g - x_hat * mean_g_x_hat[:, None] - mean_g[:, None]) * rstd[:, None]).astype(d_x_ref.dtype)
         plgpu.store(d_x_ref.at[at], d_s, mask=mask)
-        d_y = (d_s.astype(jnp.float32) / keep_prob).astype(d_y_ref.dtype) if has_keep else d_s.astype(d_y_ref.dtype)
-        if has_keep:
-            keep = plgpu.load(keep_ref.at[at], mask=mask, other=0) != 0
-            d_y = jnp.where(keep, d_y, jnp.zeros_like(d_y))
+        # Outside the tile keep is false (padded columns have a d_s, which their sum must not see).
+        keep = plgpu.load(keep_ref.at[at], mask=mask, other=0) != 0 if has_keep else mask
+        d_y = (d_s.astype(jnp.float32) / keep_prob).astype(d_y_ref.dtype) if has_keep else d_s
+        d_y = jnp.where(keep, d_y, jnp.zeros_like(d_y))
         plgpu.store(d_y_ref.at[at], d_y, mask=mask)
-        d_scale, d_bias = sums
-        return d_scale + jnp.sum(d_out * x_hat, axis=0), d_bias + jnp.sum(d_out, axis=0)
+        d_y_bias, d_scale, d_bias = sums
+        return (d_y_bias + jnp.sum(d_y.astype(jnp.float32), axis=0), d_scale + jnp.sum(d_out * x_hat, axis=0),
+                d_bias + jnp.sum(d_out, axis=0))
 
     zeros = jnp.zeros((width,), jnp.float32)
-    d_scale, d_bias = jax.lax.fori_loop(0, chunks, chunk, (zeros, zeros))
-    plgpu.store(d_scale_ref.at[program, cols], d_scale, mask=col_ok)
-    plgpu.store(d_bias_ref.at[program, cols], d_bias, mask=col_ok)
+    sums = jax.lax.fori_loop(0, chunks, chunk, (zeros, zeros, zeros))
+    for ref, value in zip((d_y_bias_ref, d_scale_ref, d_bias_ref), sums):
+        plgpu.store(ref.at[program, cols], value, mask=cols < features)
 
 
-def _forward(x, y, keep, scale, bias, keep_prob, epsilon, interpret, save):
+def _forward(x, y, y_bias, keep, scale, bias, keep_prob, epsilon, interpret, save):
     n_rows, features = x.shape
     width = _power_of_two(features)
     block_rows = _power_of_two(max(1, FORWARD_ELEMENTS // width))
@@ -131,7 +140,7 @@ def _forward(x, y, keep, scale, bias, keep_prob, epsilon, interpret, save):
     call = pl.pallas_call(kernel, out_shape=out_shape, grid=(pl.cdiv(n_rows, block_rows),),
                           compiler_params=plgpu.CompilerParams(num_warps=_warps(block_rows * width)),
                           interpret=interpret, name="residual_layer_norm_fwd")
-    return call(*[a for a in (x, y, keep, scale, bias) if a is not None])
+    return call(*[a for a in (x, y, y_bias, keep, scale, bias) if a is not None])
 
 
 def _backward(d_out, total, keep, scale, mean, rstd, keep_prob, interpret):
@@ -145,40 +154,41 @@ def _backward(d_out, total, keep, scale, mean, rstd, keep_prob, interpret):
                                chunks=chunks, n_rows=n_rows, keep_prob=keep_prob, has_keep=keep is not None)
     call = pl.pallas_call(kernel, grid=(programs,),
                           out_shape=[jax.ShapeDtypeStruct(d_out.shape, total.dtype),
-                                     jax.ShapeDtypeStruct(d_out.shape, total.dtype), partial, partial],
+                                     jax.ShapeDtypeStruct(d_out.shape, total.dtype), partial, partial, partial],
                           compiler_params=plgpu.CompilerParams(num_warps=_warps(chunk_rows * width)),
                           interpret=interpret, name="residual_layer_norm_bwd")
     return call(*[a for a in (d_out, total, keep, scale, mean, rstd) if a is not None])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _fused(x, y, keep, scale, bias, keep_prob, epsilon, interpret):
-    return _forward(x, y, keep, scale, bias, keep_prob, epsilon, interpret, save=False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _fused(x, y, y_bias, keep, scale, bias, keep_prob, epsilon, interpret):
+    return _forward(x, y, y_bias, keep, scale, bias, keep_prob, epsilon, interpret, save=False)[0]
 
 
-def _fused_fwd(x, y, keep, scale, bias, keep_prob, epsilon, interpret):
-    out, total, mean, rstd = _forward(x, y, keep, scale, bias, keep_prob, epsilon, interpret, save=True)
-    return out, (total, keep, scale, mean, rstd)
+def _fused_fwd(x, y, y_bias, keep, scale, bias, keep_prob, epsilon, interpret):
+    out, total, mean, rstd = _forward(x, y, y_bias, keep, scale, bias, keep_prob, epsilon, interpret, save=True)
+    return out, (total, keep, scale, mean, rstd, jnp.zeros((0,), y_bias.dtype))
 
 
 def _fused_bwd(keep_prob, epsilon, interpret, residuals, d_out):
-    total, keep, scale, mean, rstd = residuals
-    d_x, d_y, d_scale, d_bias = _backward(d_out, total, keep, scale, mean, rstd, keep_prob, interpret)
-    return (d_x, d_y, None, jnp.sum(d_scale, axis=0).astype(scale.dtype),
-            jnp.sum(d_bias, axis=0).astype(scale.dtype))
+    total, keep, scale, mean, rstd, y_bias_like = residuals
+    d_x, d_y, d_y_bias, d_scale, d_bias = _backward(d_out, total, keep, scale, mean, rstd, keep_prob, interpret)
+    return (d_x, d_y, jnp.sum(d_y_bias, axis=0).astype(y_bias_like.dtype), None,
+            jnp.sum(d_scale, axis=0).astype(scale.dtype), jnp.sum(d_bias, axis=0).astype(scale.dtype))
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
-def residual_layer_norm(x: jax.Array, y: jax.Array, keep: jax.Array | None, scale: jax.Array,
-                        bias: jax.Array, *, keep_prob: float, epsilon: float,
+def residual_layer_norm(x: jax.Array, y: jax.Array, y_bias: jax.Array, keep: jax.Array | None,
+                        scale: jax.Array, bias: jax.Array, *, keep_prob: float, epsilon: float,
                         interpret: bool = False) -> jax.Array:
-    """LayerNorm(x + where(keep, y / keep_prob, 0)) over the last axis, in x's dtype.
+    """LayerNorm(x + where(keep, (y + y_bias) / keep_prob, 0)) over the last axis, in x's dtype.
 
-    x, y [..., H] in the compute dtype; keep [..., H] bool (None: no dropout); scale and bias
-    [H] in one dtype (the LayerNorm's parameters in the compute dtype, as nnx.LayerNorm
-    promotes them). Differentiable in x, y, scale and bias (reverse mode)."""
+    x, y [..., H] in the compute dtype (y a dense layer's product, y_bias [H] its bias, in
+    float32 as Dense keeps it); keep [..., H] bool (None: no dropout); scale and bias [H] in
+    one dtype (the LayerNorm's parameters in the compute dtype, as nnx.LayerNorm promotes
+    them). Differentiable in x, y, y_bias, scale and bias (reverse mode)."""
     if scale.dtype != bias.dtype or y.dtype != x.dtype:
         raise ValueError(f"x and y ({x.dtype}, {y.dtype}) and scale and bias ({scale.dtype}, {bias.dtype}) "
                          "must each share a dtype")
@@ -186,13 +196,15 @@ def residual_layer_norm(x: jax.Array, y: jax.Array, keep: jax.Array | None, scal
         keep = keep.reshape(-1, x.shape[-1]).astype(jnp.int8)
     else:
         keep_prob = 1.0
-    out = _fused(x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1]), keep,
+    out = _fused(x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1]), y_bias, keep,
                  scale, bias, float(keep_prob), float(epsilon), bool(interpret))
     return out.reshape(x.shape)
 
 
-def residual_layer_norm_reference(x, y, keep, scale, bias, *, keep_prob: float, epsilon: float) -> jax.Array:
-    """The plain jnp form of the same values (nnx.Dropout then nnx.LayerNorm, written out)."""
+def residual_layer_norm_reference(x, y, y_bias, keep, scale, bias, *, keep_prob: float,
+                                  epsilon: float) -> jax.Array:
+    """The plain jnp form of the same values (Dense's bias, nnx.Dropout, nnx.LayerNorm)."""
+    y = y + jnp.broadcast_to(y_bias, y.shape).astype(y.dtype)
     if keep is not None:
         y = jnp.where(keep, y / keep_prob, jnp.zeros_like(y))
     s = (x + y).astype(jnp.float32)

@@ -1,4 +1,4 @@
-"""The pallas_residual_norm form: dropout + residual add + LayerNorm as Pallas kernels
+"""The pallas_residual_norm form: bias + dropout + residual add + LayerNorm as Pallas kernels
 (roformer.model.pallas_norm), run in interpret mode on the CPU, against the plain jnp form
 and against the model without the form."""
 import jax
@@ -26,10 +26,11 @@ def small_blocks(monkeypatch):
 
 
 def inputs(dtype, shape=(3, 7, 48)):
-    keys = jax.random.split(jax.random.key(0), 6)
+    keys = jax.random.split(jax.random.key(0), 7)
     features = shape[-1]
     return dict(x=jax.random.normal(keys[0], shape).astype(dtype),
                 y=(2 * jax.random.normal(keys[1], shape) + 0.5).astype(dtype),
+                y_bias=0.3 * jax.random.normal(keys[6], (features,)),   # float32, as Dense keeps it
                 keep=jax.random.bernoulli(keys[2], KEEP_PROB, shape),
                 scale=(1 + 0.2 * jax.random.normal(keys[3], (features,))).astype(dtype),
                 bias=(0.2 * jax.random.normal(keys[4], (features,))).astype(dtype)), \
@@ -37,15 +38,15 @@ def inputs(dtype, shape=(3, 7, 48)):
 
 
 def value_and_grads(fn, args, weights):
-    """fn's output and the gradients of sum(output * weights) in x, y, scale and bias."""
+    """fn's output and the gradients of sum(output * weights) in x, y, y_bias, scale and bias."""
     keep = args["keep"]
 
-    def loss(x, y, scale, bias):
-        out = fn(x, y, keep, scale, bias, keep_prob=KEEP_PROB, epsilon=1e-12)
+    def loss(x, y, y_bias, scale, bias):
+        out = fn(x, y, y_bias, keep, scale, bias, keep_prob=KEEP_PROB, epsilon=1e-12)
         return jnp.sum(out.astype(jnp.float32) * weights), out
 
-    (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(
-        args["x"], args["y"], args["scale"], args["bias"])
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True))(
+        args["x"], args["y"], args["y_bias"], args["scale"], args["bias"])
     return out, grads
 
 
@@ -65,8 +66,9 @@ def test_kernels_give_the_plain_forms_values_and_gradients(small_blocks, dtype, 
     assert got.dtype == want.dtype == dtype
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                atol=tolerance * float(jnp.max(jnp.abs(want))))
-    for name, g, w in zip(("x", "y", "scale", "bias"), got_grads, want_grads):
-        assert g.dtype == w.dtype == dtype, name
+    for name, g, w, arg in zip(("x", "y", "y_bias", "scale", "bias"), got_grads, want_grads,
+                               (args["x"], args["y"], args["y_bias"], args["scale"], args["bias"])):
+        assert g.dtype == w.dtype == arg.dtype, name
         scale = float(jnp.max(jnp.abs(w.astype(jnp.float32))))
         np.testing.assert_allclose(np.asarray(g, np.float32) / scale, np.asarray(w, np.float32) / scale,
                                    atol=tolerance, err_msg=name)
@@ -87,7 +89,7 @@ def test_kernels_batch_under_vmap_as_the_seeds_of_an_ablation_do(small_blocks):
 
     def grads(fn):
         def loss(x, y, keep):
-            out = fn(x, y, keep, args["scale"], args["bias"], keep_prob=KEEP_PROB, epsilon=1e-12)
+            out = fn(x, y, args["y_bias"], keep, args["scale"], args["bias"], keep_prob=KEEP_PROB, epsilon=1e-12)
             return jnp.sum(out * out)
         return jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1))))(args["x"], args["y"], args["keep"])
 
@@ -102,13 +104,13 @@ def test_kernels_lower_through_triton_for_a_gpu(features, dtype, dropout):
     shape = (4, 128, features)
     x = jax.ShapeDtypeStruct(shape, dtype)
     keep = jax.ShapeDtypeStruct(shape, jnp.bool_) if dropout else None
-    params = jax.ShapeDtypeStruct((features,), dtype)
+    params, y_bias = jax.ShapeDtypeStruct((features,), dtype), jax.ShapeDtypeStruct((features,), jnp.float32)
 
-    def loss(x, y, keep, scale, bias):
-        out = pallas_norm.residual_layer_norm(x, y, keep, scale, bias, keep_prob=0.9, epsilon=1e-12)
+    def loss(x, y, y_bias, keep, scale, bias):
+        out = pallas_norm.residual_layer_norm(x, y, y_bias, keep, scale, bias, keep_prob=0.9, epsilon=1e-12)
         return jnp.sum(out.astype(jnp.float32))
 
-    lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 3, 4))).trace(x, x, keep, params, params)
+    lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 4, 5))).trace(x, x, y_bias, keep, params, params)
     assert lowered.lower(lowering_platforms=("cuda",)).as_text().count("__gpu$xla.gpu.triton") == 2
 
 
