@@ -14,8 +14,6 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import ml_collections
-
 from roformer.model import attention_stats
 from roformer.ablation import summary
 from roformer.ablation.plan import Plan, PlannedRun, fingerprint
@@ -153,7 +151,7 @@ def _setup(plan: Plan) -> dict[str, Any]:
                  if plan.glue_tasks else "skipped"),
         "machine": _machine(),
     }
-    unigram = _unigram_loss(plan.workdir, config)
+    unigram = _unigram_loss(plan)
     if unigram is not None:
         setup["unigram_loss"] = unigram
     return setup
@@ -238,9 +236,10 @@ def _position_signals(plan: Plan) -> dict[str, dict]:
     return ratios
 
 
-def _unigram_loss(workdir: Path, config: ml_collections.ConfigDict) -> float | None:
+def _unigram_loss(plan: Plan) -> float | None:
     """The corpus's context-free MLM loss under the runs' (pinned) vocabulary, cached in the
     workdir."""
+    workdir, config = plan.workdir, plan.config
     cache = workdir / "unigram_loss.json"
     fp = fingerprint(config.pretrain.data)
     if cache.exists():

@@ -509,3 +509,15 @@ def test_report_snapshot_reads_a_running_ablation_and_trains_nothing(tmp_path, m
     assert "## Onset of word-order use (per seed)" in md and "| rope | 1 / 1 |" in md
     with pytest.raises(ConfigError, match="holds no ablation"):
         runner.report_snapshot(config, tmp_path / "snapshot", tmp_path / "elsewhere")
+
+
+def test_config_stages_name_what_each_scheme_run_does(tmp_path, monkeypatch, quick_figures):
+    stages = FakeStages()
+    stages.install(monkeypatch)
+    config = small_config("rope", seeds=1)
+    config.extension.enabled = False
+    config.stages = ("pretrain", "glue")
+    result = runner.run_ablation(config, tmp_path)
+    assert stages.calls == [("rope/seed0", "pretrain"), ("rope/seed0", "glue")]
+    assert result["runs"][0]["status"] == "done" and result["runs"][0]["extrapolation"] is None
+    assert result["runs"][0]["glue_workdir"] == "glue/rope/seed0"

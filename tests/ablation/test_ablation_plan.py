@@ -113,3 +113,11 @@ def test_stages_start_with_pretraining_and_name_each_scheme_stage_once(stages):
     config.stages = stages
     with pytest.raises(ValueError, match=r"config.stages=.*: pretrain, then any of extrapolation, glue, each once"):
         validation.validate(config)
+
+
+def test_every_stage_the_plan_names_has_a_runner_and_belongs_to_one_kind_of_run():
+    from roformer.ablation import stages
+
+    assert set(stages.STAGE_RUNNERS) == set(plan.STAGES)
+    assert {plan.STAGES[name].run_kind for name in plan.SCHEME_STAGES} == {"scheme"}
+    assert {plan.STAGES[name].run_kind for name in plan.EXTENSION_STAGES} == {"extension"}
