@@ -10,6 +10,10 @@ fill several padded-length buckets):
   steps/s (the loop, not the compilation);
 - `bare k=K`: the same compiled programs called with every batch already on the device: the
   floor a loop of that many steps per call can reach on this machine.
+Each variant's `host_ms_step` is the CPU time of the thread that runs the loop, per step: the
+host's own work (jax runs the programs on threads of its own, and the wait at the end is
+not CPU time), which a loaded machine inflates far less than wall time. For `finetune` it
+covers the whole call (the plan, the padded rows, the optimizer's initial state).
 Then a breakdown of the host's parts, per step: assembling a batch (per step, and as one
 gather of K batches), sending it, flattening the state at a call (this model's, and a base
 model's state built abstractly), and a progress-bar update.
@@ -30,7 +34,8 @@ from roformer.glue import finetune as finetune_lib
 from roformer.glue.features import Features, PaddedRows, planned_train_batches
 from roformer.model import ModelConfig
 
-COLUMNS = ("variant", "steps_per_call", "steps_s", "steps_s_min", "steps_s_max", "ms_step", "x_per_step_loop")
+COLUMNS = ("variant", "steps_per_call", "steps_s", "steps_s_min", "steps_s_max", "ms_step", "x_per_step_loop",
+           "host_ms_step", "x_host")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -85,23 +90,24 @@ class Setup:
         params = jax.device_put(self.classifier.params, may_alias=False)
         return params, self.programs.tx.init(params)
 
-    def per_step_loop(self) -> float:
-        """The loop before steps_per_call: seconds for the plan's steps."""
+    def per_step_loop(self) -> tuple[float, float]:
+        """The loop before steps_per_call: (wall, thread CPU) seconds for the plan's steps."""
         params, opt_state = self.fresh_state()
         rest, key, batch_size = self.classifier.rest, jax.random.key(0), self.protocol.batch_size
-        start = time.perf_counter()
+        start, thread_start = time.perf_counter(), time.thread_time()
         for step, (length, rows) in enumerate(self.plan):
             batch = self.features.batch(rows, batch_size, length, 0)
             batch = jax.device_put({k: batch[k] for k in finetune_lib.TRAIN_INPUTS})
             params, opt_state, loss = self.per_length[length](params, opt_state, rest, batch, self.rates[step], key,
                                                               np.int32(step))
         jax.block_until_ready(loss)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.thread_time() - thread_start
 
-    def finetune(self, steps_per_call: int) -> float:
+    def finetune(self, steps_per_call: int) -> tuple[float, float]:
+        thread_start = time.thread_time()
         _, info = finetune_lib.finetune(self.classifier, self.programs, self.features, self.protocol, seed=0,
                                         pad_id=0, progress=False, steps_per_call=steps_per_call)
-        return self.steps / info["steps_per_sec"]
+        return self.steps / info["steps_per_sec"], time.thread_time() - thread_start
 
     def call_inputs(self, steps_per_call: int) -> list[dict]:
         """Every call's inputs of the plan, as finetune builds them (NumPy)."""
@@ -110,15 +116,15 @@ class Setup:
         return [finetune_lib.call_inputs(program, padded, self.plan, self.rates, first)
                 for first in range(0, self.steps, steps_per_call)]
 
-    def bare(self, steps_per_call: int, device_calls: list[dict]) -> float:
+    def bare(self, steps_per_call: int, device_calls: list[dict]) -> tuple[float, float]:
         program = self.programs.train_steps(finetune_lib.TrainProgram.for_protocol(self.protocol, steps_per_call))
         params, opt_state = self.fresh_state()
         rest, key = self.classifier.rest, jax.random.key(0)
-        start = time.perf_counter()
+        start, thread_start = time.perf_counter(), time.thread_time()
         for batches in device_calls:
             params, opt_state, losses = program(params, opt_state, rest, batches, key)
         jax.block_until_ready(losses)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.thread_time() - thread_start
 
 
 def per_call_us(fn, calls: int, repeat: int = 3) -> float:
@@ -190,17 +196,20 @@ def run(args: argparse.Namespace) -> dict:
             times[key].append(variants[key]())
     reference = times[("per-step loop", 1)]
     rows = []
-    for (name, k), seconds in times.items():
+    for (name, k), measured in times.items():
+        seconds, thread = [wall for wall, _ in measured], [cpu for _, cpu in measured]
         rates = [setup.steps / s for s in seconds]
-        speedups = sorted(r / ref for r, ref in zip(seconds, reference))
         rows.append({"variant": name, "steps_per_call": k, "steps_s": statistics.median(rates),
                      "steps_s_min": min(rates), "steps_s_max": max(rates),
                      "ms_step": statistics.median(seconds) / setup.steps * 1e3,
-                     "x_per_step_loop": 1 / statistics.median(speedups)})
+                     "x_per_step_loop": statistics.median(ref[0] / wall for ref, wall in zip(reference, seconds)),
+                     "host_ms_step": statistics.median(thread) / setup.steps * 1e3,
+                     "x_host": statistics.median(ref[1] / cpu for ref, cpu in zip(reference, thread))})
     parts = breakdown(setup, max(args.steps_per_call))
     lengths = sorted({length for length, _ in setup.plan})
     return {"rows": rows, "columns": COLUMNS,
             "tables": {"host time per step, by part": {"rows": parts}},
             "settings": {k: v for k, v in vars(args).items() if k != "json"},
             "notes": [f"{setup.steps} steps of batch {args.batch}, padded lengths {lengths}; "
-                      f"x_per_step_loop: median over rounds of (per-step loop time / this variant's time)"]}
+                      "x_per_step_loop, x_host: medians over rounds of the per-step loop's wall (host) time over "
+                      "this variant's"]}

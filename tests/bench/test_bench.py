@@ -565,7 +565,7 @@ def test_glue_loop_bench_times_the_loops_and_breaks_the_host_time_down(tmp_path)
     assert list(rows) == [("per-step loop", 1), ("finetune", 1), ("bare", 1), ("finetune", 4), ("bare", 4)]
     assert rows["per-step loop", 1]["x_per_step_loop"] == 1.0
     for row in rows.values():
-        assert row["steps_s"] > 0 and within(row, "steps_s")
+        assert row["steps_s"] > 0 and within(row, "steps_s") and row["host_ms_step"] > 0
     parts = result["tables"]["host time per step, by part"]["rows"]
     assert len(parts) == 7 and all(part["us_per_step"] > 0 for part in parts)
     assert any("base model" in part["part"] for part in parts)
