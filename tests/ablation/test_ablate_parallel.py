@@ -231,7 +231,7 @@ def overrides(config):
     pre = config.pretrain.train
     flags = {"schemes": config.schemes, "seeds": config.seeds, "parallel": config.parallel,
              "vmap_seeds": config.vmap_seeds, "progress_every_s": config.progress_every_s, "glue.task": "",
-             "extension.enabled": False, "extrapolation.factors": "1", "extrapolation.scalings": "",
+             "extension.enabled": False, "extrapolation.factors": "1", "extrapolation.scalings": "()",
              "extrapolation.num_docs": 2, "budget_tokens": config.budget_tokens,
              "pretrain.data.vocab": config.pretrain.data.vocab,
              "pretrain.data.vocab_size": config.pretrain.data.vocab_size,

@@ -74,7 +74,7 @@ def test_vmapped_seeds_resume_after_kill_and_give_the_losses_of_runs_in_turn(tmp
     results = {}
     for vmap_seeds in (1, 2):
         config = tiny_config(1)
-        config.schemes, config.seeds, config.vmap_seeds = "rope", 2, vmap_seeds
+        config.schemes, config.seeds, config.vmap_seeds = ("rope",), 2, vmap_seeds
         config.progress_every_s = 1.0
         workdir = tmp_path / f"vmap{vmap_seeds}"
         if vmap_seeds > 1:   # killed once both seeds saved step 10 (in turn, tests/ablation/test_ablate_parallel.py)
