@@ -19,13 +19,14 @@
 # per task (cold and warm, against the targets), scores, parity, ratios to the peers. Each
 # stage has its own time limit and writes its own files, so a slow or failing stage costs
 # only itself (a stage that needs an earlier one's output is skipped when that output is
-# missing); no stage runs past BUDGET_S (530) seconds from the start, so the whole fits one
+# missing); no stage runs past BUDGET_S (510) seconds from the start, so the whole fits one
 # device call.
 # Usage: scripts/gpu_end_to_end.sh OUTDIR
 #   DATA=dir with glue/, vocab/, wikipedia_en/ (default ../shared/data); STEPS picks stages;
 #   PYTHON=... the interpreter; PRETRAIN_ARGS, GLUE_ARGS: more --config flags for those stages;
-#   PEERS_SHAPE (base/512/64); WIKI_FILES (wiki_0*) the pretraining files; BUDGET_S. TINY=1: every stage at a size a CPU runs in minutes (tiny
-#   models, a few steps and rows), to check the script itself, not to measure anything.
+#   PEERS_SHAPE (base/512/64); WIKI_FILES (wiki_0*) the pretraining files; BUDGET_S.
+#   TINY=1: every stage at a size a CPU runs in minutes (tiny models, a few steps and rows),
+#   to check the script itself, not to measure anything.
 set -u
 out=${1:?usage: scripts/gpu_end_to_end.sh OUTDIR}
 py=${PYTHON:-python3}
@@ -39,7 +40,7 @@ pretrain_steps=${PRETRAIN_STEPS:-300}
 glue_tasks=${GLUE_TASKS:-cola,mrpc,stsb,sst2}
 glue_warm_tasks=${GLUE_WARM_TASKS:-cola,mrpc,stsb}
 glue_epochs=${GLUE_EPOCHS:-3}
-budget=${BUDGET_S:-530}
+budget=${BUDGET_S:-510}
 known=" pretrain glue glue_warm export parity peers "
 stages=${STEPS:-$known}
 for stage in $stages; do
