@@ -12,7 +12,8 @@ Built so an accelerator is never waiting on the host:
 - every program a task will run is compiled before its first step (`Programs.prepare`,
   in parallel threads, or loaded from jax's persistent cache);
 - nothing is fetched from the device while training or predicting: losses and
-  predictions stay there and are read once at the end.
+  predictions stay there and are read once at the end (the host only waits, when it is
+  `CALLS_AHEAD` calls ahead of the device, for the oldest call).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -44,6 +46,10 @@ TRAIN_INPUTS = (*MODEL_INPUTS, "labels", "weights")
 # Optimizer steps per call of the train program. More steps per call spread the host's
 # cost of a call thinner; the last call of a run pads with steps that change nothing.
 STEPS_PER_CALL = 16
+# Calls the host may queue ahead of the device. The host now assembles a call far faster than
+# the device runs it, and each queued call holds its batches in device memory: a bounded lead
+# keeps the device busy without piling up a whole run's batches there.
+CALLS_AHEAD = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,12 +341,16 @@ def finetune(classifier: Classifier, programs: Programs, features: Features, pro
     opt_state = programs.tx.init(params)
     rest, base_key = classifier.rest, jax.random.key(seed)
     logged = []     # (step, losses of its call, index in them)
+    in_flight = deque()
     start = time.perf_counter()
     with tqdm(total=total_steps, desc=desc, unit="step", leave=False, dynamic_ncols=True,
               disable=not progress) as bar:
         for first in range(0, total_steps, steps_per_call):
             batches = call_inputs(program, padded, plan, rates, first)
             params, opt_state, losses = train_steps(params, opt_state, rest, jax.device_put(batches), base_key)
+            in_flight.append(losses)
+            if len(in_flight) > CALLS_AHEAD:
+                jax.block_until_ready(in_flight.popleft())   # an older call: the newer ones keep the device busy
             last = min(first + steps_per_call, total_steps)
             logged += [(step, losses, step - first - 1) for step in range(first + 1, last + 1)
                        if step % log_every == 0 or step == total_steps]
