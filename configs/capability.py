@@ -46,12 +46,12 @@ def get_config(arg=None):
     pre.train.keep_checkpoints = 100    # every checkpoint is probed
     pre.train.log_every = 50
     pre.data.vocab = ""                 # set to the corpus's own word list at run time
-    for key in ("seeds", "reference", "baseline", "order_threshold", "budget_tokens", "glue", "extrapolation",
-                "extension"):   # the comparison's keys that do not apply here
+    for key in ("stages", "seeds", "reference", "baseline", "order_threshold", "budget_tokens", "glue",
+                "extrapolation", "extension"):   # the comparison's keys that do not apply here
         del c[key]
     if arg == "smoke":
         c.judge = "pipeline"
-        c.schemes = "rope,none"
+        c.schemes = ("rope", "none")
         corpus.train_docs = 2_000
         corpus.probe_docs = 40
         pre.train.steps = 20

@@ -275,7 +275,7 @@ def scheme_config(config: ml_collections.ConfigDict, scheme: str, vocab: Path, t
 def expectations(config: ml_collections.ConfigDict, schemes: list[str]) -> dict[str, dict[str, bool]]:
     """Per scheme and task, whether the scheme is expected to pass: `none` passes nothing;
     schemes listed in config.expect_fail (`scheme:task`) are expected to fail that task."""
-    fails = {tuple(item.split(":", 1)) for item in _split(config.expect_fail)}
+    fails = {tuple(item.split(":", 1)) for item in plan.split_list(config.expect_fail)}
     return {s: {t: s != "none" and (s, t) not in fails for t in TASKS} for s in schemes}
 
 
@@ -284,7 +284,7 @@ def validate(config: ml_collections.ConfigDict) -> list[str]:
     problems = []
     if config.get("judge", "schemes") not in JUDGES:
         problems.append(f"config.judge={config.judge!r}: one of {', '.join(JUDGES)}")
-    schemes = _split(config.schemes)
+    schemes = plan.split_list(config.schemes)
     if not schemes:
         problems.append("config.schemes is empty")
     for scheme in schemes:
@@ -292,7 +292,7 @@ def validate(config: ml_collections.ConfigDict) -> list[str]:
             plan.scheme_config_file(scheme)
         except ValueError as error:
             problems.append(str(error))
-    for item in _split(config.expect_fail):
+    for item in plan.split_list(config.expect_fail):
         scheme, _, task = item.partition(":")
         if task not in TASKS:
             problems.append(f"config.expect_fail item {item!r}: give scheme:task with task one of {list(TASKS)}")
@@ -312,10 +312,6 @@ def validate(config: ml_collections.ConfigDict) -> list[str]:
     if problems:
         raise ConfigError("capability config: " + "; ".join(problems))
     return schemes
-
-
-def _split(value: str) -> list[str]:
-    return [item.strip() for item in str(value).split(",") if item.strip()]
 
 
 def run_capability(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:

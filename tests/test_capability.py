@@ -96,7 +96,7 @@ def test_an_oracle_scores_one_so_the_probe_can_be_passed(probe_setup, monkeypatc
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda c: setattr(c, "schemes", "rope,rotery"), "unknown scheme 'rotery'"),
+    (lambda c: setattr(c, "schemes", ("rope", "rotery")), "unknown scheme 'rotery'"),
     (lambda c: setattr(c, "expect_fail", "alibi:order"), "config.expect_fail item 'alibi:order'"),
     (lambda c: setattr(c, "threshold", 1.5), "config.threshold=1.5"),
     (lambda c: setattr(c.pretrain.train, "seq_len", 16), "pretrain.train.seq_len=16 is shorter"),
