@@ -225,6 +225,8 @@ class PlannedRun:
     train_config: ml_collections.ConfigDict      # what its first stage trains
     pretrain_config: ml_collections.ConfigDict   # the scheme's (an extension run's: the extended scheme's)
     stages: tuple[StageSpec, ...]
+    glue_config: ml_collections.ConfigDict | None = None   # a scheme run's GLUE section, fine-tuning its model
+    glue_workdir: Path | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -245,27 +247,16 @@ class Plan:
     scalings: tuple[str, ...]           # eval-only rope scalings of the extrapolation table
     extension_methods: tuple[str, ...]  # () when the context extension is off
     extension_seeds: int
-    runs: tuple[PlannedRun, ...]        # the schemes' (every scheme of seed 0 first), then the extension's
+    scheme_runs: tuple[PlannedRun, ...]      # every scheme of seed 0 first: an interrupted ablation compares them
+    extension_runs: tuple[PlannedRun, ...]   # once every seed is pretrained
 
     @property
-    def scheme_runs(self) -> tuple[PlannedRun, ...]:
-        return tuple(r for r in self.runs if r.kind == "scheme")
-
-    @property
-    def extension_runs(self) -> tuple[PlannedRun, ...]:
-        return tuple(r for r in self.runs if r.kind == "extension")
+    def runs(self) -> tuple[PlannedRun, ...]:
+        """Every run, in the order they go."""
+        return self.scheme_runs + self.extension_runs
 
     def run(self, name: str) -> PlannedRun:
         return next(r for r in self.runs if r.name == name)
-
-    def glue_workdir(self, run: PlannedRun) -> Path:
-        return self.workdir / "glue" / run.key / f"seed{run.seed}"
-
-    def glue_config(self, run: PlannedRun) -> ml_collections.ConfigDict:
-        """The GLUE section, fine-tuning the run's pretrained model."""
-        cfg = ml_collections.ConfigDict(self.config.glue.to_dict())
-        cfg.init = str(run.workdir)
-        return cfg
 
 
 def pretrain_workdir(workdir: Path, scheme: str, seed: int) -> Path:
@@ -298,27 +289,33 @@ def build_plan(config: ml_collections.ConfigDict, workdir: str | Path, vocab: st
 
     scheme_cfgs = {scheme: scheme_pretrain_config(config, scheme) for scheme in schemes}
     names = scheme_stage_names(config)
-    runs = []
+    scheme_runs = []
     for seed in range(max(seeds.values(), default=0)):   # every scheme of seed 0 first
         for scheme in (s for s in schemes if seed < seeds[s]):
-            cfg = _seeded(scheme_cfgs[scheme], seed)
-            runs.append(PlannedRun(f"{scheme}/seed{seed}", "scheme", scheme, seed,
-                                   pretrain_workdir(workdir, scheme, seed), cfg, cfg, stages(names, fingerprint(cfg))))
+            cfg, run_dir = _seeded(scheme_cfgs[scheme], seed), pretrain_workdir(workdir, scheme, seed)
+            glue = None
+            if "glue" in names:
+                glue = ml_collections.ConfigDict(config.glue.to_dict())
+                glue.init = str(run_dir)
+            scheme_runs.append(PlannedRun(f"{scheme}/seed{seed}", "scheme", scheme, seed, run_dir, cfg, cfg,
+                                          stages(names, fingerprint(cfg)), glue_config=glue,
+                                          glue_workdir=workdir / "glue" / scheme / f"seed{seed}" if glue else None))
     ext = config.extension
     methods = tuple(split_list(ext.methods)) if ext.enabled else ()
     ext_seeds = extension_seeds(config) if ext.enabled else 0
+    extension_runs = []
     for seed in range(ext_seeds):
         source = _seeded(scheme_cfgs[ext.scheme], seed)
         for method in methods:
             cfg = extension_config(source, ext, method, pretrain_workdir(workdir, ext.scheme, seed))
-            runs.append(PlannedRun(f"extension/{method}/seed{seed}", "extension", method, seed,
-                                   extension_workdir(workdir, method, seed), cfg, source,
-                                   stages(EXTENSION_STAGES, fingerprint(fingerprint(source), cfg))))
+            extension_runs.append(PlannedRun(f"extension/{method}/seed{seed}", "extension", method, seed,
+                                             extension_workdir(workdir, method, seed), cfg, source,
+                                             stages(EXTENSION_STAGES, fingerprint(fingerprint(source), cfg))))
     if vocab:
-        for run in runs:
+        for run in scheme_runs + extension_runs:
             run.train_config.data.vocab = run.pretrain_config.data.vocab = vocab
     return Plan(config, workdir, schemes, seeds, pretrain_steps(config), glue_tasks(config), factors, scalings,
-                methods, ext_seeds, tuple(runs))
+                methods, ext_seeds, tuple(scheme_runs), tuple(extension_runs))
 
 
 def _seeded(cfg: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigDict:

@@ -98,7 +98,7 @@ def stage_call(plan: Plan, run: PlannedRun, stage: str) -> dict:
     if stage in ("pretrain", "extension"):    # the run's training
         return runner(run.train_config, run.workdir)
     if stage == "glue":
-        return runner(plan.glue_config(run), plan.glue_workdir(run))
+        return runner(run.glue_config, run.glue_workdir)
     return runner(plan, run.pretrain_config, run.workdir)   # an evaluation of what trained
 
 
