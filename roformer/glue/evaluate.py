@@ -35,6 +35,7 @@ from roformer.glue import features as features_lib
 from roformer.glue.finetune import Classifier, Protocol, predict, predict_shapes
 from roformer.glue.init import FINETUNE_FIELDS, InitSource, resolve_model_config
 from roformer.glue.metrics import glue_scores, task_metrics
+from roformer.glue.program_store import ProgramStore
 from roformer.glue.readers import read_split
 from roformer.glue.run import (ProgramsCache, RunLog, data_kwargs, limit_examples, median_seed, predicted_splits,
                                write_results)
@@ -155,8 +156,8 @@ def _evaluate(config, run: SavedRun, tasks: list[str], protocols: dict, workdir:
     header = {"eval_only": str(run.path), "init": run.results.get("init"), "vocab": run.results.get("vocab")}
     results = {**header, "tasks": {}, "glue": glue_scores({})}
     run_log = RunLog(workdir, {"config": config.to_dict(), **header})
-    programs_cache, read, started = ProgramsCache(), data_kwargs(config), False
     cache = enable_compilation_cache(config.get("compilation_cache_dir", ""))
+    programs_cache, read, started = ProgramsCache(ProgramStore.under(cache)), data_kwargs(config), False
     try:
         for name in tasks:
             task, protocol = TASKS[name], protocols[name]

@@ -10,7 +10,8 @@ Built so an accelerator is never waiting on the host:
 - the learning rate and the step number are inputs of the program, so one compiled program
   serves every schedule: all seeds, and every task with the same head and batch size;
 - every program a task will run is compiled before its first step (`Programs.prepare`,
-  in parallel threads, or loaded from jax's persistent cache);
+  in parallel threads), or loaded whole from a program store kept with jax's persistent
+  cache, which skips tracing it too (`roformer.glue.program_store`);
 - nothing is fetched from the device while training or predicting: losses and
   predictions stay there and are read once at the end (the host only waits, when it is
   `CALLS_AHEAD` calls ahead of the device, for the oldest call).
@@ -35,6 +36,7 @@ from tqdm.auto import tqdm
 
 from roformer.errors import ConfigError
 from roformer.glue.features import Features, PaddedRows, bucket_lengths, eval_batches, planned_train_batches
+from roformer.glue.program_store import ProgramStore, graph_text, tree_text
 from roformer.model import ModelConfig, RoFormerForSequenceClassification
 from roformer.train.optim import decay_mask, make_schedule
 from roformer.train.steps import reseeded
@@ -185,9 +187,10 @@ def _batch_spec(batch_size: int, length: int, inputs: Iterable[str], label_dtype
 class Programs:
     """The compiled train and predict programs of one architecture (graph, number of
     labels) and one optimizer setting, keyed by batch shape; kept for every seed and task
-    that share them."""
+    that share them, and, with a `store`, for later runs."""
 
-    def __init__(self, classifier: Classifier, update_settings: tuple, regression: bool):
+    def __init__(self, classifier: Classifier, update_settings: tuple, regression: bool,
+                 store: ProgramStore | None = None):
         self.graphdef = classifier.graphdef
         self.regression = regression
         self.tx = unit_rate_adamw(*update_settings)
@@ -198,6 +201,12 @@ class Programs:
         self.abstract_rest = abstract(classifier.rest)
         self._train, self._predict = {}, {}
         self.compile_seconds = 0.0
+        self.store, self.loaded = store, 0     # programs loaded from the store
+        # what every program computes besides its kind and shapes (the store's key)
+        self._description = {
+            "graph": graph_text(self.graphdef), "update_settings": list(update_settings), "regression": regression,
+            "state": tree_text((self.abstract_params, self.abstract_opt_state, self.abstract_rest)),
+            "label_dtype": str(jnp.dtype(self.label_dtype))} if store else None
 
     def single_step(self):
         """One optimizer step on one [batch, length] batch: (params, opt_state, rest, batch,
@@ -270,24 +279,42 @@ class Programs:
         return self._predict_fn().lower(self.abstract_params, self.abstract_rest,
                                         _batch_spec(batch_size, length, MODEL_INPUTS, self.label_dtype))
 
+    def _describe(self, kind: str, shape) -> dict:
+        return {**self._description, "kind": kind,
+                "shape": dataclasses.astuple(shape) if kind == "train" else list(shape)}
+
+    def _compile(self, kind: str, shape, lowered):
+        compiled = lowered.compile()
+        if self.store:
+            self.store.save(self._describe(kind, shape), compiled)
+        return compiled
+
     def prepare(self, train_programs: Iterable[TrainProgram], predict_shapes: Iterable[tuple[int, int]],
                 threads: int = 8) -> float:
         """Compile every train program and (batch, length) predict program not compiled yet,
-        in parallel; returns the seconds it took. Tracing happens here too, so a model whose
-        attention a kernel cannot take fails now, before any training."""
+        in parallel, or load it from the store; returns the seconds it took. A program
+        compiled is traced here too, so a model whose attention a kernel cannot take fails
+        now, before any training (one loaded was traced by an earlier run of the same code)."""
         todo = [("train", p) for p in dict.fromkeys(train_programs) if p not in self._train]
         todo += [("predict", s) for s in sorted(set(predict_shapes)) if s not in self._predict]
         if not todo:
             return 0.0
         start = time.perf_counter()
-        lowered = [(kind, key, self._lower_train(key) if kind == "train" else self._lower_predict(*key))
-                   for kind, key in todo]      # tracing is Python: one thread
-        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(lowered)))) as pool:
-            compiled = list(pool.map(lambda item: item[2].compile(), lowered))
-        for (kind, shape, _), program in zip(lowered, compiled):
-            (self._train if kind == "train" else self._predict)[shape] = program
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(todo)))) as pool:
+            found = (list(pool.map(lambda item: self.store.load(self._describe(*item)), todo)) if self.store
+                     else [None] * len(todo))
+            missing = [item for item, program in zip(todo, found) if program is None]
+            lowered = [self._lower_train(key) if kind == "train" else self._lower_predict(*key)
+                       for kind, key in missing]      # tracing is Python: one thread
+            compiled = iter(pool.map(lambda item, low: self._compile(*item, low), missing, lowered))
+            for (kind, shape), program in zip(todo, found):
+                (self._train if kind == "train" else self._predict)[shape] = next(compiled) if program is None else program
         seconds = time.perf_counter() - start
         self.compile_seconds += seconds
+        self.loaded += len(todo) - len(missing)
+        if self.store:
+            log.info("programs: %d loaded from the store, %d compiled (%.1f s)",
+                     len(todo) - len(missing), len(missing), seconds)
         return seconds
 
     def train_steps(self, program: TrainProgram):

@@ -28,6 +28,7 @@ from roformer.glue.finetune import (Classifier, Programs, Protocol, TrainProgram
                                     predict_shapes)
 from roformer.glue.init import encoder_state, load_init, resolve_model_config
 from roformer.glue.metrics import glue_scores, task_metrics
+from roformer.glue.program_store import ProgramStore
 from roformer.glue.readers import GlueDataError, check_data_dir, local_path, read_split
 from roformer.glue.settings import check_config
 from roformer.glue.submission import missing_submission_files, write_predictions, zip_submission
@@ -116,15 +117,16 @@ def limit_examples(examples: list, n: int) -> list:
 
 class ProgramsCache:
     """One set of compiled programs per (architecture, optimizer setting, head kind), shared
-    by the seeds and the tasks of a run (most GLUE tasks have the same two-label head)."""
+    by the seeds and the tasks of a run (most GLUE tasks have the same two-label head), and
+    kept in `store` for later runs where there is one."""
 
-    def __init__(self):
-        self._programs = {}
+    def __init__(self, store: ProgramStore | None = None):
+        self._programs, self._store = {}, store
 
     def get(self, classifier: Classifier, protocol: Protocol, regression: bool) -> Programs:
         key = (classifier.graphdef, protocol.update_settings, regression)
         if key not in self._programs:
-            self._programs[key] = Programs(classifier, protocol.update_settings, regression)
+            self._programs[key] = Programs(classifier, protocol.update_settings, regression, self._store)
         return self._programs[key]
 
 
@@ -333,7 +335,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     log.info("%s", startup_line(model_config))
     cache = enable_compilation_cache(config.get("compilation_cache_dir", ""))
     if cache:
-        log.info("compiled programs are cached in %s", cache)
+        log.info("compiled programs are cached in %s, and kept whole in %s", cache, ProgramStore.under(cache).directory)
     init_state = (None if init.encoder_params is None
                   else encoder_state(model_config, init.encoder_params))
 
@@ -342,7 +344,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     submission_dir = workdir / "submission" if config.predict_test else None
     results = {**header, "seeds": config.seeds, "tasks": {}, "glue": glue_scores({})}
     run_log = RunLog(workdir, {"config": config.to_dict(), **header})
-    programs_cache, failed = ProgramsCache(), {}
+    programs_cache, failed = ProgramsCache(ProgramStore.under(cache)), {}
     try:
         for name in tasks:
             try:

@@ -1,0 +1,141 @@
+"""Compiled GLUE programs kept on disk whole, so that a warm run neither traces nor compiles them.
+
+jax's persistent compilation cache keys a program by its lowered form: a run that finds a
+program there has still traced and lowered it, which at base size takes longer than some
+tasks train. This store keys a compiled program by everything that decides it instead, and
+keeps the executable jax serializes (`jax.experimental.serialize_executable`):
+
+- what it computes, described by its owner (`roformer.glue.finetune.Programs`): the kind
+  and shapes of the program, the model's graph (its config with every field, the number of
+  labels, every static attribute), the shapes and dtypes of its state, the optimizer
+  settings and the head;
+- where it runs (`environment`): the jax, jaxlib, flax and optax versions, the backend, its
+  platform version, device kinds and count, XLA_FLAGS, the model's backend forms, and a
+  digest of the source of every module of the roformer package, so any code change misses.
+
+Entries are written atomically. One that cannot be read or loaded (cut short, written by
+another build) is logged in one line, deleted and compiled again. Loading an entry runs
+what it holds, as unpickling does: the store is meant for the user's own cache directory.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import pickle
+import re
+from pathlib import Path
+
+import flax
+import jax
+import jaxlib
+import optax
+from jax.experimental import serialize_executable
+
+import roformer
+from roformer.files import stale_staging, write_bytes_atomic
+from roformer.model import backend
+
+log = logging.getLogger("roformer.glue")
+
+# The store's folder inside the compilation cache directory.
+FOLDER = "roformer-programs"
+SUFFIX = ".program"
+
+
+@functools.cache
+def source_digest() -> str:
+    """sha256 of the path and bytes of every .py file of the roformer package."""
+    root = Path(roformer.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def environment() -> dict:
+    """Where a compiled program runs, besides what it computes."""
+    devices = jax.devices()
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
+            "optax": optax.__version__, "backend": jax.default_backend(),
+            "platform_version": devices[0].client.platform_version,
+            "device_kinds": sorted({d.device_kind for d in devices}), "device_count": len(devices),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""), "backend_forms": sorted(backend.active_forms()),
+            "x64": bool(jax.config.jax_enable_x64),
+            "matmul_precision": str(jax.config.jax_default_matmul_precision), "source": source_digest()}
+
+
+def graph_text(graphdef) -> str:
+    """An NNX graph as text that is the same in every process: its repr without the memory
+    addresses of the functions it holds (which the source digest covers)."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(graphdef))
+
+
+def tree_text(tree) -> str:
+    """A pytree of arrays or ShapeDtypeStructs as text: its structure, and each leaf's dtype and shape."""
+    leaves, structure = jax.tree.flatten(tree)
+    return f"{structure} {[(str(leaf.dtype), tuple(leaf.shape)) for leaf in leaves]}"
+
+
+class ProgramStore:
+    """Compiled programs in `directory`, one file each, named by the digest of their key."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        self._swept = False
+
+    @classmethod
+    def under(cls, cache_dir: str | None) -> "ProgramStore | None":
+        """The store inside a compilation cache directory; None (no store) without one."""
+        return cls(Path(cache_dir) / FOLDER) if cache_dir else None
+
+    def key(self, description: dict) -> str:
+        return json.dumps({"program": description, "environment": environment()}, sort_keys=True, default=str)
+
+    def path(self, key: str) -> Path:
+        return self.directory / (hashlib.sha256(key.encode()).hexdigest() + SUFFIX)
+
+    def load(self, description: dict) -> jax.stages.Compiled | None:
+        """The stored program of `description`, or None when there is none or it cannot be loaded."""
+        key = self.key(description)
+        path = self.path(key)
+        if not path.exists():
+            return None
+        try:
+            with open(path, "rb") as file:
+                entry = pickle.load(file)
+            if entry["key"] != key:
+                raise ValueError("its key differs from the program's")
+            devices = {d.id: d for d in jax.devices()}
+            return serialize_executable.deserialize_and_load(entry["executable"], entry["in_tree"], entry["out_tree"],
+                                                             execution_devices=[devices[entry["device"]]])
+        except Exception as error:  # noqa: BLE001 - any unloadable entry is compiled again
+            log.warning("program store: %s could not be loaded (%s: %s); deleting it and compiling the program",
+                        path, type(error).__name__, str(error).split("\n")[0])
+            path.unlink(missing_ok=True)
+            return None
+
+    def save(self, description: dict, compiled: jax.stages.Compiled) -> bool:
+        """Keep `compiled` for later runs; False (logged) where it cannot be serialized or written."""
+        key = self.key(description)
+        try:
+            devices = {d.id for s in jax.tree.leaves((compiled.input_shardings, compiled.output_shardings))
+                       for d in s.device_set}
+            if len(devices) != 1:
+                raise ValueError(f"it runs on {len(devices)} devices; the store keeps one-device programs")
+            executable, in_tree, out_tree = serialize_executable.serialize(compiled)
+            data = pickle.dumps({"key": key, "executable": executable, "in_tree": in_tree, "out_tree": out_tree,
+                                 "device": devices.pop()})
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if not self._swept:   # staging files a killed run left
+                self._swept = True
+                for staging in stale_staging(self.directory):
+                    staging.unlink(missing_ok=True)
+            write_bytes_atomic(self.path(key), data)
+            return True
+        except Exception as error:  # noqa: BLE001 - a program not kept still runs; it compiles next time
+            log.warning("program store: a %s program was not stored (%s: %s)", description.get("kind", ""),
+                        type(error).__name__, str(error).split("\n")[0])
+            return False
