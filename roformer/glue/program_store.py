@@ -1,8 +1,8 @@
 """Compiled GLUE programs kept on disk whole, so that a warm run neither traces nor compiles them.
 
 jax's persistent compilation cache keys a program by its lowered form: a run that finds a
-program there has still traced and lowered it, which at base size takes longer than some
-tasks train. This store keys a compiled program by everything that decides it instead, and
+program there has still traced and lowered it, which at base size takes seconds per program.
+This store keys a compiled program by everything that decides it instead, and
 keeps the executable jax serializes (`jax.experimental.serialize_executable`):
 
 - what it computes, described by its owner (`roformer.glue.finetune.Programs`): the kind
