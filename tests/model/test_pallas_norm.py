@@ -1,6 +1,8 @@
 """The pallas_residual_norm form: bias + dropout + residual add + LayerNorm as Pallas kernels
 (roformer.model.pallas_norm), run in interpret mode on the CPU, against the plain jnp form
 and against the model without the form."""
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -110,8 +112,18 @@ def test_kernels_lower_through_triton_for_a_gpu(features, dtype, dropout):
         out = pallas_norm.residual_layer_norm(x, y, y_bias, keep, scale, bias, keep_prob=0.9, epsilon=1e-12)
         return jnp.sum(out.astype(jnp.float32))
 
-    lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 4, 5))).trace(x, x, y_bias, keep, params, params)
-    assert lowered.lower(lowering_platforms=("cuda",)).as_text().count("__gpu$xla.gpu.triton") == 2
+    with a_gpu_to_lower_for():
+        lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 4, 5))).trace(x, x, y_bias, keep, params, params)
+        assert lowered.lower(lowering_platforms=("cuda",)).as_text().count("__gpu$xla.gpu.triton") == 2
+
+
+def a_gpu_to_lower_for():
+    """Newer jax asks which GPU Triton lowers for (its compute capability) and, with none
+    attached, takes it from an abstract device; older jax lowers without one."""
+    if not hasattr(jax.sharding, "AbstractDevice"):
+        return contextlib.nullcontext()
+    device = jax.sharding.AbstractDevice("NVIDIA H100", None, "cuda")
+    return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("devices",), abstract_device=device))
 
 
 def model_outputs(config, forms, *, train):
