@@ -24,7 +24,6 @@ import re
 from pathlib import Path
 
 import ml_collections
-import numpy as np
 
 from roformer.accelerator import enable_compilation_cache, startup_line
 from roformer.convert import OUR_CONFIG_FILE, load_converted
@@ -34,11 +33,10 @@ from roformer.files import writing
 from roformer.glue import features as features_lib
 from roformer.glue.finetune import Classifier, Protocol, predict, predict_shapes
 from roformer.glue.init import FINETUNE_FIELDS, InitSource, resolve_model_config
-from roformer.glue.metrics import glue_scores, task_metrics
+from roformer.glue.metrics import glue_scores
 from roformer.glue.program_store import ProgramStore
-from roformer.glue.readers import read_split
-from roformer.glue.run import (ProgramsCache, RunLog, data_kwargs, limit_examples, median_seed, predicted_splits,
-                               write_results)
+from roformer.glue.run import (MODELS, ProgramsCache, RunLog, eval_examples, median_seed, score_eval_splits,
+                               seed_medians, trained_tasks, write_results)
 from roformer.glue.settings import check_config
 from roformer.glue.submission import missing_submission_files, write_predictions, zip_submission
 from roformer.glue.tasks import TASKS, parse_task_list
@@ -47,8 +45,6 @@ from roformer.model.attention import check_attention_impl
 from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.glue")
-
-MODELS = "models"   # run_glue keeps the fine-tuned models in <workdir>/models/<task>/seed<k>
 
 
 @dataclasses.dataclass
@@ -84,9 +80,7 @@ class SavedRun:
         """The tasks `spec` (config.task) names, each with saved models; 'all': every saved task."""
         if spec.strip().lower() == "all":
             return sorted(self.seeds, key=list(TASKS).index)
-        tasks = parse_task_list(spec)
-        if "ax" in tasks:   # AX has no model of its own: MNLI's predicts it
-            tasks = [t for t in tasks if t != "ax"] + ([] if "mnli" in tasks else ["mnli"])
+        tasks = trained_tasks(parse_task_list(spec))
         missing = [t for t in tasks if t not in self.seeds]
         if missing:
             raise ConfigError(f"{self.path} has no saved model of {', '.join(missing)} (it has models of "
@@ -157,14 +151,11 @@ def _evaluate(config, run: SavedRun, tasks: list[str], protocols: dict, workdir:
     results = {**header, "tasks": {}, "glue": glue_scores({})}
     run_log = RunLog(workdir, {"config": config.to_dict(), **header})
     cache = enable_compilation_cache(config.get("compilation_cache_dir", ""))
-    programs_cache, read, started = ProgramsCache(ProgramStore.under(cache)), data_kwargs(config), False
+    programs_cache, started = ProgramsCache(ProgramStore.under(cache)), False
     try:
         for name in tasks:
             task, protocol = TASKS[name], protocols[name]
-            evals = {s: limit_examples(read_split(task, s, **read), config.max_eval_examples)
-                     for s in task.eval_splits}
-            tests = ({(t.name, s): read_split(t, s, **read) for t, s in predicted_splits(task)}
-                     if submission_dir is not None else {})
+            evals, tests = eval_examples(task, config, with_tests=submission_dir is not None)
             seeds, test_predictions, featurized = {}, {}, {}
             for seed, model_dir in sorted(run.seeds[name].items()):
                 model_config, classifier, tokenizer = run.load(config, name, seed)
@@ -183,21 +174,18 @@ def _evaluate(config, run: SavedRun, tasks: list[str], protocols: dict, workdir:
                 programs = programs_cache.get(classifier, protocol, task.is_regression)
                 predict_kw = dict(batch_size=config.eval_batch_size, max_seq_len=protocol.max_seq_len,
                                   pad_id=features_lib.tokenizer_special_ids(tokenizer).pad_id)
-                programs.prepare([], [shape for f in (*eval_f.values(), *test_f.values())
-                                      for shape in predict_shapes(f, batch_size=config.eval_batch_size,
-                                                                  max_seq_len=protocol.max_seq_len)])
-                result = {"model": str(model_dir)}
-                for split, f in eval_f.items():
-                    result[split] = task_metrics(task, f.labels, predict(classifier, programs, f, **predict_kw))
-                    run_log.write(name, seed, run.trained_steps(name, seed),
-                                  {f"{split}_{k}": v for k, v in result[split].items()})
+                programs.prepare([], predict_shapes([*eval_f.values(), *test_f.values()],
+                                                    batch_size=config.eval_batch_size,
+                                                    max_seq_len=protocol.max_seq_len))
+                result = {"model": str(model_dir),
+                          **score_eval_splits(task, classifier, programs, eval_f, predict_kw=predict_kw,
+                                              run_log=run_log, seed=seed, step=run.trained_steps(name, seed))}
                 seeds[seed] = result
                 log.info("%s seed %d: %s", task.display, seed, {s: result[s] for s in task.eval_splits})
                 if test_f:
                     test_predictions[seed] = {key: (f, predict(classifier, programs, f, **predict_kw))
                                               for key, f in test_f.items()}
-            medians = {split: {m: float(np.median([seeds[s][split][m] for s in seeds])) for m in task.metrics}
-                       for split in task.eval_splits}
+            medians = seed_medians(task, seeds)
             out = {"models": str(run.path / MODELS / name), "max_seq_len": protocol.max_seq_len,
                    "num_eval_examples": {s: len(ex) for s, ex in evals.items()},
                    "seeds": {str(s): r for s, r in seeds.items()}, "median": medians}

@@ -395,9 +395,9 @@ def finetune(classifier: Classifier, programs: Programs, features: Features, pro
     return dataclasses.replace(classifier, params=params), info
 
 
-def predict_shapes(features: Features, *, batch_size: int, max_seq_len: int) -> list[tuple[int, int]]:
-    """The (batch, length) programs `predict` will run on `features`."""
-    return sorted({(batch_size, length) for length, _ in eval_batches(features, batch_size, max_seq_len)})
+def predict_shapes(features: Iterable[Features], *, batch_size: int, max_seq_len: int) -> list[tuple[int, int]]:
+    """The (batch, length) programs `predict` will run on each of `features`."""
+    return sorted({(batch_size, length) for f in features for length, _ in eval_batches(f, batch_size, max_seq_len)})
 
 
 def predict(classifier: Classifier, programs: Programs, features: Features, *, batch_size: int,

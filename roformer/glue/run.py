@@ -38,6 +38,8 @@ from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.glue")
 
+MODELS = "models"   # the fine-tuned models a run keeps: <workdir>/models/<task>/seed<k>
+
 
 class RunLog:
     """metrics.jsonl rows tagged with task/seed, mirrored to one TensorBoard run per
@@ -115,6 +117,40 @@ def limit_examples(examples: list, n: int) -> list:
     return examples[:n] if n and n > 0 else examples
 
 
+def trained_tasks(tasks: list[str]) -> list[str]:
+    """The tasks whose models a run trains or evaluates: AX has no model of its own (no
+    training data), MNLI's predicts it."""
+    if "ax" not in tasks:
+        return tasks
+    return [t for t in tasks if t != "ax"] + ([] if "mnli" in tasks else ["mnli"])
+
+
+def eval_examples(task: TaskSpec, config, *, with_tests: bool) -> tuple[dict, dict]:
+    """(the dev splits' examples, limited to config.max_eval_examples; with `with_tests`,
+    the test splits `task`'s model predicts, keyed (task name, split), else {})."""
+    read = data_kwargs(config)
+    evals = {s: limit_examples(read_split(task, s, **read), config.max_eval_examples) for s in task.eval_splits}
+    tests = {(t.name, s): read_split(t, s, **read) for t, s in predicted_splits(task)} if with_tests else {}
+    return evals, tests
+
+
+def score_eval_splits(task: TaskSpec, classifier: Classifier, programs: Programs, eval_f: dict, *,
+                      predict_kw: dict, run_log: RunLog, seed: int, step: int) -> dict:
+    """{split: the task's metrics of `classifier` on its featurized dev split}, each also
+    logged as a row of (task, seed) at `step`."""
+    scores = {}
+    for split, f in eval_f.items():
+        scores[split] = task_metrics(task, f.labels, predict(classifier, programs, f, **predict_kw))
+        run_log.write(task.name, seed, step, {f"{split}_{k}": v for k, v in scores[split].items()})
+    return scores
+
+
+def seed_medians(task: TaskSpec, seeds: dict) -> dict:
+    """{split: {metric: the median over the seeds' results}}."""
+    return {split: {m: float(np.median([seeds[s][split][m] for s in seeds])) for m in task.metrics}
+            for split in task.eval_splits}
+
+
 class ProgramsCache:
     """One set of compiled programs per (architecture, optimizer setting, head kind), shared
     by the seeds and the tasks of a run (most GLUE tasks have the same two-label head), and
@@ -134,13 +170,8 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
              run_log: RunLog, submission_dir: Path | None, programs_cache: ProgramsCache,
              models_dir: Path) -> dict:
     protocol = Protocol.from_config(config, task.name)
-    read = data_kwargs(config)
-    train = limit_examples(read_split(task, task.train_split, **read), protocol.max_train_examples)
-    evals = {s: limit_examples(read_split(task, s, **read), config.max_eval_examples)
-             for s in task.eval_splits}
-    tests = {}
-    if submission_dir is not None:
-        tests = {(t.name, s): read_split(t, s, **read) for t, s in predicted_splits(task)}
+    train = limit_examples(read_split(task, task.train_split, **data_kwargs(config)), protocol.max_train_examples)
+    evals, tests = eval_examples(task, config, with_tests=submission_dir is not None)
 
     def feats(examples):
         return features_lib.featurize(examples, tokenizer, protocol.max_seq_len,
@@ -164,8 +195,8 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
             # model that cannot predict fails in seconds, not after training.
             programs.prepare(
                 [TrainProgram.for_protocol(protocol)],
-                [shape for f in (*eval_f.values(), *test_f.values())
-                 for shape in predict_shapes(f, batch_size=config.eval_batch_size, max_seq_len=protocol.max_seq_len)])
+                predict_shapes([*eval_f.values(), *test_f.values()], batch_size=config.eval_batch_size,
+                               max_seq_len=protocol.max_seq_len))
             predict(classifier, programs, train_f.head(2), **predict_kw)
         classifier, info = finetune(classifier, programs, train_f, protocol, seed=seed, pad_id=special.pad_id,
                                     desc=f"{task.display} seed {seed}", log_every=config.log_every,
@@ -174,11 +205,8 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
         result = {"steps": info["steps"], "final_train_loss": info["final_loss"],
                   "train_steps_per_sec": info["steps_per_sec"],
                   "train_seconds": round(time.time() - start, 2)}
-        for split, f in eval_f.items():
-            preds = predict(classifier, programs, f, **predict_kw)
-            result[split] = task_metrics(task, f.labels, preds)
-            run_log.write(task.name, seed, info["steps"],
-                          {f"{split}_{k}": v for k, v in result[split].items()})
+        result.update(score_eval_splits(task, classifier, programs, eval_f, predict_kw=predict_kw,
+                                        run_log=run_log, seed=seed, step=info["steps"]))
         seeds[seed] = result
         log.info("%s seed %d: %s (%.1f steps/s)", task.display, seed,
                  {s: result[s] for s in task.eval_splits}, info["steps_per_sec"])
@@ -188,8 +216,7 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
         if config.save_models != "none":
             trained[seed] = classifier
 
-    medians = {split: {m: float(np.median([seeds[s][split][m] for s in seeds]))
-                       for m in task.metrics} for split in task.eval_splits}
+    medians = seed_medians(task, seeds)
     out = {"protocol": dataclasses.asdict(protocol),
            "wall_seconds": round(time.time() - task_start, 2), "compile_seconds": round(programs.compile_seconds - compiled_before, 2),
            "num_train_examples": len(train_f),
@@ -311,11 +338,7 @@ def run_glue(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     check_config(config)
     workdir.mkdir(parents=True, exist_ok=True)
-    tasks = parse_task_list(config.task)
-    if "ax" in tasks:  # AX has no training data: it is predicted with the MNLI model
-        tasks = [t for t in tasks if t != "ax"]
-        if "mnli" not in tasks:
-            tasks.append("mnli")
+    tasks = trained_tasks(parse_task_list(config.task))
     check_local_files(tasks, config)
     for name in tasks:   # before anything is read or written
         Protocol.from_config(config, name).check(name)
@@ -352,7 +375,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
                     TASKS[name], config, tokenizer=tokenizer, special=special,
                     model_config=model_config, init_state=init_state, run_log=run_log,
                     submission_dir=submission_dir, programs_cache=programs_cache,
-                    models_dir=workdir / "models")
+                    models_dir=workdir / MODELS)
             except (UserError, KeyboardInterrupt):
                 raise
             except Exception as error:   # one task failing keeps the others' results
