@@ -135,6 +135,11 @@ def cudnn_layout_errors(q, k, v, bias, mask, kv_lengths) -> list[str]:
     return errors
 
 
+# The micro model the short training runs of the tests share (a 32-wide tiny config, a
+# 500-token vocabulary): compiled and run in seconds.
+MICRO_MODEL = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_heads": 2, "data.vocab_size": 500}
+
+
 def tiny_run_config(cache: Path, overrides: dict, **extra):
     """configs/tiny.py with its data cache in `cache` and `overrides`, then `extra`, set by
     dotted key ("train.steps": 8): the small pretraining runs the training tests share."""

@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import MICRO_MODEL
 
 REPO = Path(__file__).resolve().parents[1]
-FLAGS = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_heads": 2, "data.vocab_size": 500,
+FLAGS = {**MICRO_MODEL,
          "train.steps": 400, "train.batch_size": 8, "train.seq_len": 32, "train.warmup_steps": 2,
          "train.log_every": 1, "train.eval_every": 1000, "train.eval_batches": 1, "train.checkpoint_every": 1000,
          "train.progress_bar": False, "mesh.num_devices": 1}

@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_run_config
+from conftest import MICRO_MODEL, tiny_run_config
 from roformer.errors import ConfigError
 from roformer.train import train_and_evaluate
 from roformer.workdir_lock import WorkdirBusy
 
 REPO = Path(__file__).resolve().parents[1]
 OVERRIDES = {
-    "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_heads": 2,
-    "data.vocab_size": 500,
+    **MICRO_MODEL,
     "train.steps": 4, "train.batch_size": 8, "train.seq_len": 32, "train.warmup_steps": 1,
     "train.log_every": 2, "train.eval_every": 4, "train.eval_batches": 1, "train.eval_attention_stats": False,
     "train.checkpoint_every": 4, "train.keep_checkpoints": 2, "train.progress_bar": False,

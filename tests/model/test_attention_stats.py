@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import MICRO_MODEL, tiny_run_config
+
 from roformer.model import ModelConfig, RoFormerModel, attention_stats
 from roformer.train import read_metrics, train_and_evaluate
 
@@ -69,16 +71,10 @@ def test_metric_names_round_trip():
 
 
 def test_the_training_loop_logs_them_at_every_evaluation(tmp_path):
-    from configs import tiny
-
-    config = tiny.get_config()
-    config.data.cache_dir = str(tmp_path / "cache")
-    for key, value in {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_heads": 2,
-                       "data.vocab_size": 500, "train.steps": 4, "train.batch_size": 4, "train.seq_len": 32,
-                       "train.warmup_steps": 1, "train.eval_every": 2, "train.eval_batches": 1,
-                       "train.checkpoint_every": 4, "train.progress_bar": False, "mesh.num_devices": 1}.items():
-        section, name = key.split(".")
-        config[section][name] = value
+    config = tiny_run_config(tmp_path / "cache", {
+        **MICRO_MODEL, "train.steps": 4, "train.batch_size": 4, "train.seq_len": 32, "train.warmup_steps": 1,
+        "train.eval_every": 2, "train.eval_batches": 1, "train.checkpoint_every": 4, "train.progress_bar": False,
+        "mesh.num_devices": 1})
     train_and_evaluate(config, tmp_path / "run")
     evals = [row for row in read_metrics(tmp_path / "run" / "metrics.jsonl") if "eval_loss" in row]
     assert [row["step"] for row in evals] == [2, 4]

@@ -8,14 +8,13 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, tiny_run_config
+from conftest import MICRO_MODEL, REPO_ROOT, tiny_run_config
 from roformer.errors import ConfigError
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.checkpoint_eval import evaluate_checkpoint
 
 OVERRIDES = {
-    "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_heads": 2,
-    "data.vocab_size": 500,
+    **MICRO_MODEL,
     "train.steps": 4, "train.batch_size": 8, "train.seq_len": 32, "train.warmup_steps": 1,
     "train.log_every": 2, "train.eval_every": 2, "train.eval_batches": 2, "train.eval_attention_stats": False,
     "train.checkpoint_every": 2, "train.keep_checkpoints": 3, "train.progress_bar": False,

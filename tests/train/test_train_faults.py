@@ -20,7 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from conftest import tiny_run_config
+from conftest import MICRO_MODEL, tiny_run_config
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.guard import CheckpointSaveFailed, TrainingDiverged
@@ -30,9 +30,8 @@ STEPS = 24
 
 # A 2-layer, 32-wide model on seq 32: every run here shares these settings.
 OVERRIDES = {
-    "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_heads": 2,
+    **MICRO_MODEL,
     "model.hidden_dropout": 0.1,                     # dropout on: resume must replay its keys
-    "data.vocab_size": 500,
     "train.steps": STEPS, "train.batch_size": 8, "train.seq_len": 32, "train.warmup_steps": 2,
     "train.log_every": 1, "train.eval_every": 1000, "train.eval_batches": 1,
     "train.checkpoint_every": 4, "train.keep_checkpoints": 2, "train.progress_bar": False,

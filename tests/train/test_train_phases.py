@@ -16,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from conftest import REPO_ROOT, SHARED_DATA, needs_torch, needs_transformers, tiny_run_config
+from conftest import MICRO_MODEL, REPO_ROOT, SHARED_DATA, needs_torch, needs_transformers, tiny_run_config
 from configs import bert_staged
 from roformer import checkpoint_source
 from roformer.train import read_metrics, train_and_evaluate
@@ -26,8 +26,7 @@ from roformer.train.optim import make_schedule
 PHASES = "4:32:8,4:64:4"
 
 OVERRIDES = {
-    "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_heads": 2,
-    "data.vocab_size": 500,
+    **MICRO_MODEL,
     "train.steps": 8, "train.batch_size": 8, "train.seq_len": 32, "train.warmup_steps": 2,
     "train.log_every": 1, "train.eval_every": 1000, "train.eval_batches": 1,
     "train.checkpoint_every": 2, "train.keep_checkpoints": 2, "train.progress_bar": False,
