@@ -35,8 +35,9 @@ for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
 # The fast lane (`python -m pytest tests -m fast`, docs/testing.md): the unit tests of every
 # package, no training run and no command in a process of its own. A module joins when its
 # tests take seconds.
-FAST_LANE = frozenset({"test_ablation_plan", "test_ablation_progress", "test_ablation_report",
-    "test_ablation_state", "test_ablation_stats", "test_attention", "test_attention_stats", "test_backend",
+FAST_LANE = frozenset({"test_accelerator", "test_ablation_plan", "test_ablation_progress",
+    "test_ablation_report", "test_ablation_state", "test_ablation_stats", "test_attention",
+    "test_attention_stats", "test_backend",
     "test_checkpoint_source", "test_data_masking", "test_data_sources", "test_data_tokenizer",
     "test_docs_links", "test_files", "test_glue_features", "test_glue_metrics", "test_glue_readers",
     "test_imports", "test_machine", "test_model", "test_orbax_logs", "test_position_signal", "test_positions",

@@ -165,6 +165,7 @@ def test_rerun_of_a_finished_run_leaves_it_intact(finished_run, cache, tmp_path,
         with caplog.at_level(logging.INFO, logger="roformer.train"):
             summary = train_and_evaluate(make_config(cache, **{"train.steps": steps}), workdir)
         assert "already complete at step 4" in caplog.text
+        assert " device: " in caplog.text and "; attention: softmax, " in caplog.text   # the start-up line
         assert summary == json.loads(files["summary.json"])
         assert summary["final_loss"] is not None and summary["tokens_per_sec"] is not None
         assert {name: (workdir / name).read_bytes() for name in files} == files
