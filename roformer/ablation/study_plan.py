@@ -155,6 +155,11 @@ def device_memory_bytes(limit_gib: float = 0.0) -> int:
     return int(pages * os.sysconf("SC_PAGE_SIZE")) if pages else 2**40
 
 
+def _gib(size: int) -> str:
+    """GiB to 3 significant figures, so a small group and limit do not both read 0.0."""
+    return f"{size / 2**30:.3g}"
+
+
 def check_memory(config, data: study_data.StudyData) -> dict[str, int]:
     """Each scheme's estimate; ConfigError (one line) when one exceeds 90% of the device's."""
     train = config.pretrain.train
@@ -170,6 +175,6 @@ def check_memory(config, data: study_data.StudyData) -> dict[str, int]:
     worst = max(estimates, key=estimates.get)
     if estimates[worst] > 0.9 * available:
         raise ConfigError(f"the {len(members(config))}-member group of {worst!r} needs about "
-                          f"{estimates[worst] / 2**30:.1f} GiB, more than 90% of the device's "
-                          f"{available / 2**30:.1f} GiB: fewer study.seeds or learning_rates, or a smaller batch")
+                          f"{_gib(estimates[worst])} GiB, more than 90% of the device's "
+                          f"{_gib(available)} GiB: fewer study.seeds or learning_rates, or a smaller batch")
     return estimates

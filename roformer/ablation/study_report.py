@@ -134,7 +134,51 @@ def _over_training(config, record: dict, arrays: dict, rate: float) -> dict:
 
 
 def _fmt_tokens(t: float) -> str:
-    return f"{t / 1e6:.2f}M"
+    return f"{t / 1e6:.2f}M" if t >= 1e5 else f"{t / 1e3:.1f}k"
+
+
+def limits(config, result: dict, manifest: dict) -> list[str]:
+    """The report's "what this does and does not show" paragraph, from what the runs did: the
+    claims a reader might take from the tables that these runs cannot support."""
+    st = config.study
+    last = result["budgets"][-1]
+    rows = last["rows"]
+    info = result["schemes_info"]
+    passes = last["steps"] * int(config.pretrain.train.batch_size) / max(manifest.get("train_rows", 0), 1)
+    shows = (f"It shows the masked-LM test loss of {len(result['schemes'])} position schemes at "
+             f"{', '.join(_fmt_tokens(b['tokens']) for b in result['budgets'])} tokens per member, each scheme at the "
+             f"best of {len(plan.split_list(st.learning_rates))} learning rates chosen on a validation split that shares "
+             f"no document with the test split, with {st.seeds} seeds per rate, and when each starts to use word order.")
+    parameters = next(iter(info.values()))["parameters"]
+    nots = [f"It does not show what happens past {_fmt_tokens(last['tokens'])} tokens, at another model size than "
+            f"this one ({parameters:,} parameters), on another corpus, or on any downstream task: every measure here "
+            "is an MLM loss (plain, or with the order disturbed)."]
+    if passes > 1:
+        nots.append(f"Each member reads the training split {passes:.1f} times by the last budget: repeated text can be "
+                    "memorised, which lowers the later budgets' losses and favours the schemes that memorise fastest.")
+    else:
+        nots.append(f"By the last budget each member has read {passes:.2f} of the training split's rows, each at "
+                    "most once: repetition plays no part.")
+    edge = [s for s in result["schemes"] if rows[s]["rate_at_edge"]]
+    if edge:
+        nots.append(f"The chosen rate is at the edge of the grid for {', '.join(edge)} at the last budget: the best "
+                    "rate may lie outside it, so those losses bound the tuned loss from above.")
+    undecided = [s for s in result["schemes"] if rows[s].get("vs_reference", {}).get("verdict") == "undecided"]
+    if undecided:
+        nots.append(f"'undecided' ({', '.join(undecided)}) is not a tie: neither a difference nor equivalence within "
+                    f"+-{st.margin} nats was shown.")
+    diverged = sum(len(rows[s]["diverged"]) for s in result["schemes"])
+    if diverged:
+        nots.append(f"{diverged} member(s) diverged (listed in the tables): a rate with a diverged member is not "
+                    "chosen unless every rate has one, so those schemes are compared at a rate that trained stably.")
+    censored = [s for s in result["schemes"] if any(o["left_censored"] for o in info[s]["onsets"])]
+    if censored:
+        nots.append(f"Onsets marked <= ({', '.join(censored)}) happened at or before the first evaluation; when is "
+                    "not known.")
+    missing = [s for s in plan.split_list(st.schemes) if s not in result["schemes"]]
+    if missing:
+        nots.append(f"Not finished, so not compared: {', '.join(missing)}.")
+    return [shows, "", " ".join(nots)]
 
 
 def markdown(config, result: dict, manifest: dict) -> str:
@@ -202,6 +246,7 @@ def markdown(config, result: dict, manifest: dict) -> str:
         signal = info[scheme]["signal"]
         text = "; ".join(f"{k} {v['median'][0]:.4g} -> {v['median'][-1]:.4g}" for k, v in signal.items())
         lines.append(f"- {scheme}: {text or 'no parameters or constants (nothing to follow)'}")
+    lines += ["", "## What this does and does not show", "", *limits(config, result, manifest)]
     lines += ["", "## Time", "", "| scheme | parameters | memory estimate | compile + first chunk | training | "
               "evaluation | tokens/s (all members) |", "|---|---|---|---|---|---|---|"]
     for scheme in result["schemes"]:

@@ -70,8 +70,9 @@ def test_an_unknown_variant_is_one_line():
 def test_the_memory_estimate_refuses_a_group_that_does_not_fit():
     c = config(memory_limit_gib=0.001)
     data = study.study_splits(c)
-    with pytest.raises(ConfigError, match=r"group of 'rope' needs about .* GiB, more than 90% of the device's"):
+    with pytest.raises(ConfigError, match=r"group of 'rope' needs about .* GiB, more than 90% of the device's") as error:
         study_plan.check_memory(c, data)
+    assert "\n" not in str(error.value) and "0.0 GiB" not in str(error.value)   # small sizes still read
     c.study.memory_limit_gib = 64.0
     assert set(study_plan.check_memory(c, data)) == set(plan.split_list(c.study.schemes))
 
@@ -231,6 +232,7 @@ def test_the_device_script_at_smoke_size(tmp_path):
         last["sinusoidal"]["vs_reference"]["verdict"].startswith("equivalent")
     text = (out / "study.md").read_text()
     assert "seed 0 at 30" in text and "sinusoidal: scale" in text
+    assert "## What this does and does not show" in text and "member(s) diverged" in text
     for figure in ("study_loss.png", "study_onset.png", "study_spectrum.png", "study_signal.png"):
         assert (out / figure).stat().st_size > 0
     # What a lent machine sends back: at most 8 files, none in a subfolder.
@@ -277,6 +279,57 @@ def test_the_rate_is_chosen_on_validation_and_never_one_that_diverged():
     record["diverged_at"][5] = 150                   # diverged only after this budget
     budget["validation_loss"][5] = 3.1
     assert choose_rate(record, budget) == 2
+
+
+def test_the_report_says_what_it_does_not_show():
+    from roformer.ablation.study_report import limits
+
+    c = config(schemes="rope,alibi,sinusoidal")    # sinusoidal has not finished
+    rows = {"rope": {"rate_at_edge": True, "diverged": []},
+            "alibi": {"rate_at_edge": False, "diverged": [{"seed": 0, "rate": 30.0, "step": 4}],
+                      "vs_reference": {"verdict": "undecided"}}}
+    result = {"schemes": ["rope", "alibi"], "budgets": [{"steps": 20, "tokens": 2560, "rows": rows}],
+              "schemes_info": {"rope": {"parameters": 1234, "onsets": [{"left_censored": True}]},
+                               "alibi": {"parameters": 1234, "onsets": [{"left_censored": False}]}}}
+    text = " ".join(limits(c, result, {"train_rows": 20}))   # 20 steps x batch 4 = 4 passes over 20 rows
+    assert "reads the training split 4.0 times" in text and "memorised" in text
+    assert "edge of the grid for rope at" in text and "'undecided' (alibi)" in text and "1 member(s) diverged" in text
+    assert "marked <= (rope)" in text and "Not finished, so not compared: sinusoidal." in text
+    assert "1,234 parameters" in text
+    rows["rope"]["rate_at_edge"], rows["alibi"]["diverged"] = False, []
+    text = " ".join(limits(c, result, {"train_rows": 800}))
+    assert "0.10 of the training split's rows, each at most once" in text
+    assert "edge of the grid" not in text and "diverged" not in text
+
+
+def test_a_study_stopped_by_its_time_limit_resumes_with_the_rest(tmp_path, monkeypatch, caplog):
+    """A scheme that would end past study.time_limit_s is not started; the same command (here
+    without the limit) trains only the schemes that have no record yet."""
+    from roformer.ablation import study_report
+
+    trained = []
+
+    class FakeRun:
+        def __init__(self, config, scheme, data, aux):
+            self.scheme, self.budgets = scheme, study_plan.budgets(config)
+
+        def run(self):
+            trained.append(self.scheme)
+            timing = dict.fromkeys(("setup_s", "first_eval_s", "compile_s", "train_s", "eval_s", "tokens_per_s"), 0.0)
+            return {"scheme": self.scheme, "timing": {**timing, "wall_s": 1e6}}, \
+                {f"budget{b}": np.zeros((4, 1), np.float32) for b in self.budgets}
+
+    monkeypatch.setattr(study, "SchemeRun", FakeRun)
+    monkeypatch.setattr(study_report, "write", lambda config, workdir: {})
+    c = config(time_limit_s=60.0)
+    with caplog.at_level("WARNING", logger="roformer.ablate"):
+        study.run_study(c, tmp_path)
+    assert trained == ["rope"] and "alibi and the schemes after it not started" in caplog.text
+    c.study.time_limit_s = 0.0
+    study.run_study(c, tmp_path)
+    assert trained == ["rope", "alibi", "sinusoidal"]
+    assert sorted(p.name for p in (tmp_path / study.SCHEMES_DIR).glob("*.json")) == \
+        ["alibi.json", "rope.json", "sinusoidal.json"]
 
 
 def test_the_pack_key_does_not_depend_on_where_the_corpus_lies(monkeypatch):
