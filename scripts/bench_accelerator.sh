@@ -21,14 +21,17 @@
 #                       baseline and adopted at base/128/256 and small/512/64, in alternating rounds
 #                       in one process (bf16, cuDNN attention); ab_flags<N>.json: baseline and all at
 #                       base/512/64 under each XLA flag set of AB_FLAG_SETS (';'-separated, default
-#                       one: cuBLASLt epilogues), a process each (about 1 min each);
-#                       ab.json: all their rows in one table, printed, with x_baseline, each row's
-#                       tokens/s over the flag-free baseline of its shape. The ab step alone:
-#                       STEPS=ab scripts/bench_accelerator.sh OUTDIR (under 7 minutes)
+#                       one: cuBLASLt epilogues), a process each (about 1 min each); ab_hf.json:
+#                       bench hf at base/512/64, ours with the adopted levers against transformers +
+#                       torch.compile on the same GPU (130 s limit); ab.json: all their rows in one
+#                       table, printed, with x_baseline, each row's tokens/s over the flag-free
+#                       baseline of its shape, and the ratio to torch.compile after the levers and
+#                       before them (divided by the levers' own x_tokens of adopted). The ab step
+#                       alone: STEPS=ab scripts/bench_accelerator.sh OUTDIR (under 9 minutes)
 #   log.txt             everything the commands printed, with each compilation's time
 # Each step has its own time limit and its own file, so a slow one costs only itself.
 # STEPS picks and orders them (default: all, in the order above). Their limits add up to
-# 1,982 s, so on a machine lent for ten minutes a call, split them, e.g.
+# 2,112 s, so on a machine lent for ten minutes a call, split them, e.g.
 #   STEPS="profile gpu runs_mini" then STEPS="runs_tiny runs64_tiny runs64_mini ablation_vmap", STEPS=flags, STEPS=ab
 # Usage: scripts/bench_accelerator.sh OUTDIR   (PYTHON=... to choose the interpreter)
 set -u
@@ -41,7 +44,8 @@ for step in $steps; do   # a misspelt step stops the script before any benchmark
 done
 mkdir -p "$out"
 log="$out/log.txt"
-export PYTHONUNBUFFERED=1 JAX_LOG_COMPILES=1
+# the repository root on the path: scripts/bench_ab_table.py imports the package
+export PYTHONUNBUFFERED=1 JAX_LOG_COMPILES=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit \
     --format=csv 2>&1; "$py" -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"; } \
@@ -106,7 +110,8 @@ keep_trace() {   # the profiler's trace up to DIR itself: a device call brings b
 ab() {   # the levers' A/B, then under each XLA flag set, then one table of them all
   local sets set index=0
   # AB_SHAPES, AB_FLAG_SHAPE and AB_ARGS (more levers options, e.g. a CPU smoke test's
-  # "--rounds 1 --iters 1 --vocab-size 512") change what is timed, not the limits.
+  # "--rounds 1 --iters 1 --vocab-size 512"), AB_HF_SHAPE and AB_HF_ARGS (more hf options)
+  # change what is timed, not the limits.
   # shellcheck disable=SC2086
   bench ab_levers 325 levers --shapes ${AB_SHAPES:-base/512/64 base/128/256 small/512/64} --budget-s 290 \
     --rounds 3 --iters 5 ${AB_ARGS:-}
@@ -117,33 +122,19 @@ ab() {   # the levers' A/B, then under each XLA flag set, then one table of them
     XLA_FLAGS="${XLA_FLAGS:-} $set" bench "ab_flags$index" 62 levers --shapes "${AB_FLAG_SHAPE:-base/512/64}" \
       --variants baseline all --other-variants baseline --budget-s 50 --rounds 3 --iters 5 ${AB_ARGS:-}
   done
-  "$py" - "$out" "$index" <<'PY'
-import json, sys
-from pathlib import Path
-from roformer.bench.common import format_table, write_json
-out, flag_sets = Path(sys.argv[1]), int(sys.argv[2])
-rows, notes = [], []
-for path in [out / "ab_levers.json", *(out / f"ab_flags{i}.json" for i in range(1, flag_sets + 1))]:
-    if not path.is_file():
-        notes.append(f"{path.name}: no result (log.txt says why)")
-        continue
-    result = json.loads(path.read_text())
-    rows += [{"run": path.stem, **row} for row in result["rows"]]
-    notes += [f"{path.stem}: {note}" for note in result.get("notes", [])]
-baseline = {}
-for row in rows:   # the first timed baseline row of each shape: the levers' stage
-    if row["run"] == "ab_levers" and row["variant"] == "baseline" and row.get("tokens_s"):
-        baseline.setdefault((row["size"], row["seq"]), row)
-for row in rows:   # a variant that failed to build has a row saying why, and no times
-    base = baseline.get((row["size"], row["seq"]))
-    row["x_baseline"] = row["tokens_s"] / base["tokens_s"] if base and row.get("tokens_s") else None
-columns = ["run", "stage", "size", "seq", "batch", "variant", "xla_flags", "ms_step", "tokens_s", "mfu", "x_tokens",
-           "x_tokens_min", "x_tokens_max", "x_baseline", "loss_step1", "dloss_step1", "program", "failed"]
-write_json(out / "ab.json", {"rows": rows, "columns": columns, "notes": notes})
-print(format_table(rows, columns))
-for note in notes:
-    print("note:", note)
-PY
+  # ours against transformers + torch.compile on this GPU, ours with the adopted levers (the
+  # forms and dropout keys that paid alone above; none when none did or the levers failed);
+  # jax takes GPU memory as it needs it, so the peer's process fits beside it
+  read -r rng forms < <("$py" -c "import json, os, sys
+from roformer.bench.levers import adopted_in_result
+adopted = adopted_in_result(json.load(open(sys.argv[1]))) if os.path.isfile(sys.argv[1]) else None
+print(adopted.dropout_rng_impl if adopted else 'threefry2x32', ','.join(adopted.forms) if adopted else '')" \
+    "$out/ab_levers.json")
+  # shellcheck disable=SC2086
+  ROFORMER_BACKEND_FORMS="$forms" XLA_PYTHON_CLIENT_PREALLOCATE=false bench ab_hf 130 hf \
+    --shapes "${AB_HF_SHAPE:-base/512/64}" --peers hf_torch_compile --dtype bfloat16 --attention-dropout 0 \
+    --dropout-rng-impl "${rng:-threefry2x32}" --rounds 3 --iters 3 ${AB_HF_ARGS:-}
+  "$py" scripts/bench_ab_table.py "$out" "$index"
 }
 
 run_step() {

@@ -1,6 +1,7 @@
 """The one-command GPU script of the end-to-end check: it parses, refuses an unknown stage or
 missing data before running anything, and its table reads what the stages leave (here a GLUE
-results file written by run_glue's format and the other stages' files, made up)."""
+results file written by run_glue's format and the other stages' files, made up). The same
+for scripts/bench_accelerator.sh and its ab step's table."""
 import json
 import subprocess
 import sys
@@ -41,3 +42,44 @@ def test_the_table_reads_every_stage_file_and_says_what_did_not_run(tmp_path):
     assert "| cola | 804 | 131.0 | 1.5 | 12.0 | 12% |" in warm_part
     assert "met by 1 of 1 tasks; compile <= 15% of a task's wall time met by 1 of 1" in warm_part
     assert "**HF export parity**: not run" in out and "**Peers (bench hf)**: not run" in out
+
+
+def test_the_accelerator_benchmarks_parse_and_refuse_an_unknown_step_before_running(tmp_path):
+    script = ROOT / "scripts" / "bench_accelerator.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    bad = subprocess.run(["bash", str(script), str(tmp_path / "out")], env={"STEPS": "ab abb", "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "unknown step 'abb'" in bad.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_ab_table_gives_the_ratio_to_torch_compile_after_and_before_the_levers(tmp_path):
+    def lever(run_stage, variant, tokens_s, x_tokens, forms=(), rng="threefry2x32", batch=64):
+        return {"stage": run_stage, "size": "base", "seq": 512, "batch": batch, "variant": variant, "forms": list(forms),
+                "dropout_rng": rng, "tokens_s": tokens_s, "x_tokens": x_tokens}
+
+    # a row of the same forms at another batch comes first: it is not the one ab_hf ran
+    levers = [lever("levers", "baseline", 500.0, 1.0), lever("levers", "all_batch_x2", 560.0, 1.12, ["fused_qkv"], batch=128),
+              lever("levers", "fused_qkv", 520.0, 1.04, ["fused_qkv"]),
+              lever("levers", "pallas_residual_norm", None, None, ["pallas_residual_norm"])]
+    (tmp_path / "ab_levers.json").write_text(json.dumps({"rows": levers, "notes": ["adopted: fused_qkv"]}))
+    flags = [{**lever("levers", "baseline", 450.0, 1.0), "xla_flags": "--xla_gpu_enable_cublaslt=true"}]
+    (tmp_path / "ab_flags1.json").write_text(json.dumps({"rows": flags}))
+    hf = {"rows": [{"shape": "base/512/64", "impl": "ours_jax", "mfu": 0.34},
+                   {"shape": "base/512/64", "impl": "hf_torch_compile", "ours_x": 1.56, "ours_x_min": 1.5,
+                    "ours_x_max": 1.6}],
+          "backend_forms": ["fused_qkv"], "settings": {"dropout_rng_impl": "threefry2x32"}, "notes": []}
+    (tmp_path / "ab_hf.json").write_text(json.dumps(hf))
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_ab_table.py"), str(tmp_path), "2"],
+                         capture_output=True, text=True, check=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}).stdout
+    table = json.loads((tmp_path / "ab.json").read_text())
+    assert [row["x_baseline"] for row in table["rows"]] == [1.0, 1.12, 1.04, None, 0.9]
+    [peer] = table["peers"]
+    assert (peer["forms"], peer["ours_mfu"], peer["ours_x"], peer["x_levers"]) == ("fused_qkv", 0.34, 1.56, 1.04)
+    assert abs(peer["ours_x_before"] - 1.5) < 1e-9
+    assert "note: ab_flags2.json: no result" in out and "note: ab_levers: adopted: fused_qkv" in out
+    (tmp_path / "ab_hf.json").unlink()
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_ab_table.py"), str(tmp_path), "1"],
+                   capture_output=True, check=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    table = json.loads((tmp_path / "ab.json").read_text())
+    assert table["peers"] == [] and "ab_hf.json: no result (log.txt says why)" in table["notes"]

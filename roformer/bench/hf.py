@@ -48,7 +48,7 @@ import numpy as np
 from roformer.bench.common import TRAIN_STEP_WARMUP, alternate, ratio_stats
 from roformer.bench.step import default_peak_size, step_figures, time_with_matmul
 from roformer.bench.workload import build_train_workload, synthetic_batch, train_config
-from roformer.model import PRESETS, ModelConfig
+from roformer.model import PRESETS, ModelConfig, backend
 from roformer.model.attention import ATTENTION_IMPLEMENTATIONS
 
 PEERS = ("hf_torch", "hf_torch_compile", "hf_flax")
@@ -82,6 +82,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="our compute dtype; bfloat16 runs the PyTorch peers under bf16 autocast")
     parser.add_argument("--attention-dropout", type=float, default=None,
                         help="attention dropout of every model (default: ModelConfig's)")
+    parser.add_argument("--dropout-rng-impl", default="threefry2x32", choices=("threefry2x32", "rbg"),
+                        help="our dropout keys' implementation (train.dropout_rng_impl); the peers draw torch's")
     parser.add_argument("--torch-device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="where the PyTorch peers run (auto: the GPU when jax runs on one, with fused AdamW)")
     parser.add_argument("--peak-size", type=int, default=0, help="matmul side for the MFU peak (0: auto)")
@@ -276,7 +278,8 @@ def bench_shape(size: str, seq_len: int, batch_size: int, args: argparse.Namespa
     config = ModelConfig.from_preset(size, vocab_size=args.vocab_size, max_position_embeddings=max(512, seq_len),
                                      dtype=args.dtype, **dropout)
     shape = f"{size}/{seq_len}/{batch_size}"
-    ours = build_train_workload(config, batch_size=batch_size, seq_len=seq_len, attention_impl=args.attention_impl)
+    ours = build_train_workload(config, batch_size=batch_size, seq_len=seq_len, attention_impl=args.attention_impl,
+                                dropout_rng_impl=args.dropout_rng_impl)
     peers, unavailable, closers = build_peers(args.peers, config, seq_len, batch_size, args)
     try:
         # (the warm-up also covers torch.compile and AdamW's lazy state recompiling on the 2nd call)
@@ -336,6 +339,6 @@ def run(args: argparse.Namespace) -> dict:
             else:
                 peers[name]["measured"].append(shape)
     return {"rows": rows, "columns": TABLE_COLUMNS, "comparisons": comparisons, "notes": notes,
-            "peers": peers, "versions": versions,
+            "peers": peers, "versions": versions, "backend_forms": sorted(backend.active_forms()),
             "settings": {k: (["/".join(map(str, s)) for s in v] if k == "shapes" else v)
                          for k, v in vars(args).items() if k != "json"}}

@@ -236,6 +236,14 @@ def adopted_variant(rows: list[dict], threshold: float) -> tuple[Variant | None,
     return Variant(forms=forms, dropout_rng_impl="rbg" if "rbg_dropout" in paid else "threefry2x32"), paid
 
 
+def adopted_in_result(result: dict) -> Variant | None:
+    """The adopted variant of a finished run's JSON (its first shape's lever rows and its
+    --adopt-above), for a later process to run with the same levers (the A/B's peers stage)."""
+    size, seq_len, _ = parse_shape(result["settings"]["shapes"][0])
+    first = [row for row in result["rows"] if row["stage"] == "levers" and (row["size"], row["seq"]) == (size, seq_len)]
+    return adopted_variant(first, result["settings"]["adopt_above"])[0]
+
+
 def run(args: argparse.Namespace) -> dict:
     if args.attention_impl is None:
         args.attention_impl = "cudnn" if jax.default_backend() == "gpu" else "auto"

@@ -332,9 +332,20 @@ def test_hf_bench_with_torch_compile_and_an_unavailable_flax_port(tmp_path, caps
 
 @needs_torch
 @needs_transformers
-def test_hf_bench_can_keep_the_torch_peer_in_this_process(tmp_path):
+def test_hf_bench_can_keep_the_torch_peer_in_this_process(tmp_path, monkeypatch):
+    """Also: ours takes the dropout keys and the backend forms it is given (what the A/B's
+    ratio to the peers runs with its adopted levers)."""
+    from roformer.bench import hf
+    from roformer.model import backend
+
+    built, build = [], hf.build_train_workload
+    monkeypatch.setattr(hf, "build_train_workload", lambda *a, **kw: built.append(
+        (kw["dropout_rng_impl"], backend.active_forms())) or build(*a, **kw))
+    monkeypatch.setenv(backend.FORMS_ENV, "fused_qkv")
     result = run_bench(tmp_path, "hf", "--shapes", "tiny/16/2", "tiny/32/1", "--vocab-size", "64", "--rounds", "1",
-                       "--iters", "1", "--peak-size", "128", "--peers", "hf_torch", "--torch-process", "this")
+                       "--iters", "1", "--peak-size", "128", "--peers", "hf_torch", "--torch-process", "this",
+                       "--dropout-rng-impl", "rbg")
+    assert built == [("rbg", frozenset({"fused_qkv"}))] * 2 and result["backend_forms"] == ["fused_qkv"]
     assert [(r["shape"], r["impl"]) for r in result["rows"]] == [
         (shape, impl) for shape in ("tiny/16/2", "tiny/32/1") for impl in ("ours_jax", "hf_torch")]
     assert all(r["ours_x"] > 0 for r in result["rows"] if r["impl"] == "hf_torch")

@@ -61,6 +61,22 @@ def test_adopted_are_the_levers_that_paid_in_every_round_together():
     assert levers.adopted_variant(rows[:2], 1.005) == (None, [])
 
 
+def test_the_adopted_levers_are_read_back_from_a_runs_json():
+    """From the first shape's lever rows only: another shape's rows of the same names (with
+    --other-variants) do not count, nor do the adopted stage's."""
+    def row(stage, size, variant, median, low):
+        return {"stage": stage, "size": size, "seq": 512, "variant": variant, "x_tokens": median, "x_tokens_min": low}
+
+    rows = [row("levers", "base", "baseline", 1, 1), row("levers", "base", "fused_qkv", 1.02, 1.01),
+            row("levers", "base", "rbg_dropout", 0.99, 0.98), row("adopted", "base", "rbg_dropout", 1.05, 1.04),
+            row("levers", "small", "rbg_dropout", 1.05, 1.04)]
+    result = json.loads(json.dumps({"rows": rows, "settings": {"shapes": ["base/512/64", "small/512/64"],
+                                                               "adopt_above": 1.005}}))
+    assert levers.adopted_in_result(result) == levers.Variant(forms=("fused_qkv",))
+    result["settings"]["adopt_above"] = 1.05
+    assert levers.adopted_in_result(result) is None
+
+
 def test_the_segment_mask_variant_is_the_baseline_with_the_packed_rows_mask():
     """One segment per row: the same attention as no mask, so the same first loss; only the
     form cuDNN gets differs (a dense [B, 1, L, L] mask)."""
