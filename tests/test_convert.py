@@ -18,7 +18,7 @@ from flax import nnx
 from conftest import needs_torch, needs_transformers
 from roformer import checkpoint_source, convert
 from roformer.data.tokenizer import WordPieceTokenizer
-from roformer.model import ModelConfig, RoFormerForMaskedLM, RoFormerModel
+from roformer.model import ModelConfig, RoFormerForMaskedLM, RoFormerModel, backend
 from roformer.train.checkpoint import Checkpointer
 
 try:   # the parity references (the dev extra); without them only the tests that use them skip
@@ -123,6 +123,29 @@ def test_ours_to_hf_masked_lm_parity(tmp_path, batch, rotary_value):
     hf, info = transformers.RoFormerForMaskedLM.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     assert_close(our_outputs(ours, batch), hf_outputs(hf.eval(), batch), batch)
+
+
+@needs_torch
+@needs_transformers
+def test_the_accelerator_forms_keep_the_export_and_its_parity(tmp_path, batch):
+    """The backend's XLA forms (RoPE pairs as split halves, one QKV product, bias gradients in
+    the GEMMs) change what runs, not the parameters: the export is the same files, and
+    transformers' logits match ours computed under the forms."""
+    config = ModelConfig(vocab_size=VOCAB, hidden_size=32, embedding_size=24, num_layers=2, num_heads=2,
+                         intermediate_size=64, max_position_embeddings=64)
+    ours = randomize(RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)))
+    plain = our_outputs(ours, batch)
+    convert.save_hf(ours, config, tmp_path / "plain")
+    with backend.using_forms([form for form in backend.FORMS if form not in backend.KERNEL_FORMS]):
+        with_forms = our_outputs(ours, batch)
+        convert.save_hf(ours, config, tmp_path / "forms")
+    files = sorted(path.name for path in (tmp_path / "plain").iterdir())
+    assert files == sorted(path.name for path in (tmp_path / "forms").iterdir())
+    for name in files:
+        assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "forms" / name).read_bytes(), name
+    hf = transformers.RoFormerForMaskedLM.from_pretrained(tmp_path / "forms").eval()
+    assert_close(with_forms, hf_outputs(hf, batch), batch)
+    assert_close(with_forms, plain, batch)
 
 
 @needs_torch
