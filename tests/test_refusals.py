@@ -102,3 +102,18 @@ def test_a_workdir_in_use_is_refused_before_anything_is_written(run, cache):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_kernel_the_model_cannot_run_is_refused_before_the_data_is_prepared(tmp_path):
+    """attention_impl=cudnn with float32 compute (and, on a CPU, no GPU at all): refused in
+    one line before the corpus is tokenized into the data cache or a workdir is made, by one
+    run and by vmapped seeds alike."""
+    from roformer.train.seeds import train_seeds_and_evaluate
+
+    cache, cudnn = tmp_path / "cache", {"model.attention_impl": "cudnn"}
+    with pytest.raises(ConfigError, match=r"^model.attention_impl='cudnn' cannot be used: [^\n]*$"):
+        train_and_evaluate(make_config(cache, **cudnn), tmp_path / "run")
+    seeds = [make_config(cache, **cudnn, **{"train.seed": seed}) for seed in (0, 1)]
+    with pytest.raises(ConfigError, match=r"^model.attention_impl='cudnn' cannot be used: [^\n]*$"):
+        train_seeds_and_evaluate(seeds, [tmp_path / "seed0", tmp_path / "seed1"])
+    assert list(tmp_path.iterdir()) == []

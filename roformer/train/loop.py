@@ -48,6 +48,13 @@ def build_model_config(model_section, *, vocab_size: int, pad_token_id: int = 0)
                                    **fields)
 
 
+def check_attention_setting(model_section) -> None:
+    """Refuse an attention_impl the model of this `model` config section cannot run on this
+    device (attention.check_attention_impl) from the config alone, so before any data is
+    tokenized or file written; the vocabulary, which the data decides, does not enter it."""
+    check_attention_impl(build_model_config(model_section, vocab_size=ModelConfig.vocab_size))
+
+
 class StopFlag:
     """Set by SIGTERM (preemption notice) or SIGINT (Ctrl-C) while the `with` block runs; the
     loop then saves and exits cleanly. A second Ctrl-C interrupts at once (KeyboardInterrupt).
@@ -130,13 +137,15 @@ def _train_phase(config, workdir: Path) -> dict:
     tc = TrainConfig.from_section(config.train)
     mesh = _make_mesh(config.mesh, tc)
     init_source = warm_start.find_init_checkpoint(tc.init_from, tc.init_step) if tc.init_from else None
+    if init_source is None:   # this config's architecture (a warm start's is the checkpoint's: checked below)
+        check_attention_setting(config.model)
     data = bookkeeping.run_data(config.data, tc, init_source)
     if init_source is None:
         model_cfg = build_model_config(config.model, vocab_size=data.vocab_size, pad_token_id=data.pad_id)
     else:   # the checkpoint's architecture; checked before anything is written, so a refusal leaves no files
         model_cfg = warm_start.resolve_model_config(config.model, init_source, vocab_size=data.vocab_size,
                                                     pad_token_id=data.pad_id, tokenizer_hash=data.tokenizer.hash)
-    check_attention_impl(model_cfg)   # before anything is written
+    check_attention_impl(model_cfg)   # before anything is written to the workdir
     if jax.process_index() == 0:
         log.info("%s", startup_line(model_cfg))
     init_params = None

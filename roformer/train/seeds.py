@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from roformer.accelerator import startup_line
 from roformer.data import DataConfig
 from roformer.data.workers import StreamSpec, WorkerStreams
 from roformer.errors import ConfigError
@@ -35,7 +36,8 @@ from roformer.train import bookkeeping, flops, optim, progress, sharding, steps
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.config import TrainConfig
 from roformer.train.guard import TrainingStopped
-from roformer.train.loop import StopFlag, TrainLog, build_model_config, eval_row, eval_totals, held_out_batches
+from roformer.train.loop import (StopFlag, TrainLog, build_model_config, check_attention_setting, eval_row,
+                                 eval_totals, held_out_batches)
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.state import TrainSetup
 from roformer.workdir_lock import workdir_lock
@@ -105,6 +107,7 @@ def train_seeds_and_evaluate(configs, workdirs, *, data_workers: int | None = No
     if len(configs) != len(workdirs):
         raise ValueError(f"{len(configs)} configs for {len(workdirs)} workdirs")
     check_seed_group(configs)
+    check_attention_setting(configs[0].model)
     workdirs = [Path(w).resolve() for w in workdirs]
     if len(set(workdirs)) != len(workdirs):
         raise ConfigError("every vmapped seed needs a workdir of its own")
@@ -146,6 +149,7 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
     datas = [bookkeeping.run_data(c.data, t) for c, t in zip(configs, tcs)]
     model_cfg = build_model_config(configs[0].model, vocab_size=datas[0].vocab_size, pad_token_id=datas[0].pad_id)
+    log.info("%s", startup_line(model_cfg))
     results: list = [None] * len(configs)
     wall_start = time.perf_counter()
 

@@ -6,6 +6,7 @@ SIGTERM, one of whose seeds then loses its newest checkpoint (a kill between the
 saves), resumes with that seed catching up alone and ends where the uninterrupted group
 ended; a seed that diverges stops alone; configs that are not one config's seeds are refused.
 """
+import logging
 import shutil
 
 import pytest
@@ -77,10 +78,12 @@ def test_vmapped_seeds_train_as_each_seed_alone(cache, alone, together):
     assert [r["eval_loss"] for r in again] == [r["eval_loss"] for r in results]   # finished: nothing to do
 
 
-def test_batches_made_in_worker_processes_train_the_same_floats(cache, together, tmp_path):
+def test_batches_made_in_worker_processes_train_the_same_floats(cache, together, tmp_path, caplog):
     root, _ = together   # batches made in the training process (no workers on a CPU backend)
     dirs = [tmp_path / f"seed{s}" for s in SEEDS]
-    results = train_seeds_and_evaluate(seed_configs(cache), dirs, data_workers=2)
+    with caplog.at_level(logging.INFO, logger="roformer.train"):
+        results = train_seeds_and_evaluate(seed_configs(cache), dirs, data_workers=2)
+    assert " device: " in caplog.text and "; attention: softmax, " in caplog.text   # the start-up line
     assert all(r["final_step"] == 8 for r in results)
     for seed, directory in zip(SEEDS, dirs):
         assert rows(directory) == rows(root / f"seed{seed}")
