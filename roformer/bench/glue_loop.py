@@ -31,7 +31,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from roformer.glue import finetune as finetune_lib
-from roformer.glue.features import Features, PaddedRows, planned_train_batches
+from roformer.glue.features import Features, PaddedRows, bucket_lengths, planned_train_batches
 from roformer.model import ModelConfig
 
 COLUMNS = ("variant", "steps_per_call", "steps_s", "steps_s_min", "steps_s_max", "ms_step", "x_per_step_loop",
@@ -47,6 +47,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=400, help="optimizer steps per timed loop")
     parser.add_argument("--steps-per-call", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    parser.add_argument("--program-size", default=None, metavar="PRESET",
+                        help="also build the train program of a model of this preset (base: what a GPU run "
+                             "compiles) and report its size, compile time and serialized size")
 
 
 def synthetic_features(n: int, max_len: int, vocab_size: int, seed: int = 0) -> Features:
@@ -177,6 +180,31 @@ def breakdown(setup: Setup, steps_per_call: int) -> list[dict]:
             for name, us, per in rows_out]
 
 
+def train_program_size(preset: str, args: argparse.Namespace) -> list[dict]:
+    """The train program a fine-tuning run of a `preset` classifier compiles (one call of
+    `steps_per_call` steps, every padded length a branch): its StableHLO lines, seconds to
+    trace and lower, to compile, and the serialized executable's size (what the program
+    store keeps and a warm run loads)."""
+    from jax.experimental import serialize_executable
+
+    config = ModelConfig.from_preset(preset, attention_dropout=0.0)
+    classifier = finetune_lib.Classifier.split(finetune_lib.create_model(config, 2, 0))
+    programs = finetune_lib.Programs(classifier, (0.9, 0.98, 1e-6, 0.01, 1.0), False)
+    rows = []
+    for k in args.steps_per_call:
+        program = finetune_lib.TrainProgram(args.batch, bucket_lengths(args.max_len), k)
+        start = time.perf_counter()
+        lowered = programs.lower_train(program)
+        traced = time.perf_counter()
+        compiled = lowered.compile()
+        done = time.perf_counter()
+        serialized, _, _ = serialize_executable.serialize(compiled)
+        rows.append({"preset": preset, "steps_per_call": k, "lengths": list(program.lengths),
+                     "stablehlo_lines": lowered.as_text().count("\n"), "trace_lower_s": traced - start,
+                     "compile_s": done - traced, "serialized_mib": len(serialized) / 2 ** 20})
+    return rows
+
+
 def run(args: argparse.Namespace) -> dict:
     setup = Setup(args)
     for k in args.steps_per_call:      # compile outside the timing
@@ -207,8 +235,10 @@ def run(args: argparse.Namespace) -> dict:
                      "x_host": statistics.median(ref[1] / cpu for ref, cpu in zip(reference, thread))})
     parts = breakdown(setup, max(args.steps_per_call))
     lengths = sorted({length for length, _ in setup.plan})
-    return {"rows": rows, "columns": COLUMNS,
-            "tables": {"host time per step, by part": {"rows": parts}},
+    tables = {"host time per step, by part": {"rows": parts}}
+    if args.program_size:
+        tables[f"train program, {args.program_size}"] = {"rows": train_program_size(args.program_size, args)}
+    return {"rows": rows, "columns": COLUMNS, "tables": tables,
             "settings": {k: v for k, v in vars(args).items() if k != "json"},
             "notes": [f"{setup.steps} steps of batch {args.batch}, padded lengths {lengths}; "
                       "x_per_step_loop, x_host: medians over rounds of the per-step loop's wall (host) time over "

@@ -208,45 +208,67 @@ class Programs:
             "state": tree_text((self.abstract_params, self.abstract_opt_state, self.abstract_rest)),
             "label_dtype": str(jnp.dtype(self.label_dtype))} if store else None
 
-    def single_step(self):
-        """One optimizer step on one [batch, length] batch: (params, opt_state, rest, batch,
-        learning_rate, base_key, step) -> (params, opt_state, loss), a pure function."""
-        graphdef, tx, regression = self.graphdef, self.tx, self.regression
+    def gradients(self):
+        """The loss and gradients of one [batch, length] batch: (params, rest, batch, base_key,
+        step) -> (loss, grads), a pure function."""
+        graphdef, regression = self.graphdef, self.regression
 
-        def train_step(params, opt_state, rest, batch, learning_rate, base_key, step):
+        def loss_and_grads(params, rest, batch, base_key, step):
             def loss_fn(params):
                 model = nnx.merge(graphdef, nnx.State(params), reseeded(rest, jax.random.fold_in(base_key, step)))
                 model.train()
                 return classification_loss(_forward(model, batch), batch["labels"], batch["weights"], regression)
 
             loss, grads = jax.value_and_grad(loss_fn)(params)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            updates = jax.tree.map(lambda u: learning_rate * u, updates)
-            return optax.apply_updates(params, updates), opt_state, loss.astype(jnp.float32)
+            return loss.astype(jnp.float32), grads
+
+        return loss_and_grads
+
+    def update(self, params, opt_state, grads, learning_rate):
+        """One optimizer update at `learning_rate`: (params, opt_state)."""
+        updates, opt_state = self.tx.update(grads, opt_state, params)
+        updates = jax.tree.map(lambda u: learning_rate * u, updates)
+        return optax.apply_updates(params, updates), opt_state
+
+    def single_step(self):
+        """One optimizer step on one [batch, length] batch: (params, opt_state, rest, batch,
+        learning_rate, base_key, step) -> (params, opt_state, loss), a pure function."""
+        loss_and_grads, update = self.gradients(), self.update
+
+        def train_step(params, opt_state, rest, batch, learning_rate, base_key, step):
+            loss, grads = loss_and_grads(params, rest, batch, base_key, step)
+            return *update(params, opt_state, grads, learning_rate), loss
 
         return train_step
 
     def _train_fn(self, lengths: tuple[int, ...]):
-        """Steps over stacked batches [steps, batch, max(lengths)]: step i runs branch
-        `branch[i]`, the single step on its batch cut to lengths[branch[i]], or, with
-        branch len(lengths), no step at all (the padding of a run's last call)."""
-        single_step = self.single_step()
+        """Steps over stacked batches [steps, batch, max(lengths)]: step i computes its
+        gradients in branch `branch[i]`, on its batch cut to lengths[branch[i]], then
+        updates; with branch len(lengths) it does neither (the padding of a run's last
+        call). The update is outside the branches, so the program holds one copy of it,
+        not one per length: the optimizer's code outweighs a forward and backward pass."""
+        loss_and_grads, update = self.gradients(), self.update
 
         def train_steps(params, opt_state, rest, batches, base_key):
             def one_length(length):
-                def run(carry, xs):
+                def run(params, xs):
                     batch = {k: xs[k][:, :length] if k in ("input_ids", "token_type_ids") else xs[k]
                              for k in TRAIN_INPUTS}
-                    return single_step(*carry, rest, batch, xs["learning_rate"], base_key, xs["step"])
+                    return loss_and_grads(params, rest, batch, base_key, xs["step"])
                 return run
 
-            def no_step(carry, xs):
-                return (*carry, jnp.zeros((), jnp.float32))
+            def no_step(params, xs):
+                return jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params)
 
             def body(carry, xs):
-                params, opt_state, loss = jax.lax.switch(
-                    xs["branch"], [*map(one_length, lengths), no_step], carry, xs)
-                return (params, opt_state), loss
+                params, opt_state = carry
+                loss, grads = jax.lax.switch(xs["branch"], [*map(one_length, lengths), no_step], params, xs)
+                # a cond, not a select of new or old state: a select is passes over the whole
+                # state of its own where it does not fuse into the update (as on a CPU)
+                carry = jax.lax.cond(xs["branch"] < len(lengths),
+                                     lambda: update(params, opt_state, grads, xs["learning_rate"]),
+                                     lambda: (params, opt_state))
+                return carry, loss
 
             (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), batches)
             return params, opt_state, losses
@@ -264,7 +286,8 @@ class Programs:
 
         return jax.jit(predict_step)
 
-    def _lower_train(self, program: TrainProgram):
+    def lower_train(self, program: TrainProgram):
+        """The train program, traced and lowered for this architecture's state (not compiled)."""
         key = jax.eval_shape(lambda: jax.random.key(0))
         steps = program.steps_per_call
         batches = {k: jax.ShapeDtypeStruct((steps, *v.shape), v.dtype) for k, v in
@@ -304,7 +327,7 @@ class Programs:
             found = (list(pool.map(lambda item: self.store.load(self._describe(*item)), todo)) if self.store
                      else [None] * len(todo))
             missing = [item for item, program in zip(todo, found) if program is None]
-            lowered = [self._lower_train(key) if kind == "train" else self._lower_predict(*key)
+            lowered = [self.lower_train(key) if kind == "train" else self._lower_predict(*key)
                        for kind, key in missing]      # tracing is Python: one thread
             compiled = iter(pool.map(lambda item, low: self._compile(*item, low), missing, lowered))
             for (kind, shape), program in zip(todo, found):

@@ -571,7 +571,7 @@ def test_flags_bench_times_the_sets_that_won_together_before_the_last_reference(
 @pytest.mark.slow   # compiles four train programs: a minute and more on 2 shared cores
 def test_glue_loop_bench_times_the_loops_and_breaks_the_host_time_down(tmp_path):
     result = run_bench(tmp_path, "glue_loop", "--hidden", "16", "--batch", "4", "--max-len", "32", "--steps", "6",
-                       "--steps-per-call", "1", "4", "--rounds", "1")
+                       "--steps-per-call", "1", "4", "--rounds", "1", "--program-size", "tiny")
     rows = {(row["variant"], row["steps_per_call"]): row for row in result["rows"]}
     assert list(rows) == [("per-step loop", 1), ("finetune", 1), ("bare", 1), ("finetune", 4), ("bare", 4)]
     assert rows["per-step loop", 1]["x_per_step_loop"] == 1.0
@@ -580,3 +580,6 @@ def test_glue_loop_bench_times_the_loops_and_breaks_the_host_time_down(tmp_path)
     parts = result["tables"]["host time per step, by part"]["rows"]
     assert len(parts) == 7 and all(part["us_per_step"] > 0 for part in parts)
     assert any("base model" in part["part"] for part in parts)
+    sizes = result["tables"]["train program, tiny"]["rows"]
+    assert [(row["steps_per_call"], row["lengths"]) for row in sizes] == [(1, [16, 32]), (4, [16, 32])]
+    assert all(row["stablehlo_lines"] > 0 and row["compile_s"] > 0 and row["serialized_mib"] > 0 for row in sizes)

@@ -192,6 +192,24 @@ def _random_features(n: int, seed: int = 0):
                     rng.integers(0, 2, n).astype(np.int32), np.arange(n))
 
 
+def test_the_train_program_holds_one_optimizer_update_however_many_lengths_it_runs():
+    """Only the gradients are a branch per padded length: the update after them is one copy,
+    so a program of three lengths has as many of Adam's square roots (one per parameter,
+    and the global norm's) as a program of one."""
+    from roformer.model import ModelConfig
+
+    model_config = ModelConfig(vocab_size=100, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    classifier = finetune_lib.Classifier.split(finetune_lib.create_model(model_config, 2, 0))
+    programs = finetune_lib.Programs(classifier, (0.9, 0.98, 1e-6, 0.01, 1.0), False)
+
+    def square_roots(lengths):
+        return programs.lower_train(finetune_lib.TrainProgram(8, lengths, 4)).as_text().count("stablehlo.sqrt")
+
+    one = square_roots((16,))
+    assert one == len(jax.tree.leaves(classifier.params)) + 1
+    assert square_roots((16, 32, 64)) == one
+
+
 def test_several_steps_per_call_make_the_same_updates_as_one_step_per_call():
     """The batches, rates, dropout keys and order of the one-program-per-step loop (a batch
     assembled per step, one program per padded length): every logged loss and the final

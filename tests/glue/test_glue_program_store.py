@@ -62,7 +62,7 @@ def test_a_second_run_loads_every_program_without_tracing_and_trains_bit_for_bit
     def no_tracing(*args, **kwargs):
         raise AssertionError("a stored program was traced again")
 
-    monkeypatch.setattr(finetune_lib.Programs, "_lower_train", no_tracing)
+    monkeypatch.setattr(finetune_lib.Programs, "lower_train", no_tracing)
     monkeypatch.setattr(finetune_lib.Programs, "_lower_predict", no_tracing)
     classifier, progs = programs(store)
     again_losses, again_params, again_preds = train_and_predict(classifier, progs)
