@@ -13,6 +13,7 @@ from roformer.ablation.plan import (EXTENSION_METHODS, STAGES, glue_tasks, parse
 from roformer.errors import ConfigError
 from roformer.glue.tasks import parse_task_list
 from roformer.host_memory import cpu_only
+from roformer.train.loop import check_attention_setting
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -47,9 +48,14 @@ def _scheme_problems(config: ml_collections.ConfigDict, schemes: list[str]) -> l
         problems.append(f"config.schemes lists a scheme twice: {config.schemes!r}")
     for scheme in schemes:
         try:
-            scheme_pretrain_config(config, scheme)
+            model = scheme_pretrain_config(config, scheme).model
         except ValueError as error:
             problems.append(str(error))
+            continue
+        try:   # an attention kernel the scheme's model cannot run on this device
+            check_attention_setting(model)
+        except ConfigError as error:
+            problems.append(f"scheme {scheme!r}: {error}")
     if not isinstance(config.seeds, int) or isinstance(config.seeds, bool) or config.seeds < 1:
         problems.append(f"config.seeds={config.seeds!r}: give the number of pretraining seeds (>= 1)")
     for key, kind in (("scheme_seeds", int), ("scheme_learning_rates", float)):

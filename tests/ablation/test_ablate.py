@@ -189,8 +189,10 @@ def _set(path, value):
     ([_set("extension.factor", 4), _set("extrapolation.factors", "1,2")],
      r"extension.factor=4 must be one of extrapolation.factors '1,2'"),
     ([_set("extension.scheme", "learned")], r"extension.scheme='learned' \(position 'learned'\) has no rotary"),
+    # float32 compute (and on a CPU no GPU): a kernel no scheme's model can run here
+    ([_set("pretrain.model.attention_impl", "cudnn")], r"scheme 'learned': model.attention_impl='cudnn' cannot be used"),
 ], ids=["scheme", "seeds-0", "seeds-negative", "seeds-float", "seeds-bool", "method", "reference",
-        "factor-batch", "factor-not-evaluated", "factor-4-not-evaluated", "extension-scheme"])
+        "factor-batch", "factor-not-evaluated", "factor-4-not-evaluated", "extension-scheme", "cudnn"])
 def test_validate_refuses_a_bad_config_before_any_training(tmp_path, monkeypatch, changes, message):
     stages = FakeStages()
     stages.install(monkeypatch)
