@@ -9,6 +9,10 @@
 #   glue_warm GLUE_WARM_TASKS (default cola,mrpc,stsb) again, the same way, in a new process
 #             with the cache the glue stage filled: what a second run (another seed,
 #             checkpoint or task list) pays to compile (warm)
+#   glue_loop python -m roformer.bench glue_loop at base, the accelerator setting, synthetic
+#             SST-2-like batches of 32 up to length 128: steps/s of the GLUE loop itself
+#             (finetune) against its compiled program fed batches already on the device
+#             (bare): whether the device or the host paces a GLUE step
 #   export    python -m roformer.convert to-hf of the pretraining workdir
 #   parity    scripts/hf_parity.py: the export in transformers (AutoTokenizer,
 #             AutoModelForMaskedLM) on the GPU against ours, float32 logits
@@ -35,13 +39,14 @@ if [ "${TINY:-0}" = 1 ]; then
   : "${PRETRAIN_STEPS:=4}" "${PEERS_SHAPE:=tiny/32/2}" "${WIKI_FILES:=wiki_00}"
   : "${PRETRAIN_ARGS:=--config.model.size=tiny --config.train.batch_size=4 --config.train.seq_len=64}"
   : "${GLUE_ARGS:=--config.max_train_examples=64 --config.max_eval_examples=32 --config.max_seq_len=32 --config.batch_size=8}"
+  : "${GLUE_LOOP_ARGS:=--preset tiny --accel cpu --batch 8 --max-len 32 --steps 32}"
 fi
 pretrain_steps=${PRETRAIN_STEPS:-300}
 glue_tasks=${GLUE_TASKS:-cola,mrpc,stsb,sst2}
 glue_warm_tasks=${GLUE_WARM_TASKS:-cola,mrpc,stsb}
 glue_epochs=${GLUE_EPOCHS:-3}
 budget=${BUDGET_S:-510}
-known=" pretrain glue glue_warm export parity peers "
+known=" pretrain glue glue_warm glue_loop export parity peers "
 stages=${STEPS:-$known}
 for stage in $stages; do
   [[ $known == *" $stage "* ]] || { echo "unknown stage '$stage'; choose from:$known" >&2; exit 2; }
@@ -104,6 +109,10 @@ for stage in $stages; do
         --config.num_epochs="$glue_epochs" --config.progress_bar=false ${warm_args:-} \
         --config.compilation_cache_dir="$work/xla" --workdir="$work/$stage" ${GLUE_ARGS:-}
       cp "$work/$stage/glue_results.json" "$out/$results" 2>/dev/null ;;
+    glue_loop)
+      run_stage glue_loop 100 "$py" -m roformer.bench glue_loop --variants finetune bare --steps-per-call 16 \
+        --rounds 2 ${GLUE_LOOP_ARGS:---preset base --accel gpu --batch 32 --max-len 128 --steps 320} \
+        --json "$out/glue_loop.json" ;;
     export)
       [ -f "$work/pretrain/summary.json" ] || { echo "=== export: skipped (no pretraining workdir)" | tee -a "$log"; continue; }
       run_stage export 60 "$py" -m roformer.convert to-hf "$work/pretrain" "$work/hf" ;;

@@ -63,6 +63,19 @@ def main(out: Path) -> str:
         lines += glue_table(title, load(out / name))
     lines.append("")
 
+    loop = load(out / "glue_loop.json")
+    if loop:
+        lines += [f"**GLUE loop (bench glue_loop)**: {'; '.join(loop.get('notes', []))}", "",
+                  "| loop | steps per call | steps/s (median, min, max) | host ms/step |", "|---|---|---|---|"]
+        for row in loop["rows"]:
+            lines.append(f"| {row['variant']} | {row['steps_per_call']} | {row['steps_s']:.1f} "
+                         f"({row['steps_s_min']:.1f}, {row['steps_s_max']:.1f}) | {row['host_ms_step']:.3f} |")
+        lines.append("\n`bare` feeds the same program batches already on the device: near `finetune`, the "
+                     "device paces a step; far above it, the host does.")
+    else:
+        lines.append("**GLUE loop (bench glue_loop)**: not run")
+    lines.append("")
+
     parity = load(out / "parity.json")
     lines.append(f"**HF export parity**: {parity}" if parity else "**HF export parity**: not run")
     lines.append("")

@@ -30,15 +30,25 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
+from roformer.accelerator import ACCELERATOR_SETTINGS
 from roformer.glue import finetune as finetune_lib
 from roformer.glue.features import Features, PaddedRows, bucket_lengths, planned_train_batches
 from roformer.model import ModelConfig
 
+VARIANTS = ("per-step loop", "finetune", "bare")
 COLUMNS = ("variant", "steps_per_call", "steps_s", "steps_s_min", "steps_s_max", "ms_step", "x_per_step_loop",
            "host_ms_step", "x_host")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default=None, metavar="SIZE",
+                        help="a model of this preset (base: what a GPU run fine-tunes) instead of the micro model "
+                             "of --hidden/--layers/--vocab-size")
+    parser.add_argument("--accel", default="cpu", choices=sorted(ACCELERATOR_SETTINGS),
+                        help="the accelerator setting of the model (gpu: bf16 compute, no attention dropout, "
+                             "the fused attention kernel)")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="the loops to time (per-step loop: one program per padded length, compiled apart)")
     parser.add_argument("--hidden", type=int, default=32, help="hidden size of the micro model (1 head per 16)")
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--vocab-size", type=int, default=1000)
@@ -62,26 +72,33 @@ def synthetic_features(n: int, max_len: int, vocab_size: int, seed: int = 0) -> 
                     np.arange(n))
 
 
+def model_config(args: argparse.Namespace) -> ModelConfig:
+    """The micro model, or the --preset one, with the --accel setting."""
+    if args.preset:
+        return ModelConfig.from_preset(args.preset, **ACCELERATOR_SETTINGS[args.accel])
+    return ModelConfig(**{"vocab_size": args.vocab_size, "hidden_size": args.hidden, "num_layers": args.layers,
+                          "num_heads": max(1, args.hidden // 16), "intermediate_size": 2 * args.hidden,
+                          "attention_dropout": 0.0, **ACCELERATOR_SETTINGS[args.accel]})
+
+
 class Setup:
-    """The micro classifier, its programs and one plan of `steps` steps."""
+    """The classifier, its programs and one plan of `steps` steps."""
 
     def __init__(self, args: argparse.Namespace):
         self.protocol = finetune_lib.Protocol(
             learning_rate=4e-5, batch_size=args.batch, num_epochs=1.0, max_steps=args.steps, warmup_fraction=0.1,
             weight_decay=0.01, max_seq_len=args.max_len, max_train_examples=0, decay="linear", b1=0.9, b2=0.98,
             eps=1e-6, clip_norm=1.0)
-        self.features = synthetic_features(args.batch * args.steps, args.max_len, args.vocab_size)
-        model_config = ModelConfig(vocab_size=args.vocab_size, hidden_size=args.hidden, num_layers=args.layers,
-                                   num_heads=max(1, args.hidden // 16), intermediate_size=2 * args.hidden,
-                                   attention_dropout=0.0)
-        self.classifier = finetune_lib.Classifier.split(finetune_lib.create_model(model_config, 2, 0))
+        config = model_config(args)
+        self.features = synthetic_features(args.batch * args.steps, args.max_len, config.vocab_size)
+        self.classifier = finetune_lib.Classifier.split(finetune_lib.create_model(config, 2, 0))
         self.programs = finetune_lib.Programs(self.classifier, self.protocol.update_settings, False)
         self.steps = args.steps
         self.plan = planned_train_batches(self.features, args.batch, args.max_len, 0, args.steps)
         self.rates = np.full(args.steps, 1e-5, np.float32)
         self.single = jax.jit(self.programs.single_step(), donate_argnums=(0, 1))
         self.per_length = {}
-        for length in sorted({length for length, _ in self.plan}):
+        for length in sorted({length for length, _ in self.plan}) if "per-step loop" in args.variants else ():
             batch = self.features.batch(np.zeros(0, np.int64), args.batch, length, 0)
             self.per_length[length] = self.single.lower(
                 self.programs.abstract_params, self.programs.abstract_opt_state, self.programs.abstract_rest,
@@ -209,11 +226,15 @@ def run(args: argparse.Namespace) -> dict:
     setup = Setup(args)
     for k in args.steps_per_call:      # compile outside the timing
         setup.programs.train_steps(finetune_lib.TrainProgram.for_protocol(setup.protocol, k))
-    device_calls = {k: [jax.device_put(c) for c in setup.call_inputs(k)] for k in args.steps_per_call}
-    variants = {("per-step loop", 1): setup.per_step_loop}
+    chosen = set(args.variants)
+    device_calls = ({k: [jax.device_put(c) for c in setup.call_inputs(k)] for k in args.steps_per_call}
+                    if "bare" in chosen else {})
+    variants = {("per-step loop", 1): setup.per_step_loop} if "per-step loop" in chosen else {}
     for k in args.steps_per_call:
-        variants[("finetune", k)] = lambda k=k: setup.finetune(k)
-        variants[("bare", k)] = lambda k=k: setup.bare(k, device_calls[k])
+        if "finetune" in chosen:
+            variants[("finetune", k)] = lambda k=k: setup.finetune(k)
+        if "bare" in chosen:
+            variants[("bare", k)] = lambda k=k: setup.bare(k, device_calls[k])
     for fn in variants.values():      # warm up (allocations, first calls)
         fn()
     times = {key: [] for key in variants}
@@ -222,17 +243,19 @@ def run(args: argparse.Namespace) -> dict:
         shift = round_index % len(names)
         for key in names[shift:] + names[:shift]:
             times[key].append(variants[key]())
-    reference = times[("per-step loop", 1)]
+    reference = times.get(("per-step loop", 1))
     rows = []
     for (name, k), measured in times.items():
         seconds, thread = [wall for wall, _ in measured], [cpu for _, cpu in measured]
         rates = [setup.steps / s for s in seconds]
-        rows.append({"variant": name, "steps_per_call": k, "steps_s": statistics.median(rates),
-                     "steps_s_min": min(rates), "steps_s_max": max(rates),
-                     "ms_step": statistics.median(seconds) / setup.steps * 1e3,
-                     "x_per_step_loop": statistics.median(ref[0] / wall for ref, wall in zip(reference, seconds)),
-                     "host_ms_step": statistics.median(thread) / setup.steps * 1e3,
-                     "x_host": statistics.median(ref[1] / cpu for ref, cpu in zip(reference, thread))})
+        row = {"variant": name, "steps_per_call": k, "steps_s": statistics.median(rates),
+               "steps_s_min": min(rates), "steps_s_max": max(rates),
+               "ms_step": statistics.median(seconds) / setup.steps * 1e3,
+               "host_ms_step": statistics.median(thread) / setup.steps * 1e3}
+        if reference:
+            row["x_per_step_loop"] = statistics.median(ref[0] / wall for ref, wall in zip(reference, seconds))
+            row["x_host"] = statistics.median(ref[1] / cpu for ref, cpu in zip(reference, thread))
+        rows.append(row)
     parts = breakdown(setup, max(args.steps_per_call))
     lengths = sorted({length for length, _ in setup.plan})
     tables = {"host time per step, by part": {"rows": parts}}
@@ -240,6 +263,7 @@ def run(args: argparse.Namespace) -> dict:
         tables[f"train program, {args.program_size}"] = {"rows": train_program_size(args.program_size, args)}
     return {"rows": rows, "columns": COLUMNS, "tables": tables,
             "settings": {k: v for k, v in vars(args).items() if k != "json"},
-            "notes": [f"{setup.steps} steps of batch {args.batch}, padded lengths {lengths}; "
-                      "x_per_step_loop, x_host: medians over rounds of the per-step loop's wall (host) time over "
-                      "this variant's"]}
+            "notes": [f"model: {args.preset or 'micro'}, accel={args.accel} setting; "
+                      f"{setup.steps} steps of batch {args.batch}, padded lengths {lengths}"
+                      + ("; x_per_step_loop, x_host: medians over rounds of the per-step loop's wall (host) time "
+                         "over this variant's" if reference else "")]}

@@ -568,6 +568,15 @@ def test_flags_bench_times_the_sets_that_won_together_before_the_last_reference(
     assert ran == ["", "--a", "--c", ""]   # one winner: nothing to combine
 
 
+def test_glue_loop_bench_times_a_preset_model_and_only_the_loops_asked_for(tmp_path):
+    result = run_bench(tmp_path, "glue_loop", "--preset", "tiny", "--variants", "finetune", "bare", "--batch", "4",
+                       "--max-len", "32", "--steps", "8", "--steps-per-call", "4", "--rounds", "1")
+    assert [(row["variant"], row["steps_per_call"]) for row in result["rows"]] == [("finetune", 4), ("bare", 4)]
+    for row in result["rows"]:
+        assert row["steps_s"] > 0 and within(row, "steps_s") and "x_per_step_loop" not in row
+    assert result["notes"][0].startswith("model: tiny, accel=cpu setting")
+
+
 @pytest.mark.slow   # compiles four train programs: a minute and more on 2 shared cores
 def test_glue_loop_bench_times_the_loops_and_breaks_the_host_time_down(tmp_path):
     result = run_bench(tmp_path, "glue_loop", "--hidden", "16", "--batch", "4", "--max-len", "32", "--steps", "6",
