@@ -244,9 +244,13 @@ class Programs:
     def _train_fn(self, lengths: tuple[int, ...]):
         """Steps over stacked batches [steps, batch, max(lengths)]: step i computes its
         gradients in branch `branch[i]`, on its batch cut to lengths[branch[i]], then
-        updates; with branch len(lengths) it does neither (the padding of a run's last
-        call). The update is outside the branches, so the program holds one copy of it,
-        not one per length: the optimizer's code outweighs a forward and backward pass."""
+        updates. The update is outside the branches, so the program holds one copy of it,
+        not one per length: the optimizer's code outweighs a forward and backward pass.
+        Branch len(lengths) is a padding step of a run's last call: zero gradients at rate
+        0 (`call_inputs`), an update that leaves every parameter exactly as it is (the
+        optimizer's moments move, but a run's optimizer state ends with its last call).
+        No conditional skips it, because a conditional on a GPU is a wait of the host for
+        the device."""
         loss_and_grads, update = self.gradients(), self.update
 
         def train_steps(params, opt_state, rest, batches, base_key):
@@ -257,18 +261,13 @@ class Programs:
                     return loss_and_grads(params, rest, batch, base_key, xs["step"])
                 return run
 
-            def no_step(params, xs):
+            def padding_step(params, xs):
                 return jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params)
 
             def body(carry, xs):
                 params, opt_state = carry
-                loss, grads = jax.lax.switch(xs["branch"], [*map(one_length, lengths), no_step], params, xs)
-                # a cond, not a select of new or old state: a select is passes over the whole
-                # state of its own where it does not fuse into the update (as on a CPU)
-                carry = jax.lax.cond(xs["branch"] < len(lengths),
-                                     lambda: update(params, opt_state, grads, xs["learning_rate"]),
-                                     lambda: (params, opt_state))
-                return carry, loss
+                loss, grads = jax.lax.switch(xs["branch"], [*map(one_length, lengths), padding_step], params, xs)
+                return update(params, opt_state, grads, xs["learning_rate"]), loss
 
             (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), batches)
             return params, opt_state, losses
@@ -359,7 +358,7 @@ def call_inputs(program: TrainProgram, padded: PaddedRows, plan: list[tuple[int,
                 rates: np.ndarray, first: int) -> dict[str, np.ndarray]:
     """The inputs of the call of `program` that runs steps first, first + 1, ... of `plan`
     (padded lengths and rows, per step) with `rates` (per step): the batches stacked at the
-    program's longest length, each step's branch (its length; past the plan's end, no step),
+    program's longest length, each step's branch (its length; past the plan's end, a padding step),
     rate and number."""
     steps = program.steps_per_call
     chunk = plan[first:first + steps]
@@ -367,7 +366,7 @@ def call_inputs(program: TrainProgram, padded: PaddedRows, plan: list[tuple[int,
     inputs = padded.stacked([rows for _, rows in chunk] + [np.zeros(0, np.int64)] * pad, program.batch_size)
     inputs["branch"] = np.array([program.lengths.index(length) for length, _ in chunk] + [len(program.lengths)] * pad,
                                 np.int32)
-    inputs["learning_rate"] = np.pad(rates[first:first + len(chunk)], (0, pad))
+    inputs["learning_rate"] = np.pad(rates[first:first + len(chunk)], (0, pad), constant_values=0.0)   # padding: rate 0
     inputs["step"] = np.arange(first, first + steps, dtype=np.int32)
     return inputs
 
