@@ -81,14 +81,19 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
                           "attention_dropout": 0.0, **ACCELERATOR_SETTINGS[args.accel]})
 
 
+def protocol(args: argparse.Namespace) -> finetune_lib.Protocol:
+    """The fine-tuning protocol every timed loop and program here runs."""
+    return finetune_lib.Protocol(
+        learning_rate=4e-5, batch_size=args.batch, num_epochs=1.0, max_steps=args.steps, warmup_fraction=0.1,
+        weight_decay=0.01, max_seq_len=args.max_len, max_train_examples=0, decay="linear", b1=0.9, b2=0.98,
+        eps=1e-6, clip_norm=1.0)
+
+
 class Setup:
     """The classifier, its programs and one plan of `steps` steps."""
 
     def __init__(self, args: argparse.Namespace):
-        self.protocol = finetune_lib.Protocol(
-            learning_rate=4e-5, batch_size=args.batch, num_epochs=1.0, max_steps=args.steps, warmup_fraction=0.1,
-            weight_decay=0.01, max_seq_len=args.max_len, max_train_examples=0, decay="linear", b1=0.9, b2=0.98,
-            eps=1e-6, clip_norm=1.0)
+        self.protocol = protocol(args)
         config = model_config(args)
         self.features = synthetic_features(args.batch * args.steps, args.max_len, config.vocab_size)
         self.classifier = finetune_lib.Classifier.split(finetune_lib.create_model(config, 2, 0))
@@ -158,12 +163,12 @@ def per_call_us(fn, calls: int, repeat: int = 3) -> float:
     return statistics.median(times)
 
 
-def base_state_structure():
+def base_state_structure(update_settings: tuple):
     """A base classifier's (params, opt_state, rest) built abstractly (nothing allocated):
     the pytree a call of a base model's train program flattens."""
     model = nnx.eval_shape(lambda: finetune_lib.create_model(ModelConfig.from_preset("base"), 2, 0))
     classifier = finetune_lib.Classifier.split(model)
-    programs = finetune_lib.Programs(classifier, (0.9, 0.98, 1e-6, 0.01, 1.0), False)
+    programs = finetune_lib.Programs(classifier, update_settings, False)
     return programs.abstract_params, programs.abstract_opt_state, programs.abstract_rest
 
 
@@ -178,7 +183,7 @@ def breakdown(setup: Setup, steps_per_call: int) -> list[dict]:
     stacked = padded.stacked(chunk, batch_size)
     params, opt_state = setup.fresh_state()
     state = (params, opt_state, setup.classifier.rest)
-    base_state = base_state_structure()
+    base_state = base_state_structure(setup.protocol.update_settings)
     bar = tqdm(total=10 ** 9, file=io.StringIO(), mininterval=0.1)
     k = steps_per_call
     rows_out = [
@@ -206,7 +211,7 @@ def train_program_size(preset: str, args: argparse.Namespace) -> list[dict]:
 
     config = ModelConfig.from_preset(preset, attention_dropout=0.0)
     classifier = finetune_lib.Classifier.split(finetune_lib.create_model(config, 2, 0))
-    programs = finetune_lib.Programs(classifier, (0.9, 0.98, 1e-6, 0.01, 1.0), False)
+    programs = finetune_lib.Programs(classifier, protocol(args).update_settings, False)
     rows = []
     for k in args.steps_per_call:
         program = finetune_lib.TrainProgram(args.batch, bucket_lengths(args.max_len), k)

@@ -145,7 +145,7 @@ def _train_phase(config, workdir: Path) -> dict:
     else:   # the checkpoint's architecture; checked before anything is written, so a refusal leaves no files
         model_cfg = warm_start.resolve_model_config(config.model, init_source, vocab_size=data.vocab_size,
                                                     pad_token_id=data.pad_id, tokenizer_hash=data.tokenizer.hash)
-    check_attention_impl(model_cfg)   # before anything is written to the workdir
+        check_attention_impl(model_cfg)   # before anything is written to the workdir
     if jax.process_index() == 0:
         log.info("%s", startup_line(model_cfg))
     init_params = None
