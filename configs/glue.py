@@ -77,6 +77,12 @@ def get_config(arg=None):
     # on CPU), "" = off, else a directory. A rerun, another checkpoint or more seeds then
     # load their programs instead of compiling them.
     c.compilation_cache_dir = "auto"
+    # Training batches padded per "step" (each to its own length bucket) or per "call" (the
+    # steps of one program call to their longest bucket, so the program needs no branch per
+    # length: on a GPU each branch makes the host wait for the device); "auto" = call on
+    # GPUs, step elsewhere. The same batches, rates and order; dropout masks are drawn for
+    # the padded shape, so the two draw different masks (roformer.glue.finetune).
+    c.train_padding = "auto"
     placeholder = ml_collections.config_dict.placeholder  # typed None: CLI-overridable
     c.per_task = ml_collections.ConfigDict({
         t: ml_collections.ConfigDict({k: placeholder(typ) for k, typ in PER_TASK_KEYS.items()})

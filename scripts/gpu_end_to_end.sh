@@ -11,8 +11,10 @@
 #             checkpoint or task list) pays to compile (warm)
 #   glue_loop python -m roformer.bench glue_loop at base, the accelerator setting, synthetic
 #             SST-2-like batches of 32 up to length 128: steps/s of the GLUE loop itself
-#             (finetune) against its compiled program fed batches already on the device
-#             (bare): whether the device or the host paces a GLUE step
+#             (finetune) against its compiled programs fed batches already on the device
+#             (bare), each with a step's batch padded per step (a branch per length) and
+#             per call (no branch): whether the device or the host paces a GLUE step, and
+#             what the per-step branch costs
 #   export    python -m roformer.convert to-hf of the pretraining workdir
 #   parity    scripts/hf_parity.py: the export in transformers (AutoTokenizer,
 #             AutoModelForMaskedLM) on the GPU against ours, float32 logits
@@ -110,8 +112,8 @@ for stage in $stages; do
         --config.compilation_cache_dir="$work/xla" --workdir="$work/$stage" ${GLUE_ARGS:-}
       cp "$work/$stage/glue_results.json" "$out/$results" 2>/dev/null ;;
     glue_loop)
-      run_stage glue_loop 100 "$py" -m roformer.bench glue_loop --variants finetune bare --steps-per-call 16 \
-        --rounds 2 ${GLUE_LOOP_ARGS:---preset base --accel gpu --batch 32 --max-len 128 --steps 256} \
+      run_stage glue_loop 130 "$py" -m roformer.bench glue_loop --variants finetune bare --steps-per-call 16 \
+        --paddings step call --rounds 2 ${GLUE_LOOP_ARGS:---preset base --accel gpu --batch 32 --max-len 128 --steps 256} \
         --json "$out/glue_loop.json" ;;
     export)
       [ -f "$work/pretrain/summary.json" ] || { echo "=== export: skipped (no pretraining workdir)" | tee -a "$log"; continue; }

@@ -66,12 +66,16 @@ def main(out: Path) -> str:
     loop = load(out / "glue_loop.json")
     if loop:
         lines += [f"**GLUE loop (bench glue_loop)**: {'; '.join(loop.get('notes', []))}", "",
-                  "| loop | steps per call | steps/s (median, min, max) | host ms/step |", "|---|---|---|---|"]
+                  "| loop | steps per call | padding | steps/s (median, min, max) | host ms/step |",
+                  "|---|---|---|---|---|"]
         for row in loop["rows"]:
-            lines.append(f"| {row['variant']} | {row['steps_per_call']} | {row['steps_s']:.1f} "
-                         f"({row['steps_s_min']:.1f}, {row['steps_s_max']:.1f}) | {row['host_ms_step']:.3f} |")
+            lines.append(f"| {row['variant']} | {row['steps_per_call']} | {row.get('padding', 'step')} | "
+                         f"{row['steps_s']:.1f} ({row['steps_s_min']:.1f}, {row['steps_s_max']:.1f}) | "
+                         f"{row['host_ms_step']:.3f} |")
         lines.append("\n`bare` feeds the same program batches already on the device: near `finetune`, the "
-                     "device paces a step; far above it, the host does.")
+                     "device paces a step; far above it, the host does. Padding `step`: one program with "
+                     "a branch per padded length (on a GPU a host wait per step); `call`: a call's steps "
+                     "padded to their longest, no branch.")
     else:
         lines.append("**GLUE loop (bench glue_loop)**: not run")
     lines.append("")

@@ -7,7 +7,9 @@ fill several padded-length buckets):
   batch assembled per step (`Features.batch`), sent with `jax.device_put`, one compiled
   program per padded length, the rate and step as NumPy scalars;
 - `finetune k=K`: `roformer.glue.finetune.finetune` itself with `steps_per_call` K, its own
-  steps/s (the loop, not the compilation);
+  steps/s (the loop, not the compilation), for each `--paddings` (step: each step padded to
+  its own length, a branch per length in one program; call: a call's steps padded to their
+  longest, a program per length and no branch);
 - `bare k=K`: the same compiled programs called with every batch already on the device: the
   floor a loop of that many steps per call can reach on this machine.
 Each variant's `host_ms_step` is the CPU time of the thread that runs the loop, per step: the
@@ -36,7 +38,7 @@ from roformer.glue.features import Features, PaddedRows, bucket_lengths, planned
 from roformer.model import ModelConfig
 
 VARIANTS = ("per-step loop", "finetune", "bare")
-COLUMNS = ("variant", "steps_per_call", "steps_s", "steps_s_min", "steps_s_max", "ms_step", "x_per_step_loop",
+COLUMNS = ("variant", "steps_per_call", "padding", "steps_s", "steps_s_min", "steps_s_max", "ms_step", "x_per_step_loop",
            "host_ms_step", "x_host")
 
 
@@ -56,6 +58,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-len", type=int, default=128, help="max_seq_len (buckets 16, 32, ... up to it)")
     parser.add_argument("--steps", type=int, default=400, help="optimizer steps per timed loop")
     parser.add_argument("--steps-per-call", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--paddings", nargs="+", choices=finetune_lib.TRAIN_PADDINGS[1:], default=["step"],
+                        help="how finetune and bare pad a step's batch (roformer.glue.finetune.TRAIN_PADDINGS)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     parser.add_argument("--program-size", default=None, metavar="PRESET",
                         help="also build the train program of a model of this preset (base: what a GPU run "
@@ -128,25 +132,28 @@ class Setup:
         jax.block_until_ready(loss)
         return time.perf_counter() - start, time.thread_time() - thread_start
 
-    def finetune(self, steps_per_call: int) -> tuple[float, float]:
+    def call_programs(self, steps_per_call: int, padding: str) -> list[finetune_lib.TrainProgram]:
+        return finetune_lib.call_programs(self.plan, self.protocol, padding, steps_per_call)
+
+    def finetune(self, steps_per_call: int, padding: str) -> tuple[float, float]:
         thread_start = time.thread_time()
         _, info = finetune_lib.finetune(self.classifier, self.programs, self.features, self.protocol, seed=0,
-                                        pad_id=0, progress=False, steps_per_call=steps_per_call)
+                                        pad_id=0, progress=False, steps_per_call=steps_per_call, padding=padding)
         return self.steps / info["steps_per_sec"], time.thread_time() - thread_start
 
-    def call_inputs(self, steps_per_call: int) -> list[dict]:
+    def call_inputs(self, steps_per_call: int, padding: str) -> list[dict]:
         """Every call's inputs of the plan, as finetune builds them (NumPy)."""
-        program = finetune_lib.TrainProgram.for_protocol(self.protocol, steps_per_call)
-        padded = PaddedRows.of(self.features, max(program.lengths), 0)
+        padded = PaddedRows.of(self.features, self.protocol.max_seq_len, 0)
         return [finetune_lib.call_inputs(program, padded, self.plan, self.rates, first)
-                for first in range(0, self.steps, steps_per_call)]
+                for first, program in zip(range(0, self.steps, steps_per_call),
+                                          self.call_programs(steps_per_call, padding))]
 
-    def bare(self, steps_per_call: int, device_calls: list[dict]) -> tuple[float, float]:
-        program = self.programs.train_steps(finetune_lib.TrainProgram.for_protocol(self.protocol, steps_per_call))
+    def bare(self, steps_per_call: int, padding: str, device_calls: list[dict]) -> tuple[float, float]:
+        programs = [self.programs.train_steps(p) for p in self.call_programs(steps_per_call, padding)]
         params, opt_state = self.fresh_state()
         rest, key = self.classifier.rest, jax.random.key(0)
         start, thread_start = time.perf_counter(), time.thread_time()
-        for batches in device_calls:
+        for program, batches in zip(programs, device_calls):
             params, opt_state, losses = program(params, opt_state, rest, batches, key)
         jax.block_until_ready(losses)
         return time.perf_counter() - start, time.thread_time() - thread_start
@@ -203,25 +210,29 @@ def breakdown(setup: Setup, steps_per_call: int) -> list[dict]:
 
 
 def train_program_size(preset: str, args: argparse.Namespace) -> list[dict]:
-    """The train program a fine-tuning run of a `preset` classifier compiles (one call of
-    `steps_per_call` steps, every padded length a branch): its StableHLO lines, seconds to
-    trace and lower, to compile, and the serialized executable's size (what the program
-    store keeps and a warm run loads)."""
+    """The train programs a fine-tuning run of a `preset` classifier compiles (one call of
+    `steps_per_call` steps; padding `step`: one program, every padded length a branch;
+    `call`: one program per padded length): each one's StableHLO lines, seconds to trace and
+    lower, to compile, and the serialized executable's size (what the program store keeps
+    and a warm run loads)."""
     from jax.experimental import serialize_executable
 
     config = ModelConfig.from_preset(preset, attention_dropout=0.0)
     classifier = finetune_lib.Classifier.split(finetune_lib.create_model(config, 2, 0))
     programs = finetune_lib.Programs(classifier, protocol(args).update_settings, False)
     rows = []
-    for k in args.steps_per_call:
-        program = finetune_lib.TrainProgram(args.batch, bucket_lengths(args.max_len), k)
+    lengths = bucket_lengths(args.max_len)
+    shapes = [(k, padding, program_lengths) for k in args.steps_per_call for padding in args.paddings
+              for program_lengths in ([lengths] if padding == "step" else [(n,) for n in lengths])]
+    for k, padding, program_lengths in shapes:
+        program = finetune_lib.TrainProgram(args.batch, program_lengths, k)
         start = time.perf_counter()
         lowered = programs.lower_train(program)
         traced = time.perf_counter()
         compiled = lowered.compile()
         done = time.perf_counter()
         serialized, _, _ = serialize_executable.serialize(compiled)
-        rows.append({"preset": preset, "steps_per_call": k, "lengths": list(program.lengths),
+        rows.append({"preset": preset, "steps_per_call": k, "padding": padding, "lengths": list(program.lengths),
                      "stablehlo_lines": lowered.as_text().count("\n"), "trace_lower_s": traced - start,
                      "compile_s": done - traced, "serialized_mib": len(serialized) / 2 ** 20})
     return rows
@@ -229,17 +240,17 @@ def train_program_size(preset: str, args: argparse.Namespace) -> list[dict]:
 
 def run(args: argparse.Namespace) -> dict:
     setup = Setup(args)
-    for k in args.steps_per_call:      # compile outside the timing
-        setup.programs.train_steps(finetune_lib.TrainProgram.for_protocol(setup.protocol, k))
+    shapes = [(k, padding) for k in args.steps_per_call for padding in args.paddings]
+    setup.programs.prepare({p for shape in shapes for p in setup.call_programs(*shape)}, [])   # outside the timing
     chosen = set(args.variants)
-    device_calls = ({k: [jax.device_put(c) for c in setup.call_inputs(k)] for k in args.steps_per_call}
+    device_calls = ({shape: [jax.device_put(c) for c in setup.call_inputs(*shape)] for shape in shapes}
                     if "bare" in chosen else {})
-    variants = {("per-step loop", 1): setup.per_step_loop} if "per-step loop" in chosen else {}
-    for k in args.steps_per_call:
+    variants = {("per-step loop", 1, "step"): setup.per_step_loop} if "per-step loop" in chosen else {}
+    for shape in shapes:
         if "finetune" in chosen:
-            variants[("finetune", k)] = lambda k=k: setup.finetune(k)
+            variants[("finetune", *shape)] = lambda shape=shape: setup.finetune(*shape)
         if "bare" in chosen:
-            variants[("bare", k)] = lambda k=k: setup.bare(k, device_calls[k])
+            variants[("bare", *shape)] = lambda shape=shape: setup.bare(*shape, device_calls[shape])
     for fn in variants.values():      # warm up (allocations, first calls)
         fn()
     times = {key: [] for key in variants}
@@ -248,12 +259,12 @@ def run(args: argparse.Namespace) -> dict:
         shift = round_index % len(names)
         for key in names[shift:] + names[:shift]:
             times[key].append(variants[key]())
-    reference = times.get(("per-step loop", 1))
+    reference = times.get(("per-step loop", 1, "step"))
     rows = []
-    for (name, k), measured in times.items():
+    for (name, k, padding), measured in times.items():
         seconds, thread = [wall for wall, _ in measured], [cpu for _, cpu in measured]
         rates = [setup.steps / s for s in seconds]
-        row = {"variant": name, "steps_per_call": k, "steps_s": statistics.median(rates),
+        row = {"variant": name, "steps_per_call": k, "padding": padding, "steps_s": statistics.median(rates),
                "steps_s_min": min(rates), "steps_s_max": max(rates),
                "ms_step": statistics.median(seconds) / setup.steps * 1e3,
                "host_ms_step": statistics.median(thread) / setup.steps * 1e3}

@@ -4,9 +4,12 @@ Built so an accelerator is never waiting on the host:
 - the steps are jitted functions of split state (plain pytrees of params, optimizer
   state and RNG state), as in pretraining, not NNX objects walked on every call;
 - one call of the train program runs `steps_per_call` optimizer steps (a scan over that
-  many consecutive batches, each padded length a branch), so the host's cost of a call
-  (assembling and sending the batches, flattening the state) is paid once for many steps,
-  with the same updates in the same order as one step per call (test);
+  many consecutive batches), so the host's cost of a call (assembling and sending the
+  batches, flattening the state) is paid once for many steps, with the same updates in the
+  same order as one step per call (test);
+- a step's batch is padded to its own length (`padding="step"`: one program with a branch
+  per padded length) or to the longest of its call (`"call"`: one program per length, with
+  no conditional, since on a GPU each conditional makes the host wait for the device);
 - the learning rate and the step number are inputs of the program, so one compiled program
   serves every schedule: all seeds, and every task with the same head and batch size;
 - every program a task will run is compiled before its first step (`Programs.prepare`,
@@ -52,6 +55,24 @@ STEPS_PER_CALL = 16
 # the device runs it, and each queued call holds its batches in device memory: a bounded lead
 # keeps the device busy without piling up a whole run's batches there.
 CALLS_AHEAD = 8
+# How a train step's batch is padded (config.train_padding):
+#   step  to the step's own padded length; one program runs every length, a branch each.
+#   call  to the longest padded length of the step's call; a program per length and no
+#         branch: XLA:GPU reads a conditional's branch index back to the host, so a
+#         branch per step is a wait of the host for the device per step, and the device
+#         idles while the host launches the branch.
+#   auto  call on GPUs; step elsewhere: on a CPU the longer padding is more work, and a TPU
+#         decides its branches on the device.
+TRAIN_PADDINGS = ("auto", "step", "call")
+
+
+def resolve_train_padding(setting: str, platform: str | None = None) -> str:
+    """"step" or "call" for a config's train_padding on `platform` (default: jax's backend)."""
+    if setting not in TRAIN_PADDINGS:
+        raise ConfigError(f"train_padding must be one of {TRAIN_PADDINGS}, got {setting!r}")
+    if setting != "auto":
+        return setting
+    return "call" if (platform or jax.default_backend()) == "gpu" else "step"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +86,32 @@ class TrainProgram:
     @classmethod
     def for_protocol(cls, protocol: "Protocol", steps_per_call: int = STEPS_PER_CALL) -> "TrainProgram":
         return cls(protocol.batch_size, bucket_lengths(protocol.max_seq_len), steps_per_call)
+
+    def branch(self, length: int) -> int:
+        """The branch a step of this padded length runs: the first length that holds it."""
+        return next(i for i, own in enumerate(self.lengths) if own >= length)
+
+
+def call_programs(plan: list[tuple[int, np.ndarray]], protocol: "Protocol", padding: str,
+                  steps_per_call: int = STEPS_PER_CALL) -> list[TrainProgram]:
+    """The train program of each call of a run of `plan` ((padded length, rows) per step)."""
+    if padding == "step":
+        return [TrainProgram.for_protocol(protocol, steps_per_call)] * math.ceil(len(plan) / steps_per_call)
+    if padding != "call":
+        raise ValueError(f"padding must be 'step' or 'call', got {padding!r}")
+    return [TrainProgram(protocol.batch_size, (max(length for length, _ in plan[first:first + steps_per_call]),),
+                         steps_per_call) for first in range(0, len(plan), steps_per_call)]
+
+
+def train_programs(features: Features, protocol: "Protocol", seeds: Iterable[int], padding: str,
+                   steps_per_call: int = STEPS_PER_CALL) -> list[TrainProgram]:
+    """Every train program the runs of `seeds` on `features` call (to compile them first)."""
+    total = protocol.total_steps(len(features))
+    found = {}
+    for seed in seeds:
+        plan = planned_train_batches(features, protocol.batch_size, protocol.max_seq_len, seed, total)
+        found.update(dict.fromkeys(call_programs(plan, protocol, padding, steps_per_call)))
+    return list(found)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,11 +293,13 @@ class Programs:
         gradients in branch `branch[i]`, on its batch cut to lengths[branch[i]], then
         updates. The update is outside the branches, so the program holds one copy of it,
         not one per length: the optimizer's code outweighs a forward and backward pass.
-        Branch len(lengths) is a padding step of a run's last call: zero gradients at rate
-        0 (`call_inputs`), an update that leaves every parameter exactly as it is (the
-        optimizer's moments move, but a run's optimizer state ends with its last call).
-        No conditional skips it, because a conditional on a GPU is a wait of the host for
-        the device."""
+        A padding step of a run's last call (rows of weight 0 at rate 0, `call_inputs`) is
+        an update that leaves every parameter exactly as it is, its gradients being zero
+        (the optimizer's moments move, but a run's optimizer state ends with its last
+        call). With several lengths it takes branch len(lengths), which computes nothing;
+        a program of one length has no branch at all and computes the zero gradients.
+        No conditional skips the update, because a conditional on a GPU is a wait of the
+        host for the device."""
         loss_and_grads, update = self.gradients(), self.update
 
         def train_steps(params, opt_state, rest, batches, base_key):
@@ -264,9 +313,14 @@ class Programs:
             def padding_step(params, xs):
                 return jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params)
 
+            def gradients(params, xs):
+                if len(lengths) == 1:
+                    return one_length(lengths[0])(params, xs)
+                return jax.lax.switch(xs["branch"], [*map(one_length, lengths), padding_step], params, xs)
+
             def body(carry, xs):
                 params, opt_state = carry
-                loss, grads = jax.lax.switch(xs["branch"], [*map(one_length, lengths), padding_step], params, xs)
+                loss, grads = gradients(params, xs)
                 return update(params, opt_state, grads, xs["learning_rate"]), loss
 
             (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), batches)
@@ -358,13 +412,15 @@ def call_inputs(program: TrainProgram, padded: PaddedRows, plan: list[tuple[int,
                 rates: np.ndarray, first: int) -> dict[str, np.ndarray]:
     """The inputs of the call of `program` that runs steps first, first + 1, ... of `plan`
     (padded lengths and rows, per step) with `rates` (per step): the batches stacked at the
-    program's longest length, each step's branch (its length; past the plan's end, a padding step),
-    rate and number."""
-    steps = program.steps_per_call
+    program's longest length, each step's branch (the first of the program's lengths that
+    holds it; past the plan's end, a padding step), rate and number."""
+    steps, width = program.steps_per_call, max(program.lengths)
     chunk = plan[first:first + steps]
     pad = steps - len(chunk)
     inputs = padded.stacked([rows for _, rows in chunk] + [np.zeros(0, np.int64)] * pad, program.batch_size)
-    inputs["branch"] = np.array([program.lengths.index(length) for length, _ in chunk] + [len(program.lengths)] * pad,
+    for key in ("input_ids", "token_type_ids"):
+        inputs[key] = np.ascontiguousarray(inputs[key][:, :, :width])
+    inputs["branch"] = np.array([program.branch(length) for length, _ in chunk] + [len(program.lengths)] * pad,
                                 np.int32)
     inputs["learning_rate"] = np.pad(rates[first:first + len(chunk)], (0, pad), constant_values=0.0)   # padding: rate 0
     inputs["step"] = np.arange(first, first + steps, dtype=np.int32)
@@ -374,17 +430,18 @@ def call_inputs(program: TrainProgram, padded: PaddedRows, plan: list[tuple[int,
 def finetune(classifier: Classifier, programs: Programs, features: Features, protocol: Protocol, *,
              seed: int, pad_id: int, desc: str = "", log_every: int = 50,
              log_fn: Callable[[dict], None] | None = None, progress: bool = True,
-             steps_per_call: int = STEPS_PER_CALL) -> tuple[Classifier, dict]:
+             steps_per_call: int = STEPS_PER_CALL, padding: str = "step") -> tuple[Classifier, dict]:
     """Train from `classifier`; returns (the trained classifier, {"steps", "final_loss",
-    "steps_per_sec"}). The losses are read from the device once, after the last step."""
+    "steps_per_sec"}). `padding`: "step" or "call" (TRAIN_PADDINGS). The losses are read
+    from the device once, after the last step."""
     total_steps = protocol.total_steps(len(features))
     # every step's rate at once, on the host: a rate computed per step by the schedule would
     # be a device computation whose value the host waits for, a sync every step
     rates = np.asarray(jax.device_get(protocol.schedule(total_steps)(np.arange(total_steps))), np.float32)
     plan = planned_train_batches(features, protocol.batch_size, protocol.max_seq_len, seed, total_steps)
-    program = TrainProgram.for_protocol(protocol, steps_per_call)
-    train_steps = programs.train_steps(program)
-    padded = PaddedRows.of(features, max(program.lengths), pad_id)
+    per_call = call_programs(plan, protocol, padding, steps_per_call)
+    compiled = {program: programs.train_steps(program) for program in set(per_call)}
+    padded = PaddedRows.of(features, protocol.max_seq_len, pad_id)
     # a copy: the program donates (frees) its input params, and the caller keeps its classifier
     params = jax.device_put(classifier.params, may_alias=False)
     opt_state = programs.tx.init(params)
@@ -394,9 +451,9 @@ def finetune(classifier: Classifier, programs: Programs, features: Features, pro
     start = time.perf_counter()
     with tqdm(total=total_steps, desc=desc, unit="step", leave=False, dynamic_ncols=True,
               disable=not progress) as bar:
-        for first in range(0, total_steps, steps_per_call):
+        for first, program in zip(range(0, total_steps, steps_per_call), per_call):
             batches = call_inputs(program, padded, plan, rates, first)
-            params, opt_state, losses = train_steps(params, opt_state, rest, jax.device_put(batches), base_key)
+            params, opt_state, losses = compiled[program](params, opt_state, rest, jax.device_put(batches), base_key)
             in_flight.append(losses)
             if len(in_flight) > CALLS_AHEAD:
                 jax.block_until_ready(in_flight.popleft())   # an older call: the newer ones keep the device busy

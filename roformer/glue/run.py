@@ -24,8 +24,8 @@ from roformer.data.tokenizer import load_tokenizer
 from roformer.errors import ConfigError, UserError
 from roformer.files import write_json_atomic, write_text_atomic, writing
 from roformer.glue import features as features_lib
-from roformer.glue.finetune import (Classifier, Programs, Protocol, TrainProgram, create_model, finetune, predict,
-                                    predict_shapes)
+from roformer.glue.finetune import (Classifier, Programs, Protocol, create_model, finetune, predict, predict_shapes,
+                                    resolve_train_padding, train_programs)
 from roformer.glue.init import encoder_state, load_init, resolve_model_config
 from roformer.glue.metrics import glue_scores, task_metrics
 from roformer.glue.program_store import ProgramStore
@@ -168,7 +168,7 @@ class ProgramsCache:
 
 def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_state,
              run_log: RunLog, submission_dir: Path | None, programs_cache: ProgramsCache,
-             models_dir: Path) -> dict:
+             models_dir: Path, padding: str = "step") -> dict:
     protocol = Protocol.from_config(config, task.name)
     train = limit_examples(read_split(task, task.train_split, **data_kwargs(config)), protocol.max_train_examples)
     evals, tests = eval_examples(task, config, with_tests=submission_dir is not None)
@@ -194,14 +194,14 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
             # the attention kernel takes them), then one real prediction on a tiny batch: a
             # model that cannot predict fails in seconds, not after training.
             programs.prepare(
-                [TrainProgram.for_protocol(protocol)],
+                train_programs(train_f, protocol, range(config.seeds), padding),
                 predict_shapes([*eval_f.values(), *test_f.values()], batch_size=config.eval_batch_size,
                                max_seq_len=protocol.max_seq_len))
             predict(classifier, programs, train_f.head(2), **predict_kw)
         classifier, info = finetune(classifier, programs, train_f, protocol, seed=seed, pad_id=special.pad_id,
                                     desc=f"{task.display} seed {seed}", log_every=config.log_every,
                                     log_fn=lambda row, s=seed: run_log.write(task.name, s, row["step"], row),
-                                    progress=config.progress_bar)
+                                    progress=config.progress_bar, padding=padding)
         result = {"steps": info["steps"], "final_train_loss": info["final_loss"],
                   "train_steps_per_sec": info["steps_per_sec"],
                   "train_seconds": round(time.time() - start, 2)}
@@ -356,6 +356,8 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     model_config = resolve_model_config(config.model, init, tokenizer.vocab_size)
     check_attention_impl(model_config)   # the checkpoint's attention_impl may not suit this device
     log.info("%s", startup_line(model_config))
+    padding = resolve_train_padding(config.get("train_padding", "auto"))
+    log.info("GLUE training batches padded per %s (train_padding=%s)", padding, config.get("train_padding", "auto"))
     cache = enable_compilation_cache(config.get("compilation_cache_dir", ""))
     if cache:
         log.info("compiled programs are cached in %s, and kept whole in %s", cache, ProgramStore.under(cache).directory)
@@ -363,7 +365,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
                   else encoder_state(model_config, init.encoder_params))
 
     header = {"init": {"kind": init.kind, "path": init.path, "step": init.step},
-              "vocab": str(vocab), "model": model_config.to_dict()}
+              "vocab": str(vocab), "model": model_config.to_dict(), "train_padding": padding}
     submission_dir = workdir / "submission" if config.predict_test else None
     results = {**header, "seeds": config.seeds, "tasks": {}, "glue": glue_scores({})}
     run_log = RunLog(workdir, {"config": config.to_dict(), **header})
@@ -375,7 +377,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
                     TASKS[name], config, tokenizer=tokenizer, special=special,
                     model_config=model_config, init_state=init_state, run_log=run_log,
                     submission_dir=submission_dir, programs_cache=programs_cache,
-                    models_dir=workdir / MODELS)
+                    models_dir=workdir / MODELS, padding=padding)
             except (UserError, KeyboardInterrupt):
                 raise
             except Exception as error:   # one task failing keeps the others' results

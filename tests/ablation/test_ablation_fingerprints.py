@@ -157,6 +157,7 @@ def test_glue_settings_that_only_show_cache_or_pick_a_kernel_leave_the_fingerpri
     glue.progress_bar = not glue.progress_bar
     glue.compilation_cache_dir = "/elsewhere"
     glue.save_models = "none"
+    glue.train_padding = "call"
     glue.model.attention_impl = "cudnn"
     assert plan.fingerprint("pretrain", glue) == before
     glue.learning_rate *= 2

@@ -570,8 +570,10 @@ def test_flags_bench_times_the_sets_that_won_together_before_the_last_reference(
 
 def test_glue_loop_bench_times_a_preset_model_and_only_the_loops_asked_for(tmp_path):
     result = run_bench(tmp_path, "glue_loop", "--preset", "tiny", "--variants", "finetune", "bare", "--batch", "4",
-                       "--max-len", "32", "--steps", "8", "--steps-per-call", "4", "--rounds", "1")
-    assert [(row["variant"], row["steps_per_call"]) for row in result["rows"]] == [("finetune", 4), ("bare", 4)]
+                       "--max-len", "32", "--steps", "8", "--steps-per-call", "4", "--rounds", "1",
+                       "--paddings", "step", "call")
+    assert [(row["variant"], row["steps_per_call"], row["padding"]) for row in result["rows"]] == [
+        ("finetune", 4, "step"), ("bare", 4, "step"), ("finetune", 4, "call"), ("bare", 4, "call")]
     for row in result["rows"]:
         assert row["steps_s"] > 0 and within(row, "steps_s") and "x_per_step_loop" not in row
     assert result["notes"][0].startswith("model: tiny, accel=cpu setting")

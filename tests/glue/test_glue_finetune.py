@@ -248,3 +248,77 @@ def test_several_steps_per_call_make_the_same_updates_as_one_step_per_call():
         assert info["final_loss"] == reference[-1]
         for ours, theirs in zip(jax.tree.leaves(trained.params), jax.tree.leaves(params)):
             np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+def _small_run(dropout: float = 0.1):
+    """Features, a protocol, a classifier and its programs small enough for a few-second run."""
+    from roformer.model import ModelConfig
+
+    config = glue_config.get_config()
+    config.update(batch_size=8, max_seq_len=64, num_epochs=2.0, learning_rate=1e-3)
+    protocol = finetune_lib.Protocol.from_config(config, "sst2")
+    model_config = ModelConfig(vocab_size=100, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                               hidden_dropout=dropout, attention_dropout=dropout)
+    classifier = finetune_lib.Classifier.split(finetune_lib.create_model(model_config, 2, 0))
+    return _random_features(30), protocol, classifier, finetune_lib.Programs(classifier, protocol.update_settings, False)
+
+
+def test_auto_padding_is_per_call_on_gpus_only_and_unknown_settings_are_refused():
+    from roformer.errors import ConfigError
+
+    assert finetune_lib.resolve_train_padding("auto", "gpu") == "call"
+    assert finetune_lib.resolve_train_padding("auto", "cpu") == "step"
+    assert finetune_lib.resolve_train_padding("auto", "tpu") == "step"
+    assert finetune_lib.resolve_train_padding("step", "gpu") == "step"
+    with pytest.raises(ConfigError, match="train_padding"):
+        finetune_lib.resolve_train_padding("row", "gpu")
+
+
+def test_per_call_padding_runs_each_call_at_its_longest_length_with_no_branch(monkeypatch):
+    """A call's program is the longest padded length of its steps; a one-length program, as
+    lowered off the CPU (where the model has no conditional of its own), has no conditional;
+    the per-step program has one, a branch per length."""
+    from roformer.glue.features import planned_train_batches
+    from roformer.model import backend
+
+    features, protocol, _, programs = _small_run()
+    total = protocol.total_steps(len(features))
+    plan = planned_train_batches(features, 8, 64, 3, total)
+    per_call = finetune_lib.call_programs(plan, protocol, "call", 2)
+    assert len(per_call) == -(-total // 2)
+    for i, program in enumerate(per_call):
+        assert program.lengths == (max(length for length, _ in plan[2 * i:2 * i + 2]),)
+    assert len({p.lengths for p in per_call}) > 1
+    assert set(finetune_lib.train_programs(features, protocol, [3], "call", 2)) == set(per_call)
+    assert finetune_lib.call_programs(plan, protocol, "step", 2) == [finetune_lib.TrainProgram.for_protocol(protocol, 2)] * len(per_call)
+    monkeypatch.setattr(backend, "on_cpu", lambda: False)
+    assert "stablehlo.case" not in programs.lower_train(per_call[0]).as_text()
+    assert "stablehlo.case" in programs.lower_train(finetune_lib.TrainProgram.for_protocol(protocol, 3)).as_text()
+
+
+def test_per_call_padding_makes_the_per_step_updates_and_its_padding_steps_change_nothing():
+    """Without dropout (whose masks are drawn for the padded shape, so each padding draws
+    its own), per-call padding gives the per-step run's losses and params up to rounding:
+    the longer padding is masked out. A call padded with steps past the run's end
+    (computed, with rows of weight 0 at rate 0) leaves the params bit for bit as a call
+    without them."""
+    features, protocol, classifier, programs = _small_run(dropout=0.0)
+    total = protocol.total_steps(len(features))
+
+    def run(padding, steps_per_call):
+        logged = []
+        trained, _ = finetune_lib.finetune(classifier, programs, features, protocol, seed=3, pad_id=0, log_every=1,
+                                           log_fn=logged.append, progress=False, steps_per_call=steps_per_call,
+                                           padding=padding)
+        return [row["loss"] for row in logged], jax.tree.leaves(trained.params)
+
+    step_losses, step_params = run("step", 4)
+    call_losses, call_params = run("call", 4)
+    np.testing.assert_allclose(call_losses, step_losses, rtol=2e-5, atol=1e-6)
+    for ours, theirs in zip(call_params, step_params):
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-4, atol=1e-6)
+    whole_losses, whole_params = run("call", total)
+    padded_losses, padded_params = run("call", total + 5)
+    assert padded_losses == whole_losses
+    for ours, theirs in zip(padded_params, whole_params):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
