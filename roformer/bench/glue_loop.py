@@ -9,7 +9,8 @@ fill several padded-length buckets):
 - `finetune k=K`: `roformer.glue.finetune.finetune` itself with `steps_per_call` K, its own
   steps/s (the loop, not the compilation), for each `--paddings` (step: each step padded to
   its own length, a branch per length in one program; call: a call's steps padded to their
-  longest, a program per length and no branch);
+  longest, a program per length and no branch; packed: a step's examples packed into rows of
+  --max-len, a program per row count);
 - `bare k=K`: the same compiled programs called with every batch already on the device: the
   floor a loop of that many steps per call can reach on this machine.
 Each variant's `host_ms_step` is the CPU time of the thread that runs the loop, per step: the
@@ -133,7 +134,7 @@ class Setup:
         return time.perf_counter() - start, time.thread_time() - thread_start
 
     def call_programs(self, steps_per_call: int, padding: str) -> list[finetune_lib.TrainProgram]:
-        return finetune_lib.call_programs(self.plan, self.protocol, padding, steps_per_call)
+        return finetune_lib.call_programs(self.plan, self.protocol, padding, steps_per_call, self.features.lengths)
 
     def finetune(self, steps_per_call: int, padding: str) -> tuple[float, float]:
         thread_start = time.thread_time()
@@ -212,7 +213,8 @@ def breakdown(setup: Setup, steps_per_call: int) -> list[dict]:
 def train_program_size(preset: str, args: argparse.Namespace) -> list[dict]:
     """The train programs a fine-tuning run of a `preset` classifier compiles (one call of
     `steps_per_call` steps; padding `step`: one program, every padded length a branch;
-    `call`: one program per padded length): each one's StableHLO lines, seconds to trace and
+    `call`: one program per padded length; `packed`: the program of batch/4 rows of the
+    longest length): each one's StableHLO lines, seconds to trace and
     lower, to compile, and the serialized executable's size (what the program store keeps
     and a warm run loads)."""
     from jax.experimental import serialize_executable
@@ -222,10 +224,11 @@ def train_program_size(preset: str, args: argparse.Namespace) -> list[dict]:
     programs = finetune_lib.Programs(classifier, protocol(args).update_settings, False)
     rows = []
     lengths = bucket_lengths(args.max_len)
-    shapes = [(k, padding, program_lengths) for k in args.steps_per_call for padding in args.paddings
-              for program_lengths in ([lengths] if padding == "step" else [(n,) for n in lengths])]
-    for k, padding, program_lengths in shapes:
-        program = finetune_lib.TrainProgram(args.batch, program_lengths, k)
+    forms = {"step": [(lengths, 0)], "call": [((n,), 0) for n in lengths],
+             "packed": [((args.max_len,), max(1, args.batch // 4))]}
+    shapes = [(k, padding, *form) for k in args.steps_per_call for padding in args.paddings for form in forms[padding]]
+    for k, padding, program_lengths, packed_rows in shapes:
+        program = finetune_lib.TrainProgram(args.batch, program_lengths, k, packed_rows)
         start = time.perf_counter()
         lowered = programs.lower_train(program)
         traced = time.perf_counter()
@@ -233,6 +236,7 @@ def train_program_size(preset: str, args: argparse.Namespace) -> list[dict]:
         done = time.perf_counter()
         serialized, _, _ = serialize_executable.serialize(compiled)
         rows.append({"preset": preset, "steps_per_call": k, "padding": padding, "lengths": list(program.lengths),
+                     "rows": program.rows or args.batch,
                      "stablehlo_lines": lowered.as_text().count("\n"), "trace_lower_s": traced - start,
                      "compile_s": done - traced, "serialized_mib": len(serialized) / 2 ** 20})
     return rows
@@ -281,5 +285,10 @@ def run(args: argparse.Namespace) -> dict:
             "settings": {k: v for k, v in vars(args).items() if k != "json"},
             "notes": [f"model: {args.preset or 'micro'}, accel={args.accel} setting; "
                       f"{setup.steps} steps of batch {args.batch}, padded lengths {lengths}"
+                      + "".join(f"; {padding} programs (length, rows): "
+                                + ", ".join(f"{p.lengths[-1]}x{p.rows or p.batch_size}"
+                                            for p in sorted(set(setup.call_programs(k, padding)),
+                                                            key=lambda p: (p.lengths, p.rows)))
+                                for k, padding in shapes if padding != "step")
                       + ("; x_per_step_loop, x_host: medians over rounds of the per-step loop's wall (host) time "
                          "over this variant's" if reference else "")]}

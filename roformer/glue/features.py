@@ -105,6 +105,7 @@ class PaddedRows:
     token_type_ids: np.ndarray    # [n + 1, length]
     lengths: np.ndarray           # [n + 1]
     labels: np.ndarray            # [n + 1]
+    pad_id: int
 
     @classmethod
     def of(cls, features: Features, length: int, pad_id: int) -> "PaddedRows":
@@ -118,7 +119,7 @@ class PaddedRows:
             input_ids[:-1][filled] = np.concatenate(features.input_ids)
             token_type_ids[:-1][filled] = np.concatenate(features.token_type_ids)
         labels = np.append(features.labels, np.zeros((1,), features.labels.dtype))
-        return cls(input_ids, token_type_ids, lengths, labels)
+        return cls(input_ids, token_type_ids, lengths, labels, pad_id)
 
     def stacked(self, batches: Sequence[np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
         """The batches (rows each) stacked to [len(batches), batch_size, ...]: what
@@ -130,6 +131,64 @@ class PaddedRows:
         return {"input_ids": self.input_ids[rows], "token_type_ids": self.token_type_ids[rows],
                 "lengths": self.lengths[rows], "labels": self.labels[rows],
                 "weights": (rows != missing).astype(np.float32)}
+
+    def packed(self, batches: Sequence[np.ndarray], batch_size: int, rows: int, width: int) -> dict[str, np.ndarray]:
+        """The batches (example rows each) packed, stacked to [len(batches), rows, width]: each
+        batch's examples laid end to end in `rows` rows (`pack_rows`), each example its own
+        segment (ids 1, 2, ... in a row; 0 = padding) with positions from 0, and
+        `cls_index` [len(batches), batch_size], the flat index (row * width + offset) of each
+        example's first token; missing examples have weight 0 and index 0."""
+        steps = len(batches)
+        out = {"input_ids": np.full((steps, rows, width), self.pad_id, np.int32),
+               "token_type_ids": np.zeros((steps, rows, width), np.int32),
+               "segment_ids": np.zeros((steps, rows, width), np.int32),
+               "positions": np.zeros((steps, rows, width), np.int32),
+               "cls_index": np.zeros((steps, batch_size), np.int32),
+               "labels": np.zeros((steps, batch_size), self.labels.dtype),
+               "weights": np.zeros((steps, batch_size), np.float32)}
+        counting = np.arange(width, dtype=np.int32)
+        for step, batch_rows in enumerate(batches):
+            lengths = self.lengths[batch_rows]
+            row_of, offset_of, used = pack_rows(lengths, width)
+            if used > rows:
+                raise ValueError(f"a batch needs {used} packed rows, more than {rows}")
+            for i, (example, n) in enumerate(zip(batch_rows, lengths)):
+                row, start = row_of[i], offset_of[i]
+                span = slice(start, start + n)
+                out["input_ids"][step, row, span] = self.input_ids[example, :n]
+                out["token_type_ids"][step, row, span] = self.token_type_ids[example, :n]
+                out["segment_ids"][step, row, span] = i + 1
+                out["positions"][step, row, span] = counting[:n]
+                out["cls_index"][step, i] = row * width + start
+            out["labels"][step, :len(batch_rows)] = self.labels[batch_rows]
+            out["weights"][step, :len(batch_rows)] = 1.0
+        return out
+
+
+def pack_rows(lengths: Sequence[int], width: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(row, offset) of each example packed into rows of `width` tokens, and the rows used:
+    first fit, longest example first, so a batch's examples share as few rows as they can."""
+    row_of, offset_of = np.zeros(len(lengths), np.int32), np.zeros(len(lengths), np.int32)
+    filled: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -int(lengths[i])):
+        n = int(lengths[i])
+        if n > width:
+            raise ValueError(f"an example of {n} tokens does not fit a row of {width}")
+        row = next((r for r, used in enumerate(filled) if used + n <= width), len(filled))
+        if row == len(filled):
+            filled.append(0)
+        row_of[i], offset_of[i] = row, filled[row]
+        filled[row] += n
+    return row_of, offset_of, len(filled)
+
+
+def row_buckets(batch_size: int) -> tuple[int, ...]:
+    """The packed row counts a program is built for: powers of two below batch_size, and it."""
+    buckets, n = [], 1
+    while n < batch_size:
+        buckets.append(n)
+        n *= 2
+    return (*buckets, batch_size)
 
 
 def featurize(examples: Sequence[Example], tokenizer, max_seq_len: int,

@@ -8,8 +8,9 @@ Built so an accelerator is never waiting on the host:
   batches, flattening the state) is paid once for many steps, with the same updates in the
   same order as one step per call (test);
 - a step's batch is padded to its own length (`padding="step"`: one program with a branch
-  per padded length) or to the longest of its call (`"call"`: one program per length, with
-  no conditional, since on a GPU each conditional makes the host wait for the device);
+  per padded length), to the longest of its call (`"call"`: one program per length, with
+  no conditional, since on a GPU each conditional makes the host wait for the device), or
+  its examples are packed end to end into a few full-length rows (`"packed"`);
 - the learning rate and the step number are inputs of the program, so one compiled program
   serves every schedule: all seeds, and every task with the same head and batch size;
 - every program a task will run is compiled before its first step (`Programs.prepare`,
@@ -38,7 +39,8 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from roformer.errors import ConfigError
-from roformer.glue.features import Features, PaddedRows, bucket_lengths, eval_batches, planned_train_batches
+from roformer.glue.features import (Features, PaddedRows, bucket_lengths, eval_batches, pack_rows, planned_train_batches,
+                                    row_buckets)
 from roformer.glue.program_store import ProgramStore, graph_text, tree_text
 from roformer.model import ModelConfig, RoFormerForSequenceClassification
 from roformer.train.optim import decay_mask, make_schedule
@@ -48,6 +50,7 @@ log = logging.getLogger("roformer.glue")
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "lengths")
 TRAIN_INPUTS = (*MODEL_INPUTS, "labels", "weights")
+PACKED_INPUTS = ("input_ids", "token_type_ids", "segment_ids", "positions", "cls_index", "labels", "weights")
 # Optimizer steps per call of the train program. More steps per call spread the host's
 # cost of a call thinner; the last call of a run pads with steps that change nothing.
 STEPS_PER_CALL = 16
@@ -61,9 +64,13 @@ CALLS_AHEAD = 8
 #         branch: XLA:GPU reads a conditional's branch index back to the host, so a
 #         branch per step is a wait of the host for the device per step, and the device
 #         idles while the host launches the branch.
+#   packed  a step's examples laid end to end in rows of max_seq_len tokens, each its own
+#         segment (attention stays within it, positions start at 0), the call's steps at
+#         their largest number of rows: far fewer padding tokens, no branch, but attention
+#         takes a segment mask instead of per-row lengths.
 #   auto  call on GPUs; step elsewhere: on a CPU the longer padding is more work, and a TPU
 #         decides its branches on the device.
-TRAIN_PADDINGS = ("auto", "step", "call")
+TRAIN_PADDINGS = ("auto", "step", "call", "packed")
 
 
 def resolve_train_padding(setting: str, platform: str | None = None) -> str:
@@ -78,10 +85,12 @@ def resolve_train_padding(setting: str, platform: str | None = None) -> str:
 @dataclasses.dataclass(frozen=True)
 class TrainProgram:
     """What a compiled train program is specialised to: the batch size, the padded lengths
-    it can run (one branch each) and the steps per call."""
+    it can run (one branch each), the steps per call, and for packed batches the rows a
+    step's examples are packed into (0: a row per example)."""
     batch_size: int
     lengths: tuple[int, ...]
     steps_per_call: int
+    rows: int = 0
 
     @classmethod
     def for_protocol(cls, protocol: "Protocol", steps_per_call: int = STEPS_PER_CALL) -> "TrainProgram":
@@ -93,14 +102,25 @@ class TrainProgram:
 
 
 def call_programs(plan: list[tuple[int, np.ndarray]], protocol: "Protocol", padding: str,
-                  steps_per_call: int = STEPS_PER_CALL) -> list[TrainProgram]:
-    """The train program of each call of a run of `plan` ((padded length, rows) per step)."""
+                  steps_per_call: int = STEPS_PER_CALL, lengths: np.ndarray | None = None) -> list[TrainProgram]:
+    """The train program of each call of a run of `plan` ((padded length, rows) per step);
+    `lengths`, the examples' token counts (`Features.lengths`), decides the rows of packed
+    batches."""
+    calls = [plan[first:first + steps_per_call] for first in range(0, len(plan), steps_per_call)]
     if padding == "step":
-        return [TrainProgram.for_protocol(protocol, steps_per_call)] * math.ceil(len(plan) / steps_per_call)
-    if padding != "call":
-        raise ValueError(f"padding must be 'step' or 'call', got {padding!r}")
-    return [TrainProgram(protocol.batch_size, (max(length for length, _ in plan[first:first + steps_per_call]),),
-                         steps_per_call) for first in range(0, len(plan), steps_per_call)]
+        return [TrainProgram.for_protocol(protocol, steps_per_call)] * len(calls)
+    if padding == "call":
+        return [TrainProgram(protocol.batch_size, (max(length for length, _ in call),), steps_per_call)
+                for call in calls]
+    if padding != "packed" or lengths is None:
+        raise ValueError(f"padding must be 'step', 'call' or 'packed' (with the examples' lengths), got {padding!r}")
+    width, buckets = protocol.max_seq_len, row_buckets(protocol.batch_size)
+    programs = []
+    for call in calls:
+        rows = max(pack_rows(lengths[rows], width)[2] for _, rows in call)
+        programs.append(TrainProgram(protocol.batch_size, (width,), steps_per_call,
+                                     rows=next(n for n in buckets if n >= rows)))
+    return programs
 
 
 def train_programs(features: Features, protocol: "Protocol", seeds: Iterable[int], padding: str,
@@ -110,7 +130,7 @@ def train_programs(features: Features, protocol: "Protocol", seeds: Iterable[int
     found = {}
     for seed in seeds:
         plan = planned_train_batches(features, protocol.batch_size, protocol.max_seq_len, seed, total)
-        found.update(dict.fromkeys(call_programs(plan, protocol, padding, steps_per_call)))
+        found.update(dict.fromkeys(call_programs(plan, protocol, padding, steps_per_call, features.lengths)))
     return list(found)
 
 
@@ -195,6 +215,15 @@ def _forward(model, batch):
     return model(batch["input_ids"], token_type_ids=batch["token_type_ids"], lengths=batch["lengths"])
 
 
+def _packed_forward(model, batch):
+    """Logits [batch, labels] of examples packed into rows (`PaddedRows.packed`): the encoder
+    over the rows, then the head on each example's first token."""
+    hidden = model.roformer(batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                            positions=batch["positions"], segment_ids=batch["segment_ids"])
+    first_tokens = hidden.reshape(-1, hidden.shape[-1])[batch["cls_index"]]
+    return model.classifier(first_tokens[:, None])
+
+
 def create_model(model_config: ModelConfig, num_labels: int, seed: int,
                  encoder_state: nnx.State | None = None) -> RoFormerForSequenceClassification:
     """A fresh classifier; the encoder is overwritten with `encoder_state` when given
@@ -224,8 +253,11 @@ class Classifier:
         return model
 
 
-def _batch_spec(batch_size: int, length: int, inputs: Iterable[str], label_dtype) -> dict:
-    shapes = {"input_ids": (batch_size, length), "token_type_ids": (batch_size, length),
+def _batch_spec(batch_size: int, length: int, inputs: Iterable[str], label_dtype, rows: int = 0) -> dict:
+    """Shapes and dtypes of a batch's `inputs`; with `rows`, of a packed batch (`PaddedRows.packed`)."""
+    token_shape = (rows or batch_size, length)
+    shapes = {"input_ids": token_shape, "token_type_ids": token_shape, "segment_ids": token_shape,
+              "positions": token_shape, "cls_index": (batch_size,),
               "lengths": (batch_size,), "labels": (batch_size,), "weights": (batch_size,)}
     dtypes = {"labels": label_dtype, "weights": jnp.float32}
     return {k: jax.ShapeDtypeStruct(shapes[k], dtypes.get(k, jnp.int32)) for k in inputs}
@@ -255,16 +287,17 @@ class Programs:
             "state": tree_text((self.abstract_params, self.abstract_opt_state, self.abstract_rest)),
             "label_dtype": str(jnp.dtype(self.label_dtype))} if store else None
 
-    def gradients(self):
-        """The loss and gradients of one [batch, length] batch: (params, rest, batch, base_key,
-        step) -> (loss, grads), a pure function."""
+    def gradients(self, packed: bool = False):
+        """The loss and gradients of one [batch, length] batch (or one packed batch): (params,
+        rest, batch, base_key, step) -> (loss, grads), a pure function."""
         graphdef, regression = self.graphdef, self.regression
+        forward = _packed_forward if packed else _forward
 
         def loss_and_grads(params, rest, batch, base_key, step):
             def loss_fn(params):
                 model = nnx.merge(graphdef, nnx.State(params), reseeded(rest, jax.random.fold_in(base_key, step)))
                 model.train()
-                return classification_loss(_forward(model, batch), batch["labels"], batch["weights"], regression)
+                return classification_loss(forward(model, batch), batch["labels"], batch["weights"], regression)
 
             loss, grads = jax.value_and_grad(loss_fn)(params)
             return loss.astype(jnp.float32), grads
@@ -288,7 +321,7 @@ class Programs:
 
         return train_step
 
-    def _train_fn(self, lengths: tuple[int, ...]):
+    def _train_fn(self, program: TrainProgram):
         """Steps over stacked batches [steps, batch, max(lengths)]: step i computes its
         gradients in branch `branch[i]`, on its batch cut to lengths[branch[i]], then
         updates. The update is outside the branches, so the program holds one copy of it,
@@ -299,14 +332,16 @@ class Programs:
         call). With several lengths it takes branch len(lengths), which computes nothing;
         a program of one length has no branch at all and computes the zero gradients.
         No conditional skips the update, because a conditional on a GPU is a wait of the
-        host for the device."""
-        loss_and_grads, update = self.gradients(), self.update
+        host for the device. A packed program has one length, the rows' width."""
+        lengths, packed = program.lengths, program.rows > 0
+        loss_and_grads, update = self.gradients(packed), self.update
+        inputs = PACKED_INPUTS if packed else TRAIN_INPUTS
 
         def train_steps(params, opt_state, rest, batches, base_key):
             def one_length(length):
                 def run(params, xs):
                     batch = {k: xs[k][:, :length] if k in ("input_ids", "token_type_ids") else xs[k]
-                             for k in TRAIN_INPUTS}
+                             for k in inputs}
                     return loss_and_grads(params, rest, batch, base_key, xs["step"])
                 return run
 
@@ -343,12 +378,14 @@ class Programs:
         """The train program, traced and lowered for this architecture's state (not compiled)."""
         key = jax.eval_shape(lambda: jax.random.key(0))
         steps = program.steps_per_call
+        inputs = PACKED_INPUTS if program.rows else TRAIN_INPUTS
         batches = {k: jax.ShapeDtypeStruct((steps, *v.shape), v.dtype) for k, v in
-                   _batch_spec(program.batch_size, max(program.lengths), TRAIN_INPUTS, self.label_dtype).items()}
+                   _batch_spec(program.batch_size, max(program.lengths), inputs, self.label_dtype,
+                               program.rows).items()}
         batches.update(learning_rate=jax.ShapeDtypeStruct((steps,), jnp.float32),
                        step=jax.ShapeDtypeStruct((steps,), jnp.int32),
                        branch=jax.ShapeDtypeStruct((steps,), jnp.int32))
-        return self._train_fn(program.lengths).lower(
+        return self._train_fn(program).lower(
             self.abstract_params, self.abstract_opt_state, self.abstract_rest, batches, key)
 
     def _lower_predict(self, batch_size: int, length: int):
@@ -412,14 +449,18 @@ def call_inputs(program: TrainProgram, padded: PaddedRows, plan: list[tuple[int,
                 rates: np.ndarray, first: int) -> dict[str, np.ndarray]:
     """The inputs of the call of `program` that runs steps first, first + 1, ... of `plan`
     (padded lengths and rows, per step) with `rates` (per step): the batches stacked at the
-    program's longest length, each step's branch (the first of the program's lengths that
-    holds it; past the plan's end, a padding step), rate and number."""
+    program's longest length (or packed into its rows), each step's branch (the first of the
+    program's lengths that holds it; past the plan's end, a padding step), rate and number."""
     steps, width = program.steps_per_call, max(program.lengths)
     chunk = plan[first:first + steps]
     pad = steps - len(chunk)
-    inputs = padded.stacked([rows for _, rows in chunk] + [np.zeros(0, np.int64)] * pad, program.batch_size)
-    for key in ("input_ids", "token_type_ids"):
-        inputs[key] = np.ascontiguousarray(inputs[key][:, :, :width])
+    batches = [rows for _, rows in chunk] + [np.zeros(0, np.int64)] * pad
+    if program.rows:
+        inputs = padded.packed(batches, program.batch_size, program.rows, width)
+    else:
+        inputs = padded.stacked(batches, program.batch_size)
+        for key in ("input_ids", "token_type_ids"):
+            inputs[key] = np.ascontiguousarray(inputs[key][:, :, :width])
     inputs["branch"] = np.array([program.branch(length) for length, _ in chunk] + [len(program.lengths)] * pad,
                                 np.int32)
     inputs["learning_rate"] = np.pad(rates[first:first + len(chunk)], (0, pad), constant_values=0.0)   # padding: rate 0
@@ -432,14 +473,14 @@ def finetune(classifier: Classifier, programs: Programs, features: Features, pro
              log_fn: Callable[[dict], None] | None = None, progress: bool = True,
              steps_per_call: int = STEPS_PER_CALL, padding: str = "step") -> tuple[Classifier, dict]:
     """Train from `classifier`; returns (the trained classifier, {"steps", "final_loss",
-    "steps_per_sec"}). `padding`: "step" or "call" (TRAIN_PADDINGS). The losses are read
+    "steps_per_sec"}). `padding`: "step", "call" or "packed" (TRAIN_PADDINGS). The losses are read
     from the device once, after the last step."""
     total_steps = protocol.total_steps(len(features))
     # every step's rate at once, on the host: a rate computed per step by the schedule would
     # be a device computation whose value the host waits for, a sync every step
     rates = np.asarray(jax.device_get(protocol.schedule(total_steps)(np.arange(total_steps))), np.float32)
     plan = planned_train_batches(features, protocol.batch_size, protocol.max_seq_len, seed, total_steps)
-    per_call = call_programs(plan, protocol, padding, steps_per_call)
+    per_call = call_programs(plan, protocol, padding, steps_per_call, features.lengths)
     compiled = {program: programs.train_steps(program) for program in set(per_call)}
     padded = PaddedRows.of(features, protocol.max_seq_len, pad_id)
     # a copy: the program donates (frees) its input params, and the caller keeps its classifier

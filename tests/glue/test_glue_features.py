@@ -123,3 +123,35 @@ def test_stacked_padded_rows_are_the_batches_at_the_longest_length():
                 assert stacked[key].dtype == want[key].dtype
     with pytest.raises(ValueError, match="more than the padded length"):
         PaddedRows.of(feats, 16, pad_id=0)
+
+
+def test_packed_rows_hold_each_example_whole_in_its_own_segment_from_position_zero():
+    from roformer.glue.features import Features, PaddedRows, pack_rows, row_buckets
+
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(5, 50, n).astype(np.int32) for n in (3, 17, 9, 32, 5, 29)]
+    feats = Features(ids, [np.arange(len(x)) % 2 for x in ids], np.arange(6, dtype=np.int32), np.arange(6))
+    padded = PaddedRows.of(feats, 32, pad_id=7)
+    # first fit, longest first: 32 | 29 | 17 + 9 + 5, then 3 in the first row with room (29's)
+    row, offset, used = pack_rows(feats.lengths[[0, 1, 2, 3, 4, 5]], 32)
+    assert used == 3 and row.tolist() == [1, 2, 2, 0, 2, 1] and offset.tolist() == [29, 0, 17, 0, 26, 0]
+    batches = [np.array([0, 1, 2, 3, 4, 5]), np.array([2]), np.array([], np.int64)]   # full, short, a padding step
+    packed = padded.packed(batches, batch_size=6, rows=4, width=32)
+    assert packed["input_ids"].shape == (3, 4, 32) and packed["cls_index"].shape == (3, 6)
+    for step, examples in enumerate(batches):
+        seen = 0
+        for i, example in enumerate(examples):
+            n, start = len(ids[example]), packed["cls_index"][step, i]
+            r, o = divmod(int(start), 32)
+            np.testing.assert_array_equal(packed["input_ids"][step, r, o:o + n], ids[example])
+            np.testing.assert_array_equal(packed["token_type_ids"][step, r, o:o + n], np.arange(n) % 2)
+            np.testing.assert_array_equal(packed["positions"][step, r, o:o + n], np.arange(n))
+            assert (packed["segment_ids"][step, r, o:o + n] == i + 1).all()
+            seen += n
+        assert (packed["segment_ids"][step] > 0).sum() == seen                  # the rest is padding
+        assert (packed["input_ids"][step][packed["segment_ids"][step] == 0] == 7).all()
+        np.testing.assert_array_equal(packed["weights"][step], np.arange(6) < len(examples))
+        np.testing.assert_array_equal(packed["labels"][step, :len(examples)], feats.labels[examples])
+    with pytest.raises(ValueError, match="packed rows"):
+        padded.packed(batches, batch_size=6, rows=2, width=32)
+    assert row_buckets(32) == (1, 2, 4, 8, 16, 32) and row_buckets(24) == (1, 2, 4, 8, 16, 24)

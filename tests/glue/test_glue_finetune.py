@@ -87,9 +87,11 @@ def test_a_model_that_cannot_predict_fails_before_training(shared_data, vocab, t
         glue_run.run_glue(tiny_config(shared_data, vocab, "mrpc"), tmp_path / "glue")
 
 
-def test_glue_on_a_cudnn_model_hands_the_kernel_layouts_it_takes(shared_data, vocab, tmp_path, monkeypatch):
-    """GLUE (training and prediction) with attention_impl=cudnn, the cuDNN calls checked
-    against its layout rules and run by XLA's kernel (no GPU here)."""
+@pytest.mark.parametrize("train_padding", ["step", "call", "packed"])
+def test_glue_on_a_cudnn_model_hands_the_kernel_layouts_it_takes(shared_data, vocab, tmp_path, monkeypatch,
+                                                                 train_padding):
+    """GLUE (training, with each padding, and prediction) with attention_impl=cudnn, the
+    cuDNN calls checked against its layout rules and run by XLA's kernel (no GPU here)."""
     original, calls = jax.nn.dot_product_attention, []
 
     def checked(q, k, v, bias=None, mask=None, *, implementation=None, key_value_seq_lengths=None, **kw):
@@ -102,6 +104,7 @@ def test_glue_on_a_cudnn_model_hands_the_kernel_layouts_it_takes(shared_data, vo
     monkeypatch.setattr(glue_run, "check_attention_impl", lambda config: None)   # cuDNN on CPU
     config = tiny_config(shared_data, vocab, "mrpc")
     config.model.update(dtype="bfloat16", attention_impl="cudnn", attention_dropout=0.0)
+    config.train_padding = train_padding
     glue_run.run_glue(config, tmp_path / "glue")
     assert calls and all(errors == [] for errors in calls), [e for e in calls if e][:3]
 
@@ -250,7 +253,7 @@ def test_several_steps_per_call_make_the_same_updates_as_one_step_per_call():
             np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
 
 
-def _small_run(dropout: float = 0.1):
+def _small_run(dropout: float = 0.1, position: str = "rope"):
     """Features, a protocol, a classifier and its programs small enough for a few-second run."""
     from roformer.model import ModelConfig
 
@@ -258,7 +261,7 @@ def _small_run(dropout: float = 0.1):
     config.update(batch_size=8, max_seq_len=64, num_epochs=2.0, learning_rate=1e-3)
     protocol = finetune_lib.Protocol.from_config(config, "sst2")
     model_config = ModelConfig(vocab_size=100, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                               hidden_dropout=dropout, attention_dropout=dropout)
+                               hidden_dropout=dropout, attention_dropout=dropout, position=position)
     classifier = finetune_lib.Classifier.split(finetune_lib.create_model(model_config, 2, 0))
     return _random_features(30), protocol, classifier, finetune_lib.Programs(classifier, protocol.update_settings, False)
 
@@ -322,3 +325,50 @@ def test_per_call_padding_makes_the_per_step_updates_and_its_padding_steps_chang
     assert padded_losses == whole_losses
     for ours, theirs in zip(padded_params, whole_params):
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+@pytest.mark.parametrize("position", ["rope", "learned", "t5"])
+def test_packed_batches_make_the_per_step_updates(position):
+    """Without dropout, a step's examples packed end to end into rows (each its own segment,
+    positions from 0) give the per-step run's losses and params to float32 rounding, for
+    rotary, absolute and relative positions; a call padded with steps past the run's end
+    leaves the params bit for bit as a call without them."""
+    features, protocol, classifier, programs = _small_run(dropout=0.0, position=position)
+    total = protocol.total_steps(len(features))
+
+    def run(padding, steps_per_call):
+        logged = []
+        trained, _ = finetune_lib.finetune(classifier, programs, features, protocol, seed=3, pad_id=0, log_every=1,
+                                           log_fn=logged.append, progress=False, steps_per_call=steps_per_call,
+                                           padding=padding)
+        return [row["loss"] for row in logged], jax.tree.leaves(trained.params)
+
+    step_losses, step_params = run("step", 4)
+    packed_losses, packed_params = run("packed", 4)
+    np.testing.assert_allclose(packed_losses, step_losses, rtol=2e-5, atol=1e-6)
+    for ours, theirs in zip(packed_params, step_params):
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-4, atol=1e-6)
+    if position == "rope":
+        whole_losses, whole_params = run("packed", total)
+        padded_losses, padded_params = run("packed", total + 5)
+        assert padded_losses == whole_losses
+        for ours, theirs in zip(padded_params, whole_params):
+            np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+def test_packed_programs_take_the_rows_their_calls_need_and_have_no_branch(monkeypatch):
+    from roformer.glue.features import pack_rows, planned_train_batches, row_buckets
+    from roformer.model import backend
+
+    features, protocol, _, programs = _small_run()
+    total = protocol.total_steps(len(features))
+    plan = planned_train_batches(features, 8, 64, 3, total)
+    per_call = finetune_lib.call_programs(plan, protocol, "packed", 2, features.lengths)
+    for i, program in enumerate(per_call):
+        needed = max(pack_rows(features.lengths[rows], 64)[2] for _, rows in plan[2 * i:2 * i + 2])
+        assert program.lengths == (64,) and program.rows == min(n for n in row_buckets(8) if n >= needed)
+    assert max(p.rows for p in per_call) < 8     # fewer rows than examples: that is the point
+    with pytest.raises(ValueError, match="packed"):
+        finetune_lib.call_programs(plan, protocol, "packed", 2)     # the rows need the examples' lengths
+    monkeypatch.setattr(backend, "on_cpu", lambda: False)
+    assert "stablehlo.case" not in programs.lower_train(per_call[0]).as_text()
