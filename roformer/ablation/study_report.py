@@ -253,8 +253,15 @@ def markdown(config, result: dict, manifest: dict) -> str:
         t = info[scheme]["timing"]
         lines.append(f"| {scheme} | {info[scheme]['parameters']:,} | {info[scheme]['memory_estimate_gib']:.2f} GiB | "
                      f"{t['compile_s']:.1f} s | {t['train_s']:.1f} s | {t['eval_s']:.1f} s | {t['tokens_per_s']:,.0f} |")
-    lines += ["", "Figures: study_loss.png, study_onset.png, study_spectrum.png, study_signal.png."]
+    lines += ["", f"Figures: {', '.join(figure_names(info))}."]
     return "\n".join(lines) + "\n"
+
+
+def figure_names(info: dict) -> list[str]:
+    """The figures `figures` writes for these schemes: the signal's only when one of them has a
+    parameter or constant to follow (a first call that finished only rope has none)."""
+    names = ["study_loss.png", "study_onset.png", "study_spectrum.png"]
+    return names + ["study_signal.png"] if any(i["signal"] for i in info.values()) else names
 
 
 def figures(result: dict, workdir: Path) -> None:

@@ -302,6 +302,26 @@ def test_the_report_says_what_it_does_not_show():
     assert "edge of the grid" not in text and "diverged" not in text
 
 
+def test_the_report_names_the_figures_it_wrote(tmp_path):
+    """A call that finished only schemes with nothing to follow (rope, first by its time limit)
+    writes no signal figure, and its study.md does not name one."""
+    from roformer.ablation import study_report
+
+    band = {"median": [1.0, 0.5], "lo": [0.9, 0.4], "hi": [1.1, 0.6]}
+
+    def info(signal):
+        return {"tokens": [0, 100], "validation": band, "rate": 1e-3, "onsets": [{"left_censored": False}],
+                "onset_curve": {"grid": [0, 100], "fraction": [0.0, 0.5], "lo": [0.0, 0.2], "hi": [0.0, 0.8]},
+                "spectrum": {"shuffle2": band, "reverse": band}, "signal": signal}
+
+    for schemes in ({"rope": info({})}, {"rope": info({}), "alibi": info({"slope_max": band})}):
+        workdir = tmp_path / "-".join(schemes)
+        workdir.mkdir()
+        study_report.figures({"schemes_info": schemes}, workdir)
+        assert sorted(p.name for p in workdir.iterdir()) == sorted(study_report.figure_names(schemes))
+        assert ("study_signal.png" in study_report.figure_names(schemes)) == ("alibi" in schemes)
+
+
 def test_a_study_stopped_by_its_time_limit_resumes_with_the_rest(tmp_path, monkeypatch, caplog):
     """A scheme that would end past study.time_limit_s is not started; the same command (here
     without the limit) trains only the schemes that have no record yet."""
