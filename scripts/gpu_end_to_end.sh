@@ -12,9 +12,10 @@
 #   glue_loop python -m roformer.bench glue_loop at base, the accelerator setting, synthetic
 #             SST-2-like batches of 32 up to length 128: steps/s of the GLUE loop itself
 #             (finetune) against its compiled programs fed batches already on the device
-#             (bare), each with a step's batch padded per step (a branch per length) and
-#             per call (no branch): whether the device or the host paces a GLUE step, and
-#             what the per-step branch costs
+#             (bare), each with a step's batch padded per step (a branch per length), per
+#             call (no branch) and packed (a step's examples end to end in full rows):
+#             whether the device or the host paces a GLUE step, what the per-step branch
+#             costs and what packing saves
 #   export    python -m roformer.convert to-hf of the pretraining workdir
 #   parity    scripts/hf_parity.py: the export in transformers (AutoTokenizer,
 #             AutoModelForMaskedLM) on the GPU against ours, float32 logits
@@ -112,8 +113,8 @@ for stage in $stages; do
         --config.compilation_cache_dir="$work/xla" --workdir="$work/$stage" ${GLUE_ARGS:-}
       cp "$work/$stage/glue_results.json" "$out/$results" 2>/dev/null ;;
     glue_loop)
-      run_stage glue_loop 130 "$py" -m roformer.bench glue_loop --variants finetune bare --steps-per-call 16 \
-        --paddings step call --rounds 2 ${GLUE_LOOP_ARGS:---preset base --accel gpu --batch 32 --max-len 128 --steps 256} \
+      run_stage glue_loop 150 "$py" -m roformer.bench glue_loop --variants finetune bare --steps-per-call 16 \
+        --paddings step call packed --rounds 2 ${GLUE_LOOP_ARGS:---preset base --accel gpu --batch 32 --max-len 128 --steps 192} \
         --json "$out/glue_loop.json" ;;
     export)
       [ -f "$work/pretrain/summary.json" ] || { echo "=== export: skipped (no pretraining workdir)" | tee -a "$log"; continue; }

@@ -75,7 +75,8 @@ def main(out: Path) -> str:
         lines.append("\n`bare` feeds the same program batches already on the device: near `finetune`, the "
                      "device paces a step; far above it, the host does. Padding `step`: one program with "
                      "a branch per padded length (on a GPU a host wait per step); `call`: a call's steps "
-                     "padded to their longest, no branch.")
+                     "padded to their longest, no branch; `packed`: a step's examples end to end in "
+                     "full-length rows, no branch.")
     else:
         lines.append("**GLUE loop (bench glue_loop)**: not run")
     lines.append("")

@@ -183,12 +183,15 @@ def pack_rows(lengths: Sequence[int], width: int) -> tuple[np.ndarray, np.ndarra
 
 
 def row_buckets(batch_size: int) -> tuple[int, ...]:
-    """The packed row counts a program is built for: powers of two below batch_size, and it."""
-    buckets, n = [], 1
-    while n < batch_size:
-        buckets.append(n)
+    """The packed row counts a program is built for: powers of two up to an eighth of the
+    batch, then its multiples, then the batch (1, 2, 4, 8, 12, ..., 32 for 32): a call's
+    steps run at the first that holds them all, so coarse steps at the top would waste rows."""
+    step = max(1, batch_size // 8)
+    small, n = [], 1
+    while n < step:
+        small.append(n)
         n *= 2
-    return (*buckets, batch_size)
+    return tuple(sorted({*small, *range(step, batch_size, step), batch_size}))
 
 
 def featurize(examples: Sequence[Example], tokenizer, max_seq_len: int,

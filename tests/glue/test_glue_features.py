@@ -154,4 +154,5 @@ def test_packed_rows_hold_each_example_whole_in_its_own_segment_from_position_ze
         np.testing.assert_array_equal(packed["labels"][step, :len(examples)], feats.labels[examples])
     with pytest.raises(ValueError, match="packed rows"):
         padded.packed(batches, batch_size=6, rows=2, width=32)
-    assert row_buckets(32) == (1, 2, 4, 8, 16, 32) and row_buckets(24) == (1, 2, 4, 8, 16, 24)
+    assert row_buckets(32) == (1, 2, 4, 8, 12, 16, 20, 24, 28, 32)
+    assert row_buckets(8) == tuple(range(1, 9)) and row_buckets(20) == (1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20)
