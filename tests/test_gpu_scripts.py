@@ -45,13 +45,15 @@ def test_the_table_reads_every_stage_file_and_says_what_did_not_run(tmp_path):
     assert "**GLUE loop (bench glue_loop)**: not run" in out
     loop = {"rows": [{"variant": "finetune", "steps_per_call": 16, "steps_s": 140.2, "steps_s_min": 139.0,
                       "steps_s_max": 141.5, "host_ms_step": 0.21},
-                     {"variant": "bare", "steps_per_call": 16, "steps_s": 151.0, "steps_s_min": 150.0,
+                     {"variant": "bare", "steps_per_call": 16, "padding": "call", "steps_s": 151.0, "steps_s_min": 150.0,
                       "steps_s_max": 152.0, "host_ms_step": 0.02}], "notes": ["model: base, accel=gpu setting"]}
     (tmp_path / "glue_loop.json").write_text(json.dumps(loop))
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_end_to_end_table.py"), str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
     assert "**GLUE loop (bench glue_loop)**: model: base, accel=gpu setting" in out
-    assert "| finetune | 16 | 140.2 (139.0, 141.5) | 0.210 |" in out and "| bare | 16 | 151.0 (150.0, 152.0) | 0.020 |" in out
+    # a row without a padding (a file from before the column) was padded per step
+    assert "| finetune | 16 | step | 140.2 (139.0, 141.5) | 0.210 |" in out
+    assert "| bare | 16 | call | 151.0 (150.0, 152.0) | 0.020 |" in out
 
 
 def test_the_accelerator_benchmarks_parse_and_refuse_an_unknown_step_before_running(tmp_path):
