@@ -77,11 +77,12 @@ def get_config(arg=None):
     # on CPU), "" = off, else a directory. A rerun, another checkpoint or more seeds then
     # load their programs instead of compiling them.
     c.compilation_cache_dir = "auto"
-    # Training batches padded per "step" (each to its own length bucket) or per "call" (the
-    # steps of one program call to their longest bucket, so the program needs no branch per
-    # length: on a GPU each branch makes the host wait for the device); "auto" = call on
-    # GPUs, step elsewhere. The same batches, rates and order; dropout masks are drawn for
-    # the padded shape, so the two draw different masks (roformer.glue.finetune).
+    # How training batches are laid out (roformer.glue.finetune): "step" pads each batch to
+    # its own length bucket, "call" the 16 batches of one program call to their longest (no
+    # branch per length, which on a GPU is a host wait per step), "packed" lays a batch's
+    # examples end to end in rows of max_seq_len (each its own segment). "auto" packs a task
+    # where that computes at most 0.8 of the tokens, else call on GPUs, step elsewhere. The
+    # same batches in the same order; dropout masks are drawn for the layout's shape.
     c.train_padding = "auto"
     placeholder = ml_collections.config_dict.placeholder  # typed None: CLI-overridable
     c.per_task = ml_collections.ConfigDict({

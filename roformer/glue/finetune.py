@@ -68,17 +68,17 @@ CALLS_AHEAD = 8
 #         segment (attention stays within it, positions start at 0), the call's steps at
 #         their largest number of rows: far fewer padding tokens, no branch, but attention
 #         takes a segment mask instead of per-row lengths.
-#   auto  call on GPUs; step elsewhere: on a CPU the longer padding is more work, and a TPU
-#         decides its branches on the device.
+#   auto  per task: packed where packed rows hold at most PACKING_PAYS of the tokens of the
+#         backend's padded form, else that form: call on GPUs, step elsewhere (on a CPU
+#         call's longer padding is more work, and a TPU decides its branches on the
+#         device). Where examples nearly fill their rows, packing saves no work and its
+#         segment mask costs some.
 TRAIN_PADDINGS = ("auto", "step", "call", "packed")
+PACKING_PAYS = 0.8
 
 
-def resolve_train_padding(setting: str, platform: str | None = None) -> str:
-    """"step" or "call" for a config's train_padding on `platform` (default: jax's backend)."""
-    if setting not in TRAIN_PADDINGS:
-        raise ConfigError(f"train_padding must be one of {TRAIN_PADDINGS}, got {setting!r}")
-    if setting != "auto":
-        return setting
+def padded_form(platform: str | None = None) -> str:
+    """The padding auto uses where it does not pack, on `platform` (default: jax's backend)."""
     return "call" if (platform or jax.default_backend()) == "gpu" else "step"
 
 
@@ -121,6 +121,34 @@ def call_programs(plan: list[tuple[int, np.ndarray]], protocol: "Protocol", padd
         programs.append(TrainProgram(protocol.batch_size, (width,), steps_per_call,
                                      rows=next(n for n in buckets if n >= rows)))
     return programs
+
+
+def processed_tokens(plan: list[tuple[int, np.ndarray]], protocol: "Protocol", padding: str, lengths: np.ndarray,
+                     steps_per_call: int = STEPS_PER_CALL) -> int:
+    """The token slots the train programs of a run of `plan` compute with `padding`,
+    padding steps included (a program of one length computes them; step's branch does not)."""
+    if padding == "step":
+        return sum(length for length, _ in plan) * protocol.batch_size
+    return sum(max(p.lengths) * (p.rows or p.batch_size) * p.steps_per_call
+               for p in call_programs(plan, protocol, padding, steps_per_call, lengths))
+
+
+def task_padding(setting: str, features: Features, protocol: "Protocol", platform: str | None = None,
+                 steps_per_call: int = STEPS_PER_CALL) -> tuple[str, str]:
+    """(the padding a task's runs use, why): `setting` unless it is "auto", which packs
+    when seed 0's plan packed is at most PACKING_PAYS of its tokens in the backend's
+    padded form (`padded_form`)."""
+    if setting not in TRAIN_PADDINGS:
+        raise ConfigError(f"train_padding must be one of {TRAIN_PADDINGS}, got {setting!r}")
+    if setting != "auto":
+        return setting, "train_padding=" + setting
+    padded = padded_form(platform)
+    plan = planned_train_batches(features, protocol.batch_size, protocol.max_seq_len, 0,
+                                 protocol.total_steps(len(features)))
+    share = (processed_tokens(plan, protocol, "packed", features.lengths, steps_per_call)
+             / processed_tokens(plan, protocol, padded, features.lengths, steps_per_call))
+    chosen = "packed" if share <= PACKING_PAYS else padded
+    return chosen, f"auto: packed rows would compute {share:.2f} of the tokens of {padded} padding"
 
 
 def train_programs(features: Features, protocol: "Protocol", seeds: Iterable[int], padding: str,

@@ -25,7 +25,7 @@ from roformer.errors import ConfigError, UserError
 from roformer.files import write_json_atomic, write_text_atomic, writing
 from roformer.glue import features as features_lib
 from roformer.glue.finetune import (Classifier, Programs, Protocol, create_model, finetune, predict, predict_shapes,
-                                    resolve_train_padding, train_programs)
+                                    task_padding, train_programs)
 from roformer.glue.init import encoder_state, load_init, resolve_model_config
 from roformer.glue.metrics import glue_scores, task_metrics
 from roformer.glue.program_store import ProgramStore
@@ -168,7 +168,7 @@ class ProgramsCache:
 
 def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_state,
              run_log: RunLog, submission_dir: Path | None, programs_cache: ProgramsCache,
-             models_dir: Path, padding: str = "step") -> dict:
+             models_dir: Path) -> dict:
     protocol = Protocol.from_config(config, task.name)
     train = limit_examples(read_split(task, task.train_split, **data_kwargs(config)), protocol.max_train_examples)
     evals, tests = eval_examples(task, config, with_tests=submission_dir is not None)
@@ -178,6 +178,9 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
                                       regression=task.is_regression)
 
     train_f = feats(train)
+    padding, why = task_padding(config.get("train_padding", "auto"), train_f, protocol)
+    log.info("%s: training batches %s (%s)", task.display, "packed" if padding == "packed" else f"padded per {padding}",
+             why)
     eval_f = {s: feats(ex) for s, ex in evals.items()}
     test_f = {key: feats(ex) for key, ex in tests.items()}
     predict_kw = dict(batch_size=config.eval_batch_size, max_seq_len=protocol.max_seq_len, pad_id=special.pad_id)
@@ -217,7 +220,7 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
             trained[seed] = classifier
 
     medians = seed_medians(task, seeds)
-    out = {"protocol": dataclasses.asdict(protocol),
+    out = {"protocol": dataclasses.asdict(protocol), "train_padding": padding,
            "wall_seconds": round(time.time() - task_start, 2), "compile_seconds": round(programs.compile_seconds - compiled_before, 2),
            "num_train_examples": len(train_f),
            "num_eval_examples": {s: len(f) for s, f in eval_f.items()},
@@ -356,8 +359,6 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     model_config = resolve_model_config(config.model, init, tokenizer.vocab_size)
     check_attention_impl(model_config)   # the checkpoint's attention_impl may not suit this device
     log.info("%s", startup_line(model_config))
-    padding = resolve_train_padding(config.get("train_padding", "auto"))
-    log.info("GLUE training batches padded per %s (train_padding=%s)", padding, config.get("train_padding", "auto"))
     cache = enable_compilation_cache(config.get("compilation_cache_dir", ""))
     if cache:
         log.info("compiled programs are cached in %s, and kept whole in %s", cache, ProgramStore.under(cache).directory)
@@ -365,7 +366,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
                   else encoder_state(model_config, init.encoder_params))
 
     header = {"init": {"kind": init.kind, "path": init.path, "step": init.step},
-              "vocab": str(vocab), "model": model_config.to_dict(), "train_padding": padding}
+              "vocab": str(vocab), "model": model_config.to_dict()}
     submission_dir = workdir / "submission" if config.predict_test else None
     results = {**header, "seeds": config.seeds, "tasks": {}, "glue": glue_scores({})}
     run_log = RunLog(workdir, {"config": config.to_dict(), **header})
@@ -377,7 +378,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
                     TASKS[name], config, tokenizer=tokenizer, special=special,
                     model_config=model_config, init_state=init_state, run_log=run_log,
                     submission_dir=submission_dir, programs_cache=programs_cache,
-                    models_dir=workdir / MODELS, padding=padding)
+                    models_dir=workdir / MODELS)
             except (UserError, KeyboardInterrupt):
                 raise
             except Exception as error:   # one task failing keeps the others' results

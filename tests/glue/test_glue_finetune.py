@@ -266,15 +266,25 @@ def _small_run(dropout: float = 0.1, position: str = "rope"):
     return _random_features(30), protocol, classifier, finetune_lib.Programs(classifier, protocol.update_settings, False)
 
 
-def test_auto_padding_is_per_call_on_gpus_only_and_unknown_settings_are_refused():
+def test_auto_packs_a_task_whose_examples_leave_rows_half_empty_and_pads_one_that_fills_them():
+    """auto packs where packed rows compute at most PACKING_PAYS of the padded form's tokens;
+    elsewhere it pads, per call on a GPU and per step on other backends."""
     from roformer.errors import ConfigError
+    from roformer.glue.features import Features
 
-    assert finetune_lib.resolve_train_padding("auto", "gpu") == "call"
-    assert finetune_lib.resolve_train_padding("auto", "cpu") == "step"
-    assert finetune_lib.resolve_train_padding("auto", "tpu") == "step"
-    assert finetune_lib.resolve_train_padding("step", "gpu") == "step"
+    _, protocol, _, _ = _small_run()
+    short = _random_features(400)      # 100 steps: a call's padding steps weigh little
+    chosen, why = finetune_lib.task_padding("auto", short, protocol, "cpu")
+    assert chosen == "packed" and "auto" in why
+    rng = np.random.default_rng(0)
+    full_ids = [rng.integers(5, 100, 60).astype(np.int32) for _ in range(400)]     # 60 of a row of 64
+    full = Features(full_ids, [np.zeros(60, np.int32)] * 400, np.zeros(400, np.int32), np.arange(400))
+    assert finetune_lib.task_padding("auto", full, protocol, "cpu")[0] == "step"
+    assert finetune_lib.task_padding("auto", full, protocol, "gpu")[0] == "call"
+    assert finetune_lib.task_padding("auto", full, protocol, "tpu")[0] == "step"
+    assert finetune_lib.task_padding("step", short, protocol, "gpu") == ("step", "train_padding=step")
     with pytest.raises(ConfigError, match="train_padding"):
-        finetune_lib.resolve_train_padding("row", "gpu")
+        finetune_lib.task_padding("row", short, protocol, "gpu")
 
 
 def test_per_call_padding_runs_each_call_at_its_longest_length_with_no_branch(monkeypatch):
