@@ -174,3 +174,15 @@ def test_a_library_value_error_keeps_its_traceback(tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback (most recent call last)" in proc.stderr and "ValueError: cannot reshape" in proc.stderr
     assert not cli.is_user_error(ValueError("a bare ValueError is not known to be the user's"))
+
+
+def test_every_command_module_imports_beside_the_others():
+    """A test (or a notebook) imports helpers from several commands in one process: only
+    roformer.pretrain defines its flags on import; the others define theirs when run, so no
+    two --config flags meet."""
+    modules = ["roformer.pretrain", "roformer.glue.__main__", "roformer.ablate", "roformer.capability",
+               "roformer.data.__main__", "roformer.evaluate", "roformer.convert", "roformer.bench.__main__"]
+    code = "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -4,27 +4,19 @@
 Evaluation only, of the fine-tuned models an earlier run kept (no training):
 python -m roformer.glue --config=<its config> --eval_only=<its workdir> --workdir=NEW_DIR"""
 from absl import flags
-from ml_collections import config_flags
 
 from roformer import cli
 from roformer.glue.evaluate import evaluate_glue
 from roformer.glue.run import run_glue
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "GLUE config file (default: configs/glue.py).")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.", required=True)
-_EVAL_ONLY = flags.DEFINE_string("eval_only", None, "Score the fine-tuned models this GLUE workdir saved "
-                                 "(models/<task>/seed<k>) on the dev splits, without training.")
-
 
 def main(argv):
     if len(argv) > 1:
         raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
-    if _EVAL_ONLY.value:
-        results = evaluate_glue(_CONFIG.value, _EVAL_ONLY.value, _WORKDIR.value)
-    else:
-        results = run_glue(_CONFIG.value, _WORKDIR.value)
-    print(open(f"{_WORKDIR.value}/glue_results.md").read(), end="")
-    print(done_line(_WORKDIR.value, results), flush=True)
+    config, workdir, eval_only = flags.FLAGS.config, flags.FLAGS.workdir, flags.FLAGS.eval_only
+    results = evaluate_glue(config, eval_only, workdir) if eval_only else run_glue(config, workdir)
+    print(open(f"{workdir}/glue_results.md").read(), end="")
+    print(done_line(workdir, results), flush=True)
 
 
 def done_line(workdir: str, results: dict) -> str:
@@ -37,4 +29,12 @@ def done_line(workdir: str, results: dict) -> str:
 
 
 if __name__ == "__main__":
+    # Flags are defined only when run as a program: this module must stay importable next
+    # to roformer.pretrain, which defines its own --config.
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, "GLUE config file (default: configs/glue.py).")
+    flags.DEFINE_string("workdir", None, "Output directory.", required=True)
+    flags.DEFINE_string("eval_only", None, "Score the fine-tuned models this GLUE workdir saved "
+                        "(models/<task>/seed<k>) on the dev splits, without training.")
     cli.run(main, doc=__doc__, default_config=cli.CONFIG_DIR / "glue.py")

@@ -117,9 +117,9 @@ def call_programs(plan: list[tuple[int, np.ndarray]], protocol: "Protocol", padd
     width, buckets = protocol.max_seq_len, row_buckets(protocol.batch_size)
     programs = []
     for call in calls:
-        rows = max(pack_rows(lengths[rows], width)[2] for _, rows in call)
+        needed = max(pack_rows(lengths[examples], width)[2] for _, examples in call)
         programs.append(TrainProgram(protocol.batch_size, (width,), steps_per_call,
-                                     rows=next(n for n in buckets if n >= rows)))
+                                     rows=next(n for n in buckets if n >= needed)))
     return programs
 
 
