@@ -96,6 +96,11 @@ class TrainProgram:
     def for_protocol(cls, protocol: "Protocol", steps_per_call: int = STEPS_PER_CALL) -> "TrainProgram":
         return cls(protocol.batch_size, bucket_lengths(protocol.max_seq_len), steps_per_call)
 
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The per-step batch inputs this program takes (besides rate, step and branch)."""
+        return PACKED_INPUTS if self.rows else TRAIN_INPUTS
+
     def branch(self, length: int) -> int:
         """The branch a step of this padded length runs: the first length that holds it."""
         return next(i for i, own in enumerate(self.lengths) if own >= length)
@@ -361,9 +366,8 @@ class Programs:
         a program of one length has no branch at all and computes the zero gradients.
         No conditional skips the update, because a conditional on a GPU is a wait of the
         host for the device. A packed program has one length, the rows' width."""
-        lengths, packed = program.lengths, program.rows > 0
-        loss_and_grads, update = self.gradients(packed), self.update
-        inputs = PACKED_INPUTS if packed else TRAIN_INPUTS
+        lengths, inputs = program.lengths, program.inputs
+        loss_and_grads, update = self.gradients(packed=program.rows > 0), self.update
 
         def train_steps(params, opt_state, rest, batches, base_key):
             def one_length(length):
@@ -406,9 +410,8 @@ class Programs:
         """The train program, traced and lowered for this architecture's state (not compiled)."""
         key = jax.eval_shape(lambda: jax.random.key(0))
         steps = program.steps_per_call
-        inputs = PACKED_INPUTS if program.rows else TRAIN_INPUTS
         batches = {k: jax.ShapeDtypeStruct((steps, *v.shape), v.dtype) for k, v in
-                   _batch_spec(program.batch_size, max(program.lengths), inputs, self.label_dtype,
+                   _batch_spec(program.batch_size, max(program.lengths), program.inputs, self.label_dtype,
                                program.rows).items()}
         batches.update(learning_rate=jax.ShapeDtypeStruct((steps,), jnp.float32),
                        step=jax.ShapeDtypeStruct((steps,), jnp.int32),

@@ -309,40 +309,15 @@ def test_per_call_padding_runs_each_call_at_its_longest_length_with_no_branch(mo
     assert "stablehlo.case" in programs.lower_train(finetune_lib.TrainProgram.for_protocol(protocol, 3)).as_text()
 
 
-def test_per_call_padding_makes_the_per_step_updates_and_its_padding_steps_change_nothing():
-    """Without dropout (whose masks are drawn for the padded shape, so each padding draws
-    its own), per-call padding gives the per-step run's losses and params up to rounding:
-    the longer padding is masked out. A call padded with steps past the run's end
-    (computed, with rows of weight 0 at rate 0) leaves the params bit for bit as a call
-    without them."""
-    features, protocol, classifier, programs = _small_run(dropout=0.0)
-    total = protocol.total_steps(len(features))
-
-    def run(padding, steps_per_call):
-        logged = []
-        trained, _ = finetune_lib.finetune(classifier, programs, features, protocol, seed=3, pad_id=0, log_every=1,
-                                           log_fn=logged.append, progress=False, steps_per_call=steps_per_call,
-                                           padding=padding)
-        return [row["loss"] for row in logged], jax.tree.leaves(trained.params)
-
-    step_losses, step_params = run("step", 4)
-    call_losses, call_params = run("call", 4)
-    np.testing.assert_allclose(call_losses, step_losses, rtol=2e-5, atol=1e-6)
-    for ours, theirs in zip(call_params, step_params):
-        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-4, atol=1e-6)
-    whole_losses, whole_params = run("call", total)
-    padded_losses, padded_params = run("call", total + 5)
-    assert padded_losses == whole_losses
-    for ours, theirs in zip(padded_params, whole_params):
-        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
-
-
-@pytest.mark.parametrize("position", ["rope", "learned", "t5"])
-def test_packed_batches_make_the_per_step_updates(position):
-    """Without dropout, a step's examples packed end to end into rows (each its own segment,
-    positions from 0) give the per-step run's losses and params to float32 rounding, for
-    rotary, absolute and relative positions; a call padded with steps past the run's end
-    leaves the params bit for bit as a call without them."""
+@pytest.mark.parametrize("padding, position", [("call", "rope"), ("packed", "rope"), ("packed", "learned"),
+                                               ("packed", "t5")])
+def test_unbranched_layouts_make_the_per_step_updates_and_their_padding_steps_change_nothing(padding, position):
+    """Without dropout (whose masks are drawn for the layout's shape, so each layout draws
+    its own), a call's steps padded to their longest length, or a step's examples packed end
+    to end into rows (each its own segment, positions from 0), give the per-step run's
+    losses and params to float32 rounding, for rotary, absolute and relative positions: the
+    extra padding is masked out. A call padded with steps past the run's end (computed, with
+    rows of weight 0 at rate 0) leaves the params bit for bit as a call without them."""
     features, protocol, classifier, programs = _small_run(dropout=0.0, position=position)
     total = protocol.total_steps(len(features))
 
@@ -354,13 +329,13 @@ def test_packed_batches_make_the_per_step_updates(position):
         return [row["loss"] for row in logged], jax.tree.leaves(trained.params)
 
     step_losses, step_params = run("step", 4)
-    packed_losses, packed_params = run("packed", 4)
-    np.testing.assert_allclose(packed_losses, step_losses, rtol=2e-5, atol=1e-6)
-    for ours, theirs in zip(packed_params, step_params):
+    losses, params = run(padding, 4)
+    np.testing.assert_allclose(losses, step_losses, rtol=2e-5, atol=1e-6)
+    for ours, theirs in zip(params, step_params):
         np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-4, atol=1e-6)
     if position == "rope":
-        whole_losses, whole_params = run("packed", total)
-        padded_losses, padded_params = run("packed", total + 5)
+        whole_losses, whole_params = run(padding, total)
+        padded_losses, padded_params = run(padding, total + 5)
         assert padded_losses == whole_losses
         for ours, theirs in zip(padded_params, whole_params):
             np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
