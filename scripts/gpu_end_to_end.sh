@@ -22,6 +22,13 @@
 #   peers     python -m roformer.bench hf at base/512/64 bf16: ours against transformers'
 #             PyTorch RoFormer eager and under torch.compile on the same GPU (bf16 autocast,
 #             fused AdamW), alternating rounds
+#   glue_flags (only when STEPS names it) GLUE_FLAG_TASKS (cola) from random init at
+#             GLUE_FLAGS_MODEL (base), 1 seed, GLUE_EPOCHS epochs, once per XLA flag set of
+#             GLUE_FLAG_SETS (';'-separated; default: none, --xla_gpu_autotune_level=0,
+#             --xla_gpu_enable_triton_gemm=false, none again), each in its own process with
+#             XLA_FLAGS set to exactly that set and its own empty compilation cache: what
+#             each set does to a cold compile and to steps/s (the repeated empty set shows
+#             the noise); an unknown flag fails only its own set
 # then writes table.md: tokens/s and MFU, GLUE steps/s, compile seconds and compile share
 # per task (cold and warm, against the targets), scores, parity, ratios to the peers. Each
 # stage has its own time limit and writes its own files, so a slow or failing stage costs
@@ -31,7 +38,8 @@
 # Usage: scripts/gpu_end_to_end.sh OUTDIR
 #   DATA=dir with glue/, vocab/, wikipedia_en/ (default ../shared/data); STEPS picks stages;
 #   PYTHON=... the interpreter; PRETRAIN_ARGS, GLUE_ARGS: more --config flags for those stages;
-#   PEERS_SHAPE (base/512/64); WIKI_FILES (wiki_0*) the pretraining files; BUDGET_S.
+#   PEERS_SHAPE (base/512/64); WIKI_FILES (wiki_0*) the pretraining files; BUDGET_S;
+#   GLUE_FLAG_SETS, GLUE_FLAG_TASKS, GLUE_FLAGS_MODEL for glue_flags.
 #   TINY=1: every stage at a size a CPU runs in minutes (tiny models, a few steps and rows),
 #   to check the script itself, not to measure anything.
 set -u
@@ -43,14 +51,16 @@ if [ "${TINY:-0}" = 1 ]; then
   : "${PRETRAIN_ARGS:=--config.model.size=tiny --config.train.batch_size=4 --config.train.seq_len=64}"
   : "${GLUE_ARGS:=--config.max_train_examples=64 --config.max_eval_examples=32 --config.max_seq_len=32 --config.batch_size=8}"
   : "${GLUE_LOOP_ARGS:=--preset tiny --accel cpu --batch 8 --max-len 32 --steps 32}"
+  : "${GLUE_FLAGS_MODEL:=tiny}"
 fi
 pretrain_steps=${PRETRAIN_STEPS:-300}
 glue_tasks=${GLUE_TASKS:-cola,mrpc,stsb,sst2}
 glue_warm_tasks=${GLUE_WARM_TASKS:-cola,mrpc,stsb}
 glue_epochs=${GLUE_EPOCHS:-3}
 budget=${BUDGET_S:-510}
-known=" pretrain glue glue_warm glue_loop export parity peers "
-stages=${STEPS:-$known}
+default=" pretrain glue glue_warm glue_loop export parity peers "
+known="${default}glue_flags "   # glue_flags would take the default run past BUDGET_S: named only
+stages=${STEPS:-$default}
 for stage in $stages; do
   [[ $known == *" $stage "* ]] || { echo "unknown stage '$stage'; choose from:$known" >&2; exit 2; }
 done
@@ -126,6 +136,20 @@ for stage in $stages; do
       run_stage peers 200 "$py" -m roformer.bench hf --shapes "${PEERS_SHAPE:-base/512/64}" --dtype bfloat16 \
         --attention-dropout 0 \
         --rounds 3 --iters 3 --json "$out/hf.json" ;;
+    glue_flags)
+      # a ';' appended so that read keeps a trailing empty set
+      IFS=';' read -ra flag_sets <<<"${GLUE_FLAG_SETS-;--xla_gpu_autotune_level=0;--xla_gpu_enable_triton_gemm=false;};"
+      for i in "${!flag_sets[@]}"; do
+        read -r set_flags <<<"${flag_sets[$i]}"   # trimmed
+        echo "$set_flags" >"$out/glue_flags$i.txt"
+        rm -rf "$work/glue_flags$i" "$work/xla_flags$i"
+        run_stage "glue_flags$i" 75 env XLA_FLAGS="$set_flags" "$py" -m roformer.glue --config=configs/glue.py:accel=gpu \
+          --config.task="${GLUE_FLAG_TASKS:-cola}" --config.init=none --config.model.size="${GLUE_FLAGS_MODEL:-base}" \
+          --config.vocab="$data/vocab/bert-base-uncased-vocab.txt" --config.data_dir="$data/glue" --config.seeds=1 \
+          --config.num_epochs="$glue_epochs" --config.progress_bar=false --config.save_models=none \
+          --config.compilation_cache_dir="$work/xla_flags$i" --workdir="$work/glue_flags$i" ${GLUE_ARGS:-}
+        cp "$work/glue_flags$i/glue_results.json" "$out/glue_flags${i}_results.json" 2>/dev/null
+      done ;;
   esac
 done
 

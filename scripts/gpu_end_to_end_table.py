@@ -40,11 +40,66 @@ def glue_table(title: str, glue: dict | None) -> list[str]:
     return lines + [""]
 
 
+def stage_logs(out: Path) -> dict[str, list[str]]:
+    """Each stage's lines of log.txt (between its "=== NAME (limit" and "=== NAME: exit" lines)."""
+    logs: dict[str, list[str]] = {}
+    current = None
+    for line in ((out / "log.txt").read_text(errors="replace").splitlines() if (out / "log.txt").is_file() else []):
+        if line.startswith("=== "):
+            name = line[4:].split(" ", 1)[0].rstrip(":")
+            current = name if " (limit " in line else None
+            if current:
+                logs[current] = []
+        elif current:
+            logs[current].append(line)
+    return logs
+
+
+def flags_table(out: Path, stages: dict[str, list[str]]) -> list[str]:
+    """The glue_flags stage: per XLA flag set (each a cold run in its own process), a task's
+    compile seconds beside its steps/s, so a set that cuts compile time by slowing the
+    program shows as such. A set that did not finish shows its exit and its log's last line."""
+    sets = sorted(out.glob("glue_flags*.txt"), key=lambda p: int(p.stem.removeprefix("glue_flags")))
+    title = "**GLUE cold compile under XLA flag sets (glue_flags)**"
+    if not sets:
+        return [f"{title}: not run", ""]
+    lines = [title, "", "| set | XLA_FLAGS | task | compile s | steps/s | wall s | compile share | dev metrics | "
+             "autotuner timeouts | exit (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    logs = stage_logs(out)
+    for path in sets:
+        name = path.stem
+        flags = f"`{path.read_text().strip()}`" if path.read_text().strip() else "(none)"
+        exit_, seconds = (stages.get(name) or ["not run", ""])[:2]
+        status = f"{exit_} ({seconds})" if seconds else exit_
+        timeouts = sum("Delay kernel timed out" in line for line in logs.get(name, []))
+        glue = load(out / f"{name}_results.json")
+        for task_name, task in (glue or {}).get("tasks", {}).items():
+            seed = task["seeds"]["0"]
+            share = task["compile_seconds"] / max(task["wall_seconds"], 1e-9)
+            metrics = ", ".join(f"{split} {m} {100 * v:.1f}" for split, ms in task["median"].items()
+                                for m, v in ms.items())
+            lines.append(f"| {name[10:]} | {flags} | {task_name} | {task['compile_seconds']:.1f} | "
+                         f"{seed['train_steps_per_sec']:.1f} | {task['wall_seconds']:.1f} | {100 * share:.0f}% | "
+                         f"{metrics} | {timeouts} | {status} |")
+        failed = dict((glue or {}).get("failed", {}))
+        if not glue:
+            last = [line.strip() for line in logs.get(name, []) if line.strip()]
+            failed["-"] = "no result" + (f": {last[-1][:160]}" if last else "")
+        for task_name, why in failed.items():
+            lines.append(f"| {name[10:]} | {flags} | {task_name} | {why} | | | | | {timeouts} | {status} |")
+    lines.append("\nEach set compiled cold (its own empty compilation cache, its own process); the empty set "
+                 "runs first and last, so their difference is the noise. A set helps where it cuts compile s "
+                 f"without cutting steps/s; the target is compile <= {100 * COMPILE_SHARE_TARGET:.0f}% of the "
+                 "task's wall time.")
+    return lines + [""]
+
+
 def main(out: Path) -> str:
     lines = ["| stage | exit | seconds |", "|---|---|---|"]
     stages = out / "stages.tsv"
-    for row in (stages.read_text().splitlines() if stages.is_file() else []):
-        lines.append("| " + " | ".join(row.split("\t")) + " |")
+    rows = [row.split("\t") for row in (stages.read_text().splitlines() if stages.is_file() else [])]
+    for row in rows:
+        lines.append("| " + " | ".join(row) + " |")
     lines.append("")
 
     summary = load(out / "pretrain_summary.json")
@@ -80,6 +135,8 @@ def main(out: Path) -> str:
     else:
         lines.append("**GLUE loop (bench glue_loop)**: not run")
     lines.append("")
+
+    lines += flags_table(out, {row[0]: row[1:] for row in rows if row})
 
     parity = load(out / "parity.json")
     lines.append(f"**HF export parity**: {parity}" if parity else "**HF export parity**: not run")

@@ -1,7 +1,8 @@
 """The one-command GPU script of the end-to-end check: it parses, refuses an unknown stage or
 missing data before running anything, and its table reads what the stages leave (here a GLUE
-results file written by run_glue's format and the other stages' files, made up). The same
-for scripts/bench_accelerator.sh and its ab step's table."""
+results file written by run_glue's format and the other stages' files, made up; the XLA flag
+sets' runs of glue_flags with their logs). The same for scripts/bench_accelerator.sh and its
+ab step's table."""
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ def test_the_script_parses_and_refuses_a_bad_stage_or_missing_data_before_runnin
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
     bad = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], env={"STEPS": "pretrain glu", "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, cwd=ROOT)
-    assert bad.returncode == 2 and "unknown stage 'glu'" in bad.stderr
+    assert bad.returncode == 2 and "unknown stage 'glu'" in bad.stderr and " glue_flags " in bad.stderr
     missing = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT,
                              env={"DATA": str(tmp_path / "nowhere"), "PATH": "/usr/bin:/bin"})
     assert missing.returncode == 2 and "missing" in missing.stderr
@@ -54,6 +55,28 @@ def test_the_table_reads_every_stage_file_and_says_what_did_not_run(tmp_path):
     # a row without a padding (a file from before the column) was padded per step
     assert "| finetune | 16 | step | 140.2 (139.0, 141.5) | 0.210 |" in out
     assert "| bare | 16 | call | 151.0 (150.0, 152.0) | 0.020 |" in out
+
+
+def test_the_flags_table_gives_each_xla_flag_set_its_compile_time_steps_and_why_it_failed(tmp_path):
+    (tmp_path / "stages.tsv").write_text("glue_flags0\t0\t41\nglue_flags1\t1\t3\n")
+    for i, flags in enumerate(["", "--xla_no_such_flag=1", "--xla_gpu_autotune_level=0"]):
+        (tmp_path / f"glue_flags{i}.txt").write_text(flags + "\n")
+    task = {"seeds": {"0": {"steps": 804, "train_steps_per_sec": 150.0}}, "compile_seconds": 20.0,
+            "wall_seconds": 40.0, "median": {"validation": {"matthews_corr": 0.1}}}
+    (tmp_path / "glue_flags0_results.json").write_text(json.dumps({"tasks": {"cola": task}}))
+    (tmp_path / "log.txt").write_text(
+        "=== glue_flags0 (limit 75 s): env XLA_FLAGS= python -m roformer.glue\n"
+        "W autotuner: Delay kernel timed out\nW autotuner: Delay kernel timed out\n=== glue_flags0: exit 0 after 41 s\n"
+        "=== glue_flags1 (limit 75 s): env XLA_FLAGS=--xla_no_such_flag=1 python -m roformer.glue\n"
+        "F parse_flags_from_env.cc:234] Unknown flag in XLA_FLAGS: --xla_no_such_flag=1\n\n"
+        "=== glue_flags1: exit 1 after 3 s\n")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_end_to_end_table.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    part = out.split("GLUE cold compile under XLA flag sets")[1]
+    assert "| 0 | (none) | cola | 20.0 | 150.0 | 40.0 | 50% | validation matthews_corr 10.0 | 2 | 0 (41) |" in part
+    assert ("| 1 | `--xla_no_such_flag=1` | - | no result: F parse_flags_from_env.cc:234] Unknown flag in XLA_FLAGS: "
+            "--xla_no_such_flag=1 | | | | | 0 | 1 (3) |") in part
+    assert "| 2 | `--xla_gpu_autotune_level=0` | - | no result | | | | | 0 | not run |" in part
 
 
 def test_the_accelerator_benchmarks_parse_and_refuse_an_unknown_step_before_running(tmp_path):
