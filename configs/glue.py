@@ -84,6 +84,10 @@ def get_config(arg=None):
     # where that computes at most 0.8 of the tokens, else call on GPUs, step elsewhere. The
     # same batches in the same order; dropout masks are drawn for the layout's shape.
     c.train_padding = "auto"
+    # How prediction batches are padded: "bucket" to the power-of-two length that holds
+    # their longest example, "full" to max_seq_len (one program per head, shared by the
+    # tasks); "auto" buckets on a CPU, full on accelerators (fewer programs to compile).
+    c.eval_padding = "auto"
     placeholder = ml_collections.config_dict.placeholder  # typed None: CLI-overridable
     c.per_task = ml_collections.ConfigDict({
         t: ml_collections.ConfigDict({k: placeholder(typ) for k, typ in PER_TASK_KEYS.items()})

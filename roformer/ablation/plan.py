@@ -335,7 +335,7 @@ WATCH_ONLY_TRAIN_PREFIXES = ("divergence_",)
 # Likewise for the GLUE section: what it shows, which models it keeps, where compiled
 # programs are cached, how training batches are padded (the same batches in the same order)
 # and the attention kernel (the same math): auto picks what the device runs fastest.
-WATCH_ONLY_GLUE_KEYS = ("progress_bar", "compilation_cache_dir", "save_models", "train_padding")
+WATCH_ONLY_GLUE_KEYS = ("progress_bar", "compilation_cache_dir", "save_models", "train_padding", "eval_padding")
 KERNEL_ONLY_MODEL_KEYS = ("attention_impl",)
 
 

@@ -258,11 +258,11 @@ def planned_train_batches(features: Features, batch_size: int, max_seq_len: int,
     return plan
 
 
-def eval_batches(features: Features, batch_size: int, max_seq_len: int) -> Iterator[tuple[int, np.ndarray]]:
-    """(padded length, rows) of batches sorted by length (less padding); the rows let
-    predictions be put back in the original order."""
-    buckets = bucket_lengths(max_seq_len)
+def eval_batches(features: Features, batch_size: int, lengths: tuple[int, ...]) -> Iterator[tuple[int, np.ndarray]]:
+    """(padded length, rows) of batches sorted by length (less padding), each padded to the
+    first of `lengths` that holds it; the rows let predictions be put back in the original
+    order."""
     order = np.argsort(features.lengths, kind="stable")
     for start in range(0, len(order), batch_size):
         rows = order[start:start + batch_size]
-        yield _padded_length(features, rows, buckets), rows
+        yield _padded_length(features, rows, lengths), rows

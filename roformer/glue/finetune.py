@@ -75,6 +75,12 @@ CALLS_AHEAD = 8
 #         segment mask costs some.
 TRAIN_PADDINGS = ("auto", "step", "call", "packed")
 PACKING_PAYS = 0.8
+# How a prediction batch is padded (config.eval_padding): "bucket" to the first of the
+# power-of-two lengths that holds its longest example (batches are sorted by length), "full"
+# to max_seq_len. "auto": bucket on a CPU, full on accelerators, where a dev set's batches at
+# full length cost the device little more, while every further length is one more program to
+# compile (seconds each) before the first step.
+EVAL_PADDINGS = ("auto", "bucket", "full")
 
 
 def padded_form(platform: str | None = None) -> str:
@@ -546,17 +552,28 @@ def finetune(classifier: Classifier, programs: Programs, features: Features, pro
     return dataclasses.replace(classifier, params=params), info
 
 
-def predict_shapes(features: Iterable[Features], *, batch_size: int, max_seq_len: int) -> list[tuple[int, int]]:
+def predict_lengths(setting: str, max_seq_len: int, platform: str | None = None) -> tuple[int, ...]:
+    """The padded lengths prediction batches take (config.eval_padding, see EVAL_PADDINGS)
+    on `platform` (default: jax's backend)."""
+    if setting not in EVAL_PADDINGS:
+        raise ConfigError(f"eval_padding must be one of {EVAL_PADDINGS}, got {setting!r}")
+    if setting == "auto":
+        setting = "bucket" if (platform or jax.default_backend()) == "cpu" else "full"
+    return bucket_lengths(max_seq_len) if setting == "bucket" else (max_seq_len,)
+
+
+def predict_shapes(features: Iterable[Features], *, batch_size: int, lengths: tuple[int, ...]) -> list[tuple[int, int]]:
     """The (batch, length) programs `predict` will run on each of `features`."""
-    return sorted({(batch_size, length) for f in features for length, _ in eval_batches(f, batch_size, max_seq_len)})
+    return sorted({(batch_size, length) for f in features for length, _ in eval_batches(f, batch_size, lengths)})
 
 
 def predict(classifier: Classifier, programs: Programs, features: Features, *, batch_size: int,
-            max_seq_len: int, pad_id: int) -> np.ndarray:
-    """Predicted class ids (or scores) in the order of `features`, read from the device once."""
+            lengths: tuple[int, ...], pad_id: int) -> np.ndarray:
+    """Predicted class ids (or scores) in the order of `features`, read from the device once;
+    a batch is padded to the first of `lengths` that holds it (`predict_lengths`)."""
     params = jax.device_put(classifier.params)
     outputs = []
-    for length, rows in eval_batches(features, batch_size, max_seq_len):
+    for length, rows in eval_batches(features, batch_size, lengths):
         batch = _device_batch(features.batch(rows, batch_size, length, pad_id), MODEL_INPUTS)
         outputs.append((rows, programs.predict_step(batch_size, length)(params, classifier.rest, batch)))
     out = np.zeros(len(features), np.float32 if programs.regression else np.int64)

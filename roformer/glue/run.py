@@ -24,8 +24,8 @@ from roformer.data.tokenizer import load_tokenizer
 from roformer.errors import ConfigError, UserError
 from roformer.files import write_json_atomic, write_text_atomic, writing
 from roformer.glue import features as features_lib
-from roformer.glue.finetune import (Classifier, Programs, Protocol, create_model, finetune, predict, predict_shapes,
-                                    task_padding, train_programs)
+from roformer.glue.finetune import (Classifier, Programs, Protocol, create_model, finetune, predict, predict_lengths,
+                                    predict_shapes, task_padding, train_programs)
 from roformer.glue.init import encoder_state, load_init, resolve_model_config
 from roformer.glue.metrics import glue_scores, task_metrics
 from roformer.glue.program_store import ProgramStore
@@ -183,7 +183,8 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
              why)
     eval_f = {s: feats(ex) for s, ex in evals.items()}
     test_f = {key: feats(ex) for key, ex in tests.items()}
-    predict_kw = dict(batch_size=config.eval_batch_size, max_seq_len=protocol.max_seq_len, pad_id=special.pad_id)
+    predict_kw = dict(batch_size=config.eval_batch_size, pad_id=special.pad_id,
+                      lengths=predict_lengths(config.get("eval_padding", "auto"), protocol.max_seq_len))
 
     seeds, test_predictions, trained = {}, {}, {}
     task_start, programs = time.time(), None
@@ -199,7 +200,7 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
             programs.prepare(
                 train_programs(train_f, protocol, range(config.seeds), padding),
                 predict_shapes([*eval_f.values(), *test_f.values()], batch_size=config.eval_batch_size,
-                               max_seq_len=protocol.max_seq_len))
+                               lengths=predict_kw["lengths"]))
             predict(classifier, programs, train_f.head(2), **predict_kw)
         classifier, info = finetune(classifier, programs, train_f, protocol, seed=seed, pad_id=special.pad_id,
                                     desc=f"{task.display} seed {seed}", log_every=config.log_every,

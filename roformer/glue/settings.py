@@ -15,6 +15,7 @@ RUN_RULES = {
     "init_step": "int >= -1", "seeds": "int >= 1", "max_eval_examples": "int >= 0", "eval_batch_size": "int >= 1",
     "predict_test": "bool", "log_every": "int >= 1", "lowercase": "bool", "progress_bar": "bool",
     "save_models": "choice median all none", "train_padding": "choice auto step call packed",
+    "eval_padding": "choice auto bucket full",
 }
 MODEL_RULES = {"vocab_size": "int >= 0", "hidden_dropout": "float in [0, 1)", "attention_dropout": "float in [0, 1)"}
 

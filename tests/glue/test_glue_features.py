@@ -68,7 +68,7 @@ def test_buckets_and_batches(tokenizer):
     assert sorted(seen) == sorted(feats.labels.tolist())  # one epoch = every example once
     assert len(planned_train_batches(feats, 4, 64, seed=0, total_steps=7)) == 7   # into a third epoch
     rows_seen = []
-    for length, rows in eval_batches(feats, 4, 64):
+    for length, rows in eval_batches(feats, 4, bucket_lengths(64)):
         batch = feats.batch(rows, 4, length, tokenizer.pad_id)
         for i, r in enumerate(rows):
             n = len(feats.input_ids[r])

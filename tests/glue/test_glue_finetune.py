@@ -169,7 +169,8 @@ def test_the_median_seed_is_saved_reloads_to_its_scores_and_loads_in_transformer
     dev = featurize(read_split(task, "validation", source="local", data_dir=config.data_dir, hf_path="",
                                hf_cache_dir=None, tfds_data_dir=None)[:16], tokenizer, 32)
     programs = finetune_lib.Programs(classifier, finetune_lib.Protocol.from_config(config, "mrpc").update_settings, False)
-    preds = finetune_lib.predict(classifier, programs, dev, batch_size=16, max_seq_len=32, pad_id=tokenizer.pad_id)
+    preds = finetune_lib.predict(classifier, programs, dev, batch_size=16,
+                                  lengths=finetune_lib.predict_lengths("bucket", 32), pad_id=tokenizer.pad_id)
     assert task_metrics(task, dev.labels, preds) == pytest.approx(results["tasks"]["mrpc"]["seeds"][str(chosen)]["validation"])
     assert (models / "hf" / "config.json").is_file() and (models / "hf" / "tokenizer_config.json").is_file()
     transformers = pytest.importorskip("transformers")
@@ -285,6 +286,28 @@ def test_auto_packs_a_task_whose_examples_leave_rows_half_empty_and_pads_one_tha
     assert finetune_lib.task_padding("step", short, protocol, "gpu") == ("step", "train_padding=step")
     with pytest.raises(ConfigError, match="train_padding"):
         finetune_lib.task_padding("row", short, protocol, "gpu")
+
+
+def test_full_prediction_padding_is_one_program_and_predicts_what_bucketed_batches_do():
+    """eval_padding: bucketed batches run a program per padded length, full ones one at
+    max_seq_len (auto's choice off the CPU), and the predictions agree."""
+    from roformer.errors import ConfigError
+
+    _, protocol, classifier, programs = _small_run(position="t5")
+    features = _random_features(120)
+    bucket = finetune_lib.predict_lengths("auto", 64, "cpu")
+    assert bucket == finetune_lib.predict_lengths("bucket", 64, "gpu") == (16, 32, 64)
+    assert finetune_lib.predict_lengths("auto", 64, "gpu") == finetune_lib.predict_lengths("auto", 64, "tpu") == (64,)
+    assert finetune_lib.predict_shapes([features], batch_size=8, lengths=bucket) == [(8, 16), (8, 32), (8, 64)]
+    assert finetune_lib.predict_shapes([features], batch_size=8, lengths=(64,)) == [(8, 64)]
+    regression = finetune_lib.Programs(classifier, protocol.update_settings, True)
+    for progs in (programs, regression):
+        by_bucket, full = (finetune_lib.predict(classifier, progs, features, batch_size=8, lengths=lengths, pad_id=0)
+                           for lengths in (bucket, (64,)))
+        np.testing.assert_allclose(full, by_bucket, rtol=1e-5, atol=1e-5)
+    assert len(set(by_bucket.tolist())) > 1          # scores that differ per example, not a constant
+    with pytest.raises(ConfigError, match="eval_padding"):
+        finetune_lib.predict_lengths("longest", 64)
 
 
 def test_per_call_padding_runs_each_call_at_its_longest_length_with_no_branch(monkeypatch):

@@ -41,7 +41,7 @@ def train_and_predict(classifier, progs):
     trained, _ = finetune_lib.finetune(classifier, progs, features(), protocol(), seed=1, pad_id=0, log_every=1,
                                        log_fn=logged.append, progress=False, steps_per_call=2)
     preds = finetune_lib.predict(trained, progs, features(8, seed=1), batch_size=PREDICT[0],
-                                 max_seq_len=PREDICT[1], pad_id=0)
+                                 lengths=PREDICT[1:], pad_id=0)
     return [row["loss"] for row in logged], jax.tree.leaves(trained.params), preds
 
 
@@ -106,7 +106,7 @@ def test_an_entry_that_cannot_be_loaded_is_logged_deleted_and_compiled_again(tmp
         progs.prepare([], [PREDICT])
     assert progs.loaded == 0
     assert [r.message for r in caplog.records if "could not be loaded" in r.message and entry.name in r.message]
-    preds = finetune_lib.predict(classifier, progs, features(8), batch_size=PREDICT[0], max_seq_len=PREDICT[1],
+    preds = finetune_lib.predict(classifier, progs, features(8), batch_size=PREDICT[0], lengths=PREDICT[1:],
                                  pad_id=0)
     assert preds.shape == (8,)
     # compiled again and stored again whole: the next run loads it
