@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import math
+import time
 from pathlib import Path
 
 import jax
@@ -148,7 +149,10 @@ def restore_or_init(setup: TrainSetup, checkpointer: Checkpointer, data, tc: Tra
     loaded) at step 0."""
     restored = checkpointer.restore_latest(setup.sharded_abstract_state())
     if restored is None:
+        log.info("initialising the model ...")
+        start = time.perf_counter()
         state, start_step, data_state = setup.init_state(seed=tc.seed), 0, None
+        log.info("initialised the model in %.1fs", time.perf_counter() - start)
         if init_source is not None:
             params = init_params if init_params is not None else warm_start.load_init_params(
                 init_source, setup.model_cfg, setup.abstract_state["params"], data.tokenizer.hash,

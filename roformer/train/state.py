@@ -31,6 +31,15 @@ def _init_rest(model_cfg: ModelConfig, key: jax.Array):
     return nnx.split(RoFormerForMaskedLM(model_cfg, rngs=nnx.Rngs(key)), nnx.Param, ...)[2]
 
 
+def _host_cpu() -> jax.Device | None:
+    """This process's first CPU device, or None where jax runs without its CPU backend
+    (JAX_PLATFORMS naming only an accelerator)."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return None
+
+
 @dataclasses.dataclass
 class TrainSetup:
     """Graph, shardings and jitted functions of an MLM training run on `mesh`."""
@@ -41,6 +50,7 @@ class TrainSetup:
     seed: int = 0
     dropout_rng_impl: str = "threefry2x32"   # steps.DROPOUT_RNG_IMPLS
     _sharded_init: Any = dataclasses.field(default=None, init=False, repr=False)
+    _host_init: Any = dataclasses.field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         replicated = NamedSharding(self.mesh, P())
@@ -67,16 +77,30 @@ class TrainSetup:
     def _jitted_init_state(self, **jit_options):
         return jax.jit(lambda key: _init_state(self.model_cfg, self.tx, key), **jit_options)
 
-    def init_state(self, *, compiled: bool = True, seed: int | None = None) -> dict:
+    def init_state(self, *, compiled: bool = True, seed: int | None = None, on_host: bool | None = None) -> dict:
         """The initial state, made by one compiled program (each parameter sharded as it is
         made), or with `compiled=False` op by op and then placed: no compilation of a program
         with one inlined random-bits generator per parameter, which for a base model takes
         tens of seconds, but the whole state passes through the default device first, so
         it is for one-device use (benchmarks). Equal to float rounding (test). `seed`: another
-        seed's initial state (vmapped seeds), default the setup's."""
+        seed's initial state (vmapped seeds), default the setup's.
+
+        `on_host` (default: in a single process whose devices are not the CPU) makes it with
+        the program compiled for the host's CPU, then places it: XLA's GPU pipeline compiles
+        that program several times slower than its CPU pipeline, and one process holds the
+        whole state on its host anyway. Where jax has no CPU backend, the device's program."""
         key = jax.random.key(self.seed if seed is None else seed)
         if not compiled:
             return jax.device_put(_init_state(self.model_cfg, self.tx, key), self.state_shardings)
+        if on_host is None:
+            on_host = jax.process_count() == 1 and jax.default_backend() != "cpu"
+        host = _host_cpu() if on_host else None
+        if host is not None:
+            if self._host_init is None:
+                self._host_init = self._jitted_init_state()
+            with jax.set_mesh(Mesh([host], ("host",))):   # not the caller's mesh of other devices
+                state = self._host_init(jax.device_put(key, host))
+            return jax.device_put(state, self.state_shardings)
         if self._sharded_init is None:   # compiled once, then called with each seed's key
             self._sharded_init = self._jitted_init_state(out_shardings=self.state_shardings)
         return self._sharded_init(key)

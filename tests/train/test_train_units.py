@@ -364,3 +364,25 @@ def test_initial_state_op_by_op_equals_the_compiled_one():
     for got, want in zip(jax.tree.leaves(op_by_op), jax.tree.leaves(compiled), strict=True):
         assert got.sharding == want.sharding and got.dtype == want.dtype
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_initial_state_made_on_the_host_equals_the_one_made_sharded_on_the_mesh():
+    """on_host: the host CPU's compiled initialiser, then placed with the state's shardings
+    (on a GPU the device's program is far slower to compile); the same state, on a mesh of
+    devices other than the host's first, inside the mesh's context as the loop calls it."""
+    from test_train_sharding import TINY
+
+    from roformer.train import sharding
+    from roformer.train.state import TrainSetup
+
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 1}, jax.devices()[4:8])
+    setup = TrainSetup(TINY, *optimizer(), mesh, seed=5)
+    with jax.set_mesh(mesh):
+        on_mesh, on_host = setup.init_state(on_host=False), setup.init_state(on_host=True)
+    assert jax.tree.structure(on_host) == jax.tree.structure(on_mesh)
+    for got, want in zip(jax.tree.leaves(on_host), jax.tree.leaves(on_mesh), strict=True):
+        assert got.sharding == want.sharding and got.dtype == want.dtype
+        assert jax.devices()[0] not in got.devices()
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    fsdp = [leaf for leaf in jax.tree.leaves(on_host) if leaf.ndim and not leaf.sharding.is_fully_replicated]
+    assert fsdp    # some leaves are split over the mesh, not copies
