@@ -87,8 +87,8 @@ def flags_table(out: Path, stages: dict[str, list[str]]) -> list[str]:
             failed["-"] = "no result" + (f": {last[-1][:160]}" if last else "")
         for task_name, why in failed.items():
             lines.append(f"| {name[10:]} | {flags} | {task_name} | {why} | | | | | {timeouts} | {status} |")
-    lines.append("\nEach set compiled cold (its own empty compilation cache, its own process); the empty set "
-                 "runs first and last, so their difference is the noise. A set helps where it cuts compile s "
+    lines.append("\nEach set compiled cold (its own empty compilation cache, its own process); where the "
+                 "empty set ran more than once, their difference is the noise. A set helps where it cuts compile s "
                  f"without cutting steps/s; the target is compile <= {100 * COMPILE_SHARE_TARGET:.0f}% of the "
                  "task's wall time.")
     return lines + [""]
