@@ -6,9 +6,10 @@
 #   glue      GLUE_TASKS (default cola,mrpc,stsb,sst2) fine-tuned from that workdir, 1 seed,
 #             GLUE_EPOCHS (3) epochs, batch 32, length 128, configs/glue.py:accel=gpu, with an
 #             empty persistent compilation cache ($WORK/xla): every program compiled (cold)
-#   glue_warm GLUE_WARM_TASKS (default cola,mrpc,stsb) again, the same way, in a new process
-#             with the cache the glue stage filled: what a second run (another seed,
-#             checkpoint or task list) pays to compile (warm)
+#   glue_warm GLUE_WARM_TASKS (default cola,mrpc,stsb) again with GLUE_WARM_SEEDS (5, the
+#             protocol's) seeds, in a new process with the cache the glue stage filled: what a
+#             second run (another checkpoint or task list) pays to compile (warm), its share
+#             of a task's wall time as the protocol runs it
 #   glue_loop python -m roformer.bench glue_loop at base, the accelerator setting, synthetic
 #             SST-2-like batches of 32 up to length 128: steps/s of the GLUE loop itself
 #             (finetune) against its compiled programs fed batches already on the device
@@ -111,14 +112,15 @@ for stage in $stages; do
     glue|glue_warm)
       [ -f "$work/pretrain/summary.json" ] || { echo "=== $stage: skipped (no pretraining workdir)" | tee -a "$log"; continue; }
       if [ "$stage" = glue ]; then
-        rm -rf "$work/xla" "$work/glue"; tasks=$glue_tasks limit=240 results=glue_results.json
+        rm -rf "$work/xla" "$work/glue"; tasks=$glue_tasks limit=240 results=glue_results.json seeds=1
       else
         [ -d "$work/xla" ] || { echo "=== glue_warm: skipped (no cache from the glue stage)" | tee -a "$log"; continue; }
         rm -rf "$work/glue_warm"; tasks=$glue_warm_tasks limit=120 results=glue_warm_results.json
+        seeds=${GLUE_WARM_SEEDS:-5}
         warm_args=--config.save_models=none    # the models were saved by the glue stage
       fi
       run_stage "$stage" "$limit" "$py" -m roformer.glue --config=configs/glue.py:accel=gpu --config.task="$tasks" \
-        --config.init="$work/pretrain" --config.data_dir="$data/glue" --config.seeds=1 \
+        --config.init="$work/pretrain" --config.data_dir="$data/glue" --config.seeds="$seeds" \
         --config.num_epochs="$glue_epochs" --config.progress_bar=false ${warm_args:-} \
         --config.compilation_cache_dir="$work/xla" --workdir="$work/$stage" ${GLUE_ARGS:-}
       cp "$work/$stage/glue_results.json" "$out/$results" 2>/dev/null ;;

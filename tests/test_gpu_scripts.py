@@ -30,17 +30,18 @@ def test_the_table_reads_every_stage_file_and_says_what_did_not_run(tmp_path):
     task = {"seeds": {"0": {"steps": 804, "train_steps_per_sec": 72.4}}, "compile_seconds": 39.7,
             "wall_seconds": 55.5, "median": {"validation": {"matthews_corr": 0.12}}}
     (tmp_path / "glue_results.json").write_text(json.dumps({"tasks": {"cola": task}, "failed": {"sst2": "OOM"}}))
-    warm = {**task, "seeds": {"0": {"steps": 804, "train_steps_per_sec": 131.0}}, "compile_seconds": 1.5,
-            "wall_seconds": 12.0}
+    warm = {**task, "seeds": {str(i): {"steps": 804, "train_steps_per_sec": rate}
+                              for i, rate in enumerate([90.0, 131.0, 140.0])},   # the median of the seeds
+            "compile_seconds": 1.5, "wall_seconds": 12.0}
     (tmp_path / "glue_warm_results.json").write_text(json.dumps({"tasks": {"cola": warm}}))
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_end_to_end_table.py"), str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
     assert "| peers | 124 | 200 |" in out and "545,829 tokens/s" in out and "MFU 32.5%" in out
-    assert "| cola | 804 | 72.4 | 39.7 | 55.5 | 72% | validation matthews_corr 12.0 |" in out
+    assert "| cola | 1 | 804 | 72.4 | 39.7 | 55.5 | 72% | validation matthews_corr 12.0 |" in out
     assert "| sst2 | failed: OOM" in out
     cold_part, warm_part = out.split("GLUE, warm compilation cache")
     assert "met by 0 of 1 tasks; compile <= 15% of a task's wall time met by 0 of 1" in cold_part
-    assert "| cola | 804 | 131.0 | 1.5 | 12.0 | 12% |" in warm_part
+    assert "| cola | 3 | 804 | 131.0 | 1.5 | 12.0 | 12% |" in warm_part
     assert "met by 1 of 1 tasks; compile <= 15% of a task's wall time met by 1 of 1" in warm_part
     assert "**HF export parity**: not run" in out and "**Peers (bench hf)**: not run" in out
     assert "**GLUE loop (bench glue_loop)**: not run" in out
