@@ -87,8 +87,9 @@ class TrainSetup:
 
         `on_host` (default: in a single process whose devices are not the CPU) makes it with
         the program compiled for the host's CPU, then places it: XLA's GPU pipeline compiles
-        that program several times slower than its CPU pipeline, and one process holds the
-        whole state on its host anyway. Where jax has no CPU backend, the device's program."""
+        that program several times slower than its CPU pipeline, and a single process's host
+        can hold the whole state on its way to the devices. Where jax has no CPU backend,
+        the device's program."""
         key = jax.random.key(self.seed if seed is None else seed)
         if not compiled:
             return jax.device_put(_init_state(self.model_cfg, self.tx, key), self.state_shardings)
