@@ -31,12 +31,12 @@ from roformer.data.tokenizer import load_tokenizer
 from roformer.errors import ConfigError
 from roformer.files import writing
 from roformer.glue import features as features_lib
-from roformer.glue.finetune import Classifier, Protocol, predict, predict_lengths, predict_shapes
+from roformer.glue.finetune import Classifier, Protocol, predict
 from roformer.glue.init import FINETUNE_FIELDS, InitSource, resolve_model_config
 from roformer.glue.metrics import glue_scores
 from roformer.glue.program_store import ProgramStore
-from roformer.glue.run import (MODELS, ProgramsCache, RunLog, eval_examples, median_seed, score_eval_splits,
-                               seed_medians, trained_tasks, write_results)
+from roformer.glue.run import (MODELS, ProgramsCache, RunLog, eval_examples, median_seed, predict_kwargs,
+                               predicted_shapes, score_eval_splits, seed_medians, trained_tasks, write_results)
 from roformer.glue.settings import check_config
 from roformer.glue.submission import missing_submission_files, write_predictions, zip_submission
 from roformer.glue.tasks import TASKS, parse_task_list
@@ -172,11 +172,8 @@ def _evaluate(config, run: SavedRun, tasks: list[str], protocols: dict, workdir:
                                                   {key: feats(ex) for key, ex in tests.items()})
                 eval_f, test_f = featurized[tokenizer.hash]
                 programs = programs_cache.get(classifier, protocol, task.is_regression)
-                predict_kw = dict(batch_size=config.eval_batch_size,
-                                  lengths=predict_lengths(config.get("eval_padding", "auto"), protocol.max_seq_len),
-                                  pad_id=features_lib.tokenizer_special_ids(tokenizer).pad_id)
-                programs.prepare([], predict_shapes([*eval_f.values(), *test_f.values()],
-                                                    batch_size=config.eval_batch_size, lengths=predict_kw["lengths"]))
+                predict_kw = predict_kwargs(config, protocol, features_lib.tokenizer_special_ids(tokenizer).pad_id)
+                programs.prepare([], predicted_shapes([*eval_f.values(), *test_f.values()], predict_kw))
                 result = {"model": str(model_dir),
                           **score_eval_splits(task, classifier, programs, eval_f, predict_kw=predict_kw,
                                               run_log=run_log, seed=seed, step=run.trained_steps(name, seed))}

@@ -134,6 +134,17 @@ def eval_examples(task: TaskSpec, config, *, with_tests: bool) -> tuple[dict, di
     return evals, tests
 
 
+def predict_kwargs(config, protocol: Protocol, pad_id: int) -> dict:
+    """`predict`'s keyword arguments under `config` (eval_batch_size, eval_padding)."""
+    return dict(batch_size=config.eval_batch_size, pad_id=pad_id,
+                lengths=predict_lengths(config.get("eval_padding", "auto"), protocol.max_seq_len))
+
+
+def predicted_shapes(features: list, predict_kw: dict) -> list[tuple[int, int]]:
+    """The predict programs `predict` runs on `features` with `predict_kw` (`predict_kwargs`)."""
+    return predict_shapes(features, batch_size=predict_kw["batch_size"], lengths=predict_kw["lengths"])
+
+
 def score_eval_splits(task: TaskSpec, classifier: Classifier, programs: Programs, eval_f: dict, *,
                       predict_kw: dict, run_log: RunLog, seed: int, step: int) -> dict:
     """{split: the task's metrics of `classifier` on its featurized dev split}, each also
@@ -183,8 +194,7 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
              why)
     eval_f = {s: feats(ex) for s, ex in evals.items()}
     test_f = {key: feats(ex) for key, ex in tests.items()}
-    predict_kw = dict(batch_size=config.eval_batch_size, pad_id=special.pad_id,
-                      lengths=predict_lengths(config.get("eval_padding", "auto"), protocol.max_seq_len))
+    predict_kw = predict_kwargs(config, protocol, special.pad_id)
 
     seeds, test_predictions, trained = {}, {}, {}
     task_start, programs = time.time(), None
@@ -199,8 +209,7 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
             # model that cannot predict fails in seconds, not after training.
             programs.prepare(
                 train_programs(train_f, protocol, range(config.seeds), padding),
-                predict_shapes([*eval_f.values(), *test_f.values()], batch_size=config.eval_batch_size,
-                               lengths=predict_kw["lengths"]))
+                predicted_shapes([*eval_f.values(), *test_f.values()], predict_kw))
             predict(classifier, programs, train_f.head(2), **predict_kw)
         classifier, info = finetune(classifier, programs, train_f, protocol, seed=seed, pad_id=special.pad_id,
                                     desc=f"{task.display} seed {seed}", log_every=config.log_every,
