@@ -16,6 +16,16 @@ def load(path: Path):
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def compile_share(task: dict) -> float:
+    """A task's compile seconds over its wall time (glue_results.json's task entry)."""
+    return task["compile_seconds"] / max(task["wall_seconds"], 1e-9)
+
+
+def dev_metrics(task: dict) -> str:
+    """A task's median dev metrics, in percent."""
+    return ", ".join(f"{split} {m} {100 * v:.1f}" for split, ms in task["median"].items() for m, v in ms.items())
+
+
 def glue_table(title: str, glue: dict | None) -> list[str]:
     """A GLUE run's tasks: steps/s (the training loop's, compilation excluded), compile seconds
     and share of the task's wall time, each against its target."""
@@ -28,13 +38,12 @@ def glue_table(title: str, glue: dict | None) -> list[str]:
     for name, task in glue["tasks"].items():
         seeds = list(task["seeds"].values())
         steps_s = statistics.median(seed["train_steps_per_sec"] for seed in seeds)
-        share = task["compile_seconds"] / max(task["wall_seconds"], 1e-9)
+        share = compile_share(task)
         fast += steps_s >= GLUE_STEPS_TARGET
         small += share <= COMPILE_SHARE_TARGET
-        metrics = ", ".join(f"{split} {m} {100 * v:.1f}" for split, ms in task["median"].items()
-                            for m, v in ms.items())
         lines.append(f"| {name} | {len(seeds)} | {seeds[0]['steps']} | {steps_s:.1f} | "
-                     f"{task['compile_seconds']:.1f} | {task['wall_seconds']:.1f} | {100 * share:.0f}% | {metrics} |")
+                     f"{task['compile_seconds']:.1f} | {task['wall_seconds']:.1f} | {100 * share:.0f}% | "
+                     f"{dev_metrics(task)} |")
     for name, why in glue.get("failed", {}).items():
         lines.append(f"| {name} | failed: {why} | | | | | | |")
     done = len(glue["tasks"])
@@ -78,12 +87,9 @@ def flags_table(out: Path, stages: dict[str, list[str]]) -> list[str]:
         glue = load(out / f"{name}_results.json")
         for task_name, task in (glue or {}).get("tasks", {}).items():
             seed = task["seeds"]["0"]
-            share = task["compile_seconds"] / max(task["wall_seconds"], 1e-9)
-            metrics = ", ".join(f"{split} {m} {100 * v:.1f}" for split, ms in task["median"].items()
-                                for m, v in ms.items())
             lines.append(f"| {name[10:]} | {flags} | {task_name} | {task['compile_seconds']:.1f} | "
-                         f"{seed['train_steps_per_sec']:.1f} | {task['wall_seconds']:.1f} | {100 * share:.0f}% | "
-                         f"{metrics} | {timeouts} | {status} |")
+                         f"{seed['train_steps_per_sec']:.1f} | {task['wall_seconds']:.1f} | "
+                         f"{100 * compile_share(task):.0f}% | {dev_metrics(task)} | {timeouts} | {status} |")
         failed = dict((glue or {}).get("failed", {}))
         if not glue:
             last = [line.strip() for line in logs.get(name, []) if line.strip()]
