@@ -59,6 +59,9 @@ glue_tasks=${GLUE_TASKS:-cola,mrpc,stsb,sst2}
 glue_warm_tasks=${GLUE_WARM_TASKS:-cola,mrpc,stsb}
 glue_epochs=${GLUE_EPOCHS:-3}
 budget=${BUDGET_S:-510}
+# what every GLUE stage runs: the accelerator setting, the GLUE data, GLUE_EPOCHS, no bar
+glue_command=(-m roformer.glue --config=configs/glue.py:accel=gpu --config.data_dir="$data/glue"
+              --config.num_epochs="$glue_epochs" --config.progress_bar=false)
 default=" pretrain glue glue_warm glue_loop export parity peers "
 known="${default}glue_flags "   # glue_flags would take the default run past BUDGET_S: named only
 stages=${STEPS:-$default}
@@ -119,10 +122,9 @@ for stage in $stages; do
         seeds=${GLUE_WARM_SEEDS:-5}
         warm_args=--config.save_models=none    # the models were saved by the glue stage
       fi
-      run_stage "$stage" "$limit" "$py" -m roformer.glue --config=configs/glue.py:accel=gpu --config.task="$tasks" \
-        --config.init="$work/pretrain" --config.data_dir="$data/glue" --config.seeds="$seeds" \
-        --config.num_epochs="$glue_epochs" --config.progress_bar=false ${warm_args:-} \
-        --config.compilation_cache_dir="$work/xla" --workdir="$work/$stage" ${GLUE_ARGS:-}
+      run_stage "$stage" "$limit" "$py" "${glue_command[@]}" --config.task="$tasks" --config.init="$work/pretrain" \
+        --config.seeds="$seeds" ${warm_args:-} --config.compilation_cache_dir="$work/xla" --workdir="$work/$stage" \
+        ${GLUE_ARGS:-}
       cp "$work/$stage/glue_results.json" "$out/$results" 2>/dev/null ;;
     glue_loop)
       run_stage glue_loop 150 "$py" -m roformer.bench glue_loop --variants finetune bare --steps-per-call 16 \
@@ -145,10 +147,9 @@ for stage in $stages; do
         read -r set_flags <<<"${flag_sets[$i]}"   # trimmed
         echo "$set_flags" >"$out/glue_flags$i.txt"
         rm -rf "$work/glue_flags$i" "$work/xla_flags$i"
-        run_stage "glue_flags$i" 75 env XLA_FLAGS="$set_flags" "$py" -m roformer.glue --config=configs/glue.py:accel=gpu \
+        run_stage "glue_flags$i" 75 env XLA_FLAGS="$set_flags" "$py" "${glue_command[@]}" \
           --config.task="${GLUE_FLAG_TASKS:-cola}" --config.init=none --config.model.size="${GLUE_FLAGS_MODEL:-base}" \
-          --config.vocab="$data/vocab/bert-base-uncased-vocab.txt" --config.data_dir="$data/glue" --config.seeds=1 \
-          --config.num_epochs="$glue_epochs" --config.progress_bar=false --config.save_models=none \
+          --config.vocab="$data/vocab/bert-base-uncased-vocab.txt" --config.seeds=1 --config.save_models=none \
           --config.compilation_cache_dir="$work/xla_flags$i" --workdir="$work/glue_flags$i" ${GLUE_ARGS:-}
         cp "$work/glue_flags$i/glue_results.json" "$out/glue_flags${i}_results.json" 2>/dev/null
       done ;;
