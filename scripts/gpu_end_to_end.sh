@@ -31,7 +31,9 @@
 #             each set does to a cold compile and to steps/s (the repeated empty set shows
 #             the noise); an unknown flag fails only its own set
 # then writes table.md: tokens/s and MFU, GLUE steps/s, compile seconds and compile share
-# per task (cold and warm, against the targets), scores, parity, ratios to the peers. Each
+# per task (cold and warm, against the targets), scores, parity, ratios to the peers. OUTDIR
+# ends with three files (a lent machine sends back at most 8): table.md, log.txt and
+# files.tar.gz, every stage's own files (results, summaries, versions). Each
 # stage has its own time limit and writes its own files, so a slow or failing stage costs
 # only itself (a stage that needs an earlier one's output is skipped when that output is
 # missing); no stage runs past BUDGET_S (510) seconds from the start, so the whole fits one
@@ -158,3 +160,7 @@ done
 
 "$py" scripts/gpu_end_to_end_table.py "$out" | tee "$out/table.md"
 date -u | tee -a "$out/host.txt"
+# A lent machine sends back at most 8 files: OUTDIR keeps the table and the log, and every
+# stage's own files go into one archive beside them.
+(cd "$out" && find . -maxdepth 1 -type f ! -name table.md ! -name log.txt ! -name files.tar.gz -printf '%f\n' \
+  | sort | tar -czf files.tar.gz -T - --remove-files)

@@ -23,6 +23,23 @@ def test_the_script_parses_and_refuses_a_bad_stage_or_missing_data_before_runnin
     assert not (tmp_path / "out").exists()
 
 
+def test_the_script_leaves_three_files_a_lent_machine_sends_back(tmp_path):
+    # an export with no pretraining workdir is skipped, so this runs only the bookkeeping
+    data = tmp_path / "data"
+    for folder in ("glue", "vocab", "wikipedia_en"):
+        (data / folder).mkdir(parents=True)
+    (data / "vocab" / "bert-base-uncased-vocab.txt").write_text("[PAD]\n")
+    out = tmp_path / "out"
+    env = {"STEPS": "export", "DATA": str(data), "WORK": str(tmp_path / "work"), "PYTHON": sys.executable,
+           "PATH": "/usr/bin:/bin"}
+    subprocess.run(["bash", str(SCRIPT), str(out)], env=env, cwd=ROOT, capture_output=True, check=True)
+    assert sorted(p.name for p in out.iterdir()) == ["files.tar.gz", "log.txt", "table.md"]
+    listed = subprocess.run(["tar", "-tzf", str(out / "files.tar.gz")], capture_output=True, text=True,
+                            check=True).stdout.split()
+    assert sorted(listed) == ["host.txt"]
+    assert "=== export: skipped (no pretraining workdir)" in (out / "log.txt").read_text()
+
+
 def test_the_table_reads_every_stage_file_and_says_what_did_not_run(tmp_path):
     (tmp_path / "stages.tsv").write_text("pretrain\t0\t101\nglue\t0\t236\npeers\t124\t200\n")
     (tmp_path / "pretrain_summary.json").write_text(json.dumps(
