@@ -17,6 +17,8 @@ is for, what it costs and what it found: docs/ablation.md):
   long       learned and rope from `onset` at twice its budget, 5 vmapped seeds each
   gpu_tiny, gpu_mini, gpu_small, gpu_smoke
              the comparison sized for one accelerator call (roformer.ablation.study)
+  gpu_tiny_long
+             gpu_tiny to 41M tokens per member, over several accelerator calls
 Any key can be changed on the command line, e.g. `--config.schemes=rope,learned
 --config.pretrain.model.size=tiny --config.budget_tokens=2000000 --config.glue.task=mrpc`.
 A list key (schemes, stages, extrapolation.factors, extrapolation.scalings,
@@ -288,6 +290,12 @@ VARIANTS = {
         "glue.task": "",
         "extension.enabled": False,
     }),
+    # gpu_tiny to the onset study's 41M tokens, where learned and T5 positions use order
+    # (gpu_tiny's 4.1M is before they start): 2-3 schemes a device call, the rest resumed.
+    "gpu_tiny_long": ("gpu_tiny", {
+        "study.budget_steps": "5000,10000,20000",
+        "study.eval_every": 500,
+    }),
     "gpu_mini": ("gpu_tiny", {
         "pretrain.model.size": "mini",
         "study.learning_rates": "5e-4,1e-3,2e-3",
@@ -331,4 +339,3 @@ VARIANTS = {
         "pretrain.train.batch_size": 4,
     }),
 }
-GPU_VARIANTS = ("gpu_tiny", "gpu_mini", "gpu_small", "gpu_smoke")

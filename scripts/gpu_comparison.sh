@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The position-scheme comparison of configs/ablation.py:VARIANT in one command, sized for one
-# accelerator call of under 9 minutes (gpu_tiny, gpu_mini, gpu_small; gpu_smoke: the same
-# pipeline in a minute or two on a CPU). Eight files, as a lent machine sends back:
+# accelerator call of under 9 minutes (gpu_tiny, gpu_mini, gpu_small; gpu_tiny_long, gpu_tiny to
+# 41M tokens, in 3 or 4 calls, each resuming the last; gpu_smoke: the same pipeline in a minute
+# or two on a CPU). Eight files, as a lent machine sends back:
 #   OUTDIR/study.md, study.json, study_*.png (4)  the report
 #   OUTDIR/records.tar.gz                         each scheme's record and per-item test losses,
 #                                                 the data manifest and the config
@@ -21,9 +22,9 @@ set -u
 out=${1:?usage: scripts/gpu_comparison.sh OUTDIR VARIANT [--config.KEY=VALUE ...]}
 variant=${2:?usage: scripts/gpu_comparison.sh OUTDIR VARIANT [--config.KEY=VALUE ...]}
 shift 2
-case " gpu_tiny gpu_mini gpu_small gpu_smoke " in
+case " gpu_tiny gpu_tiny_long gpu_mini gpu_small gpu_smoke " in
   *" $variant "*) ;;
-  *) echo "unknown variant '$variant'; choose gpu_tiny, gpu_mini, gpu_small or gpu_smoke" >&2; exit 2 ;;
+  *) echo "unknown variant '$variant'; choose gpu_tiny, gpu_tiny_long, gpu_mini, gpu_small or gpu_smoke" >&2; exit 2 ;;
 esac
 py=${PYTHON:-python3}
 cd "$(dirname "$0")/.." || exit 2

@@ -26,7 +26,7 @@ def config(variant="gpu_smoke", **study_keys):
     return c
 
 
-@pytest.mark.parametrize("variant", ["gpu_tiny", "gpu_mini", "gpu_small", "gpu_smoke"])
+@pytest.mark.parametrize("variant", ["gpu_tiny", "gpu_tiny_long", "gpu_mini", "gpu_small", "gpu_smoke"])
 def test_every_variant_is_valid_and_alibi_has_at_least_four_heads(variant):
     c = config(variant)
     study_plan.validate(c)
@@ -36,7 +36,7 @@ def test_every_variant_is_valid_and_alibi_has_at_least_four_heads(variant):
 
 
 def test_the_accelerator_variants_train_every_scheme_8_seeds_x_3_rates():
-    for variant in ("gpu_tiny", "gpu_mini", "gpu_small"):
+    for variant in ("gpu_tiny", "gpu_tiny_long", "gpu_mini", "gpu_small"):
         c = config(variant)
         assert set(plan.split_list(c.study.schemes)) == {"rope", "learned", "shaw", "t5", "alibi", "sinusoidal", "none"}
         assert c.study.seeds >= 8 and len(study_plan.rates(c)) == 3 and c.study.min_test_predictions >= 200_000
@@ -356,7 +356,7 @@ def test_the_pack_key_does_not_depend_on_where_the_corpus_lies(monkeypatch):
     monkeypatch.setenv("ROFORMER_SHARED_DATA", "/one/place")
     here = study.data_key(config("gpu_tiny"))
     monkeypatch.setenv("ROFORMER_SHARED_DATA", "/another/place")
-    assert study.data_key(config("gpu_tiny")) == here == study.data_key(config("gpu_mini"))
+    assert study.data_key(config("gpu_tiny")) == here == study.data_key(config("gpu_mini")) == study.data_key(config("gpu_tiny_long"))
     other = config("gpu_tiny")
     other.pretrain.data.vocab_size = 4000
     assert study.data_key(other) != here
