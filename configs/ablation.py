@@ -196,6 +196,9 @@ STUDY = {
     "reference": "rope",
     "seeds": 8,
     "learning_rates": "7e-4,1.4e-3,2.8e-3",   # a factor 2 apart around the reference sweep's best
+    # After every scheme's grid: a scheme whose rate is at the grid's edge at some budget trains
+    # its seeds one step beyond that edge too, so the grid brackets each optimum (or says it does not).
+    "extend_edges": True,
     "budget_steps": "500,1000,2000",          # each a budget's end
     "cooldown_fraction": 0.2,                 # each budget decays over its last 20% (Hägele et al. 2024)
     "warmup_steps": 200,

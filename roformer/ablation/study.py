@@ -19,6 +19,11 @@ Resumable by scheme: a scheme whose record (DIR/schemes/<scheme>.json) has the c
 fingerprint is not trained again; the report (roformer.ablation.study_report) is rewritten
 after every scheme.
 
+With `study.extend_edges`, once every scheme's grid has trained, a scheme whose chosen rate is
+at an end of the grid at some budget trains its seeds at one more rate beyond that end (a
+second, smaller group, joined to its record member by member), so each scheme's grid brackets
+its optimum or the report says it does not. Every scheme gets the same rule.
+
 The settings, their validation and the memory estimate are roformer.ablation.study_plan's,
 one scheme's programs and training roformer.ablation.study_train's; here: the splits, the
 loop over the schemes (`run_study`) and the `pack` command.
@@ -37,8 +42,8 @@ import ml_collections
 import numpy as np
 
 from roformer.ablation import plan, study_data, study_stats
-from roformer.ablation.study_plan import budgets, check_memory, validate, windows
-from roformer.ablation.study_train import SchemeRun
+from roformer.ablation.study_plan import budgets, check_memory, edge_rates, members, validate, windows
+from roformer.ablation.study_train import SchemeRun, merge_groups
 from roformer.data import DataConfig
 from roformer.errors import ConfigError
 from roformer.files import write_bytes_atomic, write_json_atomic, write_text_atomic
@@ -55,7 +60,7 @@ CONFIG_RECORD = "study_config.json"
 # Study keys that change how the study is run or read, not what a scheme's group computes:
 # changing them keeps finished schemes.
 REPORT_ONLY_KEYS = ("schemes", "reference", "margin", "order_threshold", "bootstrap", "memory_limit_gib",
-                    "time_limit_s", "data_pack")
+                    "time_limit_s", "data_pack", "extend_edges")
 
 
 def scheme_fingerprint(config, scheme: str, manifest: dict) -> str:
@@ -123,36 +128,73 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     log.info("data ready in %.0f s: %s; memory estimate per group %s", time.perf_counter() - t0,
              json.dumps(data.manifest), {k: f"{v / 2**30:.2f} GiB" for k, v in estimates.items()})
     write_json_atomic(workdir / "data_manifest.json", {**data.manifest, "setup_s": time.perf_counter() - t0})
+    test_weight = study_stats.item_sums(np.zeros((1, len(data.test_items))), data.test["masked_weights"].sum(-1),
+                                        data.test_items)[1]
     aux, longest = None, 0.0
+
+    def out_of_time(what: str) -> bool:
+        elapsed = time.perf_counter() - t0
+        if st.time_limit_s and longest and elapsed + longest > st.time_limit_s:
+            log.warning("time limit: %s and what follows not started (%.0f s gone, a group took up to %.0f s, "
+                        "study.time_limit_s=%.0f); the same command resumes with them", what, elapsed, longest,
+                        st.time_limit_s)
+            return True
+        return False
+
+    def train(scheme: str, group=None):
+        nonlocal aux, longest
+        if aux is None:
+            aux = device_arrays(config, data)
+        record, test_loss = SchemeRun(config, scheme, data, aux, group).run()
+        longest = max(longest, record["timing"]["wall_s"])
+        t = record["timing"]
+        log.info("%s: %d members done in %.0f s (set-up and initialisation %.0f s, first evaluation %.0f s, first "
+                 "chunk with its compilation %.0f s, training %.0f s, evaluation %.0f s, %.0f tokens/s in all)",
+                 scheme, len(record["members"]), t["wall_s"], t["setup_s"], t["first_eval_s"], t["compile_s"],
+                 t["train_s"], t["eval_s"], t["tokens_per_s"])
+        return record, test_loss
+
+    complete = True
     for scheme in plan.split_list(st.schemes):
         path = workdir / SCHEMES_DIR / f"{scheme}.json"
         fp = scheme_fingerprint(config, scheme, data.manifest)
         if path.is_file() and json.loads(path.read_text()).get("fingerprint") == fp:
             log.info("%s: already trained, skipping", scheme)
             continue
-        elapsed = time.perf_counter() - t0
-        if st.time_limit_s and longest and elapsed + longest > st.time_limit_s:
-            log.warning("time limit: %s and the schemes after it not started (%.0f s gone, a scheme took up to "
-                        "%.0f s, study.time_limit_s=%.0f); the same command resumes with them", scheme, elapsed,
-                        longest, st.time_limit_s)
+        if out_of_time(scheme):
+            complete = False
             break
-        if aux is None:
-            aux = device_arrays(config, data)
-        record, test_loss = SchemeRun(config, scheme, data, aux).run()
+        record, test_loss = train(scheme)
         record.update(fingerprint=fp, memory_estimate_bytes=estimates[scheme])
-        longest = max(longest, record["timing"]["wall_s"])
-        buffer = io.BytesIO()
-        np.savez_compressed(buffer, test_weight=study_stats.item_sums(
-            np.zeros((1, len(data.test_items))), data.test["masked_weights"].sum(-1), data.test_items)[1], **test_loss)
-        write_bytes_atomic(workdir / SCHEMES_DIR / f"{scheme}.npz", buffer.getvalue())
-        write_json_atomic(path, record)
-        t = record["timing"]
-        log.info("%s: done in %.0f s (set-up and initialisation %.0f s, first evaluation %.0f s, first chunk with "
-                 "its compilation %.0f s, training %.0f s, evaluation %.0f s, %.0f tokens/s in all)", scheme,
-                 t["wall_s"], t["setup_s"], t["first_eval_s"], t["compile_s"], t["train_s"], t["eval_s"],
-                 t["tokens_per_s"])
+        save_scheme(workdir, scheme, record, {"test_weight": test_weight, **test_loss})
         study_report.write(config, workdir)
+    # Every scheme's grid first, so the comparison is whole before any group beyond a grid trains.
+    if complete and st.extend_edges:
+        for scheme in plan.split_list(st.schemes):
+            record, arrays = study_report.load_scheme(workdir, scheme)
+            trained = sorted({m["rate"] for m in record["members"]})
+            extra = edge_rates(trained, [study_report.choose_rate(record, b) for b in record["budgets"]])
+            if "edges" in record or not extra:
+                continue
+            if out_of_time(f"{scheme}'s rates beyond the grid"):
+                break
+            log.info("%s: a budget chose a rate at the edge of %s: training %s too", scheme, trained, extra)
+            edge, edge_loss = train(scheme, members(config, extra, first_index=len(record["members"])))
+            record, arrays = merge_groups(record, arrays, edge, edge_loss)
+            record["edges"] = {"rates": extra, "members": len(edge["members"]), "timing": edge["timing"]}
+            save_scheme(workdir, scheme, record, arrays)
+            study_report.write(config, workdir)
     return study_report.write(config, workdir)
+
+
+def save_scheme(workdir: Path, scheme: str, record: dict, arrays: dict[str, np.ndarray]) -> None:
+    """A scheme's test sums, then its record: a record on disk always has its sums (the sums
+    may run ahead of a record that did not land; roformer.ablation.study_train.merge_groups
+    reads only the record's members from them)."""
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    write_bytes_atomic(workdir / SCHEMES_DIR / f"{scheme}.npz", buffer.getvalue())
+    write_json_atomic(workdir / SCHEMES_DIR / f"{scheme}.json", record)
 
 
 def main(argv: list[str]) -> int:

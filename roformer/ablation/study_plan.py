@@ -99,6 +99,8 @@ def validate(config) -> None:
             problems.append(f"study.{key}={st[key]!r}: must be a whole number >= 1")
     if isinstance(st.variant_rows, int) and isinstance(st.validation_rows, int) and st.variant_rows > st.validation_rows:
         problems.append(f"study.variant_rows={st.variant_rows} must not exceed study.validation_rows={st.validation_rows}")
+    if not isinstance(st.extend_edges, bool):
+        problems.append(f"study.extend_edges={st.extend_edges!r}: true or false")
     if st.memory_limit_gib < 0:
         problems.append(f"study.memory_limit_gib={st.memory_limit_gib!r}: must be >= 0 (0: the device's)")
     if problems:
@@ -112,10 +114,22 @@ class Member:
     rate: float
 
 
-def members(config) -> list[Member]:
-    """Every (rate, seed) of a scheme's group, rate-major: member r * seeds + s."""
+def members(config, rates_: list[float] | None = None, first_index: int = 0) -> list[Member]:
+    """Every (rate, seed) of a scheme's group, rate-major: member first_index + r * seeds + s.
+    `rates_`: the study's rates (default) or those of a group trained beside them."""
     seeds = int(config.study.seeds)
-    return [Member(r * seeds + s, s, rate) for r, rate in enumerate(rates(config)) for s in range(seeds)]
+    return [Member(first_index + r * seeds + s, s, rate) for r, rate in enumerate(rates(config) if rates_ is None
+                                                                                  else rates_) for s in range(seeds)]
+
+
+def edge_rates(trained: list[float], chosen: list[int]) -> list[float]:
+    """study.extend_edges: one geometric step beyond each end of the `trained` rates (sorted)
+    at which some budget chose the end rate (`chosen`: the index chosen at each budget). With
+    them the grid brackets that budget's optimum, or the report says it still does not."""
+    if len(trained) < 2:
+        return []
+    low, high = trained[0] * trained[0] / trained[1], trained[-1] * trained[-1] / trained[-2]
+    return [rate for end, rate in ((0, low), (len(trained) - 1, high)) if end in chosen]
 
 
 # --------------------------------------------------------------------------- memory

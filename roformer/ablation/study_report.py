@@ -21,12 +21,15 @@ from roformer.files import write_json_atomic, write_text_atomic
 REPORT_MD, REPORT_JSON = "study.md", "study.json"
 
 
+def load_scheme(workdir: Path, scheme: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """A finished scheme's record and its test sums."""
+    path = workdir / "schemes" / f"{scheme}.json"
+    arrays = np.load(path.with_suffix(".npz"))
+    return json.loads(path.read_text()), {k: arrays[k] for k in arrays.files}
+
+
 def load(workdir: Path) -> dict[str, tuple[dict, dict]]:
-    out = {}
-    for path in sorted((workdir / "schemes").glob("*.json")):
-        arrays = np.load(path.with_suffix(".npz"))
-        out[path.stem] = (json.loads(path.read_text()), {k: arrays[k] for k in arrays.files})
-    return out
+    return {path.stem: load_scheme(workdir, path.stem) for path in sorted((workdir / "schemes").glob("*.json"))}
 
 
 def choose_rate(record: dict, budget: dict) -> int:
@@ -127,7 +130,8 @@ def _over_training(config, record: dict, arrays: dict, rate: float) -> dict:
             "validation": study_stats.percentile_band(val), "spectrum": spectrum, "spectrum_onset": spectrum_onset,
             "signal": signal, "timing": record["timing"], "device": record["device"],
             "parameters": record["parameters"], "memory_estimate_gib": record.get("memory_estimate_bytes", 0) / 2**30,
-            "members": len(record["members"])}
+            "members": len(record["members"]) - record.get("edges", {}).get("members", 0),
+            "edge_rates": record.get("edges", {}).get("rates", [])}
 
 
 # --------------------------------------------------------------------------- writing
@@ -135,6 +139,15 @@ def _over_training(config, record: dict, arrays: dict, rate: float) -> dict:
 
 def _fmt_tokens(t: float) -> str:
     return f"{t / 1e6:.2f}M" if t >= 1e5 else f"{t / 1e3:.1f}k"
+
+
+def _extended_note(result: dict) -> str:
+    extended = [s for s in result["schemes"] if result["schemes_info"][s].get("edge_rates")]
+    return f" (and the rates beyond the grid for {', '.join(extended)})" if extended else ""
+
+
+def missing_schemes(config, result: dict) -> list[str]:
+    return [s for s in plan.split_list(config.study.schemes) if s not in result["schemes"]]
 
 
 def limits(config, result: dict, manifest: dict) -> list[str]:
@@ -147,8 +160,9 @@ def limits(config, result: dict, manifest: dict) -> list[str]:
     passes = last["steps"] * int(config.pretrain.train.batch_size) / max(manifest.get("train_rows", 0), 1)
     shows = (f"It shows the masked-LM test loss of {len(result['schemes'])} position schemes at "
              f"{', '.join(_fmt_tokens(b['tokens']) for b in result['budgets'])} tokens per member, each scheme at the "
-             f"best of {len(plan.split_list(st.learning_rates))} learning rates chosen on a validation split that shares "
-             f"no document with the test split, with {st.seeds} seeds per rate, and when each starts to use word order.")
+             f"best of {len(plan.split_list(st.learning_rates))} learning rates"
+             f"{_extended_note(result)} chosen on a validation split that shares no document with the test split, with "
+             f"{st.seeds} seeds per rate, and when each starts to use word order.")
     parameters = next(iter(info.values()))["parameters"]
     nots = [f"It does not show what happens past {_fmt_tokens(last['tokens'])} tokens, at another model size than "
             f"this one ({parameters:,} parameters), on another corpus, or on any downstream task: every measure here "
@@ -163,6 +177,12 @@ def limits(config, result: dict, manifest: dict) -> list[str]:
     if edge:
         nots.append(f"The chosen rate is at the edge of the grid for {', '.join(edge)} at the last budget: the best "
                     "rate may lie outside it, so those losses bound the tuned loss from above.")
+    if st.extend_edges and not missing_schemes(config, result):
+        waiting = [s for s in result["schemes"] if not info[s]["edge_rates"]
+                   and any(b["rows"][s]["rate_at_edge"] for b in result["budgets"])]
+        if waiting:
+            nots.append(f"The rates beyond the grid of {', '.join(waiting)} have not trained yet; the same command "
+                        "trains them.")
     undecided = [s for s in result["schemes"] if rows[s].get("vs_reference", {}).get("verdict") == "undecided"]
     if undecided:
         nots.append(f"'undecided' ({', '.join(undecided)}) is not a tie: neither a difference nor equivalence within "
@@ -175,7 +195,7 @@ def limits(config, result: dict, manifest: dict) -> list[str]:
     if censored:
         nots.append(f"Onsets marked <= ({', '.join(censored)}) happened at or before the first evaluation; when is "
                     "not known.")
-    missing = [s for s in plan.split_list(st.schemes) if s not in result["schemes"]]
+    missing = missing_schemes(config, result)
     if missing:
         nots.append(f"Not finished, so not compared: {', '.join(missing)}.")
     return [shows, "", " ".join(nots)]
@@ -215,12 +235,18 @@ def markdown(config, result: dict, manifest: dict) -> str:
             lines.append(f"| {scheme} | {row['rate']:g}{edge} | {row['test_loss']:.3f} [{row['lo']:.3f}, {row['hi']:.3f}] "
                          f"| {vs_text} | {verdict} | {diverged} |")
         lines.append("")
+    last_rows = result["budgets"][-1]["rows"]
+    columns = sorted({float(r) for s in result["schemes"] for r in last_rows[s]["validation_by_rate"]})
     lines += ["## Validation loss by rate at the last budget (mean over seeds)", "",
-              "| scheme | " + " | ".join(str(r) for r in plan.split_list(st.learning_rates)) + " |",
-              "|---|" + "---|" * len(plan.split_list(st.learning_rates))]
+              "| scheme | " + " | ".join(f"{r:g}" for r in columns) + " |", "|---|" + "---|" * len(columns)]
     for scheme in result["schemes"]:
-        by_rate = result["budgets"][-1]["rows"][scheme]["validation_by_rate"]
-        lines.append(f"| {scheme} | " + " | ".join(f"{v:.3f}" for v in by_rate.values()) + " |")
+        by_rate = {float(r): v for r, v in last_rows[scheme]["validation_by_rate"].items()}
+        lines.append(f"| {scheme} | " + " | ".join(f"{by_rate[r]:.3f}" if r in by_rate else "—" for r in columns) + " |")
+    extended = [f"{s} ({', '.join(f'{r:g}' for r in info[s]['edge_rates'])})" for s in result["schemes"]
+                if info[s]["edge_rates"]]
+    if extended:
+        lines += ["", "Rates beyond the grid (`study.extend_edges`: a budget chose a rate at the grid's edge, so the "
+                  f"same seeds trained one step further): {'; '.join(extended)}."]
     widest = f"shuffle{max(int(w) for w in plan.split_list(st.windows))}"
     lines += ["", f"## Word order: onsets (gap under `{widest}` >= {st.order_threshold} nats, chosen rate)", "",
               "| scheme | started | at the first evaluation (left-censored) | onsets (tokens) |", "|---|---|---|---|"]

@@ -16,7 +16,7 @@ import optax
 from flax import nnx
 
 from roformer.ablation import study_data, study_stats
-from roformer.ablation.study_plan import EVAL_IN_FLIGHT, budgets, members, parameter_count, scheme_model_config
+from roformer.ablation.study_plan import EVAL_IN_FLIGHT, Member, budgets, members, parameter_count, scheme_model_config
 from roformer.model import ModelConfig, RoFormerForMaskedLM
 from roformer.train import optim, steps
 
@@ -105,10 +105,11 @@ def _stack(trees: list):
 class SchemeRun:
     """Train one scheme's group and collect its record (the JSON) and test sums (the arrays)."""
 
-    def __init__(self, config, scheme: str, data: study_data.StudyData, device_data: dict):
+    def __init__(self, config, scheme: str, data: study_data.StudyData, device_data: dict,
+                 group: list[Member] | None = None):
         self.config, self.scheme, self.data, self.aux = config, scheme, data, device_data
         self.st, self.train_cfg = config.study, config.pretrain.train
-        self.group = members(config)
+        self.group = members(config) if group is None else group
         self.model_cfg = scheme_model_config(config, scheme, data.vocab_size, data.pad_id)
         self.tokens_per_step = int(self.train_cfg.batch_size) * int(self.train_cfg.seq_len)
         eval_sets = [("validation", data.validation)] + [(name, batch) for name, batch in data.variants.items()]
@@ -248,3 +249,29 @@ class SchemeRun:
         timing["eval_s"] += time.perf_counter() - t0
         return {"steps": end, "tokens": end * self.tokens_per_step, "validation_loss": validation,
                 "test_loss": (sums["loss"].sum(1) / weight).tolist()}
+
+
+def merge_groups(record: dict, arrays: dict[str, np.ndarray], extra: dict,
+                 extra_arrays: dict[str, np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
+    """One scheme's record and test sums with a second group's (same seeds, schedule and
+    evaluations; other rates) appended member-wise, as if one group had trained them all.
+    `arrays` may hold more members than `record` (written before a record that did not land):
+    only the record's own count is kept."""
+    n = len(record["members"])
+
+    def both(a: list, b: list) -> list:
+        return a[:n] + b
+
+    evals = [{**a, "validation_loss": both(a["validation_loss"], b["validation_loss"]),
+              "validation_accuracy": both(a["validation_accuracy"], b["validation_accuracy"]),
+              "gaps": {k: both(v, b["gaps"][k]) for k, v in a["gaps"].items()},
+              "signal": {k: both(v, b["signal"][k]) for k, v in a["signal"].items()}}
+             for a, b in zip(record["evals"], extra["evals"], strict=True)]
+    budgets_ = [{**a, "validation_loss": both(a["validation_loss"], b["validation_loss"]),
+                 "test_loss": both(a["test_loss"], b["test_loss"])}
+                for a, b in zip(record["budgets"], extra["budgets"], strict=True)]
+    merged = {**record, "members": both(record["members"], extra["members"]), "evals": evals, "budgets": budgets_,
+              "diverged_at": both(record["diverged_at"], extra["diverged_at"])}
+    merged_arrays = {k: v if k not in extra_arrays else np.concatenate([v[:n], extra_arrays[k]])
+                     for k, v in arrays.items()}
+    return merged, merged_arrays

@@ -232,6 +232,10 @@ def test_the_device_script_at_smoke_size(tmp_path):
         last["sinusoidal"]["vs_reference"]["verdict"].startswith("equivalent")
     text = (out / "study.md").read_text()
     assert "seed 0 at 30" in text and "sinusoidal: scale" in text
+    # 30 diverged, so 2e-3 was chosen at the grid's low edge: every scheme's seeds trained one step below
+    low = 2e-3 * 2e-3 / 30
+    assert "Rates beyond the grid (`study.extend_edges`" in text and f"rope ({low:g})" in text
+    assert sorted(map(float, last["rope"]["validation_by_rate"])) == pytest.approx([low, 2e-3, 30.0])
     assert "## What this does and does not show" in text and "member(s) diverged" in text
     for figure in ("study_loss.png", "study_onset.png", "study_spectrum.png", "study_signal.png"):
         assert (out / figure).stat().st_size > 0
@@ -300,6 +304,58 @@ def test_the_report_says_what_it_does_not_show():
     text = " ".join(limits(c, result, {"train_rows": 800}))
     assert "0.10 of the training split's rows, each at most once" in text
     assert "edge of the grid" not in text and "diverged" not in text
+    # every scheme finished: one whose grid edge was chosen waits for its rates beyond the grid
+    c.study.schemes = "rope,alibi"
+    rows["rope"]["rate_at_edge"] = True
+    for scheme, extended in (("rope", []), ("alibi", [])):
+        result["schemes_info"][scheme]["edge_rates"] = extended
+    assert "rates beyond the grid of rope have not trained yet" in " ".join(limits(c, result, {"train_rows": 800}))
+    result["schemes_info"]["rope"]["edge_rates"] = [3.5e-4]
+    text = " ".join(limits(c, result, {"train_rows": 800}))
+    assert "have not trained yet" not in text and "(and the rates beyond the grid for rope)" in text
+
+
+def test_rates_beyond_the_grid_continue_it_geometrically_at_each_chosen_edge():
+    grid = [7e-4, 1.4e-3, 2.8e-3]
+    assert study_plan.edge_rates(grid, [1, 1, 1]) == []
+    assert study_plan.edge_rates(grid, [2, 1, 0]) == pytest.approx([3.5e-4, 5.6e-3])
+    assert study_plan.edge_rates(grid, [1, 2]) == pytest.approx([5.6e-3])
+    assert study_plan.edge_rates([1e-3], [0]) == []
+    c = config()
+    extra = study_plan.members(c, [3.5e-4], first_index=4)
+    assert [(m.index, m.seed, m.rate) for m in extra] == [(4, 0, 3.5e-4), (5, 1, 3.5e-4)]
+
+
+def test_a_group_beyond_the_grid_joins_its_schemes_record_member_by_member():
+    from roformer.ablation.study_train import merge_groups
+
+    def group(rates, offset):
+        members = [{"index": offset + i, "seed": i % 2, "rate": r} for i, r in enumerate(rates)]
+        n = len(members)
+        evals = [{"step": step, "tokens": step * 10, "validation_loss": [offset + i + step for i in range(n)],
+                  "validation_accuracy": [0.1] * n, "gaps": {"shuffle2": [offset + i for i in range(n)]},
+                  "signal": {"scale": [[offset + i, 0.0] for i in range(n)]}} for step in (0, 10)]
+        budgets_ = [{"steps": 10, "tokens": 100, "validation_loss": [offset + i for i in range(n)],
+                     "test_loss": [offset + i for i in range(n)]}]
+        record = {"scheme": "rope", "members": members, "evals": evals, "budgets": budgets_, "diverged_at": [None] * n,
+                  "timing": {"wall_s": 1.0}, "fingerprint": "f"}
+        return record, {"budget10": np.arange(offset, offset + n, dtype=np.float32)[:, None] * np.ones((1, 3))}
+
+    main, main_arrays = group([1e-3, 1e-3, 2e-3, 2e-3], 0)
+    extra, extra_arrays = group([5e-4, 5e-4], 4)
+    main_arrays["test_weight"] = np.ones(3)
+    # sums written ahead of a record that did not land: only the record's members are kept
+    stale = {**main_arrays, "budget10": np.concatenate([main_arrays["budget10"], np.full((2, 3), -1.0)])}
+    merged, arrays = merge_groups(main, stale, extra, extra_arrays)
+    assert [m["index"] for m in merged["members"]] == [0, 1, 2, 3, 4, 5] and merged["fingerprint"] == "f"
+    assert [e["validation_loss"] for e in merged["evals"]] == [[0, 1, 2, 3, 4, 5], [10, 11, 12, 13, 14, 15]]
+    assert merged["evals"][1]["gaps"]["shuffle2"] == [0, 1, 2, 3, 4, 5]
+    assert [row[0] for row in merged["evals"][0]["signal"]["scale"]] == [0, 1, 2, 3, 4, 5]
+    assert merged["budgets"][0]["test_loss"] == [0, 1, 2, 3, 4, 5] and merged["diverged_at"] == [None] * 6
+    np.testing.assert_array_equal(arrays["budget10"][:, 0], np.arange(6))
+    np.testing.assert_array_equal(arrays["test_weight"], np.ones(3))
+    from roformer.ablation.study_report import choose_rate
+    assert sorted({m["rate"] for m in merged["members"]})[choose_rate(merged, merged["budgets"][0])] == 1e-3
 
 
 def test_the_report_names_the_figures_it_wrote(tmp_path):
@@ -330,21 +386,21 @@ def test_a_study_stopped_by_its_time_limit_resumes_with_the_rest(tmp_path, monke
     trained = []
 
     class FakeRun:
-        def __init__(self, config, scheme, data, aux):
+        def __init__(self, config, scheme, data, aux, group=None):
             self.scheme, self.budgets = scheme, study_plan.budgets(config)
 
         def run(self):
             trained.append(self.scheme)
             timing = dict.fromkeys(("setup_s", "first_eval_s", "compile_s", "train_s", "eval_s", "tokens_per_s"), 0.0)
-            return {"scheme": self.scheme, "timing": {**timing, "wall_s": 1e6}}, \
+            return {"scheme": self.scheme, "members": [], "timing": {**timing, "wall_s": 1e6}}, \
                 {f"budget{b}": np.zeros((4, 1), np.float32) for b in self.budgets}
 
     monkeypatch.setattr(study, "SchemeRun", FakeRun)
     monkeypatch.setattr(study_report, "write", lambda config, workdir: {})
-    c = config(time_limit_s=60.0)
+    c = config(time_limit_s=60.0, extend_edges=False)
     with caplog.at_level("WARNING", logger="roformer.ablate"):
         study.run_study(c, tmp_path)
-    assert trained == ["rope"] and "alibi and the schemes after it not started" in caplog.text
+    assert trained == ["rope"] and "alibi and what follows not started" in caplog.text
     c.study.time_limit_s = 0.0
     study.run_study(c, tmp_path)
     assert trained == ["rope", "alibi", "sinusoidal"]
@@ -366,6 +422,7 @@ def test_a_finished_scheme_is_kept_when_only_how_the_study_is_read_changes():
     c = config()
     fp = study.scheme_fingerprint(c, "rope", {"tokens": 1})
     c.study.margin, c.study.time_limit_s, c.study.data_pack, c.study.schemes = 0.05, 100.0, "x.npz", "rope"
+    c.study.extend_edges = not c.study.extend_edges
     assert study.scheme_fingerprint(c, "rope", {"tokens": 1}) == fp
     c.study.learning_rates = "1e-3,3e-3"
     assert study.scheme_fingerprint(c, "rope", {"tokens": 1}) != fp
