@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The position-scheme comparison of configs/ablation.py:VARIANT in one command, sized for one
-# accelerator call of under 9 minutes (gpu_tiny, gpu_mini, gpu_small; gpu_tiny_long, gpu_tiny to
-# 41M tokens, in 3 or 4 calls, each resuming the last; gpu_smoke: the same pipeline in a minute
-# or two on a CPU). Eight files, as a lent machine sends back:
+# The position-scheme comparison of configs/ablation.py:VARIANT in one command. gpu_tiny,
+# gpu_mini and gpu_small train every scheme's grid in one accelerator call of under 9 minutes;
+# the rates beyond a grid's edge (study.extend_edges) may need the command again. gpu_tiny_long
+# (gpu_tiny to 41M tokens) takes 4 to 6 calls, each resuming the last; gpu_smoke is the same
+# pipeline in a minute or two on a CPU. Eight files, as a lent machine sends back:
 #   OUTDIR/study.md, study.json, study_*.png (4)  the report
 #   OUTDIR/records.tar.gz                         each scheme's record and per-item test losses,
 #                                                 the data manifest and the config
