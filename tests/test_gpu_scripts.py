@@ -23,21 +23,33 @@ def test_the_script_parses_and_refuses_a_bad_stage_or_missing_data_before_runnin
     assert not (tmp_path / "out").exists()
 
 
-def test_the_script_leaves_three_files_a_lent_machine_sends_back(tmp_path):
-    # an export with no pretraining workdir is skipped, so this runs only the bookkeeping
+def run_without_data(tmp_path, **env) -> Path:
+    """The script on empty data folders (stages that need data are skipped or fail); its OUTDIR."""
     data = tmp_path / "data"
     for folder in ("glue", "vocab", "wikipedia_en"):
         (data / folder).mkdir(parents=True)
     (data / "vocab" / "bert-base-uncased-vocab.txt").write_text("[PAD]\n")
     out = tmp_path / "out"
-    env = {"STEPS": "export", "DATA": str(data), "WORK": str(tmp_path / "work"), "PYTHON": sys.executable,
-           "PATH": "/usr/bin:/bin"}
+    env = {"DATA": str(data), "WORK": str(tmp_path / "work"), "PYTHON": sys.executable, "PATH": "/usr/bin:/bin", **env}
     subprocess.run(["bash", str(SCRIPT), str(out)], env=env, cwd=ROOT, capture_output=True, check=True)
+    return out
+
+
+def test_the_script_leaves_three_files_a_lent_machine_sends_back(tmp_path):
+    # an export with no pretraining workdir is skipped, so this runs only the bookkeeping
+    out = run_without_data(tmp_path, STEPS="export")
     assert sorted(p.name for p in out.iterdir()) == ["files.tar.gz", "log.txt", "table.md"]
     listed = subprocess.run(["tar", "-tzf", str(out / "files.tar.gz")], capture_output=True, text=True,
                             check=True).stdout.split()
     assert sorted(listed) == ["host.txt"]
     assert "=== export: skipped (no pretraining workdir)" in (out / "log.txt").read_text()
+
+
+def test_a_flag_set_that_cannot_run_whole_is_skipped_not_cut(tmp_path):
+    out = run_without_data(tmp_path, STEPS="glue_flags", GLUE_FLAG_SETS=";--xla_gpu_autotune_level=0", BUDGET_S="60")
+    log = (out / "log.txt").read_text()
+    assert "=== glue_flags0: skipped" in log and "=== glue_flags1: skipped" in log and "limit" not in log
+    assert "| 0 | (none) | - | no result | | | | | 0 | skipped (0) |" in (out / "table.md").read_text()
 
 
 def test_the_table_reads_every_stage_file_and_says_what_did_not_run(tmp_path):
