@@ -80,7 +80,8 @@ def flags_table(out: Path, stages: dict[str, list[str]]) -> list[str]:
     logs = stage_logs(out)
     for path in sets:
         name = path.stem
-        flags = f"`{path.read_text().strip()}`" if path.read_text().strip() else "(none)"
+        flags = path.read_text().strip()
+        flags = f"`{flags}`" if flags else "(none)"
         exit_, seconds = (stages.get(name) or ["not run", ""])[:2]
         status = f"{exit_} ({seconds})" if seconds else exit_
         timeouts = sum("Delay kernel timed out" in line for line in logs.get(name, []))

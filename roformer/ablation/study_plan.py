@@ -117,9 +117,8 @@ class Member:
 def members(config, rates_: list[float] | None = None, first_index: int = 0) -> list[Member]:
     """Every (rate, seed) of a scheme's group, rate-major: member first_index + r * seeds + s.
     `rates_`: the study's rates (default) or those of a group trained beside them."""
-    seeds = int(config.study.seeds)
-    return [Member(first_index + r * seeds + s, s, rate) for r, rate in enumerate(rates(config) if rates_ is None
-                                                                                  else rates_) for s in range(seeds)]
+    seeds, grid = int(config.study.seeds), rates(config) if rates_ is None else rates_
+    return [Member(first_index + r * seeds + s, s, rate) for r, rate in enumerate(grid) for s in range(seeds)]
 
 
 def edge_rates(trained: list[float], chosen: list[int]) -> list[float]:

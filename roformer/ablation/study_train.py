@@ -257,21 +257,17 @@ def merge_groups(record: dict, arrays: dict[str, np.ndarray], extra: dict,
     evaluations; other rates) appended member-wise, as if one group had trained them all.
     `arrays` may hold more members than `record` (written before a record that did not land):
     only the record's own count is kept."""
-    n = len(record["members"])
-
-    def both(a: list, b: list) -> list:
-        return a[:n] + b
-
-    evals = [{**a, "validation_loss": both(a["validation_loss"], b["validation_loss"]),
-              "validation_accuracy": both(a["validation_accuracy"], b["validation_accuracy"]),
-              "gaps": {k: both(v, b["gaps"][k]) for k, v in a["gaps"].items()},
-              "signal": {k: both(v, b["signal"][k]) for k, v in a["signal"].items()}}
+    evals = [{**a, "validation_loss": a["validation_loss"] + b["validation_loss"],
+              "validation_accuracy": a["validation_accuracy"] + b["validation_accuracy"],
+              "gaps": {k: v + b["gaps"][k] for k, v in a["gaps"].items()},
+              "signal": {k: v + b["signal"][k] for k, v in a["signal"].items()}}
              for a, b in zip(record["evals"], extra["evals"], strict=True)]
-    budgets_ = [{**a, "validation_loss": both(a["validation_loss"], b["validation_loss"]),
-                 "test_loss": both(a["test_loss"], b["test_loss"])}
+    budgets_ = [{**a, "validation_loss": a["validation_loss"] + b["validation_loss"],
+                 "test_loss": a["test_loss"] + b["test_loss"]}
                 for a, b in zip(record["budgets"], extra["budgets"], strict=True)]
-    merged = {**record, "members": both(record["members"], extra["members"]), "evals": evals, "budgets": budgets_,
-              "diverged_at": both(record["diverged_at"], extra["diverged_at"])}
+    merged = {**record, "members": record["members"] + extra["members"], "evals": evals, "budgets": budgets_,
+              "diverged_at": record["diverged_at"] + extra["diverged_at"]}
+    n = len(record["members"])
     merged_arrays = {k: v if k not in extra_arrays else np.concatenate([v[:n], extra_arrays[k]])
                      for k, v in arrays.items()}
     return merged, merged_arrays
