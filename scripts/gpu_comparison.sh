@@ -10,7 +10,8 @@
 #   OUTDIR/log.txt                                everything printed, with the device and versions
 # The study itself runs in STUDY_WORKDIR (default /tmp/roformer-study/VARIANT): a second call on
 # the same machine resumes there, skipping finished schemes; on a fresh machine,
-# RESUME_FROM=an earlier call's records.tar.gz (carried along) puts its finished schemes back first.
+# RESUME_FROM=an earlier call's records.tar.gz (carried along) puts its finished schemes back first
+# (several archives, space-separated: e.g. one per scheme, as a study spread over sessions keeps them).
 # A machine without the corpus (a lent accelerator) reads the splits from a pack made where the
 # corpus is, once (a few minutes on a 2-core CPU; gpu_tiny, gpu_mini and gpu_small share it):
 #   python -m roformer.ablation.study pack gpu_tiny runs/study_data/wikipedia_en.npz
@@ -38,9 +39,9 @@ if [[ $variant != gpu_smoke ]]; then
 fi
 work=${STUDY_WORKDIR:-/tmp/roformer-study/$variant}
 mkdir -p "$out" "$work"
-if [[ -n ${RESUME_FROM:-} ]]; then
-  tar -xzf "$RESUME_FROM" -C "$work" || { echo "cannot read RESUME_FROM=$RESUME_FROM" >&2; exit 2; }
-fi
+for records in ${RESUME_FROM:-}; do
+  tar -xzf "$records" -C "$work" || { echo "cannot read $records (RESUME_FROM)" >&2; exit 2; }
+done
 # Compiled programs outside OUTDIR (what comes back from a lent machine stays small); a rerun on
 # the same machine loads them.
 export PYTHONUNBUFFERED=1 JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/roformer-study-jax-cache}

@@ -34,6 +34,7 @@ import io
 import json
 import logging
 import os
+import tarfile
 import time
 from pathlib import Path
 
@@ -197,12 +198,38 @@ def save_scheme(workdir: Path, scheme: str, record: dict, arrays: dict[str, np.n
     write_json_atomic(workdir / SCHEMES_DIR / f"{scheme}.json", record)
 
 
+def split_records(archive: Path, directory: Path) -> list[Path]:
+    """An archive of scheme records (scripts/gpu_comparison.sh's records.tar.gz) as one archive
+    per scheme, DIR/records-<scheme>.tar.gz, each with the data manifest and the config: what a
+    study spread over several sessions keeps between them (scripts/gpu_comparison.sh takes
+    several in RESUME_FROM), each file a scheme's size."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive) as source:
+        members = {m.name.removeprefix("./"): m for m in source.getmembers() if m.isfile()}
+        shared = [name for name in ("data_manifest.json", CONFIG_RECORD) if name in members]
+        schemes = sorted({Path(name).stem for name in members if name.startswith(f"{SCHEMES_DIR}/")})
+        written = []
+        for scheme in schemes:
+            path = directory / f"records-{scheme}.tar.gz"
+            with tarfile.open(path, "w:gz") as target:
+                for name in shared + sorted(n for n in members if n.startswith(f"{SCHEMES_DIR}/{scheme}.")):
+                    target.addfile(members[name], source.extractfile(members[name]))
+            written.append(path)
+    return written
+
+
 def main(argv: list[str]) -> int:
     """`python -m roformer.ablation.study pack VARIANT PATH [KEY=VALUE ...]`: the splits of
     configs/ablation.py:VARIANT (study.* / pretrain.* keys as overrides) into a pack for a
-    machine without the corpus (scripts/gpu_comparison.sh reads runs/study_data/VARIANT.npz)."""
+    machine without the corpus (scripts/gpu_comparison.sh reads runs/study_data/VARIANT.npz).
+    `python -m roformer.ablation.study split RECORDS DIR`: split_records."""
+    if len(argv) == 3 and argv[0] == "split":
+        for path in split_records(Path(argv[1]), Path(argv[2])):
+            print(f"{path}: {path.stat().st_size:,} bytes")
+        return 0
     if len(argv) < 3 or argv[0] != "pack":
-        print("usage: python -m roformer.ablation.study pack VARIANT PATH [section.key=value ...]")
+        print("usage: python -m roformer.ablation.study pack VARIANT PATH [section.key=value ...]\n"
+              "       python -m roformer.ablation.study split RECORDS.tar.gz DIR")
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     config = plan.load_config_file("ablation", argv[1])

@@ -242,12 +242,35 @@ def test_the_device_script_at_smoke_size(tmp_path):
     # What a lent machine sends back: at most 8 files, none in a subfolder.
     assert len(list(out.iterdir())) <= 8 and all(p.is_file() for p in out.iterdir())
     assert (out / "records.tar.gz").stat().st_size > 0
-    # On a fresh machine: the records of the first call put back, nothing trains again.
-    env = {**env, "STUDY_WORKDIR": str(tmp_path / "fresh"), "RESUME_FROM": str(out / "records.tar.gz")}
+    # On a fresh machine: the records of the first call put back from one archive per scheme
+    # (as a study spread over sessions keeps them), nothing trains again.
+    kept = study.split_records(out / "records.tar.gz", tmp_path / "kept")
+    assert [p.name for p in kept] == sorted(f"records-{s}.tar.gz" for s in SCHEMES)
+    env = {**env, "STUDY_WORKDIR": str(tmp_path / "fresh"), "RESUME_FROM": " ".join(map(str, kept))}
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count("already trained, skipping") + \
         again.stderr.count("already trained, skipping") == len(SCHEMES)
     assert json.loads((out / "study.json").read_text())["budgets"] == report["budgets"]
+
+
+def test_records_split_into_one_archive_per_scheme(tmp_path):
+    import tarfile
+
+    work = tmp_path / "work"
+    (work / study.SCHEMES_DIR).mkdir(parents=True)
+    names = ["data_manifest.json", study.CONFIG_RECORD] + [
+        f"{study.SCHEMES_DIR}/{scheme}.{ext}" for scheme in ("rope", "t5") for ext in ("json", "npz")]
+    for name in names:
+        (work / name).write_text(name)
+    with tarfile.open(tmp_path / "records.tar.gz", "w:gz") as archive:
+        for name in names:
+            archive.add(work / name, arcname=name)
+    kept = study.split_records(tmp_path / "records.tar.gz", tmp_path / "kept")
+    assert [p.name for p in kept] == ["records-rope.tar.gz", "records-t5.tar.gz"]
+    for path, scheme in zip(kept, ("rope", "t5")):
+        with tarfile.open(path) as archive:
+            assert sorted(archive.getnames()) == sorted(names[:2] + [f"schemes/{scheme}.json", f"schemes/{scheme}.npz"])
+            assert archive.extractfile(f"schemes/{scheme}.npz").read() == f"schemes/{scheme}.npz".encode()
 
 
 def test_the_device_script_refuses_an_unknown_variant(tmp_path):
