@@ -108,14 +108,15 @@ keep_trace() {   # the profiler's trace up to DIR itself: a device call brings b
 }
 
 ab() {   # the levers' A/B, then under each XLA flag set, then one table of them all
-  local sets set index=0
+  local sets=() set index=0 limit=${AB_LEVERS_S:-325}
   # AB_SHAPES, AB_FLAG_SHAPE and AB_ARGS (more levers options, e.g. a CPU smoke test's
   # "--rounds 1 --iters 1 --vocab-size 512"), AB_HF_SHAPE and AB_HF_ARGS (more hf options)
-  # change what is timed, not the limits.
+  # change what is timed. For the time a call has left after other work: AB_LEVERS_S (the
+  # levers' limit; no build starts in its last 35 s), AB_FLAG_SETS=none, AB_HF=0.
   # shellcheck disable=SC2086
-  bench ab_levers 325 levers --shapes ${AB_SHAPES:-base/512/64 base/128/256 small/512/64} --budget-s 290 \
-    --rounds 3 --iters 5 ${AB_ARGS:-}
-  IFS=';' read -ra sets <<<"${AB_FLAG_SETS:---xla_gpu_enable_cublaslt=true}"
+  bench ab_levers "$limit" levers --shapes ${AB_SHAPES:-base/512/64 base/128/256 small/512/64} \
+    --budget-s $((limit - 35)) --rounds 3 --iters 5 ${AB_ARGS:-}
+  [[ ${AB_FLAG_SETS:-} == none ]] || IFS=';' read -ra sets <<<"${AB_FLAG_SETS:---xla_gpu_enable_cublaslt=true}"
   for set in "${sets[@]}"; do
     index=$((index + 1))
     # shellcheck disable=SC2086
@@ -125,6 +126,12 @@ ab() {   # the levers' A/B, then under each XLA flag set, then one table of them
   # ours against transformers + torch.compile on this GPU, ours with the adopted levers (the
   # forms and dropout keys that paid alone above; none when none did or the levers failed);
   # jax takes GPU memory as it needs it, so the peer's process fits beside it
+  [[ ${AB_HF:-1} == 0 ]] || ab_hf
+  "$py" scripts/bench_ab_table.py "$out" "$index"
+}
+
+ab_hf() {
+  local rng forms
   read -r rng forms < <("$py" -c "import json, os, sys
 from roformer.bench.levers import adopted_in_result
 adopted = adopted_in_result(json.load(open(sys.argv[1]))) if os.path.isfile(sys.argv[1]) else None
@@ -134,7 +141,6 @@ print(adopted.dropout_rng_impl if adopted else 'threefry2x32', ','.join(adopted.
   ROFORMER_BACKEND_FORMS="$forms" XLA_PYTHON_CLIENT_PREALLOCATE=false bench ab_hf 130 hf \
     --shapes "${AB_HF_SHAPE:-base/512/64}" --peers hf_torch_compile --dtype bfloat16 --attention-dropout 0 \
     --dropout-rng-impl "${rng:-threefry2x32}" --rounds 3 --iters 3 ${AB_HF_ARGS:-}
-  "$py" scripts/bench_ab_table.py "$out" "$index"
 }
 
 run_step() {

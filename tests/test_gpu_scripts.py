@@ -118,6 +118,33 @@ def test_the_accelerator_benchmarks_parse_and_refuse_an_unknown_step_before_runn
     assert not (tmp_path / "out").exists()
 
 
+def test_the_ab_step_fits_the_time_a_call_has_left_when_told_so(tmp_path):
+    """The whole A/B (levers at three shapes, a flag set, the torch.compile peer), and its short
+    form for what a device call has left after other work: one shape, the levers named, a
+    limit of its own, no flag set, no peer. A stand-in interpreter records each command."""
+    stub = tmp_path / "python"
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
+    stub.chmod(0o755)
+
+    def commands(**env):
+        (tmp_path / "calls").unlink(missing_ok=True)
+        out = tmp_path / "out"
+        subprocess.run(["bash", str(ROOT / "scripts" / "bench_accelerator.sh"), str(out)], cwd=ROOT, check=True,
+                       capture_output=True, env={"PATH": "/usr/bin:/bin", "PYTHON": str(stub), "STEPS": "ab", **env})
+        calls = (tmp_path / "calls").read_text().replace(str(out), "OUT").splitlines()
+        return [c for c in calls if c.startswith(("-m roformer.bench", "scripts/"))]
+
+    whole = commands()
+    assert [c.split(" --")[0] for c in whole] == ["-m roformer.bench levers", "-m roformer.bench levers",
+                                                  "-m roformer.bench hf", "scripts/bench_ab_table.py OUT 1"]
+    assert "--budget-s 290" in whole[0] and "--budget-s 50" in whole[1]
+    short = commands(AB_LEVERS_S="200", AB_FLAG_SETS="none", AB_HF="0", AB_SHAPES="base/512/64",
+                     AB_ARGS="--variants baseline pallas_residual_norm rbg_dropout")
+    assert short == ["-m roformer.bench levers --shapes base/512/64 --budget-s 165 --rounds 3 --iters 5 --variants "
+                     "baseline pallas_residual_norm rbg_dropout --json OUT/ab_levers.json",
+                     "scripts/bench_ab_table.py OUT 0"]
+
+
 def test_the_ab_table_gives_the_ratio_to_torch_compile_after_and_before_the_levers(tmp_path):
     def lever(run_stage, variant, tokens_s, x_tokens, forms=(), rng="threefry2x32", batch=64):
         return {"stage": run_stage, "size": "base", "seq": 512, "batch": batch, "variant": variant, "forms": list(forms),
