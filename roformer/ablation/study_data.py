@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -239,6 +240,7 @@ def save_pack(data: StudyData, path, key: str) -> None:
             "variants": list(data.variants)}
     buffer = io.BytesIO()
     np.savez_compressed(buffer, meta=np.asarray(json.dumps(meta)), **arrays)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)   # runs/study_data/ on a fresh checkout
     write_bytes_atomic(path, buffer.getvalue())
 
 

@@ -282,7 +282,7 @@ def test_the_device_script_refuses_an_unknown_variant(tmp_path):
 def test_a_pack_gives_back_the_splits_it_was_made_from(tmp_path):
     c = config()
     data = study.study_splits(c)
-    path = tmp_path / "pack.npz"
+    path = tmp_path / "study_data" / "pack.npz"   # a folder not made yet, as on a fresh checkout
     study_data.save_pack(data, path, study.data_key(c))
     c.study.data_pack = str(path)
     back = study.study_splits(c)
