@@ -13,9 +13,9 @@
 # RESUME_FROM=an earlier call's records.tar.gz (carried along) puts its finished schemes back first
 # (several archives, space-separated: e.g. one per scheme, as a study spread over sessions keeps them).
 # A machine without the corpus (a lent accelerator) reads the splits from a pack made where the
-# corpus is, once (a few minutes on a 2-core CPU; gpu_tiny, gpu_mini and gpu_small share it):
-#   python -m roformer.ablation.study pack gpu_tiny runs/study_data/wikipedia_en.npz
-# and carry runs/study_data to the machine. The command stops itself at LIMIT_S seconds (530),
+# corpus is, once (a few minutes on a 2-core CPU; gpu_tiny, gpu_mini and gpu_small share it),
+# by scripts/device_files.sh with the other files a device call carries (carry .device):
+#   python -m roformer.ablation.study pack gpu_tiny .device/study_data/wikipedia_en.npz The command stops itself at LIMIT_S seconds (530),
 # and no scheme starts that would end after the config's study.time_limit_s: what finished is
 # in the report, and the same command resumes with the rest.
 # Usage: scripts/gpu_comparison.sh OUTDIR VARIANT [--config.KEY=VALUE ...]
@@ -30,7 +30,7 @@ case " gpu_tiny gpu_tiny_long gpu_mini gpu_small gpu_smoke " in
 esac
 py=${PYTHON:-python3}
 cd "$(dirname "$0")/.." || exit 2
-pack=${STUDY_DATA:-runs/study_data/wikipedia_en.npz}
+pack=${STUDY_DATA:-.device/study_data/wikipedia_en.npz}
 extra=()
 if [[ $variant != gpu_smoke ]]; then
   [[ -f $pack ]] || { echo "no data pack at $pack: make it where the corpus is with" \

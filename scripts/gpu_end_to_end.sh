@@ -40,7 +40,7 @@
 # missing); no stage runs past BUDGET_S (510) seconds from the start, so the whole fits one
 # device call.
 # Usage: scripts/gpu_end_to_end.sh OUTDIR
-#   DATA=dir with glue/, vocab/, wikipedia_en/ (default ../shared/data); STEPS picks stages;
+#   DATA=dir with glue/, vocab/, wikipedia_en/ (default ../shared/data, else .device/data); STEPS picks stages;
 #   PYTHON=... the interpreter; PRETRAIN_ARGS, GLUE_ARGS: more --config flags for those stages;
 #   PEERS_SHAPE (base/512/64); WIKI_FILES (wiki_0*) the pretraining files; BUDGET_S;
 #   GLUE_FLAG_SETS, GLUE_FLAG_TASKS, GLUE_FLAGS_MODEL for glue_flags.
@@ -50,6 +50,7 @@ set -u
 out=${1:?usage: scripts/gpu_end_to_end.sh OUTDIR}
 py=${PYTHON:-python3}
 data=${DATA:-../shared/data}
+[[ -n ${DATA:-} || -d $data ]] || data=.device/data   # on a lent machine: scripts/device_files.sh's copy
 if [ "${TINY:-0}" = 1 ]; then
   : "${PRETRAIN_STEPS:=4}" "${PEERS_SHAPE:=tiny/32/2}" "${WIKI_FILES:=wiki_00}"
   : "${PRETRAIN_ARGS:=--config.model.size=tiny --config.train.batch_size=4 --config.train.seq_len=64}"

@@ -175,3 +175,22 @@ def test_the_ab_table_gives_the_ratio_to_torch_compile_after_and_before_the_leve
                    capture_output=True, check=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     table = json.loads((tmp_path / "ab.json").read_text())
     assert table["peers"] == [] and "ab_hf.json: no result (log.txt says why)" in table["notes"]
+
+
+def test_the_files_a_device_call_carries_are_made_in_one_folder_under_its_limit(tmp_path, shared_data):
+    """scripts/device_files.sh's data part (the wheels need a package index, the pack has its own
+    test): the four GLUE tasks, the vocab and ten Wikipedia files under DIR/data, the size
+    against a call's 64 MiB; an unknown part is refused before anything is made."""
+    script = ROOT / "scripts" / "device_files.sh"
+    env = {"PATH": "/usr/bin:/bin", "SHARED": str(shared_data)}
+    bad = subprocess.run(["bash", str(script), str(tmp_path / "bad")], env={**env, "PARTS": "data wheel"},
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "unknown part 'wheel'" in bad.stderr and not (tmp_path / "bad").exists()
+    made = subprocess.run(["bash", str(script), str(tmp_path / "device")], env={**env, "PARTS": "data"},
+                          capture_output=True, text=True, cwd=ROOT)
+    assert made.returncode == 0, made.stderr
+    data = tmp_path / "device" / "data"
+    assert sorted(p.name for p in (data / "glue").iterdir()) == ["CoLA", "MRPC", "SST-2", "STS-B"]
+    assert (data / "glue" / "CoLA" / "dev.tsv").is_file() and any((data / "vocab").iterdir())
+    assert sorted(p.name for p in (data / "wikipedia_en").iterdir()) == [f"wiki_0{i}" for i in range(10)]
+    assert "MiB of the 64 MiB a device call carries" in made.stdout

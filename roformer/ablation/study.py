@@ -221,7 +221,8 @@ def split_records(archive: Path, directory: Path) -> list[Path]:
 def main(argv: list[str]) -> int:
     """`python -m roformer.ablation.study pack VARIANT PATH [KEY=VALUE ...]`: the splits of
     configs/ablation.py:VARIANT (study.* / pretrain.* keys as overrides) into a pack for a
-    machine without the corpus (scripts/gpu_comparison.sh reads runs/study_data/VARIANT.npz).
+    machine without the corpus (scripts/gpu_comparison.sh reads .device/study_data/wikipedia_en.npz,
+    which scripts/device_files.sh makes).
     `python -m roformer.ablation.study split RECORDS DIR`: split_records."""
     if len(argv) == 3 and argv[0] == "split":
         for path in split_records(Path(argv[1]), Path(argv[2])):

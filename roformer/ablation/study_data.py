@@ -240,7 +240,7 @@ def save_pack(data: StudyData, path, key: str) -> None:
             "variants": list(data.variants)}
     buffer = io.BytesIO()
     np.savez_compressed(buffer, meta=np.asarray(json.dumps(meta)), **arrays)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)   # runs/study_data/ on a fresh checkout
+    Path(path).parent.mkdir(parents=True, exist_ok=True)   # the pack's folder may not exist yet
     write_bytes_atomic(path, buffer.getvalue())
 
 
