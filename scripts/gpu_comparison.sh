@@ -15,7 +15,8 @@
 # A machine without the corpus (a lent accelerator) reads the splits from a pack made where the
 # corpus is, once (a few minutes on a 2-core CPU; gpu_tiny, gpu_mini and gpu_small share it),
 # by scripts/device_files.sh with the other files a device call carries (carry .device):
-#   python -m roformer.ablation.study pack gpu_tiny .device/study_data/wikipedia_en.npz The command stops itself at LIMIT_S seconds (530),
+#   python -m roformer.ablation.study pack gpu_tiny .device/study_data/wikipedia_en.npz
+# The command stops itself at LIMIT_S seconds (530),
 # and no scheme starts that would end after the config's study.time_limit_s: what finished is
 # in the report, and the same command resumes with the rest.
 # Usage: scripts/gpu_comparison.sh OUTDIR VARIANT [--config.KEY=VALUE ...]

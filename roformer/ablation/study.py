@@ -207,7 +207,8 @@ def split_records(archive: Path, directory: Path) -> list[Path]:
     with tarfile.open(archive) as source:
         members = {m.name.removeprefix("./"): m for m in source.getmembers() if m.isfile()}
         shared = [name for name in ("data_manifest.json", CONFIG_RECORD) if name in members]
-        schemes = sorted({Path(name).stem for name in members if name.startswith(f"{SCHEMES_DIR}/")})
+        schemes = sorted(Path(name).stem for name in members   # a record is <scheme>.json
+                         if Path(name).parent.name == SCHEMES_DIR and name.endswith(".json"))
         written = []
         for scheme in schemes:
             path = directory / f"records-{scheme}.tar.gz"

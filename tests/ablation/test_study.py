@@ -260,10 +260,11 @@ def test_records_split_into_one_archive_per_scheme(tmp_path):
     (work / study.SCHEMES_DIR).mkdir(parents=True)
     names = ["data_manifest.json", study.CONFIG_RECORD] + [
         f"{study.SCHEMES_DIR}/{scheme}.{ext}" for scheme in ("rope", "t5") for ext in ("json", "npz")]
-    for name in names:
+    stray = f"{study.SCHEMES_DIR}/.rope.npz.partial-1-ab"   # a write that a kill cut short
+    for name in names + [stray]:
         (work / name).write_text(name)
     with tarfile.open(tmp_path / "records.tar.gz", "w:gz") as archive:
-        for name in names:
+        for name in names + [stray]:
             archive.add(work / name, arcname=name)
     kept = study.split_records(tmp_path / "records.tar.gz", tmp_path / "kept")
     assert [p.name for p in kept] == ["records-rope.tar.gz", "records-t5.tar.gz"]
