@@ -123,14 +123,13 @@ ab() {   # the levers' A/B, then under each XLA flag set, then one table of them
     XLA_FLAGS="${XLA_FLAGS:-} $set" bench "ab_flags$index" 62 levers --shapes "${AB_FLAG_SHAPE:-base/512/64}" \
       --variants baseline all --other-variants baseline --budget-s 50 --rounds 3 --iters 5 ${AB_ARGS:-}
   done
-  # ours against transformers + torch.compile on this GPU, ours with the adopted levers (the
-  # forms and dropout keys that paid alone above; none when none did or the levers failed);
-  # jax takes GPU memory as it needs it, so the peer's process fits beside it
   [[ ${AB_HF:-1} == 0 ]] || ab_hf
   "$py" scripts/bench_ab_table.py "$out" "$index"
 }
 
-ab_hf() {
+ab_hf() {   # ours against transformers + torch.compile on this GPU, ours with the adopted levers
+  # (the forms and dropout keys that paid alone in ab_levers.json; none when none did or the
+  # levers failed); jax takes GPU memory as it needs it, so the peer's process fits beside it
   local rng forms
   read -r rng forms < <("$py" -c "import json, os, sys
 from roformer.bench.levers import adopted_in_result

@@ -53,6 +53,7 @@ log = logging.getLogger("roformer.ablate")
 
 SCHEMES_DIR = "schemes"
 CONFIG_RECORD = "study_config.json"
+DATA_MANIFEST = "data_manifest.json"
 
 
 # --------------------------------------------------------------------------- the study
@@ -128,7 +129,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     estimates = check_memory(config, data)
     log.info("data ready in %.0f s: %s; memory estimate per group %s", time.perf_counter() - t0,
              json.dumps(data.manifest), {k: f"{v / 2**30:.2f} GiB" for k, v in estimates.items()})
-    write_json_atomic(workdir / "data_manifest.json", {**data.manifest, "setup_s": time.perf_counter() - t0})
+    write_json_atomic(workdir / DATA_MANIFEST, {**data.manifest, "setup_s": time.perf_counter() - t0})
     test_weight = study_stats.item_sums(np.zeros((1, len(data.test_items))), data.test["masked_weights"].sum(-1),
                                         data.test_items)[1]
     aux, longest = None, 0.0
@@ -206,7 +207,7 @@ def split_records(archive: Path, directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive) as source:
         members = {m.name.removeprefix("./"): m for m in source.getmembers() if m.isfile()}
-        shared = [name for name in ("data_manifest.json", CONFIG_RECORD) if name in members]
+        shared = [name for name in (DATA_MANIFEST, CONFIG_RECORD) if name in members]
         schemes = sorted(Path(name).stem for name in members   # a record is <scheme>.json
                          if Path(name).parent.name == SCHEMES_DIR and name.endswith(".json"))
         written = []

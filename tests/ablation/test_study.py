@@ -258,7 +258,7 @@ def test_records_split_into_one_archive_per_scheme(tmp_path):
 
     work = tmp_path / "work"
     (work / study.SCHEMES_DIR).mkdir(parents=True)
-    names = ["data_manifest.json", study.CONFIG_RECORD] + [
+    names = [study.DATA_MANIFEST, study.CONFIG_RECORD] + [
         f"{study.SCHEMES_DIR}/{scheme}.{ext}" for scheme in ("rope", "t5") for ext in ("json", "npz")]
     stray = f"{study.SCHEMES_DIR}/.rope.npz.partial-1-ab"   # a write that a kill cut short
     for name in names + [stray]:
