@@ -24,6 +24,10 @@ at an end of the grid at some budget trains its seeds at one more rate beyond th
 second, smaller group, joined to its record member by member), so each scheme's grid brackets
 its optimum or the report says it does not. Every scheme gets the same rule.
 
+With `study.compile_ahead`, the next group's programs are compiled on a worker thread while
+the device trains the current group (study_train.CompileAhead), so the device does not wait
+for each scheme's compilation in turn.
+
 The settings, their validation and the memory estimate are roformer.ablation.study_plan's,
 one scheme's programs and training roformer.ablation.study_train's; here: the splits, the
 loop over the schemes (`run_study`) and the `pack` command.
@@ -44,7 +48,7 @@ import numpy as np
 
 from roformer.ablation import plan, study_data, study_stats
 from roformer.ablation.study_plan import budgets, check_memory, edge_rates, members, validate, windows
-from roformer.ablation.study_train import SchemeRun, merge_groups
+from roformer.ablation.study_train import CompileAhead, SchemeRun, merge_groups
 from roformer.data import DataConfig
 from roformer.errors import ConfigError
 from roformer.files import write_bytes_atomic, write_json_atomic, write_text_atomic
@@ -62,7 +66,7 @@ DATA_MANIFEST = "data_manifest.json"
 # Study keys that change how the study is run or read, not what a scheme's group computes:
 # changing them keeps finished schemes.
 REPORT_ONLY_KEYS = ("schemes", "reference", "margin", "order_threshold", "bootstrap", "memory_limit_gib",
-                    "time_limit_s", "data_pack", "extend_edges")
+                    "time_limit_s", "data_pack", "extend_edges", "compile_ahead")
 
 
 def scheme_fingerprint(config, scheme: str, manifest: dict) -> str:
@@ -132,7 +136,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     write_json_atomic(workdir / DATA_MANIFEST, {**data.manifest, "setup_s": time.perf_counter() - t0})
     test_weight = study_stats.item_sums(np.zeros((1, len(data.test_items))), data.test["masked_weights"].sum(-1),
                                         data.test_items)[1]
-    aux, longest = None, 0.0
+    longest = 0.0
 
     def out_of_time(what: str) -> bool:
         elapsed = time.perf_counter() - t0
@@ -143,49 +147,84 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             return True
         return False
 
-    def train(scheme: str, group=None):
-        nonlocal aux, longest
-        if aux is None:
-            aux = device_arrays(config, data)
-        record, test_loss = SchemeRun(config, scheme, data, aux, group).run()
-        longest = max(longest, record["timing"]["wall_s"])
+    schemes, todo = plan.split_list(st.schemes), []
+    fingerprints = {scheme: scheme_fingerprint(config, scheme, data.manifest) for scheme in schemes}
+    for scheme in schemes:
+        path = workdir / SCHEMES_DIR / f"{scheme}.json"
+        if path.is_file() and json.loads(path.read_text()).get("fingerprint") == fingerprints[scheme]:
+            log.info("%s: already trained, skipping", scheme)
+        else:
+            todo.append(scheme)
+    aux: dict = {}   # the data on the device: put there by this thread, once a group needs it
+
+    def device_data() -> None:
+        if not aux:
+            aux.update(device_arrays(config, data))
+
+    def prepare(scheme: str, group=None) -> SchemeRun:
+        return SchemeRun(config, scheme, data, aux, group).compile()
+
+    def submit(key, *args) -> None:
+        device_data()
+        ahead.submit(key, *args)
+
+    def train(key, *args):
+        """Train the group prepared under `key` (waiting for it, or preparing it now)."""
+        nonlocal longest
+        device_data()
+        waited = time.perf_counter()
+        run = ahead.take(key, *args)
+        waited = time.perf_counter() - waited
+        record, test_loss = run.run()
         t = record["timing"]
-        log.info("%s: %d members done in %.0f s (set-up and initialisation %.0f s, first evaluation %.0f s, first "
-                 "chunk with its compilation %.0f s, training %.0f s, evaluation %.0f s, %.0f tokens/s in all)",
-                 scheme, len(record["members"]), t["wall_s"], t["setup_s"], t["first_eval_s"], t["compile_s"],
-                 t["train_s"], t["eval_s"], t["tokens_per_s"])
+        t["programs_wait_s"] = waited
+        t["wall_s"] += waited
+        longest = max(longest, t["wall_s"])
+        log.info("%s: %d members done in %.0f s (set-up and initialisation %.0f s, programs %s, first evaluation "
+                 "%.0f s, first chunk %.0f s, training %.0f s, evaluation %.0f s, %.0f tokens/s in all)",
+                 run.scheme, len(record["members"]), t["wall_s"], t["setup_s"],
+                 f"compiled ahead in {t['programs_s']:.0f} s, waited {waited:.0f} s" if run.compiled_ahead
+                 else f"compiled here in {t['programs_s']:.0f} s", t["first_eval_s"], t["compile_s"], t["train_s"],
+                 t["eval_s"], t["tokens_per_s"])
         return record, test_loss
 
-    complete = True
-    for scheme in plan.split_list(st.schemes):
-        path = workdir / SCHEMES_DIR / f"{scheme}.json"
-        fp = scheme_fingerprint(config, scheme, data.manifest)
-        if path.is_file() and json.loads(path.read_text()).get("fingerprint") == fp:
-            log.info("%s: already trained, skipping", scheme)
-            continue
-        if out_of_time(scheme):
-            complete = False
-            break
-        record, test_loss = train(scheme)
-        record.update(fingerprint=fp, memory_estimate_bytes=estimates[scheme])
-        save_scheme(workdir, scheme, record, {"test_weight": test_weight, **test_loss})
-        study_report.write(config, workdir)
-    # Every scheme's grid first, so the comparison is whole before any group beyond a grid trains.
-    if complete and st.extend_edges:
-        for scheme in plan.split_list(st.schemes):
-            record, arrays = study_report.load_scheme(workdir, scheme)
-            trained = sorted({m["rate"] for m in record["members"]})
-            extra = edge_rates(trained, [study_report.choose_rate(record, b) for b in record["budgets"]])
-            if "edges" in record or not extra:
-                continue
-            if out_of_time(f"{scheme}'s rates beyond the grid"):
+    ahead = CompileAhead(prepare, bool(st.compile_ahead))
+
+    try:
+        complete = True
+        for k, scheme in enumerate(todo):
+            if out_of_time(scheme):
+                complete = False
                 break
-            log.info("%s: a budget chose a rate at the edge of %s: training %s too", scheme, trained, extra)
-            edge, edge_loss = train(scheme, members(config, extra, first_index=len(record["members"])))
-            record, arrays = merge_groups(record, arrays, edge, edge_loss)
-            record["edges"] = {"rates": extra, "members": len(edge["members"]), "timing": edge["timing"]}
-            save_scheme(workdir, scheme, record, arrays)
+            if k + 1 < len(todo):
+                submit(todo[k + 1], todo[k + 1])
+            record, test_loss = train(scheme, scheme)
+            record.update(fingerprint=fingerprints[scheme], memory_estimate_bytes=estimates[scheme])
+            save_scheme(workdir, scheme, record, {"test_weight": test_weight, **test_loss})
             study_report.write(config, workdir)
+        # Every scheme's grid first, so the comparison is whole before any group beyond a grid trains.
+        if complete and st.extend_edges:
+            edges = []
+            for scheme in schemes:
+                record, _ = study_report.load_scheme(workdir, scheme)
+                trained = sorted({m["rate"] for m in record["members"]})
+                extra = edge_rates(trained, [study_report.choose_rate(record, b) for b in record["budgets"]])
+                if "edges" not in record and extra:
+                    edges.append((scheme, extra, members(config, extra, first_index=len(record["members"]))))
+            for k, (scheme, extra, group) in enumerate(edges):
+                if out_of_time(f"{scheme}'s rates beyond the grid"):
+                    break
+                if k + 1 < len(edges):
+                    submit(("edges", edges[k + 1][0]), edges[k + 1][0], edges[k + 1][2])
+                log.info("%s: a budget chose a rate at the edge of the grid: training %s too", scheme, extra)
+                edge, edge_loss = train(("edges", scheme), scheme, group)
+                record, arrays = study_report.load_scheme(workdir, scheme)
+                record, arrays = merge_groups(record, arrays, edge, edge_loss)
+                record["edges"] = {"rates": extra, "members": len(edge["members"]), "timing": edge["timing"]}
+                save_scheme(workdir, scheme, record, arrays)
+                study_report.write(config, workdir)
+    finally:
+        ahead.close()
     return study_report.write(config, workdir)
 
 

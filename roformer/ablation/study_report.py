@@ -273,14 +273,26 @@ def markdown(config, result: dict, manifest: dict) -> str:
         text = "; ".join(f"{k} {v['median'][0]:.4g} -> {v['median'][-1]:.4g}" for k, v in signal.items())
         lines.append(f"- {scheme}: {text or 'no parameters or constants (nothing to follow)'}")
     lines += ["", "## What this does and does not show", "", *limits(config, result, manifest)]
-    lines += ["", "## Time", "", "| scheme | parameters | memory estimate | compile + first chunk | training | "
-              "evaluation | tokens/s (all members) |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "## Time", "", "Programs: compiling the group's programs, on a worker thread while the group "
+              "before trained (`study.compile_ahead`; waited: what training then waited for them) or here. First "
+              "chunk: the first `eval_every` steps, with their compilation where the programs were not compiled "
+              "before.", "", "| scheme | parameters | memory estimate | programs | first chunk | training | "
+              "evaluation | all | tokens/s (all members) |", "|---|---|---|---|---|---|---|---|---|"]
     for scheme in result["schemes"]:
         t = info[scheme]["timing"]
         lines.append(f"| {scheme} | {info[scheme]['parameters']:,} | {info[scheme]['memory_estimate_gib']:.2f} GiB | "
-                     f"{t['compile_s']:.1f} s | {t['train_s']:.1f} s | {t['eval_s']:.1f} s | {t['tokens_per_s']:,.0f} |")
+                     f"{_programs_time(t)} | {t['compile_s']:.1f} s | {t['train_s']:.1f} s | {t['eval_s']:.1f} s | "
+                     f"{t['wall_s']:.1f} s | {t['tokens_per_s']:,.0f} |")
     lines += ["", f"Figures: {', '.join(figure_names(info))}."]
     return "\n".join(lines) + "\n"
+
+
+def _programs_time(timing: dict) -> str:
+    if "programs_s" not in timing:   # a record from before the programs were compiled apart
+        return "in the first chunk"
+    if timing["compiled_ahead"]:
+        return f"{timing['programs_s']:.1f} s ahead (waited {timing['programs_wait_s']:.1f} s)"
+    return f"{timing['programs_s']:.1f} s"
 
 
 def figure_names(info: dict) -> list[str]:

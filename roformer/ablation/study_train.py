@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -102,6 +104,31 @@ def _stack(trees: list):
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
 
 
+def member_inputs(group: list[Member]) -> dict[str, jax.Array]:
+    """What the vmapped step reads per member: its seed's index, data and dropout keys, rate."""
+    seeds = sorted({m.seed for m in group})
+    return {
+        "seed_index": jnp.asarray([seeds.index(m.seed) for m in group], jnp.int32),
+        "data_key": jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s), 1))(
+            jnp.asarray([m.seed for m in group], jnp.uint32)),
+        "dropout_key": jax.vmap(lambda s: jax.random.key(s))(jnp.asarray([m.seed for m in group], jnp.uint32)),
+        "rate": jnp.asarray([m.rate for m in group], jnp.float32),
+    }
+
+
+def padded_chunks(rows: dict[str, np.ndarray], size: int):
+    """`rows` in chunks of `size` rows, the last padded with copies of its last row at weight 0;
+    yields (chunk, real rows)."""
+    total = len(rows["input_ids"])
+    for lo in range(0, total, size):
+        chunk = {k: v[lo:lo + size] for k, v in rows.items()}
+        pad = size - len(chunk["input_ids"])
+        if pad:
+            chunk = {k: np.concatenate([v, np.repeat(v[-1:], pad, 0) * (0 if k == "masked_weights" else 1)])
+                     for k, v in chunk.items()}
+        yield chunk, size - pad
+
+
 class SchemeRun:
     """Train one scheme's group and collect its record (the JSON) and test sums (the arrays)."""
 
@@ -118,19 +145,36 @@ class SchemeRun:
         self.eval_owner = np.concatenate([np.full(len(b["input_ids"]), i) for i, (_, b) in enumerate(eval_sets)])
         self.diverged: list[int | None] = [None] * len(self.group)
         self.first_loss: np.ndarray | None = None
+        self.programs: Programs | None = None
+        self.programs_s, self.compiled_ahead = 0.0, False
+
+    def compile(self) -> SchemeRun:
+        """Build this group's programs and compile each for the shapes it will be called with
+        (the training chunk, evaluation of a validation and a test chunk, the position signal),
+        which its first calls would otherwise compile. Touches nothing shared but the read-only
+        data, so it may run on a worker thread while another group trains (CompileAhead)."""
+        t0 = time.perf_counter()
+        programs = Programs(self.model_cfg, self.config, self.data)
+        n = len(self.group)
+        states = jax.eval_shape(lambda key: _stack([programs.init(key)] * n), jax.random.key(0))
+        trunk_decay = optim.cooldown_branches(budgets(self.config), self.st.cooldown_fraction)[-1]
+        programs.train_chunk.lower(states, self.aux, programs.rest, member_inputs(self.group), *trunk_decay).compile()
+        size = int(self.st.eval_batch)
+        for rows in (self.eval_rows, self.data.test):
+            chunk, _ = next(padded_chunks(rows, size))
+            programs.evaluate_rows.lower(states["params"], programs.rest, chunk).compile()
+        programs.signal.lower(states["params"], programs.rest).compile()
+        self.programs, self.programs_s = programs, time.perf_counter() - t0
+        return self
 
     def run(self) -> tuple[dict, dict[str, np.ndarray]]:
         st, group = self.st, self.group
         started = time.perf_counter()
-        programs = Programs(self.model_cfg, self.config, self.data)
+        if self.programs is None:
+            self.compile()
+        programs = self.programs
         seeds = sorted({m.seed for m in group})
-        member_inputs = {
-            "seed_index": jnp.asarray([seeds.index(m.seed) for m in group], jnp.int32),
-            "data_key": jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s), 1))(
-                jnp.asarray([m.seed for m in group], jnp.uint32)),
-            "dropout_key": jax.vmap(lambda s: jax.random.key(s))(jnp.asarray([m.seed for m in group], jnp.uint32)),
-            "rate": jnp.asarray([m.rate for m in group], jnp.float32),
-        }
+        inputs = member_inputs(group)
         per_seed = {s: jax.block_until_ready(programs.init(jax.random.key(s))) for s in seeds}
         states = _stack([per_seed[m.seed] for m in group])
         del per_seed
@@ -138,8 +182,9 @@ class SchemeRun:
         branches = optim.cooldown_branches(ends, st.cooldown_fraction)
         trunk_decay = branches[-1]
         evals, budget_records, test_loss = [], [], {}
+        # compile_s: the first chunk (with its compilation where compile() did not run first).
         timing = {"setup_s": time.perf_counter() - started, "compile_s": 0.0, "train_s": 0.0, "eval_s": 0.0,
-                  "branch_s": 0.0}
+                  "branch_s": 0.0, "programs_s": self.programs_s, "compiled_ahead": self.compiled_ahead}
         evals.append(self._evaluate_trunk(programs, states, 0, timing))
         timing["first_eval_s"] = timing["eval_s"]
         step, compiled = 0, False
@@ -148,12 +193,12 @@ class SchemeRun:
                 if step == start:   # a cooldown branch from the trunk's state here
                     t0 = time.perf_counter()
                     branch = jax.tree.map(jnp.copy, states)
-                    branch = self._train_to(programs, member_inputs, branch, start, end, (start, end), timing)
+                    branch = self._train_to(programs, inputs, branch, start, end, (start, end), timing)
                     budget_records.append(self._budget(programs, branch, end, test_loss, timing))
                     del branch
                     timing["branch_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
-            states, losses = programs.train_chunk(states, self.aux, programs.rest, member_inputs, *trunk_decay)
+            states, losses = programs.train_chunk(states, self.aux, programs.rest, inputs, *trunk_decay)
             losses = np.asarray(jax.device_get(losses))
             elapsed = time.perf_counter() - t0
             timing["compile_s" if not compiled else "train_s"] += elapsed
@@ -177,10 +222,10 @@ class SchemeRun:
         }
         return record, test_loss
 
-    def _train_to(self, programs, member_inputs, states, step, end, decay, timing):
+    def _train_to(self, programs, inputs, states, step, end, decay, timing):
         while step < end:
             t0 = time.perf_counter()
-            states, losses = programs.train_chunk(states, self.aux, programs.rest, member_inputs, *decay)
+            states, losses = programs.train_chunk(states, self.aux, programs.rest, inputs, *decay)
             losses = np.asarray(jax.device_get(losses))
             timing["train_s"] += time.perf_counter() - t0
             step += int(self.st.eval_every)
@@ -201,20 +246,15 @@ class SchemeRun:
 
     def _rows(self, programs, params, rows: dict) -> dict[str, np.ndarray]:
         """Per member and row: loss and correct sums over `rows` (in eval_batch chunks, the last padded)."""
-        size, total = int(self.st.eval_batch), len(rows["input_ids"])
         # A few chunks in flight before any is read back: the device does not wait on the host, and
         # no more than that many chunks' logits are held at once.
         pending, fetched = [], []
-        for lo in range(0, total, size):
-            chunk = {k: v[lo:lo + size] for k, v in rows.items()}
-            pad = size - len(chunk["input_ids"])
-            if pad:
-                chunk = {k: np.concatenate([v, np.repeat(v[-1:], pad, 0) * (0 if k == "masked_weights" else 1)])
-                         for k, v in chunk.items()}
-            pending.append((programs.evaluate_rows(params, programs.rest, chunk), size - pad))
-            if len(pending) == EVAL_IN_FLIGHT or lo + size >= total:
+        for chunk, keep in padded_chunks(rows, int(self.st.eval_batch)):
+            pending.append((programs.evaluate_rows(params, programs.rest, chunk), keep))
+            if len(pending) == EVAL_IN_FLIGHT:
                 fetched += [(jax.device_get(sums), keep) for sums, keep in pending]
                 pending = []
+        fetched += [(jax.device_get(sums), keep) for sums, keep in pending]
         return {k: np.concatenate([np.asarray(sums[k])[:, :keep] for sums, keep in fetched], axis=1)
                 for k in ("loss", "correct")}
 
@@ -249,6 +289,40 @@ class SchemeRun:
         timing["eval_s"] += time.perf_counter() - t0
         return {"steps": end, "tokens": end * self.tokens_per_step, "validation_loss": validation,
                 "test_loss": (sums["loss"].sum(1) / weight).tolist()}
+
+
+class CompileAhead:
+    """Groups prepared one ahead. While the device trains one group, a worker thread builds
+    the next group's programs and compiles them (SchemeRun.compile): XLA compiles on the
+    host's cores, so the device does not wait for each scheme's compilation in turn. Without
+    `enabled`, a group is prepared when its turn comes, as before."""
+
+    def __init__(self, prepare: Callable[..., SchemeRun], enabled: bool):
+        self.prepare = prepare
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="compile-ahead") if enabled else None
+        self.pending: dict[object, Future] = {}
+
+    def submit(self, key, *args) -> None:
+        """Start preparing `prepare(*args)` on the worker (once per key)."""
+        if self.pool is not None and key not in self.pending:
+            self.pending[key] = self.pool.submit(self.prepare, *args)
+
+    def take(self, key, *args) -> SchemeRun:
+        """The group submitted under `key` (waiting for it), else prepared here."""
+        future = self.pending.pop(key, None)
+        if future is not None:
+            try:
+                run = future.result()
+                run.compiled_ahead = True
+                return run
+            except Exception:   # what failed there fails here too, with this thread's traceback
+                log.warning("%s: compiling ahead failed; compiling here", key, exc_info=True)
+        return self.prepare(*args)
+
+    def close(self) -> None:
+        """Drop what has not started; a compilation under way finishes on its own."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def merge_groups(record: dict, arrays: dict[str, np.ndarray], extra: dict,

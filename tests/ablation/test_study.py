@@ -242,6 +242,11 @@ def test_the_device_script_at_smoke_size(tmp_path):
     # What a lent machine sends back: at most 8 files, none in a subfolder.
     assert len(list(out.iterdir())) <= 8 and all(p.is_file() for p in out.iterdir())
     assert (out / "records.tar.gz").stat().st_size > 0
+    # Every group after the first had its programs compiled while the one before trained.
+    records = {s: json.loads((tmp_path / "work" / study.SCHEMES_DIR / f"{s}.json").read_text()) for s in SCHEMES}
+    assert [records[s]["timing"]["compiled_ahead"] for s in SCHEMES] == [False] + [True] * (len(SCHEMES) - 1)
+    assert [records[s]["edges"]["timing"]["compiled_ahead"] for s in SCHEMES] == [False] + [True] * (len(SCHEMES) - 1)
+    assert "s ahead (waited" in text
     # On a fresh machine: the records of the first call put back from one archive per scheme
     # (as a study spread over sessions keeps them), nothing trains again.
     kept = study.split_records(out / "records.tar.gz", tmp_path / "kept")
@@ -251,6 +256,33 @@ def test_the_device_script_at_smoke_size(tmp_path):
     assert again.returncode == 0 and again.stdout.count("already trained, skipping") + \
         again.stderr.count("already trained, skipping") == len(SCHEMES)
     assert json.loads((out / "study.json").read_text())["budgets"] == report["budgets"]
+
+
+def test_a_group_compiled_on_a_worker_thread_trains_alike_without_compiling_again(caplog):
+    """SchemeRun.compile on CompileAhead's worker thread: the group's training, evaluation and
+    signal programs are ready before it runs (nothing compiles while it trains), and the
+    group computes what it computes when its first calls compile them."""
+    from roformer.ablation.study_train import CompileAhead, SchemeRun
+
+    c = config(schemes="rope", seeds=2, learning_rates="2e-3", budget_steps="2,4")
+    data = study.study_splits(c)
+    aux = study.device_arrays(c, data)
+    plain, plain_loss = SchemeRun(c, "rope", data, aux).run()
+    ahead = CompileAhead(lambda scheme: SchemeRun(c, scheme, data, aux).compile(), enabled=True)
+    ahead.submit("rope", "rope")
+    run = ahead.take("rope", "rope")
+    ahead.close()
+    assert run.compiled_ahead and run.programs_s > 0
+    with jax.log_compiles(True), caplog.at_level("WARNING", logger="jax"):
+        record, test_loss = run.run()
+    compiled = [r.getMessage()[:40] for r in caplog.records if r.getMessage().startswith("Compiling")]
+    assert not [m for m in compiled if any(f"jit({name})" in m for name in ("train_chunk", "evaluate", "signal"))], \
+        compiled
+    assert record["timing"]["compiled_ahead"] and not plain["timing"]["compiled_ahead"]
+    assert record["budgets"] == plain["budgets"] and record["evals"] == plain["evals"]
+    assert test_loss.keys() == plain_loss.keys()
+    for key in test_loss:
+        np.testing.assert_array_equal(test_loss[key], plain_loss[key])
 
 
 def test_records_split_into_one_archive_per_scheme(tmp_path):
@@ -413,9 +445,15 @@ def test_a_study_stopped_by_its_time_limit_resumes_with_the_rest(tmp_path, monke
         def __init__(self, config, scheme, data, aux, group=None):
             self.scheme, self.budgets = scheme, study_plan.budgets(config)
 
+        compiled_ahead = False
+
+        def compile(self):
+            return self
+
         def run(self):
             trained.append(self.scheme)
-            timing = dict.fromkeys(("setup_s", "first_eval_s", "compile_s", "train_s", "eval_s", "tokens_per_s"), 0.0)
+            timing = dict.fromkeys(("setup_s", "first_eval_s", "compile_s", "train_s", "eval_s", "tokens_per_s",
+                                    "programs_s"), 0.0)
             return {"scheme": self.scheme, "members": [], "timing": {**timing, "wall_s": 1e6}}, \
                 {f"budget{b}": np.zeros((4, 1), np.float32) for b in self.budgets}
 
