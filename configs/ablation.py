@@ -220,8 +220,9 @@ STUDY = {
     # without the corpus; "": made from pretrain.data here.
     "data_pack": "",
     "time_limit_s": 480.0,                    # no scheme starts that would end after this (0: none)
-    # The next group's programs compiled on a worker thread while the device trains this one.
-    "compile_ahead": True,
+    # The next groups' programs compiled on worker threads (one each) while the device trains
+    # this one; 2 keeps the device fed while a group compiles in up to twice its training time.
+    "compile_ahead": 2,
 }
 
 # Each variant: the variant it builds on (None: the defaults) and the keys it changes, by

@@ -24,9 +24,9 @@ at an end of the grid at some budget trains its seeds at one more rate beyond th
 second, smaller group, joined to its record member by member), so each scheme's grid brackets
 its optimum or the report says it does not. Every scheme gets the same rule.
 
-With `study.compile_ahead`, the next group's programs are compiled on a worker thread while
-the device trains the current group (study_train.CompileAhead), so the device does not wait
-for each scheme's compilation in turn.
+With `study.compile_ahead` (N > 0), the next N groups' programs are compiled on worker threads
+while the device trains the current group (study_train.CompileAhead), so the device does not
+wait for each scheme's compilation in turn.
 
 The settings, their validation and the memory estimate are roformer.ablation.study_plan's,
 one scheme's programs and training roformer.ablation.study_train's; here: the splits, the
@@ -188,7 +188,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                  t["eval_s"], t["tokens_per_s"])
         return record, test_loss
 
-    ahead = CompileAhead(prepare, bool(st.compile_ahead))
+    ahead = CompileAhead(prepare, int(st.compile_ahead))
 
     try:
         complete = True
@@ -196,8 +196,8 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             if out_of_time(scheme):
                 complete = False
                 break
-            if k + 1 < len(todo):
-                submit(todo[k + 1], todo[k + 1])
+            for later in todo[k + 1:k + 1 + ahead.groups]:
+                submit(later, later)
             record, test_loss = train(scheme, scheme)
             record.update(fingerprint=fingerprints[scheme], memory_estimate_bytes=estimates[scheme])
             save_scheme(workdir, scheme, record, {"test_weight": test_weight, **test_loss})
@@ -214,8 +214,8 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             for k, (scheme, extra, group) in enumerate(edges):
                 if out_of_time(f"{scheme}'s rates beyond the grid"):
                     break
-                if k + 1 < len(edges):
-                    submit(("edges", edges[k + 1][0]), edges[k + 1][0], edges[k + 1][2])
+                for later, _, later_group in edges[k + 1:k + 1 + ahead.groups]:
+                    submit(("edges", later), later, later_group)
                 log.info("%s: a budget chose a rate at the edge of the grid: training %s too", scheme, extra)
                 edge, edge_loss = train(("edges", scheme), scheme, group)
                 record, arrays = study_report.load_scheme(workdir, scheme)

@@ -70,6 +70,9 @@ def validate(config) -> None:
             raise ValueError
     except ValueError:
         problems.append(f"study.learning_rates={st.learning_rates!r}: a comma list of distinct rates, each > 0")
+    if not (isinstance(st.compile_ahead, int) and not isinstance(st.compile_ahead, bool) and st.compile_ahead >= 0):
+        problems.append(f"study.compile_ahead={st.compile_ahead!r}: the number of groups compiled ahead (>= 0; 0: "
+                        "each in its turn)")
     if not (isinstance(st.seeds, int) and st.seeds >= 1):
         problems.append(f"study.seeds={st.seeds!r}: give the number of seeds per rate (>= 1)")
     if not (isinstance(st.margin, (int, float)) and math.isfinite(st.margin) and st.margin > 0):

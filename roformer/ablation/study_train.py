@@ -292,14 +292,14 @@ class SchemeRun:
 
 
 class CompileAhead:
-    """Groups prepared one ahead. While the device trains one group, a worker thread builds
-    the next group's programs and compiles them (SchemeRun.compile): XLA compiles on the
-    host's cores, so the device does not wait for each scheme's compilation in turn. Without
-    `enabled`, a group is prepared when its turn comes, as before."""
+    """Groups prepared ahead. While the device trains one group, worker threads (`groups` of
+    them) build the next groups' programs and compile them (SchemeRun.compile): XLA compiles
+    on the host's cores, so the device does not wait for each scheme's compilation in turn.
+    With `groups` 0, a group is prepared when its turn comes."""
 
-    def __init__(self, prepare: Callable[..., SchemeRun], enabled: bool):
-        self.prepare = prepare
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="compile-ahead") if enabled else None
+    def __init__(self, prepare: Callable[..., SchemeRun], groups: int):
+        self.prepare, self.groups = prepare, groups
+        self.pool = ThreadPoolExecutor(groups, thread_name_prefix="compile-ahead") if groups else None
         self.pending: dict[object, Future] = {}
 
     def submit(self, key, *args) -> None:

@@ -48,7 +48,8 @@ def test_the_accelerator_variants_train_every_scheme_8_seeds_x_3_rates():
     ({"margin": 0.0}, "study.margin=0.0"), ({"margin": -1.0}, "study.margin"),
     ({"learning_rates": "1e-3,0"}, "study.learning_rates"), ({"learning_rates": "1e-3,-2e-3"}, "study.learning_rates"),
     ({"schemes": "rope,nope"}, "unknown scheme 'nope'"), ({"reference": "learned"}, "study.reference"),
-    ({"budget_steps": "10,15"}, "study.budget_steps"), ({"windows": "1,4"}, "study.windows")])
+    ({"budget_steps": "10,15"}, "study.budget_steps"), ({"windows": "1,4"}, "study.windows"),
+    ({"compile_ahead": -1}, "study.compile_ahead=-1")])
 def test_bad_settings_are_one_line_before_anything_trains(keys, message):
     with pytest.raises(ConfigError, match=message) as error:
         study_plan.validate(config(**keys))
@@ -268,7 +269,7 @@ def test_a_group_compiled_on_a_worker_thread_trains_alike_without_compiling_agai
     data = study.study_splits(c)
     aux = study.device_arrays(c, data)
     plain, plain_loss = SchemeRun(c, "rope", data, aux).run()
-    ahead = CompileAhead(lambda scheme: SchemeRun(c, scheme, data, aux).compile(), enabled=True)
+    ahead = CompileAhead(lambda scheme: SchemeRun(c, scheme, data, aux).compile(), groups=1)
     ahead.submit("rope", "rope")
     run = ahead.take("rope", "rope")
     ahead.close()
@@ -470,6 +471,50 @@ def test_a_study_stopped_by_its_time_limit_resumes_with_the_rest(tmp_path, monke
         ["alibi.json", "rope.json", "sinusoidal.json"]
 
 
+@pytest.mark.parametrize("groups", [0, 1, 2])
+def test_groups_are_compiled_on_worker_threads_at_most_compile_ahead_groups_early(tmp_path, monkeypatch, groups):
+    """Each scheme's group (and each group beyond a grid) is prepared on a worker thread once
+    at most `study.compile_ahead` groups are left before it, never in the training thread
+    unless compile_ahead is 0 or it is the first group."""
+    import threading
+
+    from roformer.ablation import study_report
+
+    trained, prepared = [], {}
+
+    class FakeRun:
+        compiled_ahead = False
+
+        def __init__(self, config, scheme, data, aux, group=None):
+            self.scheme, self.budgets, self.key = scheme, study_plan.budgets(config), (scheme, group is not None)
+
+        def compile(self):
+            prepared[self.key] = (threading.current_thread().name, len(trained))
+            return self
+
+        def run(self):
+            trained.append(self.key)
+            timing = dict.fromkeys(("setup_s", "first_eval_s", "compile_s", "train_s", "eval_s", "tokens_per_s",
+                                    "programs_s", "wall_s"), 0.0)
+            return {"scheme": self.scheme, "members": [], "timing": timing}, \
+                {f"budget{b}": np.zeros((4, 1), np.float32) for b in self.budgets}
+
+    monkeypatch.setattr(study, "SchemeRun", FakeRun)
+    monkeypatch.setattr(study, "edge_rates", lambda trained_rates, chosen: [1.0])
+    monkeypatch.setattr(study, "merge_groups", lambda record, arrays, edge, edge_loss: (record, arrays))
+    monkeypatch.setattr(study_report, "write", lambda config, workdir: {})
+    monkeypatch.setattr(study_report, "choose_rate", lambda record, budget: 0)
+    monkeypatch.setattr(study_report, "load_scheme", lambda workdir, scheme: ({"members": [], "budgets": []}, {}))
+    study.run_study(config(time_limit_s=0.0, compile_ahead=groups), tmp_path)
+    order = [(s, False) for s in ("rope", "alibi", "sinusoidal")] + [(s, True) for s in ("rope", "alibi", "sinusoidal")]
+    assert trained == order
+    for turn, key in enumerate(order):
+        thread, done_before = prepared[key]
+        ahead = groups and turn not in (0, 3)   # the edge groups are known once every grid has trained
+        assert thread.startswith("compile-ahead") == bool(ahead), (key, thread)
+        assert done_before >= turn - groups, key
+
+
 def test_the_pack_key_does_not_depend_on_where_the_corpus_lies(monkeypatch):
     monkeypatch.setenv("ROFORMER_SHARED_DATA", "/one/place")
     here = study.data_key(config("gpu_tiny"))
@@ -484,7 +529,7 @@ def test_a_finished_scheme_is_kept_when_only_how_the_study_is_read_changes():
     c = config()
     fp = study.scheme_fingerprint(c, "rope", {"tokens": 1})
     c.study.margin, c.study.time_limit_s, c.study.data_pack, c.study.schemes = 0.05, 100.0, "x.npz", "rope"
-    c.study.extend_edges = not c.study.extend_edges
+    c.study.extend_edges, c.study.compile_ahead = not c.study.extend_edges, 0
     assert study.scheme_fingerprint(c, "rope", {"tokens": 1}) == fp
     c.study.learning_rates = "1e-3,3e-3"
     assert study.scheme_fingerprint(c, "rope", {"tokens": 1}) != fp
