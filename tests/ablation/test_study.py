@@ -515,6 +515,28 @@ def test_groups_are_compiled_on_worker_threads_at_most_compile_ahead_groups_earl
         assert done_before >= turn - groups, key
 
 
+def test_a_group_whose_compiling_ahead_failed_is_compiled_in_its_turn(caplog):
+    import threading
+
+    from roformer.ablation.study_train import CompileAhead
+
+    class Prepared:
+        compiled_ahead = False
+
+    def prepare(scheme):
+        if threading.current_thread().name.startswith("compile-ahead"):
+            raise RuntimeError("no room for it now")
+        return Prepared()
+
+    ahead = CompileAhead(prepare, groups=1)
+    ahead.submit("rope", "rope")
+    with caplog.at_level("WARNING", logger="roformer.ablate"):
+        run = ahead.take("rope", "rope")
+    ahead.close()
+    assert isinstance(run, Prepared) and not run.compiled_ahead
+    assert "rope: compiling ahead failed; compiling here" in caplog.text and "no room for it now" in caplog.text
+
+
 def test_the_pack_key_does_not_depend_on_where_the_corpus_lies(monkeypatch):
     monkeypatch.setenv("ROFORMER_SHARED_DATA", "/one/place")
     here = study.data_key(config("gpu_tiny"))
