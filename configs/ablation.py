@@ -334,6 +334,9 @@ VARIANTS = {
         "study.eval_batch": 8,
         "study.bootstrap": 200,
         "study.time_limit_s": 0.0,
+        # On a CPU the device is the host's own cores, so compiling ahead competes with training:
+        # one group ahead runs the path at the least cost.
+        "study.compile_ahead": 1,
         "pretrain.model.hidden_size": 32,
         "pretrain.model.intermediate_size": 64,
         "pretrain.model.num_layers": 1,
