@@ -303,7 +303,7 @@ class CompileAhead:
         self.pending: dict[object, Future] = {}
 
     def submit(self, key, *args) -> None:
-        """Start preparing `prepare(*args)` on the worker (once per key)."""
+        """Start preparing `prepare(*args)` on a worker thread (once per key)."""
         if self.pool is not None and key not in self.pending:
             self.pending[key] = self.pool.submit(self.prepare, *args)
 
