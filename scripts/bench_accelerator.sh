@@ -108,14 +108,20 @@ keep_trace() {   # the profiler's trace up to DIR itself: a device call brings b
 }
 
 ab() {   # the levers' A/B, then under each XLA flag set, then one table of them all
-  local sets=() set index=0 limit=${AB_LEVERS_S:-325}
+  local sets=() set index=0 limit=${AB_LEVERS_S:-325} continued=()
   # AB_SHAPES, AB_FLAG_SHAPE and AB_ARGS (more levers options, e.g. a CPU smoke test's
   # "--rounds 1 --iters 1 --vocab-size 512"), AB_HF_SHAPE and AB_HF_ARGS (more hf options)
   # change what is timed. For the time a call has left after other work: AB_LEVERS_S (the
-  # levers' limit; no build starts in its last 35 s), AB_FLAG_SETS=none, AB_HF=0.
+  # levers' limit; no build starts in its last 35 s), AB_FLAG_SETS=none, AB_HF=0. For the
+  # shapes an earlier call's budget left: AB_ADOPTED_FROM=its ab_levers.json (carried along)
+  # times its adopted levers against the baseline at AB_SHAPES, without the levers alone.
+  [[ -z ${AB_ADOPTED_FROM:-} ]] || continued=(--adopted-from "$AB_ADOPTED_FROM")
+  # Compiled steps kept outside OUTDIR: a rerun on the same machine loads them instead of
+  # compiling each variant again (the builds are most of the levers' time).
+  local -x JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/roformer-ab-jax-cache}
   # shellcheck disable=SC2086
   bench ab_levers "$limit" levers --shapes ${AB_SHAPES:-base/512/64 base/128/256 small/512/64} \
-    --budget-s $((limit - 35)) --rounds 3 --iters 5 ${AB_ARGS:-}
+    --budget-s $((limit - 35)) --rounds 3 --iters 5 "${continued[@]}" ${AB_ARGS:-}
   [[ ${AB_FLAG_SETS:-} == none ]] || IFS=';' read -ra sets <<<"${AB_FLAG_SETS:---xla_gpu_enable_cublaslt=true}"
   for set in "${sets[@]}"; do
     index=$((index + 1))

@@ -143,6 +143,11 @@ def test_the_ab_step_fits_the_time_a_call_has_left_when_told_so(tmp_path):
     assert short == ["-m roformer.bench levers --shapes base/512/64 --budget-s 165 --rounds 3 --iters 5 --variants "
                      "baseline pallas_residual_norm rbg_dropout --json OUT/ab_levers.json",
                      "scripts/bench_ab_table.py OUT 0"]
+    # the shapes an earlier call's budget left: its adopted levers, not the levers alone again
+    later = commands(AB_ADOPTED_FROM="kept/ab_levers.json", AB_SHAPES="base/128/256 small/512/64",
+                     AB_FLAG_SETS="none", AB_HF="0")
+    assert later == ["-m roformer.bench levers --shapes base/128/256 small/512/64 --budget-s 290 --rounds 3 --iters 5 "
+                     "--adopted-from kept/ab_levers.json --json OUT/ab_levers.json", "scripts/bench_ab_table.py OUT 0"]
 
 
 def test_the_ab_table_gives_the_ratio_to_torch_compile_after_and_before_the_levers(tmp_path):

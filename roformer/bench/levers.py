@@ -38,6 +38,10 @@ bf16 rounding; rbg dropout draws other masks and twice the batch is another batc
 differ by design. XLA flags (`XLA_FLAGS`) are read once per process: the row says which were
 set, and scripts/bench_accelerator.sh's `ab` step runs this benchmark once per flag set.
 
+With `--adopted-from` a finished run's JSON, the levers are not measured again: its adopted
+variant is timed against the baseline at every shape given (the shapes a budget cut left for a
+later call).
+
 Accelerator time is scarce, so a variant that fails to build or to run its first step (a
 kernel that does not lower, say) is a row whose `failed` column says why, and the rest
 still run; `--budget-s` starts no build that the builds so far say would
@@ -50,6 +54,7 @@ import argparse
 import dataclasses
 import gc
 import hashlib
+import json
 import os
 import re
 import sys
@@ -114,6 +119,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iters", type=int, default=5, help="steps per variant per round (median taken)")
     parser.add_argument("--budget-s", type=float, default=0.0, help="start no build past this (0: no limit)")
+    parser.add_argument("--adopted-from", default=None, metavar="JSON",
+                        help="a finished run's result: its adopted levers are timed against the baseline at "
+                             "every shape, without measuring each lever again (the shapes its budget left)")
 
 
 def parse_shape(text: str) -> tuple[str, int, int]:
@@ -238,19 +246,43 @@ def adopted_variant(rows: list[dict], threshold: float) -> tuple[Variant | None,
 
 def adopted_in_result(result: dict) -> Variant | None:
     """The adopted variant of a finished run's JSON (its first shape's lever rows and its
-    --adopt-above), for a later process to run with the same levers (the A/B's peers stage)."""
+    --adopt-above, or the variant it took with --adopted-from), for a later process to run
+    with the same levers (the A/B's peers stage, a later call's other shapes)."""
+    if "adopted_from" in result:
+        taken = result["adopted_from"]["variant"]
+        return Variant(forms=tuple(taken["forms"]), dropout_rng_impl=taken["dropout_rng_impl"]) if taken else None
     size, seq_len, _ = parse_shape(result["settings"]["shapes"][0])
     first = [row for row in result["rows"] if row["stage"] == "levers" and (row["size"], row["seq"]) == (size, seq_len)]
     return adopted_variant(first, result["settings"]["adopt_above"])[0]
 
 
+def adopted_from_file(path: str) -> Variant | None:
+    """The adopted variant of the levers result at `path`; a file that is not one is one line."""
+    try:
+        with open(path) as file:
+            result = json.load(file)
+        if result.get("benchmark") != "levers":
+            raise ValueError(f"a {result.get('benchmark')!r} result, not a levers one")
+        return adopted_in_result(result)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"--adopted-from {path}: cannot take its adopted levers ({failure(error)})") from None
+
+
 def run(args: argparse.Namespace) -> dict:
     if args.attention_impl is None:
         args.attention_impl = "cudnn" if jax.default_backend() == "gpu" else "auto"
+    continued = args.adopted_from is not None
+    adopted = adopted_from_file(args.adopted_from) if continued else None
     budget, rows, notes = Budget(args.budget_s), [], []
     fixed = {"columns": TABLE_COLUMNS, "peak_flops": vendor_peak(args.dtype),
              "device_kinds": sorted({d.device_kind for d in jax.devices()}),
              "settings": {k: v for k, v in vars(args).items() if k != "json"}}
+    if continued:
+        fixed["adopted_from"] = {"path": args.adopted_from,
+                                 "variant": dataclasses.asdict(adopted) if adopted else None}
+        notes.append(f"adopted (taken from {args.adopted_from}): "
+                     + (f"forms {', '.join(adopted.forms) or 'none'}, {adopted.dropout_rng_impl} dropout keys"
+                        if adopted else "none (no lever paid there): the baseline alone at each shape"))
     if fixed["peak_flops"] is None:
         notes.append(f"{jax.devices()[0].device_kind}: no vendor peak, so MFU is against the "
                      f"{args.dtype} matmul rate measured in the same rounds")
@@ -265,10 +297,9 @@ def run(args: argparse.Namespace) -> dict:
         if args.json is not None:
             write_json(args.json, {"benchmark": "levers", **result(partial=True)})
 
-    adopted = None
     for index, shape in enumerate(args.shapes):
         group = Group(shape, args, budget, notes)
-        if index == 0:
+        if index == 0 and not continued:
             wanted = {name: VARIANTS[name] for name in VARIANTS if name == BASELINE or name in args.variants}
         else:
             wanted = {name: VARIANTS[name] if name != ADOPTED else adopted
@@ -280,7 +311,7 @@ def run(args: argparse.Namespace) -> dict:
         if BASELINE in group.built:
             rows += group.time("levers")
         rows += group.failed_rows("levers")
-        if index == 0 and ADOPTED in args.other_variants:
+        if index == 0 and not continued and ADOPTED in args.other_variants:
             adopted, paid = adopted_variant(rows, args.adopt_above)
             same = [name for name, variant in group.variants.items() if variant == adopted]
             notes.append(f"adopted (the levers that paid alone at {shape}, together): "

@@ -119,3 +119,43 @@ def test_a_variant_that_fails_to_build_is_a_row_saying_why_and_the_rest_still_ru
         in result["notes"]
     assert "failed" in levers.TABLE_COLUMNS
     assert "pallas_residual_norm" not in levers.ALL_FORMS and "pallas_residual_norm" in levers.LEVERS
+
+
+def test_a_later_call_times_the_adopted_levers_of_an_earlier_run_at_the_shapes_it_left(tmp_path):
+    """--adopted-from: the levers are not measured again; each shape times the baseline and the
+    earlier run's adopted variant, and this run's JSON hands the same variant on (to ab_hf)."""
+    def row(variant, median, low):
+        return {"stage": "levers", "size": "tiny", "seq": 16, "variant": variant, "x_tokens": median,
+                "x_tokens_min": low}
+
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"benchmark": "levers", "rows": [row("baseline", 1, 1), row("fused_qkv", 1.1, 1.05),
+                                                                     row("rope_half_pairs", 0.9, 0.8)],
+                                   "settings": {"shapes": ["tiny/16/2"], "adopt_above": 1.005}}))
+    out = tmp_path / "later.json"
+    assert main(["levers", "--shapes", "tiny/16/2", "tiny/32/1", "--adopted-from", str(earlier), "--rounds", "1",
+                 "--iters", "1", "--vocab-size", "64", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [(r["stage"], r["size"], r["seq"], r["variant"]) for r in result["rows"]] == [
+        ("levers", "tiny", seq, variant) for seq in (16, 32) for variant in ("baseline", "adopted")]
+    assert all(r["forms"] == ["fused_qkv"] for r in result["rows"] if r["variant"] == "adopted")
+    assert levers.adopted_in_result(result) == levers.Variant(forms=("fused_qkv",))
+    assert any("taken from" in note and "fused_qkv" in note for note in result["notes"])
+    # a run whose levers paid nowhere hands on "none": the baseline alone
+    none = tmp_path / "none.json"
+    none.write_text(json.dumps({"benchmark": "levers", "rows": [row("baseline", 1, 1)],
+                                "settings": {"shapes": ["tiny/16/2"], "adopt_above": 1.005}}))
+    assert main(["levers", "--shapes", "tiny/16/2", "--adopted-from", str(none), "--rounds", "1", "--iters", "1",
+                 "--vocab-size", "64", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["variant"] for r in result["rows"]] == ["baseline"] and levers.adopted_in_result(result) is None
+
+
+@pytest.mark.parametrize("content", [None, "not json", '{"benchmark": "hf", "rows": []}'])
+def test_adopted_from_a_file_that_is_not_a_levers_result_is_one_line(tmp_path, content):
+    path = tmp_path / "earlier.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit, match="--adopted-from .*earlier.json: cannot take its adopted levers") as error:
+        main(["levers", "--shapes", "tiny/16/2", "--adopted-from", str(path)])
+    assert "\n" not in str(error.value)
