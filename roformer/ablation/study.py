@@ -204,21 +204,21 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             study_report.write(config, workdir)
         # Every scheme's grid first, so the comparison is whole before any group beyond a grid trains.
         if complete and st.extend_edges:
-            edges = []
+            edges = []   # (scheme, its record and test sums, the rates beyond its grid, their group)
             for scheme in schemes:
-                record, _ = study_report.load_scheme(workdir, scheme)
+                record, arrays = study_report.load_scheme(workdir, scheme)
                 trained = sorted({m["rate"] for m in record["members"]})
                 extra = edge_rates(trained, [study_report.choose_rate(record, b) for b in record["budgets"]])
                 if "edges" not in record and extra:
-                    edges.append((scheme, extra, members(config, extra, first_index=len(record["members"]))))
-            for k, (scheme, extra, group) in enumerate(edges):
+                    edges.append((scheme, (record, arrays), extra,
+                                  members(config, extra, first_index=len(record["members"]))))
+            for k, (scheme, (record, arrays), extra, group) in enumerate(edges):
                 if out_of_time(f"{scheme}'s rates beyond the grid"):
                     break
-                for later, _, later_group in edges[k + 1:k + 1 + ahead.groups]:
+                for later, _, _, later_group in edges[k + 1:k + 1 + ahead.groups]:
                     submit(("edges", later), later, later_group)
                 log.info("%s: a budget chose a rate at the edge of the grid: training %s too", scheme, extra)
                 edge, edge_loss = train(("edges", scheme), scheme, group)
-                record, arrays = study_report.load_scheme(workdir, scheme)
                 record, arrays = merge_groups(record, arrays, edge, edge_loss)
                 record["edges"] = {"rates": extra, "members": len(edge["members"]), "timing": edge["timing"]}
                 save_scheme(workdir, scheme, record, arrays)
