@@ -136,14 +136,19 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     write_json_atomic(workdir / DATA_MANIFEST, {**data.manifest, "setup_s": time.perf_counter() - t0})
     test_weight = study_stats.item_sums(np.zeros((1, len(data.test_items))), data.test["masked_weights"].sum(-1),
                                         data.test_items)[1]
-    longest = 0.0
+    # The forecast of a group's time: the longest any group took once its programs were
+    # compiled, plus the longest compilation unless the group's programs are compiled already
+    # (on a worker thread): a group compiled ahead does not wait for them.
+    longest = {"run": 0.0, "programs": 0.0}
 
-    def out_of_time(what: str) -> bool:
+    def out_of_time(what: str, key) -> bool:
         elapsed = time.perf_counter() - t0
-        if st.time_limit_s and longest and elapsed + longest > st.time_limit_s:
-            log.warning("time limit: %s and what follows not started (%.0f s gone, a group took up to %.0f s, "
-                        "study.time_limit_s=%.0f); the same command resumes with them", what, elapsed, longest,
-                        st.time_limit_s)
+        compiling = 0.0 if ahead.ready(key) else longest["programs"]
+        if st.time_limit_s and longest["run"] and elapsed + longest["run"] + compiling > st.time_limit_s:
+            log.warning("time limit: %s and what follows not started (%.0f s gone; a group took up to %.0f s once "
+                        "compiled%s; study.time_limit_s=%.0f); the same command resumes with them", what, elapsed,
+                        longest["run"], f", and compiling up to {compiling:.0f} s" if compiling else
+                        ", and its programs are compiled", st.time_limit_s)
             return True
         return False
 
@@ -170,16 +175,16 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
     def train(key, *args):
         """Train the group prepared under `key` (waiting for it, or preparing it now)."""
-        nonlocal longest
         device_data()
         waited = time.perf_counter()
         run = ahead.take(key, *args)
         waited = time.perf_counter() - waited
         record, test_loss = run.run()
         t = record["timing"]
+        longest["run"] = max(longest["run"], t["wall_s"])   # from its programs ready to its record
+        longest["programs"] = max(longest["programs"], t["programs_s"])
         t["programs_wait_s"] = waited
         t["wall_s"] += waited
-        longest = max(longest, t["wall_s"])
         log.info("%s: %d members done in %.0f s (set-up and initialisation %.0f s, programs %s, first evaluation "
                  "%.0f s, first chunk %.0f s, training %.0f s, evaluation %.0f s, %.0f tokens/s in all)",
                  run.scheme, len(record["members"]), t["wall_s"], t["setup_s"],
@@ -193,7 +198,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     try:
         complete = True
         for k, scheme in enumerate(todo):
-            if out_of_time(scheme):
+            if out_of_time(scheme, scheme):
                 complete = False
                 break
             for later in todo[k + 1:k + 1 + ahead.groups]:
@@ -213,7 +218,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                     edges.append((scheme, (record, arrays), extra,
                                   members(config, extra, first_index=len(record["members"]))))
             for k, (scheme, (record, arrays), extra, group) in enumerate(edges):
-                if out_of_time(f"{scheme}'s rates beyond the grid"):
+                if out_of_time(f"{scheme}'s rates beyond the grid", ("edges", scheme)):
                     break
                 for later, _, _, later_group in edges[k + 1:k + 1 + ahead.groups]:
                     submit(("edges", later), later, later_group)

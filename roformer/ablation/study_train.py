@@ -307,6 +307,11 @@ class CompileAhead:
         if self.pool is not None and key not in self.pending:
             self.pending[key] = self.pool.submit(self.prepare, *args)
 
+    def ready(self, key) -> bool:
+        """Whether the group submitted under `key` is compiled (its worker finished without error)."""
+        future = self.pending.get(key)
+        return future is not None and future.done() and future.exception() is None
+
     def take(self, key, *args) -> SchemeRun:
         """The group submitted under `key` (waiting for it), else prepared here."""
         future = self.pending.pop(key, None)

@@ -471,6 +471,48 @@ def test_a_study_stopped_by_its_time_limit_resumes_with_the_rest(tmp_path, monke
         ["alibi.json", "rope.json", "sinusoidal.json"]
 
 
+@pytest.mark.parametrize("groups", [0, 1])
+def test_the_time_limit_counts_a_compilation_only_for_a_group_not_compiled_yet(tmp_path, monkeypatch, caplog, groups):
+    """The forecast of the next group is the longest group's run once compiled (60 s here),
+    plus the longest compilation (50 s) unless the next group's programs were compiled ahead:
+    under a 100 s limit, compiling in turn stops after the first scheme, compiling ahead does not."""
+    import threading
+
+    from roformer.ablation import study_report
+
+    trained, compiled = [], {scheme: threading.Event() for scheme in ("rope", "alibi", "sinusoidal")}
+
+    class FakeRun:
+        compiled_ahead = False
+
+        def __init__(self, config, scheme, data, aux, group=None):
+            self.scheme, self.budgets = scheme, study_plan.budgets(config)
+
+        def compile(self):
+            compiled[self.scheme].set()
+            return self
+
+        def run(self):
+            trained.append(self.scheme)
+            if groups:   # the next group's compilation, on its worker thread, ends before this group does
+                following = list(compiled)[len(trained):len(trained) + 1]
+                assert all(compiled[s].wait(30) for s in following)
+            timing = dict.fromkeys(("setup_s", "first_eval_s", "compile_s", "train_s", "eval_s", "tokens_per_s"),
+                                   0.0)
+            return {"scheme": self.scheme, "members": [], "timing": {**timing, "wall_s": 60.0, "programs_s": 50.0}}, \
+                {f"budget{b}": np.zeros((4, 1), np.float32) for b in self.budgets}
+
+    monkeypatch.setattr(study, "SchemeRun", FakeRun)
+    monkeypatch.setattr(study_report, "write", lambda config, workdir: {})
+    with caplog.at_level("WARNING", logger="roformer.ablate"):
+        study.run_study(config(time_limit_s=100.0, extend_edges=False, compile_ahead=groups), tmp_path)
+    if groups:
+        assert trained == ["rope", "alibi", "sinusoidal"] and "time limit" not in caplog.text
+    else:
+        assert trained == ["rope"]
+        assert "alibi and what follows not started" in caplog.text and "compiling up to 50 s" in caplog.text
+
+
 @pytest.mark.parametrize("groups", [0, 1, 2])
 def test_groups_are_compiled_on_worker_threads_at_most_compile_ahead_groups_early(tmp_path, monkeypatch, groups):
     """Each scheme's group (and each group beyond a grid) is prepared on a worker thread once
