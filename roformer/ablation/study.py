@@ -26,7 +26,8 @@ its optimum or the report says it does not. Every scheme gets the same rule.
 
 With `study.compile_ahead` (N > 0), the next N groups' programs are compiled on worker threads
 while the device trains the current group (study_train.CompileAhead), so the device does not
-wait for each scheme's compilation in turn.
+wait for each scheme's compilation in turn; a group beyond a grid's edge is known once its
+scheme's grid has trained, so it compiles while the last grids train.
 
 The settings, their validation and the memory estimate are roformer.ablation.study_plan's,
 one scheme's programs and training roformer.ablation.study_train's; here: the splits, the
@@ -194,6 +195,23 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         return record, test_loss
 
     ahead = CompileAhead(prepare, int(st.compile_ahead))
+    # The groups beyond the grids' edges: (scheme, its record and test sums, the rates beyond
+    # its grid, their group), listed as each scheme's grid is known, so the first of them can
+    # compile ahead while the last grids train.
+    edges: list[tuple] = []
+
+    def list_edges(scheme: str) -> None:
+        if not st.extend_edges:
+            return
+        record, arrays = study_report.load_scheme(workdir, scheme)
+        trained = sorted({m["rate"] for m in record["members"]})
+        extra = edge_rates(trained, [study_report.choose_rate(record, b) for b in record["budgets"]])
+        if "edges" not in record and extra:
+            edges.append((scheme, (record, arrays), extra, members(config, extra, first_index=len(record["members"]))))
+
+    for scheme in schemes:
+        if scheme not in todo:
+            list_edges(scheme)
 
     try:
         complete = True
@@ -201,33 +219,27 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             if out_of_time(scheme, scheme):
                 complete = False
                 break
-            for later in todo[k + 1:k + 1 + ahead.groups]:
-                submit(later, later)
+            following = [(later, (later,)) for later in todo[k + 1:]] + \
+                [(("edges", later), (later, group)) for later, _, _, group in edges]
+            for key, args in following[:ahead.groups]:
+                submit(key, *args)
             record, test_loss = train(scheme, scheme)
             record.update(fingerprint=fingerprints[scheme], memory_estimate_bytes=estimates[scheme])
             save_scheme(workdir, scheme, record, {"test_weight": test_weight, **test_loss})
             study_report.write(config, workdir)
+            list_edges(scheme)
         # Every scheme's grid first, so the comparison is whole before any group beyond a grid trains.
-        if complete and st.extend_edges:
-            edges = []   # (scheme, its record and test sums, the rates beyond its grid, their group)
-            for scheme in schemes:
-                record, arrays = study_report.load_scheme(workdir, scheme)
-                trained = sorted({m["rate"] for m in record["members"]})
-                extra = edge_rates(trained, [study_report.choose_rate(record, b) for b in record["budgets"]])
-                if "edges" not in record and extra:
-                    edges.append((scheme, (record, arrays), extra,
-                                  members(config, extra, first_index=len(record["members"]))))
-            for k, (scheme, (record, arrays), extra, group) in enumerate(edges):
-                if out_of_time(f"{scheme}'s rates beyond the grid", ("edges", scheme)):
-                    break
-                for later, _, _, later_group in edges[k + 1:k + 1 + ahead.groups]:
-                    submit(("edges", later), later, later_group)
-                log.info("%s: a budget chose a rate at the edge of the grid: training %s too", scheme, extra)
-                edge, edge_loss = train(("edges", scheme), scheme, group)
-                record, arrays = merge_groups(record, arrays, edge, edge_loss)
-                record["edges"] = {"rates": extra, "members": len(edge["members"]), "timing": edge["timing"]}
-                save_scheme(workdir, scheme, record, arrays)
-                study_report.write(config, workdir)
+        for k, (scheme, (record, arrays), extra, group) in enumerate(edges if complete else []):
+            if out_of_time(f"{scheme}'s rates beyond the grid", ("edges", scheme)):
+                break
+            for later, _, _, later_group in edges[k + 1:k + 1 + ahead.groups]:
+                submit(("edges", later), later, later_group)
+            log.info("%s: a budget chose a rate at the edge of the grid: training %s too", scheme, extra)
+            edge, edge_loss = train(("edges", scheme), scheme, group)
+            record, arrays = merge_groups(record, arrays, edge, edge_loss)
+            record["edges"] = {"rates": extra, "members": len(edge["members"]), "timing": edge["timing"]}
+            save_scheme(workdir, scheme, record, arrays)
+            study_report.write(config, workdir)
     finally:
         ahead.close()
     return study_report.write(config, workdir)

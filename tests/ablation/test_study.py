@@ -243,10 +243,11 @@ def test_the_device_script_at_smoke_size(tmp_path):
     # What a lent machine sends back: at most 8 files, none in a subfolder.
     assert len(list(out.iterdir())) <= 8 and all(p.is_file() for p in out.iterdir())
     assert (out / "records.tar.gz").stat().st_size > 0
-    # Every group after the first had its programs compiled while the one before trained.
+    # Every group after the first had its programs compiled while the one before trained, the
+    # first group beyond a grid while the last grid trained.
     records = {s: json.loads((tmp_path / "work" / study.SCHEMES_DIR / f"{s}.json").read_text()) for s in SCHEMES}
     assert [records[s]["timing"]["compiled_ahead"] for s in SCHEMES] == [False] + [True] * (len(SCHEMES) - 1)
-    assert [records[s]["edges"]["timing"]["compiled_ahead"] for s in SCHEMES] == [False] + [True] * (len(SCHEMES) - 1)
+    assert [records[s]["edges"]["timing"]["compiled_ahead"] for s in SCHEMES] == [True] * len(SCHEMES)
     assert "s ahead (waited" in text
     # On a fresh machine: the records of the first call put back from one archive per scheme
     # (as a study spread over sessions keeps them), nothing trains again.
@@ -517,7 +518,8 @@ def test_the_time_limit_counts_a_compilation_only_for_a_group_not_compiled_yet(t
 def test_groups_are_compiled_on_worker_threads_at_most_compile_ahead_groups_early(tmp_path, monkeypatch, groups):
     """Each scheme's group (and each group beyond a grid) is prepared on a worker thread once
     at most `study.compile_ahead` groups are left before it, never in the training thread
-    unless compile_ahead is 0 or it is the first group."""
+    unless compile_ahead is 0 or it is the first group: the first group beyond a grid too,
+    while the last grids train."""
     import threading
 
     from roformer.ablation import study_report
@@ -552,7 +554,7 @@ def test_groups_are_compiled_on_worker_threads_at_most_compile_ahead_groups_earl
     assert trained == order
     for turn, key in enumerate(order):
         thread, done_before = prepared[key]
-        ahead = groups and turn not in (0, 3)   # the edge groups are known once every grid has trained
+        ahead = groups and turn != 0
         assert thread.startswith("compile-ahead") == bool(ahead), (key, thread)
         assert done_before >= turn - groups, key
 
