@@ -131,7 +131,9 @@ def _over_training(config, record: dict, arrays: dict, rate: float) -> dict:
             "signal": signal, "timing": record["timing"], "device": record["device"],
             "parameters": record["parameters"], "memory_estimate_gib": record.get("memory_estimate_bytes", 0) / 2**30,
             "members": len(record["members"]) - record.get("edges", {}).get("members", 0),
-            "edge_rates": record.get("edges", {}).get("rates", [])}
+            "edge_rates": record.get("edges", {}).get("rates", []),
+            "edge_members": record.get("edges", {}).get("members", 0),
+            "edge_timing": record.get("edges", {}).get("timing")}
 
 
 # --------------------------------------------------------------------------- writing
@@ -278,12 +280,20 @@ def markdown(config, result: dict, manifest: dict) -> str:
               "chunk: the first `eval_every` steps, with their compilation where the programs were not compiled "
               "before.", "", "| scheme | parameters | memory estimate | programs | first chunk | training | "
               "evaluation | all | tokens/s (all members) |", "|---|---|---|---|---|---|---|---|---|"]
+    groups = []
     for scheme in result["schemes"]:
-        t = info[scheme]["timing"]
-        lines.append(f"| {scheme} | {info[scheme]['parameters']:,} | {info[scheme]['memory_estimate_gib']:.2f} GiB | "
-                     f"{_programs_time(t)} | {t['compile_s']:.1f} s | {t['train_s']:.1f} s | {t['eval_s']:.1f} s | "
-                     f"{t['wall_s']:.1f} s | {t['tokens_per_s']:,.0f} |")
-    lines += ["", f"Figures: {', '.join(figure_names(info))}."]
+        groups.append((f"{scheme} | {info[scheme]['parameters']:,} | {info[scheme]['memory_estimate_gib']:.2f} GiB",
+                       info[scheme]["timing"]))
+        if info[scheme]["edge_timing"]:
+            groups.append((f"{scheme}, beyond the grid ({info[scheme]['edge_members']} members) | — | —",
+                           info[scheme]["edge_timing"]))
+    for name, t in groups:
+        lines.append(f"| {name} | {_programs_time(t)} | {t['compile_s']:.1f} s | {t['train_s']:.1f} s | "
+                     f"{t['eval_s']:.1f} s | {t['wall_s']:.1f} s | {t['tokens_per_s']:,.0f} |")
+    waited = sum(t.get("programs_wait_s", 0.0) for _, t in groups)
+    lines += ["", f"In all: {len(groups)} groups, {sum(t['wall_s'] for _, t in groups):.0f} s from each group's turn "
+              f"to its record, {waited:.0f} s of it waiting for programs (compiled here or not ready yet).",
+              "", f"Figures: {', '.join(figure_names(info))}."]
     return "\n".join(lines) + "\n"
 
 

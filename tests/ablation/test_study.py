@@ -249,6 +249,8 @@ def test_the_device_script_at_smoke_size(tmp_path):
     assert [records[s]["timing"]["compiled_ahead"] for s in SCHEMES] == [False] + [True] * (len(SCHEMES) - 1)
     assert [records[s]["edges"]["timing"]["compiled_ahead"] for s in SCHEMES] == [True] * len(SCHEMES)
     assert "s ahead (waited" in text
+    # The time table has a row for each group, those beyond the grids too, and their sum.
+    assert "| rope, beyond the grid (" in text and f"In all: {2 * len(SCHEMES)} groups" in text
     # On a fresh machine: the records of the first call put back from one archive per scheme
     # (as a study spread over sessions keeps them), nothing trains again.
     kept = study.split_records(out / "records.tar.gz", tmp_path / "kept")
