@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -25,16 +26,27 @@ def item_sums(row_loss: np.ndarray, row_weight: np.ndarray, items: np.ndarray) -
     return loss, np.bincount(items, weights=row_weight, minlength=n)
 
 
+@functools.lru_cache(maxsize=1)
+def resample_counts(seeds: int, items: int, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """How often each replicate draws each seed [B, S] and each item [B, I], as floats (exact
+    counts). Drawing them is most of a bootstrap's time at a full test set, and every interval
+    of one budget asks for the same shape and seed (the report goes budget by budget), so the
+    last draw is kept (read-only)."""
+    rng = np.random.default_rng(seed)
+    seed_counts = rng.multinomial(seeds, np.full(seeds, 1 / seeds), size=samples).astype(np.float64)
+    item_counts = rng.multinomial(items, np.full(items, 1 / items), size=samples).astype(np.float64)
+    seed_counts.setflags(write=False)
+    item_counts.setflags(write=False)
+    return seed_counts, item_counts
+
+
 def bootstrap_means(loss: np.ndarray, weight: np.ndarray, *, samples: int, seed: int = 0,
                     reference: np.ndarray | None = None) -> np.ndarray:
     """`samples` bootstrap replicates of the mean loss per prediction over seeds and items:
     loss [seeds, items] summed per item, weight [items]. With `reference` (same shape, the same
     seeds and items) the replicates are of the paired difference loss - reference."""
     data = loss if reference is None else loss - reference
-    seeds, items = data.shape
-    rng = np.random.default_rng(seed)
-    seed_counts = rng.multinomial(seeds, np.full(seeds, 1 / seeds), size=samples)     # [B, S]
-    item_counts = rng.multinomial(items, np.full(items, 1 / items), size=samples)     # [B, I]
+    seed_counts, item_counts = resample_counts(*data.shape, samples, seed)
     per_seed = item_counts @ data.T                                                    # [B, S]
     numerator = (seed_counts * per_seed).sum(1)
     denominator = seed_counts.sum(1) * (item_counts @ weight)

@@ -181,6 +181,31 @@ def test_bootstrap_interval_covers_the_truth_and_widens_with_fewer_items():
     assert hi_small - lo_small > hi - lo
 
 
+def test_the_bootstrap_draws_its_counts_once_per_shape_and_seed_and_gives_fresh_draws_numbers():
+    """The report asks every interval of a budget for the same resampling; the counts are drawn
+    once and kept, and the replicates are those of counts drawn afresh for each call."""
+    rng = np.random.default_rng(1)
+    loss, reference, weight = rng.random((4, 50)), rng.random((4, 50)), rng.random(50) + 0.5
+
+    def fresh(data, seed, items=50):
+        draw = np.random.default_rng(seed)
+        seed_counts = draw.multinomial(4, np.full(4, 1 / 4), size=300)
+        item_counts = draw.multinomial(items, np.full(items, 1 / items), size=300)
+        return (seed_counts * (item_counts @ data.T)).sum(1) / (seed_counts.sum(1) * (item_counts @ weight[:items]))
+
+    for seed in (0, 0, 1, 0):
+        np.testing.assert_array_equal(study_stats.bootstrap_means(loss, weight, samples=300, seed=seed),
+                                      fresh(loss, seed))
+        np.testing.assert_array_equal(study_stats.bootstrap_means(loss, weight, samples=300, seed=seed,
+                                                                  reference=reference), fresh(loss - reference, seed))
+    np.testing.assert_array_equal(study_stats.bootstrap_means(loss[:, :30], weight[:30], samples=300),
+                                  fresh(loss[:, :30], 0, items=30))
+    study_stats.resample_counts.cache_clear()
+    study_stats.bootstrap_means(loss, weight, samples=300)
+    study_stats.bootstrap_means(loss, weight, samples=300, reference=reference)
+    assert study_stats.resample_counts.cache_info().hits == 1
+
+
 def test_tost_calls_a_tie_only_within_the_margin():
     rng = np.random.default_rng(1)
     weight = np.ones(2000)
