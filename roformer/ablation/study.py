@@ -17,7 +17,8 @@ whose loss stops being finite, or climbs above where it started, is recorded as 
 
 Resumable by scheme: a scheme whose record (DIR/schemes/<scheme>.json) has the config's
 fingerprint is not trained again; the report (roformer.ablation.study_report) is rewritten
-after every scheme.
+after every group, on a worker thread while the next group trains (ReportInBackground), and
+once more at the end.
 
 With `study.extend_edges`, once every scheme's grid has trained, a scheme whose chosen rate is
 at an end of the grid at some budget trains its seeds at one more rate beyond that end (a
@@ -40,7 +41,9 @@ import json
 import logging
 import os
 import tarfile
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -114,6 +117,38 @@ def study_splits(config) -> study_data.StudyData:
                             test_fraction=st.test_fraction, validation_fraction=st.validation_fraction,
                             validation_rows=st.validation_rows, variant_rows=st.variant_rows, windows=windows(config),
                             test_mask_draws=st.test_mask_draws, max_test_rows=st.max_test_rows)
+
+
+class ReportInBackground:
+    """The report rewritten on one worker thread after each group, while the next group trains:
+    at a full test set its bootstrap and figures take seconds of host time, which the device
+    would otherwise wait out. A request while a write waits to start is covered by that write
+    (it reads the latest records). Records are read under `lock`, which the training thread
+    holds while it saves one, so a write never pairs one save's record with another's sums. A
+    failed write is logged and the next one tries again; the final report is written by the
+    caller, after `close`."""
+
+    def __init__(self, config, workdir: Path, lock: threading.Lock):
+        self.config, self.workdir, self.lock = config, workdir, lock
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="report")
+        self.queued: Future | None = None
+
+    def _write(self) -> None:
+        from roformer.ablation import study_report
+        try:
+            with self.lock:
+                runs = study_report.load(self.workdir)
+            study_report.write(self.config, self.workdir, runs=runs)
+        except Exception:
+            log.warning("writing the report on its worker thread failed; the next write tries again", exc_info=True)
+
+    def request(self) -> None:
+        if self.queued is None or self.queued.running() or self.queued.done():
+            self.queued = self.pool.submit(self._write)
+
+    def close(self) -> None:
+        """Wait for the write under way, if any."""
+        self.pool.shutdown(wait=True)
 
 
 def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
@@ -195,6 +230,8 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         return record, test_loss
 
     ahead = CompileAhead(prepare, int(st.compile_ahead))
+    saving = threading.Lock()
+    report = ReportInBackground(config, workdir, saving)
     # The groups beyond the grids' edges: (scheme, its record and test sums, the rates beyond
     # its grid, their group), listed as each scheme's grid is known, so the first of them can
     # compile ahead while the last grids train.
@@ -225,8 +262,9 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                 submit(key, *args)
             record, test_loss = train(scheme, scheme)
             record.update(fingerprint=fingerprints[scheme], memory_estimate_bytes=estimates[scheme])
-            save_scheme(workdir, scheme, record, {"test_weight": test_weight, **test_loss})
-            study_report.write(config, workdir)
+            with saving:
+                save_scheme(workdir, scheme, record, {"test_weight": test_weight, **test_loss})
+            report.request()
             list_edges(scheme)
         # Every scheme's grid first, so the comparison is whole before any group beyond a grid trains.
         for k, (scheme, (record, arrays), extra, group) in enumerate(edges if complete else []):
@@ -238,10 +276,12 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             edge, edge_loss = train(("edges", scheme), scheme, group)
             record, arrays = merge_groups(record, arrays, edge, edge_loss)
             record["edges"] = {"rates": extra, "members": len(edge["members"]), "timing": edge["timing"]}
-            save_scheme(workdir, scheme, record, arrays)
-            study_report.write(config, workdir)
+            with saving:
+                save_scheme(workdir, scheme, record, arrays)
+            report.request()
     finally:
         ahead.close()
+        report.close()
     return study_report.write(config, workdir)
 
 

@@ -55,9 +55,11 @@ def _member_indices(record: dict, rate: float) -> list[int]:
                   key=lambda i: record["members"][i]["seed"])
 
 
-def summarize(config, workdir: Path) -> dict:
+def summarize(config, workdir: Path, runs: dict[str, tuple[dict, dict]] | None = None) -> dict:
+    """The report's content from the finished schemes' records (`runs`, as `load` gives them;
+    read from `workdir` when not given)."""
     st = config.study
-    runs = load(workdir)
+    runs = load(workdir) if runs is None else runs
     order = [s for s in plan.split_list(st.schemes) if s in runs]
     result = {"schemes": order, "reference": st.reference, "margin": float(st.margin), "budgets": [], "schemes_info": {}}
     if not order:
@@ -373,12 +375,13 @@ def figures(result: dict, workdir: Path) -> None:
         plt.close(fig)
 
 
-def write(config, workdir: str | Path) -> dict:
-    """Summarize DIR's finished schemes into study.json, study.md and the figures; returns the summary."""
+def write(config, workdir: str | Path, runs: dict[str, tuple[dict, dict]] | None = None) -> dict:
+    """Summarize DIR's finished schemes (or `runs`, read from it before) into study.json, study.md
+    and the figures; returns the summary."""
     workdir = Path(workdir)
     manifest_path = workdir / "data_manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    result = summarize(config, workdir)
+    result = summarize(config, workdir, runs)
     write_json_atomic(workdir / REPORT_JSON, result)
     write_text_atomic(workdir / REPORT_MD, markdown(config, result, manifest))
     figures(result, workdir)

@@ -487,7 +487,7 @@ def test_a_study_stopped_by_its_time_limit_resumes_with_the_rest(tmp_path, monke
                 {f"budget{b}": np.zeros((4, 1), np.float32) for b in self.budgets}
 
     monkeypatch.setattr(study, "SchemeRun", FakeRun)
-    monkeypatch.setattr(study_report, "write", lambda config, workdir: {})
+    monkeypatch.setattr(study_report, "write", lambda config, workdir, runs=None: {})
     c = config(time_limit_s=60.0, extend_edges=False)
     with caplog.at_level("WARNING", logger="roformer.ablate"):
         study.run_study(c, tmp_path)
@@ -531,7 +531,7 @@ def test_the_time_limit_counts_a_compilation_only_for_a_group_not_compiled_yet(t
                 {f"budget{b}": np.zeros((4, 1), np.float32) for b in self.budgets}
 
     monkeypatch.setattr(study, "SchemeRun", FakeRun)
-    monkeypatch.setattr(study_report, "write", lambda config, workdir: {})
+    monkeypatch.setattr(study_report, "write", lambda config, workdir, runs=None: {})
     with caplog.at_level("WARNING", logger="roformer.ablate"):
         study.run_study(config(time_limit_s=100.0, extend_edges=False, compile_ahead=groups), tmp_path)
     if groups:
@@ -573,7 +573,7 @@ def test_groups_are_compiled_on_worker_threads_at_most_compile_ahead_groups_earl
     monkeypatch.setattr(study, "SchemeRun", FakeRun)
     monkeypatch.setattr(study, "edge_rates", lambda trained_rates, chosen: [1.0])
     monkeypatch.setattr(study, "merge_groups", lambda record, arrays, edge, edge_loss: (record, arrays))
-    monkeypatch.setattr(study_report, "write", lambda config, workdir: {})
+    monkeypatch.setattr(study_report, "write", lambda config, workdir, runs=None: {})
     monkeypatch.setattr(study_report, "choose_rate", lambda record, budget: 0)
     monkeypatch.setattr(study_report, "load_scheme", lambda workdir, scheme: ({"members": [], "budgets": []}, {}))
     study.run_study(config(time_limit_s=0.0, compile_ahead=groups), tmp_path)
@@ -584,6 +584,53 @@ def test_groups_are_compiled_on_worker_threads_at_most_compile_ahead_groups_earl
         ahead = groups and turn != 0
         assert thread.startswith("compile-ahead") == bool(ahead), (key, thread)
         assert done_before >= turn - groups, key
+
+
+def test_the_report_is_written_on_a_worker_thread_while_the_next_group_trains(tmp_path, monkeypatch, caplog):
+    """After each group the report is rewritten on its worker thread while the next group trains
+    (the next group waits here until that write has begun); the last write, in the calling
+    thread, sees every scheme. A write that fails there is logged, and the study goes on."""
+    import threading
+
+    from roformer.ablation import study_report
+
+    writes, begun = [], {scheme: threading.Event() for scheme in ("rope", "alibi", "sinusoidal")}
+
+    class FakeRun:
+        compiled_ahead = False
+
+        def __init__(self, config, scheme, data, aux, group=None):
+            self.scheme, self.budgets = scheme, study_plan.budgets(config)
+
+        def compile(self):
+            return self
+
+        def run(self):
+            before = {"alibi": "rope", "sinusoidal": "alibi"}.get(self.scheme)
+            if before:   # the write after the group before has begun while this group trains
+                assert begun[before].wait(30)
+            timing = dict.fromkeys(("setup_s", "first_eval_s", "compile_s", "train_s", "eval_s", "tokens_per_s",
+                                    "programs_s", "wall_s"), 0.0)
+            return {"scheme": self.scheme, "members": [], "timing": timing}, \
+                {f"budget{b}": np.zeros((4, 1), np.float32) for b in self.budgets}
+
+    def write(config, workdir, runs=None):
+        runs = study_report.load(workdir) if runs is None else runs
+        writes.append((threading.current_thread().name, sorted(runs)))
+        for scheme in runs:
+            begun[scheme].set()
+        if len(writes) == 1:
+            raise RuntimeError("a failed write")
+        return {}
+
+    monkeypatch.setattr(study, "SchemeRun", FakeRun)
+    monkeypatch.setattr(study_report, "write", write)
+    with caplog.at_level("WARNING", logger="roformer.ablate"):
+        study.run_study(config(time_limit_s=0.0, extend_edges=False), tmp_path)
+    assert writes[0] == (writes[0][0], ["rope"]) and writes[0][0].startswith("report")
+    assert all(name.startswith("report") for name, _ in writes[:-1])
+    assert writes[-1] == (threading.current_thread().name, ["alibi", "rope", "sinusoidal"])
+    assert "writing the report on its worker thread failed" in caplog.text and "a failed write" in caplog.text
 
 
 def test_a_group_whose_compiling_ahead_failed_is_compiled_in_its_turn(caplog):
