@@ -206,6 +206,20 @@ def test_the_bootstrap_draws_its_counts_once_per_shape_and_seed_and_gives_fresh_
     assert study_stats.resample_counts.cache_info().hits == 1
 
 
+def test_the_report_time_script_writes_a_report_of_fake_records_at_a_variants_shapes(tmp_path, monkeypatch, capsys):
+    """scripts/study_report_time.py (how long a call's report writes take, docs/ablation.md) at
+    gpu_smoke: every scheme's grid and group beyond it, a write after each."""
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["study_report_time.py", "gpu_smoke", "--dir", str(tmp_path / "w")])
+    runpy.run_path(str(REPO / "scripts" / "study_report_time.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "6 writes:" in out and out.count("write with 3 schemes") == 4
+    report = json.loads((tmp_path / "w" / "study.json").read_text())
+    assert report["schemes"] == ["rope", "alibi", "sinusoidal"]
+    assert len(report["budgets"][-1]["rows"]["rope"]["validation_by_rate"]) == 3   # the grid's 2 rates and 1 beyond
+
+
 def test_tost_calls_a_tie_only_within_the_margin():
     rng = np.random.default_rng(1)
     weight = np.ones(2000)

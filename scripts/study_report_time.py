@@ -1,0 +1,91 @@
+"""What writing the accelerator comparison's report costs at a variant's real shapes: every
+scheme of `configs/ablation.py:VARIANT` given a record and test sums of the sizes a device call
+makes (its members and one group beyond the grid, its evaluations, budgets, order-horizon
+variants, position signal and test items; the losses are random), then the report written as
+a call writes it after each group: with 1, 2, ... schemes finished, then once per group beyond
+a grid with every scheme finished.
+
+    python scripts/study_report_time.py gpu_tiny --pack .device/study_data/wikipedia_en.npz --dir /tmp/reptime
+
+Prints each write's seconds and their sum. gpu_smoke needs no pack (its corpus is embedded).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))   # the project's package, also when it is not installed
+
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from roformer.ablation import plan, study, study_plan, study_report, study_stats  # noqa: E402
+from roformer.files import write_json_atomic  # noqa: E402
+from roformer.model import RoFormerForMaskedLM  # noqa: E402
+
+
+def fake_record(config, data, scheme: str, rng: np.random.Generator) -> tuple[dict, dict]:
+    """A record and test sums of a scheme whose grid and one group beyond it have trained."""
+    st, train = config.study, config.pretrain.train
+    ends = study_plan.budgets(config)
+    grid = study_plan.members(config)
+    beyond = study_plan.members(config, [min(study_plan.rates(config)) / 2], first_index=len(grid))
+    group, n = grid + beyond, len(grid) + len(beyond)
+    model_cfg = study_plan.scheme_model_config(config, scheme, data.vocab_size, data.pad_id)
+    signal = RoFormerForMaskedLM(model_cfg, rngs=nnx.Rngs(0)).roformer.position.signal()
+    tokens_per_step = int(train.batch_size) * int(train.seq_len)
+    steps = range(0, ends[-1] + 1, int(st.eval_every))
+    evals = [{"step": s, "tokens": s * tokens_per_step, "validation_loss": rng.normal(6, 0.1, n).tolist(),
+              "validation_accuracy": rng.uniform(0, 0.4, n).tolist(),
+              "gaps": {name: rng.normal(0.5, 0.3, n).tolist() for name in data.variants},
+              "signal": {key: [np.asarray(value).tolist()] * n for key, value in signal.items()}} for s in steps]
+    budgets = [{"steps": end, "tokens": end * tokens_per_step, "validation_loss": rng.normal(5, 0.1, n).tolist(),
+                "test_loss": rng.normal(5, 0.1, n).tolist()} for end in ends]
+    timing = dict.fromkeys(("setup_s", "compile_s", "train_s", "eval_s", "branch_s", "programs_s", "first_eval_s",
+                            "wall_s", "tokens_per_s", "programs_wait_s"), 1.0) | {"compiled_ahead": True}
+    record = {"scheme": scheme, "model": model_cfg.to_dict(), "parameters": study_plan.parameter_count(model_cfg),
+              "members": [dataclasses.asdict(m) for m in group], "tokens_per_step": tokens_per_step, "evals": evals,
+              "budgets": budgets, "diverged_at": [None] * n, "timing": timing, "device": "none", "backend": "none",
+              "edges": {"rates": [beyond[0].rate], "members": len(beyond), "timing": timing}}
+    _, test_weight = study_stats.item_sums(np.zeros((1, len(data.test_items))),
+                                           data.test["masked_weights"].sum(-1), data.test_items)
+    sums = {f"budget{end}": (test_weight[None] * rng.normal(5, 0.3, (n, len(test_weight)))).astype(np.float32)
+            for end in ends}
+    return record, {"test_weight": test_weight, **sums}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("variant", help="a configs/ablation.py variant, e.g. gpu_tiny")
+    parser.add_argument("--pack", default="", help="its data pack (python -m roformer.ablation.study pack)")
+    parser.add_argument("--dir", required=True, help="scratch directory (removed and made again)")
+    args = parser.parse_args()
+    config = plan.load_config_file("ablation", args.variant)
+    config.study.data_pack = args.pack
+    data = study.study_splits(config)
+    workdir = Path(args.dir)
+    shutil.rmtree(workdir, ignore_errors=True)
+    (workdir / study.SCHEMES_DIR).mkdir(parents=True)
+    write_json_atomic(workdir / study.DATA_MANIFEST, data.manifest)
+    rng = np.random.default_rng(0)
+    schemes = plan.split_list(config.study.schemes)
+    print(f"{args.variant}: {len(schemes)} schemes, {len(data.test_items):,} test rows, "
+          f"bootstrap {config.study.bootstrap}")
+    seconds = []
+    for k in range(2 * len(schemes)):   # each scheme's grid saved, then each group beyond a grid
+        if k < len(schemes):
+            study.save_scheme(workdir, schemes[k], *fake_record(config, data, schemes[k], rng))
+        started = time.perf_counter()
+        study_report.write(config, workdir)
+        seconds.append(time.perf_counter() - started)
+        print(f"write with {min(k + 1, len(schemes))} schemes: {seconds[-1]:.1f} s")
+    print(f"{len(seconds)} writes: {sum(seconds):.1f} s")
+
+
+if __name__ == "__main__":
+    main()
