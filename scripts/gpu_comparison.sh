@@ -18,7 +18,8 @@
 #   python -m roformer.ablation.study pack gpu_tiny .device/study_data/wikipedia_en.npz
 # The command stops itself at LIMIT_S seconds (530),
 # and no scheme starts that would end after the config's study.time_limit_s: what finished is
-# in the report, and the same command resumes with the rest.
+# in the report (written again from the records when the study did not exit cleanly), and the
+# same command resumes with the rest.
 # Usage: scripts/gpu_comparison.sh OUTDIR VARIANT [--config.KEY=VALUE ...]
 #   (PYTHON=... to choose the interpreter, STUDY_DATA=... for another pack)
 set -u
@@ -53,6 +54,11 @@ start=$SECONDS
 timeout --signal=TERM "${LIMIT_S:-530}" "$py" -m roformer.ablate --config="configs/ablation.py:$variant" \
   --workdir="$work" "${extra[@]}" "$@" 2>&1 | tee -a "$out/log.txt"
 status=${PIPESTATUS[0]}
+# Stopped before its last report (the report is written beside training, so a stop can leave it
+# a group behind the records): written again from the records, without training.
+if [[ $status -ne 0 && -f $work/study_config.json ]] && compgen -G "$work/schemes/*.json" >/dev/null; then
+  "$py" -m roformer.ablation.study report "$work" 2>&1 | tee -a "$out/log.txt"
+fi
 cp "$work"/study.md "$work"/study.json "$work"/study_*.png "$out"/ 2>/dev/null
 tar -czf "$out/records.tar.gz" -C "$work" schemes data_manifest.json study_config.json 2>/dev/null
 echo "gpu_comparison $variant: exit status $status after $((SECONDS - start)) s" | tee -a "$out/log.txt"

@@ -316,19 +316,39 @@ def split_records(archive: Path, directory: Path) -> list[Path]:
     return written
 
 
+def write_report(workdir: Path) -> Path:
+    """The report of a study workdir's finished schemes, from their records and the config the
+    study recorded (study_config.json), without training: after a call stopped before its last
+    write, or where only the records were kept (RESUME_FROM archives put back in a directory).
+    Returns the report's path."""
+    from roformer.ablation import study_report
+
+    path = workdir / CONFIG_RECORD
+    if not path.is_file():
+        raise ConfigError(f"{workdir} has no {CONFIG_RECORD}: not a study workdir (scripts/gpu_comparison.sh's "
+                          "records.tar.gz holds one)")
+    study_report.write(ml_collections.ConfigDict(json.loads(path.read_text())), workdir)
+    return workdir / study_report.REPORT_MD
+
+
 def main(argv: list[str]) -> int:
     """`python -m roformer.ablation.study pack VARIANT PATH [KEY=VALUE ...]`: the splits of
     configs/ablation.py:VARIANT (study.* / pretrain.* keys as overrides) into a pack for a
     machine without the corpus (scripts/gpu_comparison.sh reads .device/study_data/wikipedia_en.npz,
     which scripts/device_files.sh makes).
-    `python -m roformer.ablation.study split RECORDS DIR`: split_records."""
+    `python -m roformer.ablation.study split RECORDS DIR`: split_records.
+    `python -m roformer.ablation.study report WORKDIR`: write_report."""
     if len(argv) == 3 and argv[0] == "split":
         for path in split_records(Path(argv[1]), Path(argv[2])):
             print(f"{path}: {path.stat().st_size:,} bytes")
         return 0
+    if len(argv) == 2 and argv[0] == "report":
+        print(f"{write_report(Path(argv[1]))}: the report of its finished schemes")
+        return 0
     if len(argv) < 3 or argv[0] != "pack":
         print("usage: python -m roformer.ablation.study pack VARIANT PATH [section.key=value ...]\n"
-              "       python -m roformer.ablation.study split RECORDS.tar.gz DIR")
+              "       python -m roformer.ablation.study split RECORDS.tar.gz DIR\n"
+              "       python -m roformer.ablation.study report WORKDIR")
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     config = plan.load_config_file("ablation", argv[1])
@@ -350,4 +370,8 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     import sys
 
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except ConfigError as error:   # one line, no traceback
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -290,6 +290,9 @@ def test_the_device_script_at_smoke_size(tmp_path):
     assert "s ahead (waited" in text
     # The time table has a row for each group, those beyond the grids too, and their sum.
     assert "| rope, beyond the grid (" in text and f"In all: {2 * len(SCHEMES)} groups" in text
+    # The report command writes the same report from the records and the recorded config.
+    (tmp_path / "work" / "study.md").unlink()
+    assert study.write_report(tmp_path / "work").read_text() == text
     # On a fresh machine: the records of the first call put back from one archive per scheme
     # (as a study spread over sessions keeps them), nothing trains again.
     kept = study.split_records(out / "records.tar.gz", tmp_path / "kept")
@@ -353,6 +356,41 @@ def test_the_device_script_refuses_an_unknown_variant(tmp_path):
     result = subprocess.run(["bash", str(REPO / "scripts/gpu_comparison.sh"), str(tmp_path), "gpu_huge"],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "unknown variant 'gpu_huge'" in result.stderr
+
+
+def test_the_device_script_writes_the_report_again_from_the_records_after_a_stop(tmp_path):
+    """A study stopped at LIMIT_S (timeout's 124) may leave its report a group behind its
+    records (the report is written beside training): the script writes it again from the
+    records, without training; a clean exit does not. A stand-in interpreter records each
+    command, and its study leaves a config and one record."""
+    stub = tmp_path / "python"
+    stub.write_text(f"""#!/bin/sh
+echo "$@" >> {tmp_path / "calls"}
+case "$*" in
+  *"roformer.ablate"*) mkdir -p {tmp_path / "work" / "schemes"}; echo {{}} > {tmp_path / "work" / "study_config.json"}
+                      echo {{}} > {tmp_path / "work" / "schemes" / "rope.json"}; exit ${{STUDY_EXIT:-0}} ;;
+esac
+""")
+    stub.chmod(0o755)
+    (tmp_path / "pack.npz").write_bytes(b"")
+
+    def calls(study_exit):
+        (tmp_path / "calls").unlink(missing_ok=True)
+        result = subprocess.run(["bash", str(REPO / "scripts/gpu_comparison.sh"), str(tmp_path / "out"), "gpu_tiny"],
+                                env={"PATH": "/usr/bin:/bin", "PYTHON": str(stub), "STUDY_EXIT": str(study_exit),
+                                     "STUDY_DATA": str(tmp_path / "pack.npz"), "STUDY_WORKDIR": str(tmp_path / "work")},
+                                capture_output=True, text=True, cwd=REPO)
+        assert result.returncode == study_exit, result.stderr
+        return [c.split(" ")[1] for c in (tmp_path / "calls").read_text().splitlines() if c.startswith("-m ")]
+
+    assert calls(124) == ["roformer.ablate", "roformer.ablation.study"]
+    assert f"-m roformer.ablation.study report {tmp_path / 'work'}" in (tmp_path / "calls").read_text()
+    assert calls(0) == ["roformer.ablate"]
+
+
+def test_the_report_command_refuses_a_folder_that_is_not_a_study_workdir(tmp_path):
+    with pytest.raises(ConfigError, match="has no study_config.json"):
+        study.write_report(tmp_path)
 
 
 def test_a_pack_gives_back_the_splits_it_was_made_from(tmp_path):
