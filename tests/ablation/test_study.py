@@ -515,6 +515,25 @@ def test_the_report_names_the_figures_it_wrote(tmp_path):
         assert ("study_signal.png" in study_report.figure_names(schemes)) == ("alibi" in schemes)
 
 
+class StandInRun:
+    """A scheme's group for the study's loop that trains nothing: an empty record with the
+    timing `wall_s` and `programs_s` give, and zero test sums."""
+    compiled_ahead = False
+    wall_s = programs_s = 0.0
+
+    def __init__(self, config, scheme, data, aux, group=None):
+        self.scheme, self.budgets, self.key = scheme, study_plan.budgets(config), (scheme, group is not None)
+
+    def compile(self):
+        return self
+
+    def run(self):
+        timing = {**dict.fromkeys(("setup_s", "first_eval_s", "compile_s", "train_s", "eval_s", "tokens_per_s"), 0.0),
+                  "wall_s": self.wall_s, "programs_s": self.programs_s}
+        return {"scheme": self.scheme, "members": [], "timing": timing}, \
+            {f"budget{b}": np.zeros((4, 1), np.float32) for b in self.budgets}
+
+
 def test_a_study_stopped_by_its_time_limit_resumes_with_the_rest(tmp_path, monkeypatch, caplog):
     """A scheme that would end past study.time_limit_s is not started; the same command (here
     without the limit) trains only the schemes that have no record yet."""
@@ -522,21 +541,12 @@ def test_a_study_stopped_by_its_time_limit_resumes_with_the_rest(tmp_path, monke
 
     trained = []
 
-    class FakeRun:
-        def __init__(self, config, scheme, data, aux, group=None):
-            self.scheme, self.budgets = scheme, study_plan.budgets(config)
-
-        compiled_ahead = False
-
-        def compile(self):
-            return self
+    class FakeRun(StandInRun):
+        wall_s = 1e6
 
         def run(self):
             trained.append(self.scheme)
-            timing = dict.fromkeys(("setup_s", "first_eval_s", "compile_s", "train_s", "eval_s", "tokens_per_s",
-                                    "programs_s"), 0.0)
-            return {"scheme": self.scheme, "members": [], "timing": {**timing, "wall_s": 1e6}}, \
-                {f"budget{b}": np.zeros((4, 1), np.float32) for b in self.budgets}
+            return super().run()
 
     monkeypatch.setattr(study, "SchemeRun", FakeRun)
     monkeypatch.setattr(study_report, "write", lambda config, workdir, runs=None: {})
@@ -562,11 +572,8 @@ def test_the_time_limit_counts_a_compilation_only_for_a_group_not_compiled_yet(t
 
     trained, compiled = [], {scheme: threading.Event() for scheme in ("rope", "alibi", "sinusoidal")}
 
-    class FakeRun:
-        compiled_ahead = False
-
-        def __init__(self, config, scheme, data, aux, group=None):
-            self.scheme, self.budgets = scheme, study_plan.budgets(config)
+    class FakeRun(StandInRun):
+        wall_s, programs_s = 60.0, 50.0
 
         def compile(self):
             compiled[self.scheme].set()
@@ -577,10 +584,7 @@ def test_the_time_limit_counts_a_compilation_only_for_a_group_not_compiled_yet(t
             if groups:   # the next group's compilation, on its worker thread, ends before this group does
                 following = list(compiled)[len(trained):len(trained) + 1]
                 assert all(compiled[s].wait(30) for s in following)
-            timing = dict.fromkeys(("setup_s", "first_eval_s", "compile_s", "train_s", "eval_s", "tokens_per_s"),
-                                   0.0)
-            return {"scheme": self.scheme, "members": [], "timing": {**timing, "wall_s": 60.0, "programs_s": 50.0}}, \
-                {f"budget{b}": np.zeros((4, 1), np.float32) for b in self.budgets}
+            return super().run()
 
     monkeypatch.setattr(study, "SchemeRun", FakeRun)
     monkeypatch.setattr(study_report, "write", lambda config, workdir, runs=None: {})
@@ -605,22 +609,14 @@ def test_groups_are_compiled_on_worker_threads_at_most_compile_ahead_groups_earl
 
     trained, prepared = [], {}
 
-    class FakeRun:
-        compiled_ahead = False
-
-        def __init__(self, config, scheme, data, aux, group=None):
-            self.scheme, self.budgets, self.key = scheme, study_plan.budgets(config), (scheme, group is not None)
-
+    class FakeRun(StandInRun):
         def compile(self):
             prepared[self.key] = (threading.current_thread().name, len(trained))
             return self
 
         def run(self):
             trained.append(self.key)
-            timing = dict.fromkeys(("setup_s", "first_eval_s", "compile_s", "train_s", "eval_s", "tokens_per_s",
-                                    "programs_s", "wall_s"), 0.0)
-            return {"scheme": self.scheme, "members": [], "timing": timing}, \
-                {f"budget{b}": np.zeros((4, 1), np.float32) for b in self.budgets}
+            return super().run()
 
     monkeypatch.setattr(study, "SchemeRun", FakeRun)
     monkeypatch.setattr(study, "edge_rates", lambda trained_rates, chosen: [1.0])
@@ -648,23 +644,12 @@ def test_the_report_is_written_on_a_worker_thread_while_the_next_group_trains(tm
 
     writes, begun = [], {scheme: threading.Event() for scheme in ("rope", "alibi", "sinusoidal")}
 
-    class FakeRun:
-        compiled_ahead = False
-
-        def __init__(self, config, scheme, data, aux, group=None):
-            self.scheme, self.budgets = scheme, study_plan.budgets(config)
-
-        def compile(self):
-            return self
-
+    class FakeRun(StandInRun):
         def run(self):
             before = {"alibi": "rope", "sinusoidal": "alibi"}.get(self.scheme)
             if before:   # the write after the group before has begun while this group trains
                 assert begun[before].wait(30)
-            timing = dict.fromkeys(("setup_s", "first_eval_s", "compile_s", "train_s", "eval_s", "tokens_per_s",
-                                    "programs_s", "wall_s"), 0.0)
-            return {"scheme": self.scheme, "members": [], "timing": timing}, \
-                {f"budget{b}": np.zeros((4, 1), np.float32) for b in self.budgets}
+            return super().run()
 
     def write(config, workdir, runs=None):
         runs = study_report.load(workdir) if runs is None else runs
