@@ -17,8 +17,9 @@ whose loss stops being finite, or climbs above where it started, is recorded as 
 
 Resumable by scheme: a scheme whose record (DIR/schemes/<scheme>.json) has the config's
 fingerprint is not trained again; the report (roformer.ablation.study_report) is rewritten
-after every group, on a worker thread while the next group trains (ReportInBackground), and
-once more at the end.
+after every group, on a worker thread while the next group trains (ReportInBackground); the
+last of those writes is the final report (the caller writes it only when that one failed or
+nothing trained).
 
 With `study.extend_edges`, once every scheme's grid has trained, a scheme whose chosen rate is
 at an end of the grid at some budget trains its seeds at one more rate beyond that end (a
@@ -125,20 +126,22 @@ class ReportInBackground:
     would otherwise wait out. A request while a write waits to start is covered by that write
     (it reads the latest records). Records are read under `lock`, which the training thread
     holds while it saves one, so a write never pairs one save's record with another's sums. A
-    failed write is logged and the next one tries again; the final report is written by the
-    caller, after `close`."""
+    failed write is logged and the next one tries again; `close` gives the last write's report,
+    or None when it failed (or none was asked for), and the caller then writes it."""
 
     def __init__(self, config, workdir: Path, lock: threading.Lock):
         self.config, self.workdir, self.lock = config, workdir, lock
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="report")
         self.queued: Future | None = None
+        self.latest: dict | None = None
 
     def _write(self) -> None:
         from roformer.ablation import study_report
+        self.latest = None
         try:
             with self.lock:
                 runs = study_report.load(self.workdir)
-            study_report.write(self.config, self.workdir, runs=runs)
+            self.latest = study_report.write(self.config, self.workdir, runs=runs)
         except Exception:
             log.warning("writing the report on its worker thread failed; the next write tries again", exc_info=True)
 
@@ -146,9 +149,11 @@ class ReportInBackground:
         if self.queued is None or self.queued.running() or self.queued.done():
             self.queued = self.pool.submit(self._write)
 
-    def close(self) -> None:
-        """Wait for the write under way, if any."""
+    def close(self) -> dict | None:
+        """Wait for the write under way, if any; the report of the last write, which began after
+        the last request (so after every record saved before it), when that write succeeded."""
         self.pool.shutdown(wait=True)
+        return self.latest
 
 
 def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
@@ -281,8 +286,10 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             report.request()
     finally:
         ahead.close()
-        report.close()
-    return study_report.write(config, workdir)
+        written = report.close()
+    # The last write on the worker began after the last record was saved: it is the final
+    # report, unless it failed or nothing was trained.
+    return written if written is not None else study_report.write(config, workdir)
 
 
 def save_scheme(workdir: Path, scheme: str, record: dict, arrays: dict[str, np.ndarray]) -> None:
