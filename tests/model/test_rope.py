@@ -1,4 +1,5 @@
 """Complex-multiplication RoPE against the paper's rotation matrix and its properties."""
+import functools
 import math
 
 import jax
@@ -17,8 +18,15 @@ def rotate(x, positions, *, base=10000.0, layout="interleaved", rotary_dim=None,
     """x [B, L, H, D] rotated at positions [B, L] (test helper around the public functions)."""
     rotary_dim = rotary_dim or x.shape[-1]
     inv_freq, magnitude = rope.rope_frequencies(rotary_dim, base, **scaling)
-    cis = rope.rope_cis(jnp.asarray(positions), inv_freq, magnitude)
-    return np.asarray(rope.apply_rope(jnp.asarray(x), cis, layout))
+    return np.asarray(_rotate(jnp.asarray(x), jnp.asarray(positions), jnp.asarray(inv_freq, jnp.float32),
+                              magnitude=magnitude, layout=layout))
+
+
+@functools.partial(jax.jit, static_argnames=("magnitude", "layout"))
+def _rotate(x, positions, inv_freq, *, magnitude, layout):
+    # Jitted, as the model runs it: op by op, the table's conditional (backend.shared_table)
+    # would compile anew at every call, and the hypothesis tests make hundreds.
+    return rope.apply_rope(x, rope.rope_cis(positions, inv_freq, magnitude), layout)
 
 
 def paper_rotation_matrix(position: float, dim: int, base: float) -> np.ndarray:
