@@ -5,17 +5,35 @@ virtual CPU devices (single-device code is unaffected); every process a test sta
 inherits them, and the suite's compilation cache (below).
 """
 import os
+from importlib import metadata
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# 8 virtual CPU devices; and LLVM's lowest optimisation level: the suite's programs are tiny,
-# so compiling them costs far more than running them. XLA's own passes (fusion, layouts),
-# which decide what a program computes, run as they do outside the tests. A setting the
-# caller put in XLA_FLAGS is kept.
-COMPILE_FAST_FLAG = "--xla_backend_optimization_level=0"
-for flag in ("--xla_force_host_platform_device_count=8", COMPILE_FAST_FLAG):
+
+
+def _jaxlib_before(major: int, minor: int) -> bool:
+    try:
+        return tuple(int(part) for part in metadata.version("jaxlib").split(".")[:2]) < (major, minor)
+    except (metadata.PackageNotFoundError, ValueError):
+        return False
+
+
+# 8 virtual CPU devices, and settings that compile faster: the suite's programs are tiny, so
+# compiling them costs far more than running them. LLVM's lowest optimisation level; and
+# where jaxlib still has them (before 0.11, which dropped the flag), XLA:CPU's older elemental
+# fusion emitters instead of its MLIR ones. XLA's own passes (fusion, layouts), which decide
+# what a program computes, run as they do outside the tests; the emitters may round a fused
+# computation differently by an ulp (LEGACY_FUSION_EMITTERS below). A setting the caller put
+# in XLA_FLAGS is kept. docs/results/2026-11-26-test-suite-time-cpu.md measures both.
+LEGACY_EMITTERS_FLAG = "--xla_cpu_use_fusion_emitters=false"
+COMPILE_FAST_FLAGS = ["--xla_backend_optimization_level=0"] + ([LEGACY_EMITTERS_FLAG] if _jaxlib_before(0, 11) else [])
+for flag in ("--xla_force_host_platform_device_count=8", *COMPILE_FAST_FLAGS):
     if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+# Whether this run compiles with the older emitters: two programs that run the same step
+# inside different surroundings (one step per call, several in a loop) are then equal to an
+# ulp, not bit for bit, and a test that compares them says which.
+LEGACY_FUSION_EMITTERS = LEGACY_EMITTERS_FLAG in os.environ["XLA_FLAGS"].split()
 
 import importlib.util  # noqa: E402
 import shutil  # noqa: E402

@@ -14,7 +14,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import COMPILE_FAST_FLAG, needs_torch, needs_transformers
+from conftest import COMPILE_FAST_FLAGS, needs_torch, needs_transformers
 
 from roformer import host_memory
 from roformer.bench import __main__ as bench_main
@@ -409,7 +409,7 @@ def test_gpu_bench_cpu_dry_run_needs_only_jax_flax_optax_orbax(tmp_path):
             "--rope-lengths", "16", "--rope-batch", "1", "--peak-size", "64", "--rounds", "1", "--iters", "1",
             "--json", str(out)]
     # No virtual devices; the suite's compile setting (tests/conftest.py) stays.
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": COMPILE_FAST_FLAG}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(COMPILE_FAST_FLAGS)}
     done = subprocess.run([sys.executable, "-c", DRY_RUN.format(blocked=NOT_ON_ACCELERATOR_HOSTS, argv=argv)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import cudnn_layout_errors
+from conftest import LEGACY_FUSION_EMITTERS, cudnn_layout_errors
 from configs import glue as glue_config
 from roformer.glue import finetune as finetune_lib
 from roformer.glue import run as glue_run
@@ -218,7 +218,9 @@ def test_several_steps_per_call_make_the_same_updates_as_one_step_per_call():
     """The batches, rates, dropout keys and order of the one-program-per-step loop (a batch
     assembled per step, one program per padded length): every logged loss and the final
     params equal bit for bit, for a call of 1 step, of 3 (the last call padded with no-op
-    steps) and of more steps than the run has."""
+    steps) and of more steps than the run has. (To float32 rounding where the suite compiles
+    with XLA:CPU's older fusion emitters, tests/conftest.py, which round a step inside a loop
+    differently from the same step alone.)"""
     from roformer.glue.features import planned_train_batches
     from roformer.model import ModelConfig
 
@@ -248,6 +250,12 @@ def test_several_steps_per_call_make_the_same_updates_as_one_step_per_call():
                                               log_every=1, log_fn=logged.append, progress=False,
                                               steps_per_call=steps_per_call)
         assert [row["step"] for row in logged] == list(range(1, total + 1))
+        if LEGACY_FUSION_EMITTERS:
+            np.testing.assert_allclose([row["loss"] for row in logged], reference, rtol=1e-6)
+            assert info["final_loss"] == pytest.approx(reference[-1], rel=1e-6)
+            for ours, theirs in zip(jax.tree.leaves(trained.params), jax.tree.leaves(params)):
+                np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-5, atol=1e-7)
+            continue
         assert [row["loss"] for row in logged] == reference, steps_per_call
         assert info["final_loss"] == reference[-1]
         for ours, theirs in zip(jax.tree.leaves(trained.params), jax.tree.leaves(params)):
