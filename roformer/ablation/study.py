@@ -226,7 +226,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         longest["programs"] = max(longest["programs"], t["programs_s"])
         t["programs_wait_s"] = waited
         t["wall_s"] += waited
-        log.info("%s: %d members done in %.0f s (set-up and initialisation %.0f s, programs %s, first evaluation "
+        log.info("%s: %d members done in %.0f s (set-up %.0f s, programs and initial states %s, first evaluation "
                  "%.0f s, first chunk %.0f s, training %.0f s, evaluation %.0f s, %.0f tokens/s in all)",
                  run.scheme, len(record["members"]), t["wall_s"], t["setup_s"],
                  f"compiled ahead in {t['programs_s']:.0f} s, waited {waited:.0f} s" if run.compiled_ahead

@@ -159,6 +159,12 @@ def memory_estimate(model_cfg: ModelConfig, *, members_: int, batch_size: int, s
     return int(members_ * (per_member + evaluation) + data_bytes)
 
 
+def initial_state_bytes(model_cfg: ModelConfig, members_: int) -> int:
+    """A group's initial states: per member the float32 parameters and Adam's two moments. A
+    group prepared ahead (study.compile_ahead) holds them on the device while another trains."""
+    return 3 * 4 * parameter_count(model_cfg) * members_
+
+
 def device_memory_bytes(limit_gib: float = 0.0) -> int:
     """`limit_gib` when > 0, else what the first device may allocate (the host's available
     memory on a CPU backend)."""
@@ -177,20 +183,26 @@ def _gib(size: int) -> str:
 
 
 def check_memory(config, data: study_data.StudyData) -> dict[str, int]:
-    """Each scheme's estimate; ConfigError (one line) when one exceeds 90% of the device's."""
+    """Each scheme's estimate while its group trains, with the initial states of the
+    `study.compile_ahead` groups prepared meanwhile (the largest scheme's, each); ConfigError
+    (one line) when one exceeds 90% of the device's."""
     train = config.pretrain.train
     data_bytes = sum(v.nbytes for v in data.train.values()) + 4 * config.study.seeds * data.train["input_ids"].shape[0] * \
         study_data.passes_needed(budgets(config)[-1], train.batch_size, data.train["input_ids"].shape[0])
     available = device_memory_bytes(config.study.memory_limit_gib)
-    estimates = {}
+    n, ahead = len(members(config)), int(config.study.compile_ahead)
+    estimates, states = {}, {}
     for scheme in plan.split_list(config.study.schemes):
         model_cfg = scheme_model_config(config, scheme, data.vocab_size, data.pad_id)
-        estimates[scheme] = memory_estimate(model_cfg, members_=len(members(config)), batch_size=train.batch_size,
+        estimates[scheme] = memory_estimate(model_cfg, members_=n, batch_size=train.batch_size,
                                             seq_len=train.seq_len, max_predictions=data.max_predictions,
                                             data_bytes=data_bytes, eval_batch=int(config.study.eval_batch))
+        states[scheme] = initial_state_bytes(model_cfg, n)
+    estimates = {scheme: size + ahead * max(states.values()) for scheme, size in estimates.items()}
     worst = max(estimates, key=estimates.get)
     if estimates[worst] > 0.9 * available:
-        raise ConfigError(f"the {len(members(config))}-member group of {worst!r} needs about "
-                          f"{_gib(estimates[worst])} GiB, more than 90% of the device's "
-                          f"{_gib(available)} GiB: fewer study.seeds or learning_rates, or a smaller batch")
+        waiting = f", with {ahead} group(s) prepared ahead (study.compile_ahead)" if ahead else ""
+        raise ConfigError(f"the {n}-member group of {worst!r} needs about {_gib(estimates[worst])} GiB{waiting}, "
+                          f"more than 90% of the device's {_gib(available)} GiB: fewer study.seeds or "
+                          "learning_rates, a smaller batch or a lower study.compile_ahead")
     return estimates

@@ -277,8 +277,9 @@ def markdown(config, result: dict, manifest: dict) -> str:
         text = "; ".join(f"{k} {v['median'][0]:.4g} -> {v['median'][-1]:.4g}" for k, v in signal.items())
         lines.append(f"- {scheme}: {text or 'no parameters or constants (nothing to follow)'}")
     lines += ["", "## What this does and does not show", "", *limits(config, result, manifest)]
-    lines += ["", "## Time", "", "Programs: compiling the group's programs, on a worker thread while the group "
-              "before trained (`study.compile_ahead`; waited: what training then waited for them) or here. First "
+    lines += ["", "## Time", "", "Programs: compiling the group's programs and initialising its members, on a "
+              "worker thread while the group before trained (`study.compile_ahead`; waited: what training then "
+              "waited for them) or here. First "
               "chunk: the first `eval_every` steps, with their compilation where the programs were not compiled "
               "before.", "", "| scheme | parameters | memory estimate | programs | first chunk | training | "
               "evaluation | all | tokens/s (all members) |", "|---|---|---|---|---|---|---|---|---|"]

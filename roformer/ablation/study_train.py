@@ -146,13 +146,16 @@ class SchemeRun:
         self.diverged: list[int | None] = [None] * len(self.group)
         self.first_loss: np.ndarray | None = None
         self.programs: Programs | None = None
-        self.programs_s, self.compiled_ahead = 0.0, False
+        self.states: dict | None = None   # the members' initial states, until run() takes them
+        self.programs_s, self.init_s, self.compiled_ahead = 0.0, 0.0, False
 
     def compile(self) -> SchemeRun:
         """Build this group's programs and compile each for the shapes it will be called with
         (the training chunk, evaluation of a validation and a test chunk, the position signal),
-        which its first calls would otherwise compile. Touches nothing shared but the read-only
-        data, so it may run on a worker thread while another group trains (CompileAhead)."""
+        which its first calls would otherwise compile; then initialise its members. Touches
+        nothing shared but the read-only data, so it may run on a worker thread while another
+        group trains (CompileAhead); the initial states then wait on the device for their turn
+        (study_plan.check_memory counts them)."""
         t0 = time.perf_counter()
         programs = Programs(self.model_cfg, self.config, self.data)
         n = len(self.group)
@@ -164,6 +167,12 @@ class SchemeRun:
             chunk, _ = next(padded_chunks(rows, size))
             programs.evaluate_rows.lower(states["params"], programs.rest, chunk).compile()
         programs.signal.lower(states["params"], programs.rest).compile()
+        t1 = time.perf_counter()
+        # Each seed's parameters once (members that share a seed start alike, at any rate).
+        seeds = sorted({m.seed for m in self.group})
+        per_seed = {s: jax.block_until_ready(programs.init(jax.random.key(s))) for s in seeds}
+        self.states = jax.block_until_ready(_stack([per_seed[m.seed] for m in self.group]))
+        self.init_s = time.perf_counter() - t1
         self.programs, self.programs_s = programs, time.perf_counter() - t0
         return self
 
@@ -173,18 +182,16 @@ class SchemeRun:
         if self.programs is None:
             self.compile()
         programs = self.programs
-        seeds = sorted({m.seed for m in group})
+        states, self.states = self.states, None   # donated to the first chunk
         inputs = member_inputs(group)
-        per_seed = {s: jax.block_until_ready(programs.init(jax.random.key(s))) for s in seeds}
-        states = _stack([per_seed[m.seed] for m in group])
-        del per_seed
         ends = budgets(self.config)
         branches = optim.cooldown_branches(ends, st.cooldown_fraction)
         trunk_decay = branches[-1]
         evals, budget_records, test_loss = [], [], {}
         # compile_s: the first chunk (with its compilation where compile() did not run first).
         timing = {"setup_s": time.perf_counter() - started, "compile_s": 0.0, "train_s": 0.0, "eval_s": 0.0,
-                  "branch_s": 0.0, "programs_s": self.programs_s, "compiled_ahead": self.compiled_ahead}
+                  "branch_s": 0.0, "programs_s": self.programs_s, "init_s": self.init_s,
+                  "compiled_ahead": self.compiled_ahead}
         evals.append(self._evaluate_trunk(programs, states, 0, timing))
         timing["first_eval_s"] = timing["eval_s"]
         step, compiled = 0, False

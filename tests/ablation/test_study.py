@@ -71,11 +71,26 @@ def test_an_unknown_variant_is_one_line():
 def test_the_memory_estimate_refuses_a_group_that_does_not_fit():
     c = config(memory_limit_gib=0.001)
     data = study.study_splits(c)
-    with pytest.raises(ConfigError, match=r"group of 'rope' needs about .* GiB, more than 90% of the device's") as error:
+    with pytest.raises(ConfigError, match=r"group of 'rope' needs about .* GiB, with 1 group\(s\) prepared ahead "
+                       r"\(study.compile_ahead\), more than 90% of the device's") as error:
         study_plan.check_memory(c, data)
     assert "\n" not in str(error.value) and "0.0 GiB" not in str(error.value)   # small sizes still read
     c.study.memory_limit_gib = 64.0
     assert set(study_plan.check_memory(c, data)) == set(plan.split_list(c.study.schemes))
+
+
+def test_the_memory_estimate_counts_the_initial_states_of_the_groups_prepared_ahead():
+    """Each group prepared ahead holds its members' parameters and Adam moments on the device
+    while another trains: the estimate adds compile_ahead times the largest scheme's."""
+    c = config(memory_limit_gib=64.0, compile_ahead=0)
+    data = study.study_splits(c)
+    alone = study_plan.check_memory(c, data)
+    c.study.compile_ahead = 2
+    ahead = study_plan.check_memory(c, data)
+    n = len(study_plan.members(c))
+    largest = max(study_plan.initial_state_bytes(study_plan.scheme_model_config(c, s, data.vocab_size, data.pad_id), n)
+                  for s in plan.split_list(c.study.schemes))
+    assert largest > 0 and {s: ahead[s] - alone[s] for s in alone} == {s: 2 * largest for s in alone}
 
 
 def test_memory_estimate_grows_with_members_and_width():
@@ -318,7 +333,12 @@ def test_a_group_compiled_on_a_worker_thread_trains_alike_without_compiling_agai
     ahead.submit("rope", "rope")
     run = ahead.take("rope", "rope")
     ahead.close()
-    assert run.compiled_ahead and run.programs_s > 0
+    assert run.compiled_ahead and run.programs_s > run.init_s > 0
+    # Its members' initial states wait on the device: what the memory estimate counts for them
+    # (and a step counter per member and moment).
+    waiting = sum(x.nbytes for x in jax.tree.leaves(run.states))
+    counted = study_plan.initial_state_bytes(run.model_cfg, len(run.group))
+    assert counted <= waiting <= counted + 64 * len(run.group)
     with jax.log_compiles(True), caplog.at_level("WARNING", logger="jax"):
         record, test_loss = run.run()
     compiled = [r.getMessage()[:40] for r in caplog.records if r.getMessage().startswith("Compiling")]
