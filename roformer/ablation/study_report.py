@@ -281,8 +281,9 @@ def markdown(config, result: dict, manifest: dict) -> str:
               "worker thread while the group before trained (`study.compile_ahead`; waited: what training then "
               "waited for them) or here. First "
               "chunk: the first `eval_every` steps, with their compilation where the programs were not compiled "
-              "before.", "", "| scheme | parameters | memory estimate | programs | first chunk | training | "
-              "evaluation | all | tokens/s (all members) |", "|---|---|---|---|---|---|---|---|---|"]
+              "before. Tokens/s: training's (forward and backward) and evaluation's (forward only), all members.", "",
+              "| scheme | parameters | memory estimate | programs | first chunk | training | evaluation | all | "
+              "tokens/s training | tokens/s evaluation |", "|---|---|---|---|---|---|---|---|---|---|"]
     groups = []
     for scheme in result["schemes"]:
         groups.append((f"{scheme} | {info[scheme]['parameters']:,} | {info[scheme]['memory_estimate_gib']:.2f} GiB",
@@ -291,8 +292,9 @@ def markdown(config, result: dict, manifest: dict) -> str:
             groups.append((f"{scheme}, beyond the grid ({info[scheme]['edge_members']} members) | — | —",
                            info[scheme]["edge_timing"]))
     for name, t in groups:
+        evaluation = f"{t['eval_tokens_per_s']:,.0f}" if "eval_tokens_per_s" in t else "—"   # older records
         lines.append(f"| {name} | {_programs_time(t)} | {t['compile_s']:.1f} s | {t['train_s']:.1f} s | "
-                     f"{t['eval_s']:.1f} s | {t['wall_s']:.1f} s | {t['tokens_per_s']:,.0f} |")
+                     f"{t['eval_s']:.1f} s | {t['wall_s']:.1f} s | {t['tokens_per_s']:,.0f} | {evaluation} |")
     waited = sum(t.get("programs_wait_s", 0.0) for _, t in groups)
     lines += ["", f"In all: {len(groups)} groups, {sum(t['wall_s'] for _, t in groups):.0f} s from each group's turn "
               f"to its record, {waited:.0f} s of it waiting for programs (compiled here or not ready yet).",

@@ -148,6 +148,7 @@ class SchemeRun:
         self.programs: Programs | None = None
         self.states: dict | None = None   # the members' initial states, until run() takes them
         self.programs_s, self.init_s, self.compiled_ahead = 0.0, 0.0, False
+        self.evaluated_rows = 0   # rows per member through the evaluation program, padding included
 
     def compile(self) -> SchemeRun:
         """Build this group's programs and compile each for the shapes it will be called with
@@ -220,6 +221,10 @@ class SchemeRun:
         timing["wall_s"] = time.perf_counter() - started
         # Every chunk but the first (which compiled the program) is in train_s.
         timing["tokens_per_s"] = len(group) * self.tokens_per_step * trained_steps / max(timing["train_s"], 1e-9)
+        # Evaluation's forward tokens per second, all members, to set beside training's (which
+        # runs forward and backward) when judging whether evaluation keeps the device busy.
+        timing["eval_tokens_per_s"] = (len(group) * self.evaluated_rows * int(self.train_cfg.seq_len)
+                                       / max(timing["eval_s"], 1e-9))
         record = {
             "scheme": self.scheme, "model": self.model_cfg.to_dict(),
             "parameters": parameter_count(self.model_cfg),
@@ -258,6 +263,7 @@ class SchemeRun:
         pending, fetched = [], []
         for chunk, keep in padded_chunks(rows, int(self.st.eval_batch)):
             pending.append((programs.evaluate_rows(params, programs.rest, chunk), keep))
+            self.evaluated_rows += len(chunk["input_ids"])
             if len(pending) == EVAL_IN_FLIGHT:
                 fetched += [(jax.device_get(sums), keep) for sums, keep in pending]
                 pending = []

@@ -305,6 +305,7 @@ def test_the_device_script_at_smoke_size(tmp_path):
     assert "s ahead (waited" in text
     # The time table has a row for each group, those beyond the grids too, and their sum.
     assert "| rope, beyond the grid (" in text and f"In all: {2 * len(SCHEMES)} groups" in text
+    assert "| tokens/s training | tokens/s evaluation |" in text
     # The report command writes the same report from the records and the recorded config.
     (tmp_path / "work" / "study.md").unlink()
     assert study.write_report(tmp_path / "work").read_text() == text
@@ -345,6 +346,14 @@ def test_a_group_compiled_on_a_worker_thread_trains_alike_without_compiling_agai
     assert not [m for m in compiled if any(f"jit({name})" in m for name in ("train_chunk", "evaluate", "signal"))], \
         compiled
     assert record["timing"]["compiled_ahead"] and not plain["timing"]["compiled_ahead"]
+    # Evaluation's throughput counts every row it ran, padding included: each trunk evaluation
+    # and each earlier budget's validation, and the test rows at every budget.
+    padded = lambda rows: -(-len(rows["input_ids"]) // c.study.eval_batch) * c.study.eval_batch  # noqa: E731
+    budgets_ = len(record["budgets"])
+    assert run.evaluated_rows == (len(record["evals"]) + budgets_ - 1) * padded(run.eval_rows) + \
+        budgets_ * padded(data.test)
+    assert record["timing"]["eval_tokens_per_s"] == pytest.approx(
+        len(run.group) * run.evaluated_rows * c.pretrain.train.seq_len / record["timing"]["eval_s"])
     assert record["budgets"] == plain["budgets"] and record["evals"] == plain["evals"]
     assert test_loss.keys() == plain_loss.keys()
     for key in test_loss:
