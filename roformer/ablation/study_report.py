@@ -128,14 +128,13 @@ def _over_training(config, record: dict, arrays: dict, rate: float) -> dict:
         spectrum_onset[name] = float(grid[hit[0]]) if len(hit) else None
     signal = {key: study_stats.percentile_band(np.asarray([[e["signal"][key][i] for e in evals] for i in pick], float))
               for key in evals[0]["signal"]}
+    edges = record.get("edges", {})
     return {"rate": rate, "tokens": tokens, "onsets": onsets, "onset_curve": curve,
             "validation": study_stats.percentile_band(val), "spectrum": spectrum, "spectrum_onset": spectrum_onset,
             "signal": signal, "timing": record["timing"], "device": record["device"],
             "parameters": record["parameters"], "memory_estimate_gib": record.get("memory_estimate_bytes", 0) / 2**30,
-            "members": len(record["members"]) - record.get("edges", {}).get("members", 0),
-            "edge_rates": record.get("edges", {}).get("rates", []),
-            "edge_members": record.get("edges", {}).get("members", 0),
-            "edge_timing": record.get("edges", {}).get("timing")}
+            "members": len(record["members"]) - edges.get("members", 0), "edge_rates": edges.get("rates", []),
+            "edge_members": edges.get("members", 0), "edge_timing": edges.get("timing")}
 
 
 # --------------------------------------------------------------------------- writing
