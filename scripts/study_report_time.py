@@ -8,6 +8,8 @@ a grid with every scheme finished.
     python scripts/study_report_time.py gpu_tiny --pack .device/study_data/wikipedia_en.npz --dir /tmp/reptime
 
 Prints each write's seconds and their sum. gpu_smoke needs no pack (its corpus is embedded).
+DIR is then a study workdir of fake records, which `python -m roformer.ablation.study report`
+and notebooks/study_report.ipynb read as they read a real one.
 """
 from __future__ import annotations
 
@@ -59,12 +61,12 @@ def fake_record(config, data, scheme: str, rng: np.random.Generator) -> tuple[di
     return record, {"test_weight": test_weight, **sums}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("variant", help="a configs/ablation.py variant, e.g. gpu_tiny")
     parser.add_argument("--pack", default="", help="its data pack (python -m roformer.ablation.study pack)")
     parser.add_argument("--dir", required=True, help="scratch directory (removed and made again)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     config = plan.load_config_file("ablation", args.variant)
     config.study.data_pack = args.pack
     data = study.study_splits(config)
@@ -72,6 +74,8 @@ def main() -> None:
     shutil.rmtree(workdir, ignore_errors=True)
     (workdir / study.SCHEMES_DIR).mkdir(parents=True)
     write_json_atomic(workdir / study.DATA_MANIFEST, data.manifest)
+    # The config as a study records it, so DIR reads as a study workdir (`study report`, the notebook).
+    (workdir / study.CONFIG_RECORD).write_text(config.to_json_best_effort(indent=2) + "\n")
     rng = np.random.default_rng(0)
     schemes = plan.split_list(config.study.schemes)
     print(f"{args.variant}: {len(schemes)} schemes, {len(data.test_items):,} test rows, "

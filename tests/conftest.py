@@ -120,6 +120,18 @@ def wiki_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.getbasetemp() / "wiki_cache"
 
 
+@pytest.fixture(scope="session")
+def fake_study(tmp_path_factory) -> Path:
+    """A study workdir of `configs/ablation.py:gpu_smoke` with fake records (random losses at the
+    real shapes: every scheme's grid and a group beyond it) and its report, made by
+    scripts/study_report_time.py. Read only: copy it to change it."""
+    import runpy
+
+    workdir = tmp_path_factory.mktemp("fake_study") / "study"
+    runpy.run_path(str(REPO_ROOT / "scripts" / "study_report_time.py"))["main"](["gpu_smoke", "--dir", str(workdir)])
+    return workdir
+
+
 def wiki_cfg(shared_data: Path, cache: Path, **overrides):
     """Data settings reading two shared Wikipedia files with the BERT uncased vocab."""
     from roformer.data import DataConfig

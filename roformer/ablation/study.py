@@ -323,18 +323,54 @@ def split_records(archive: Path, directory: Path) -> list[Path]:
     return written
 
 
-def write_report(workdir: Path) -> Path:
-    """The report of a study workdir's finished schemes, from their records and the config the
-    study recorded (study_config.json), without training: after a call stopped before its last
-    write, or where only the records were kept (RESUME_FROM archives put back in a directory).
-    Returns the report's path."""
+def open_records(source: str | Path, into: str | Path | None = None) -> Path:
+    """A study workdir to read: `source` itself when it is one (it has study_config.json), else
+    the records in `source` (scripts/gpu_comparison.sh's records.tar.gz, or a directory of
+    archives such as `split_records` writes) unpacked into `into` (a new temporary directory
+    when None), later archives over earlier ones. Only records, the data manifest and the
+    config are taken from an archive."""
+    source = Path(source)
+    if (source / CONFIG_RECORD).is_file():
+        return source
+    archives = sorted(source.glob("*.tar.gz")) if source.is_dir() else [source] if source.is_file() else []
+    if not archives:
+        raise ConfigError(f"{source} is neither a study workdir (no {CONFIG_RECORD}) nor a records archive or a "
+                          "directory of them (*.tar.gz)")
+    if into is None:
+        import tempfile
+
+        into = tempfile.mkdtemp(prefix="roformer-study-")
+    workdir = Path(into)
+    (workdir / SCHEMES_DIR).mkdir(parents=True, exist_ok=True)
+    for archive in archives:
+        try:
+            with tarfile.open(archive) as tar:
+                for member in tar.getmembers():
+                    name = member.name.removeprefix("./")
+                    wanted = name in (CONFIG_RECORD, DATA_MANIFEST) or (
+                        Path(name).parent == Path(SCHEMES_DIR) and Path(name).suffix in (".json", ".npz"))
+                    if member.isfile() and wanted:
+                        write_bytes_atomic(workdir / name, tar.extractfile(member).read())
+        except (tarfile.TarError, OSError) as error:
+            raise ConfigError(f"cannot read records archive {archive}: {error}") from error
+    if not (workdir / CONFIG_RECORD).is_file():
+        raise ConfigError(f"no {CONFIG_RECORD} in {', '.join(map(str, archives))}: not study records")
+    return workdir
+
+
+def write_report(source: Path, into: Path | None = None) -> Path:
+    """The report of a study's finished schemes, from their records and the config the study
+    recorded (study_config.json), without training: after a call stopped before its last write,
+    or where only the records were kept. `source` is a study workdir (the report is written
+    there) or records archives (`open_records`; the report is written in `into`). Returns the
+    report's path."""
     from roformer.ablation import study_report
 
-    path = workdir / CONFIG_RECORD
-    if not path.is_file():
-        raise ConfigError(f"{workdir} has no {CONFIG_RECORD}: not a study workdir (scripts/gpu_comparison.sh's "
-                          "records.tar.gz holds one)")
-    study_report.write(ml_collections.ConfigDict(json.loads(path.read_text())), workdir)
+    if not (source / CONFIG_RECORD).is_file() and into is None:
+        raise ConfigError(f"{source} has no {CONFIG_RECORD}: not a study workdir; for records archives (such as "
+                          "scripts/gpu_comparison.sh's records.tar.gz) name a directory to write the report in")
+    workdir = open_records(source, into)
+    study_report.write(ml_collections.ConfigDict(json.loads((workdir / CONFIG_RECORD).read_text())), workdir)
     return workdir / study_report.REPORT_MD
 
 
@@ -344,18 +380,20 @@ def main(argv: list[str]) -> int:
     machine without the corpus (scripts/gpu_comparison.sh reads .device/study_data/wikipedia_en.npz,
     which scripts/device_files.sh makes).
     `python -m roformer.ablation.study split RECORDS DIR`: split_records.
-    `python -m roformer.ablation.study report WORKDIR`: write_report."""
+    `python -m roformer.ablation.study report WORKDIR | RECORDS [DIR]`: write_report."""
     if len(argv) == 3 and argv[0] == "split":
         for path in split_records(Path(argv[1]), Path(argv[2])):
             print(f"{path}: {path.stat().st_size:,} bytes")
         return 0
-    if len(argv) == 2 and argv[0] == "report":
-        print(f"{write_report(Path(argv[1]))}: the report of its finished schemes")
+    if len(argv) in (2, 3) and argv[0] == "report":
+        path = write_report(Path(argv[1]), Path(argv[2]) if len(argv) == 3 else None)
+        print(f"{path}: the report of its finished schemes")
         return 0
     if len(argv) < 3 or argv[0] != "pack":
         print("usage: python -m roformer.ablation.study pack VARIANT PATH [section.key=value ...]\n"
               "       python -m roformer.ablation.study split RECORDS.tar.gz DIR\n"
-              "       python -m roformer.ablation.study report WORKDIR")
+              "       python -m roformer.ablation.study report WORKDIR\n"
+              "       python -m roformer.ablation.study report RECORDS.tar.gz|RECORDS_DIR DIR")
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     config = plan.load_config_file("ablation", argv[1])

@@ -223,20 +223,23 @@ def markdown(config, result: dict, manifest: dict) -> str:
         f"{last_tokens / max(train_tokens, 1):.2f} passes; test split {manifest.get('test_predictions', 0):,} masked "
         f"predictions ({manifest.get('test_rows', 0):,} rows x {manifest.get('test_mask_draws', 1)} mask draws), "
         f"validation {manifest.get('validation_predictions', 0):,} (disjoint documents). Intervals: 95% seed x item "
-        f"bootstrap ({st.bootstrap} replicates); 'equivalent': TOST, 90% interval within +-{st.margin} nats.", ""]
+        f"bootstrap ({st.bootstrap} replicates); 'equivalent': TOST, 90% interval within +-{st.margin} nats; "
+        "'equivalent above': the smallest margin at which TOST would call the difference equivalent (the 90% "
+        "interval's end farthest from 0), to hold against a margin of one's own.", ""]
     for budget in result["budgets"]:
         lines += [f"## Budget {_fmt_tokens(budget['tokens'])} tokens ({budget['steps']} steps)", "",
                   f"| scheme | rate (validation) | test loss [95%] | vs {result['reference']} [95%] | verdict | "
-                  "diverged (any rate) |", "|---|---|---|---|---|---|"]
+                  "equivalent above | diverged (any rate) |", "|---|---|---|---|---|---|---|"]
         for scheme in result["schemes"]:
             row = budget["rows"][scheme]
             vs = row.get("vs_reference")
             vs_text = f"{vs['diff']:+.3f} [{vs['lo']:+.3f}, {vs['hi']:+.3f}]" if vs else "—"
             verdict = vs["verdict"] if vs else "—"
+            bound = f"+-{study_stats.equivalence_bound(vs['lo90'], vs['hi90']):.3f}" if vs else "—"
             edge = " (edge of grid)" if row["rate_at_edge"] else ""
             diverged = ", ".join(f"seed {d['seed']} at {d['rate']:g} (step {d['step']})" for d in row["diverged"]) or "none"
             lines.append(f"| {scheme} | {row['rate']:g}{edge} | {row['test_loss']:.3f} [{row['lo']:.3f}, {row['hi']:.3f}] "
-                         f"| {vs_text} | {verdict} | {diverged} |")
+                         f"| {vs_text} | {verdict} | {bound} | {diverged} |")
         lines.append("")
     last_rows = result["budgets"][-1]["rows"]
     columns = sorted({float(r) for s in result["schemes"] for r in last_rows[s]["validation_by_rate"]})
@@ -312,31 +315,35 @@ def _programs_time(timing: dict) -> str:
 def figure_names(info: dict) -> list[str]:
     """The figures `figures` writes for these schemes: the signal's only when one of them has a
     parameter or constant to follow (a first call that finished only rope has none)."""
-    names = ["study_loss.png", "study_onset.png", "study_spectrum.png"]
-    return names + ["study_signal.png"] if any(i["signal"] for i in info.values()) else names
+    return [name for name, _ in FIGURES if name != "study_signal.png" or any(i["signal"] for i in info.values())]
 
 
-def figures(result: dict, workdir: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+# Each figure is a matplotlib Figure made without pyplot: no global state, so the report's
+# worker thread can draw while a notebook shows figures of its own.
+def _figure(width: float = 7, height: float = 4.5, columns: int = 1):
+    from matplotlib.figure import Figure
 
-    info = result["schemes_info"]
-    if not info:
-        return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for scheme, i in info.items():
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.subplots(1, columns, squeeze=False)[0]
+
+
+def loss_figure(result: dict):
+    """Validation loss of each scheme's members at its chosen rate over training."""
+    fig, (ax,) = _figure()
+    for scheme, i in result["schemes_info"].items():
         x = np.asarray(i["tokens"]) / 1e6
         band = i["validation"]
         ax.plot(x, band["median"], label=f"{scheme} ({i['rate']:g})")
         ax.fill_between(x, band["lo"], band["hi"], alpha=0.2)
     ax.set(xlabel="tokens per member (M)", ylabel="validation MLM loss (trunk)", title="median, 10-90th percentile")
     ax.legend(fontsize=7)
-    fig.savefig(workdir / "study_loss.png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    return fig
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for scheme, i in info.items():
+
+def onset_figure(result: dict):
+    """Kaplan-Meier fraction of seeds using word order, with its band and left-censored onsets."""
+    fig, (ax,) = _figure()
+    for scheme, i in result["schemes_info"].items():
         c = i["onset_curve"]
         x = np.asarray(c["grid"]) / 1e6
         ax.step(x, c["fraction"], where="post", label=scheme)
@@ -347,11 +354,14 @@ def figures(result: dict, workdir: Path) -> None:
     ax.set(xlabel="tokens per member (M)", ylabel="fraction of seeds using word order", ylim=(-0.02, 1.02),
            title="Kaplan-Meier, 95% band over seeds; < = left-censored")
     ax.legend(fontsize=7)
-    fig.savefig(workdir / "study_onset.png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    return fig
 
+
+def spectrum_figure(result: dict):
+    """The order-horizon spectrum at the last evaluation: median and 10-90th percentile."""
+    info = result["schemes_info"]
     names = list(next(iter(info.values()))["spectrum"])
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (ax,) = _figure()
     for scheme, i in info.items():
         med = [i["spectrum"][n]["median"][-1] for n in names]
         lo = [i["spectrum"][n]["lo"][-1] for n in names]
@@ -361,20 +371,92 @@ def figures(result: dict, workdir: Path) -> None:
     ax.set_xticks(range(len(names)), names, rotation=45)
     ax.set(ylabel="loss increase (nats)", title="order-horizon spectrum at the end (median, 10-90th)")
     ax.legend(fontsize=7)
-    fig.savefig(workdir / "study_spectrum.png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    return fig
 
+
+def signal_figure(result: dict):
+    """Each position signal over training, one panel per scheme and quantity; None when no
+    scheme has one."""
+    info = result["schemes_info"]
     keyed = [(scheme, key, band) for scheme, i in info.items() for key, band in i["signal"].items()]
-    if keyed:
-        fig, axes = plt.subplots(1, len(keyed), figsize=(3.2 * len(keyed), 3), squeeze=False)
-        for ax, (scheme, key, band) in zip(axes[0], keyed):
-            x = np.asarray(info[scheme]["tokens"]) / 1e6
-            ax.plot(x, band["median"])
-            ax.fill_between(x, band["lo"], band["hi"], alpha=0.2)
-            ax.set_title(f"{scheme}: {key}", fontsize=8)
-            ax.set_xlabel("tokens (M)", fontsize=7)
-        fig.savefig(workdir / "study_signal.png", dpi=110, bbox_inches="tight")
-        plt.close(fig)
+    if not keyed:
+        return None
+    fig, axes = _figure(3.2 * len(keyed), 3, columns=len(keyed))
+    for ax, (scheme, key, band) in zip(axes, keyed):
+        x = np.asarray(info[scheme]["tokens"]) / 1e6
+        ax.plot(x, band["median"])
+        ax.fill_between(x, band["lo"], band["hi"], alpha=0.2)
+        ax.set_title(f"{scheme}: {key}", fontsize=8)
+        ax.set_xlabel("tokens (M)", fontsize=7)
+    return fig
+
+
+FIGURES = (("study_loss.png", loss_figure), ("study_onset.png", onset_figure),
+           ("study_spectrum.png", spectrum_figure), ("study_signal.png", signal_figure))
+
+
+def figures(result: dict, workdir: Path) -> None:
+    """The report's figures, written into `workdir` (`figure_names`)."""
+    if not result["schemes_info"]:
+        return
+    for name, draw in FIGURES:
+        fig = draw(result)
+        if fig is not None:
+            fig.savefig(workdir / name, dpi=110, bbox_inches="tight")
+
+
+def rate_figure(result: dict):
+    """The tuning behind each choice: validation loss (mean over seeds) against the learning
+    rate, one panel per budget, the chosen rate marked. A curve whose lowest point is at an end
+    did not bracket its optimum."""
+    budgets = result["budgets"]
+    fig, axes = _figure(3.6 * len(budgets), 3.4, columns=len(budgets))
+    for ax, budget in zip(axes, budgets):
+        for scheme in result["schemes"]:
+            row = budget["rows"][scheme]
+            by_rate = sorted((float(r), v) for r, v in row["validation_by_rate"].items())
+            (line,) = ax.plot([r for r, _ in by_rate], [v for _, v in by_rate], marker="o", ms=3, label=scheme)
+            ax.scatter([row["rate"]], [row["validation_by_rate"][str(row["rate"])]], s=60, facecolors="none",
+                       edgecolors=line.get_color())
+        ax.set_xscale("log")
+        ax.set_title(f"{_fmt_tokens(budget['tokens'])} tokens", fontsize=8)
+        ax.set_xlabel("learning rate", fontsize=7)
+    axes[0].set_ylabel("validation loss (mean over seeds)", fontsize=7)
+    axes[-1].legend(fontsize=6)
+    return fig
+
+
+def seed_curves_figure(result: dict, runs: dict[str, tuple[dict, dict]]):
+    """Every member's validation loss over training at its scheme's chosen rate, one line per
+    seed: what the percentile bands summarise (two groups of seeds, say, show as two bundles)."""
+    schemes = result["schemes"]
+    fig, axes = _figure(3.2 * len(schemes), 3, columns=len(schemes))
+    for ax, scheme in zip(axes, schemes):
+        record = runs[scheme][0]
+        rate = result["schemes_info"][scheme]["rate"]
+        x = np.asarray([e["tokens"] for e in record["evals"]]) / 1e6
+        for i in _member_indices(record, rate):
+            ax.plot(x, [e["validation_loss"][i] for e in record["evals"]], lw=0.8, alpha=0.7)
+        ax.set_title(f"{scheme} at {rate:g}", fontsize=8)
+        ax.set_xlabel("tokens (M)", fontsize=7)
+    axes[0].set_ylabel("validation loss (trunk)", fontsize=7)
+    return fig
+
+
+def verdicts_by_margin(result: dict, margins) -> list[dict]:
+    """Each non-reference scheme's verdict at each budget and each margin in `margins`, read
+    from the intervals the report already holds: [{"tokens", "scheme", margin: verdict, ...}]."""
+    rows = []
+    for budget in result["budgets"]:
+        for scheme in result["schemes"]:
+            vs = budget["rows"][scheme].get("vs_reference")
+            if vs is None:
+                continue
+            ends = (vs["lo"], vs["hi"], vs["lo90"], vs["hi90"])
+            rows.append({"tokens": budget["tokens"], "scheme": scheme,
+                         "bound": study_stats.equivalence_bound(vs["lo90"], vs["hi90"]),
+                         **{m: study_stats.verdict(*ends, margin=float(m)) for m in margins}})
+    return rows
 
 
 def write(config, workdir: str | Path, runs: dict[str, tuple[dict, dict]] | None = None) -> dict:

@@ -72,26 +72,30 @@ def compare(loss: np.ndarray, reference: np.ndarray, weight: np.ndarray, *, marg
     diff = mean_loss(loss, weight) - mean_loss(reference, weight)
     lo, hi = interval(replicates, 0.95)
     lo90, hi90 = interval(replicates, 0.90)
+    return {"diff": diff, "lo": lo, "hi": hi, "lo90": lo90, "hi90": hi90, "margin": margin,
+            "verdict": verdict(lo, hi, lo90, hi90, margin)}
+
+
+def verdict(lo: float, hi: float, lo90: float, hi90: float, margin: float) -> str:
+    """`compare`'s verdict from a difference's 95% (lo, hi) and 90% (lo90, hi90) intervals at
+    `margin`: so the same intervals can be read at another margin without resampling."""
+    if margin <= 0:
+        raise ValueError(f"the equivalence margin must be > 0, got {margin}")
     # Equivalence first: a difference can be both real (the interval excludes 0) and smaller
     # than the margin that matters; the report then says both.
     if -margin < lo90 and hi90 < margin:
-        verdict = "equivalent" + (" (nonzero)" if lo > 0 or hi < 0 else "")
-    elif lo > 0:
-        verdict = "higher"
-    elif hi < 0:
-        verdict = "lower"
-    else:
-        verdict = "undecided"
-    return {"diff": diff, "lo": lo, "hi": hi, "lo90": lo90, "hi90": hi90, "margin": margin, "verdict": verdict}
+        return "equivalent" + (" (nonzero)" if lo > 0 or hi < 0 else "")
+    if lo > 0:
+        return "higher"
+    if hi < 0:
+        return "lower"
+    return "undecided"
 
 
-def tost_equivalent(replicates: np.ndarray, margin: float) -> bool:
-    """Two one-sided tests at 5% each, from bootstrap replicates of a difference: both
-    'difference <= -margin' and 'difference >= margin' are rejected."""
-    if margin <= 0:
-        raise ValueError(f"the equivalence margin must be > 0, got {margin}")
-    lo, hi = interval(replicates, 0.90)
-    return -margin < lo and hi < margin
+def equivalence_bound(lo90: float, hi90: float) -> float:
+    """The margin TOST needs: the difference is called equivalent at every margin above this
+    (the 90% interval's end farthest from 0) and at none at or below it."""
+    return max(abs(lo90), abs(hi90))
 
 
 # --------------------------------------------------------------------------- onsets

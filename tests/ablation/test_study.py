@@ -235,6 +235,45 @@ def test_the_report_time_script_writes_a_report_of_fake_records_at_a_variants_sh
     assert len(report["budgets"][-1]["rows"]["rope"]["validation_by_rate"]) == 3   # the grid's 2 rates and 1 beyond
 
 
+def test_the_report_is_written_again_from_records_archives(fake_study, tmp_path):
+    """A device call's records.tar.gz, or the per-scheme archives a results page keeps, give
+    back the report the study wrote, in a directory of one's choosing (`study report SOURCE DIR`)."""
+    import tarfile
+
+    archive = tmp_path / "records.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:   # as scripts/gpu_comparison.sh packs them
+        for name in (study.SCHEMES_DIR, study.DATA_MANIFEST, study.CONFIG_RECORD):
+            tar.add(fake_study / name, arcname=name)
+    study.split_records(archive, tmp_path / "records")
+    expected = (fake_study / "study.md").read_text()
+    assert study.open_records(fake_study) == fake_study
+    assert study.write_report(archive, tmp_path / "one").read_text() == expected
+    assert study.main(["report", str(tmp_path / "records"), str(tmp_path / "per_scheme")]) == 0
+    assert (tmp_path / "per_scheme" / "study.md").read_text() == expected
+    assert sorted(p.name for p in (tmp_path / "per_scheme" / "schemes").iterdir()) == sorted(
+        p.name for p in (fake_study / "schemes").iterdir())
+
+    # Each comparison's smallest passing margin is in its row.
+    result = json.loads((fake_study / "study.json").read_text())
+    vs = result["budgets"][-1]["rows"]["alibi"]["vs_reference"]
+    bound = study_stats.equivalence_bound(vs["lo90"], vs["hi90"])
+    last_table = expected.split("## Budget")[-1]
+    row = next(line for line in last_table.splitlines() if line.startswith("| alibi |"))
+    assert f"| {vs['verdict']} | +-{bound:.3f} |" in row
+
+    with pytest.raises(ConfigError, match="name a directory to write the report in"):
+        study.write_report(archive)
+    with pytest.raises(ConfigError, match="neither a study workdir"):
+        study.open_records(tmp_path / "missing")
+    with tarfile.open(tmp_path / "bare.tar.gz", "w:gz") as tar:
+        tar.add(fake_study / study.SCHEMES_DIR, arcname=study.SCHEMES_DIR)
+    with pytest.raises(ConfigError, match="no study_config.json in .*bare.tar.gz: not study records"):
+        study.open_records(tmp_path / "bare.tar.gz", tmp_path / "bare")
+    (tmp_path / "broken.tar.gz").write_bytes(b"not gzip")
+    with pytest.raises(ConfigError, match="cannot read records archive .*broken.tar.gz"):
+        study.open_records(tmp_path / "broken.tar.gz", tmp_path / "broken")
+
+
 def test_tost_calls_a_tie_only_within_the_margin():
     rng = np.random.default_rng(1)
     weight = np.ones(2000)
@@ -246,7 +285,27 @@ def test_tost_calls_a_tie_only_within_the_margin():
     noisy = study_stats.compare(base + rng.normal(0, 1.0, size=base.shape), base, weight, margin=0.02, samples=500)
     assert noisy["verdict"] == "undecided"
     with pytest.raises(ValueError):
-        study_stats.tost_equivalent(np.zeros(10), 0.0)
+        study_stats.verdict(-1.0, 1.0, -0.5, 0.5, margin=0.0)
+
+
+def test_the_equivalence_bound_is_the_smallest_margin_tost_passes():
+    """Read at another margin, the same intervals give compare's verdict there: equivalent just
+    above the bound, and at the bound itself what the 95% interval says."""
+    rng = np.random.default_rng(2)
+    weight = np.ones(2000)
+    base = 3 + rng.normal(0, 0.3, size=(8, 2000))
+    for shift in (0.0, 0.01, -0.03):
+        loss = base + shift + rng.normal(0, 0.02, size=base.shape)
+        found = study_stats.compare(loss, base, weight, margin=0.02, samples=500)
+        bound = study_stats.equivalence_bound(found["lo90"], found["hi90"])
+        assert bound == pytest.approx(max(abs(found["lo90"]), abs(found["hi90"])))
+        assert bound >= abs(shift) - 0.01
+        ends = (found["lo"], found["hi"], found["lo90"], found["hi90"])
+        assert study_stats.verdict(*ends, margin=bound * 1.001).startswith("equivalent")
+        assert not study_stats.verdict(*ends, margin=bound).startswith("equivalent")
+        again = study_stats.compare(loss, base, weight, margin=bound * 1.001, samples=500)
+        assert again["verdict"].startswith("equivalent")
+        assert study_stats.verdict(*ends, margin=0.02) == found["verdict"]
 
 
 def test_onsets_are_censored_on_both_sides():
