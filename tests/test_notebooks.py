@@ -151,3 +151,32 @@ def test_tiny_ablation_and_report_notebook(tmp_path, monkeypatch, shared_data):
     assert len(outputs(nb, "image/png")) == 4      # loss curves, extrapolation, extension, GLUE
     text = "".join(outputs(nb, "stream"))
     assert "rope seed 1: done" in text and "extension yarn seed 0: done" in text
+
+
+def test_study_report_notebook_reads_a_device_calls_records(fake_study, tmp_path, monkeypatch):
+    """The comparison's notebook on a records.tar.gz as a device call sends it back: the report
+    the study wrote, its four figures, the rate and seed figures and the margins table."""
+    import tarfile
+
+    from roformer.ablation import study, study_report, study_stats
+
+    archive = tmp_path / "records.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name in (study.SCHEMES_DIR, study.DATA_MANIFEST, study.CONFIG_RECORD):
+            tar.add(fake_study / name, arcname=name)
+    margins = (0.01, 1.0)
+    nb = execute_notebook("study_report.ipynb", {"STUDY": str(archive), "MARGINS": margins}, tmp_path, monkeypatch)
+    markdown = outputs(nb, "text/markdown")
+    assert markdown[0] == (fake_study / study_report.REPORT_MD).read_text()
+    assert len(outputs(nb, "image/png")) == 4 + 2
+    assert "3 schemes finished (rope, alibi, sinusoidal)" in "".join(outputs(nb, "stream"))
+
+    result = json.loads((fake_study / study_report.REPORT_JSON).read_text())
+    table = markdown[-1].splitlines()
+    assert table[0] == "| tokens | scheme (vs rope) | equivalent above | +-0.01 | +-1 |"
+    assert len(table) == 2 + 2 * len(result["budgets"])   # alibi and sinusoidal at every budget
+    vs = result["budgets"][-1]["rows"]["sinusoidal"]["vs_reference"]
+    ends = (vs["lo"], vs["hi"], vs["lo90"], vs["hi90"])
+    assert table[-1] == (f"| {result['budgets'][-1]['tokens'] / 1e6:.2f}M | sinusoidal | "
+                         f"+-{study_stats.equivalence_bound(vs['lo90'], vs['hi90']):.3f} | "
+                         + " | ".join(study_stats.verdict(*ends, margin=m) for m in margins) + " |")
