@@ -99,6 +99,9 @@ def summarize(config, workdir: Path, runs: dict[str, tuple[dict, dict]] | None =
                 b = ref_loss[[ref_seeds.index(s) for s in common]]
                 rows[scheme]["vs_reference"] = study_stats.compare(a, b, weight, margin=float(st.margin),
                                                                    samples=int(st.bootstrap), seed=b_index)
+            compared = [rows[s]["vs_reference"] for s in order if s != st.reference]
+            for vs, family in zip(compared, study_stats.family_verdicts(compared)):
+                vs["family"] = family
         first = runs[order[0]][0]
         result["budgets"].append({"steps": steps, "tokens": steps * first["tokens_per_step"], "rows": rows})
     for scheme in order:
@@ -190,6 +193,11 @@ def limits(config, result: dict, manifest: dict) -> list[str]:
     if undecided:
         nots.append(f"'undecided' ({', '.join(undecided)}) is not a tie: neither a difference nor equivalence within "
                     f"+-{st.margin} nats was shown.")
+    uncorrected = [s for s in result["schemes"] if rows[s].get("vs_reference", {}).get("family") == "not under Holm"]
+    if uncorrected:
+        nots.append(f"At the last budget the verdicts of {', '.join(uncorrected)} hold as single comparisons but not with "
+                    "all of the budget's comparisons corrected together (Holm): read them one at a time, not as a "
+                    "ranking of every scheme at once.")
     diverged = sum(len(rows[s]["diverged"]) for s in result["schemes"])
     if diverged:
         nots.append(f"{diverged} member(s) diverged (listed in the tables): a rate with a diverged member is not "
@@ -224,22 +232,24 @@ def markdown(config, result: dict, manifest: dict) -> str:
         f"predictions ({manifest.get('test_rows', 0):,} rows x {manifest.get('test_mask_draws', 1)} mask draws), "
         f"validation {manifest.get('validation_predictions', 0):,} (disjoint documents). Intervals: 95% seed x item "
         f"bootstrap ({st.bootstrap} replicates); 'equivalent': TOST, 90% interval within +-{st.margin} nats; "
-        "'equivalent above': the smallest margin at which TOST would call the difference equivalent (the 90% "
-        "interval's end farthest from 0), to hold against a margin of one's own.", ""]
+        "'all schemes (Holm)': whether the verdict still holds with every comparison of its budget's table corrected "
+        "together (Holm, family-wise 5%); 'equivalent above': the smallest margin at which TOST would call the "
+        "difference equivalent (the 90% interval's end farthest from 0), to hold against a margin of one's own.", ""]
     for budget in result["budgets"]:
         lines += [f"## Budget {_fmt_tokens(budget['tokens'])} tokens ({budget['steps']} steps)", "",
                   f"| scheme | rate (validation) | test loss [95%] | vs {result['reference']} [95%] | verdict | "
-                  "equivalent above | diverged (any rate) |", "|---|---|---|---|---|---|---|"]
+                  "all schemes (Holm) | equivalent above | diverged (any rate) |", "|---|---|---|---|---|---|---|---|"]
         for scheme in result["schemes"]:
             row = budget["rows"][scheme]
             vs = row.get("vs_reference")
             vs_text = f"{vs['diff']:+.3f} [{vs['lo']:+.3f}, {vs['hi']:+.3f}]" if vs else "—"
             verdict = vs["verdict"] if vs else "—"
             bound = f"+-{study_stats.equivalence_bound(vs['lo90'], vs['hi90']):.3f}" if vs else "—"
+            family = (vs["family"] or "—") if vs else "—"
             edge = " (edge of grid)" if row["rate_at_edge"] else ""
             diverged = ", ".join(f"seed {d['seed']} at {d['rate']:g} (step {d['step']})" for d in row["diverged"]) or "none"
             lines.append(f"| {scheme} | {row['rate']:g}{edge} | {row['test_loss']:.3f} [{row['lo']:.3f}, {row['hi']:.3f}] "
-                         f"| {vs_text} | {verdict} | {bound} | {diverged} |")
+                         f"| {vs_text} | {verdict} | {family} | {bound} | {diverged} |")
         lines.append("")
     last_rows = result["budgets"][-1]["rows"]
     columns = sorted({float(r) for s in result["schemes"] for r in last_rows[s]["validation_by_rate"]})

@@ -5,6 +5,8 @@
   difference keeps the pairing of both (the same seeds, the same items).
 - A "tie" is a TOST equivalence verdict: the 90% interval of the difference lies within
   +-margin (two one-sided 5% tests), the margin stated in the config.
+- Each verdict is a test at 5% on its own; with several schemes compared at once, Holm's
+  correction over a budget's comparisons says which verdicts hold for the family as well.
 - Onsets are time-to-event data: a run that already uses order at its first evaluation is
   left-censored (started at or before then), one that never does is right-censored. The
   curve is Kaplan-Meier's fraction started, with a percentile band from resampling seeds.
@@ -72,8 +74,14 @@ def compare(loss: np.ndarray, reference: np.ndarray, weight: np.ndarray, *, marg
     diff = mean_loss(loss, weight) - mean_loss(reference, weight)
     lo, hi = interval(replicates, 0.95)
     lo90, hi90 = interval(replicates, 0.90)
+    # The p-values of the percentile bootstrap that agree with the intervals: the 95% interval
+    # excludes 0 where p_difference < 0.05, the 90% interval lies within +-margin where
+    # p_equivalence < 0.05 (both one-sided tests of TOST), up to the replicates' granularity.
+    below, above = float(np.mean(replicates <= 0)), float(np.mean(replicates >= 0))
+    p_equivalence = max(float(np.mean(replicates >= margin)), float(np.mean(replicates <= -margin)))
     return {"diff": diff, "lo": lo, "hi": hi, "lo90": lo90, "hi90": hi90, "margin": margin,
-            "verdict": verdict(lo, hi, lo90, hi90, margin)}
+            "verdict": verdict(lo, hi, lo90, hi90, margin), "p_difference": min(1.0, 2 * min(below, above)),
+            "p_equivalence": p_equivalence}
 
 
 def verdict(lo: float, hi: float, lo90: float, hi90: float, margin: float) -> str:
@@ -90,6 +98,33 @@ def verdict(lo: float, hi: float, lo90: float, hi90: float, margin: float) -> st
     if hi < 0:
         return "lower"
     return "undecided"
+
+
+def holm(p_values: list[float], alpha: float = 0.05) -> list[bool]:
+    """Holm's step-down correction: which of a family of tests are rejected with the family-wise
+    error rate held at `alpha` (the smallest p against alpha/m, the next against alpha/(m-1), ...,
+    stopping at the first that fails)."""
+    rejected = [False] * len(p_values)
+    for rank, index in enumerate(sorted(range(len(p_values)), key=lambda i: p_values[i])):
+        if p_values[index] > alpha / (len(p_values) - rank):
+            break
+        rejected[index] = True
+    return rejected
+
+
+def family_verdicts(comparisons: list[dict], alpha: float = 0.05) -> list[str | None]:
+    """Whether each comparison's verdict (`compare`'s) holds with the whole family corrected
+    (Holm over the comparisons): "holds" or "not under Holm"; None for "undecided", which
+    claims nothing. A comparison's two null hypotheses (no difference; a difference of at least
+    the margin) cannot both be true, so each comparison adds one true null at most, and its
+    p-value is its claim's: the difference test's for "higher"/"lower", TOST's for "equivalent",
+    the larger of the two for "equivalent (nonzero)", which claims both."""
+    claims = {"higher": ("p_difference",), "lower": ("p_difference",), "equivalent": ("p_equivalence",),
+              "equivalent (nonzero)": ("p_difference", "p_equivalence")}
+    p_values = [max(c[key] for key in claims[c["verdict"]]) if c["verdict"] in claims
+                else min(c["p_difference"], c["p_equivalence"]) for c in comparisons]
+    return [None if c["verdict"] not in claims else "holds" if kept else "not under Holm"
+            for c, kept in zip(comparisons, holm(p_values, alpha))]
 
 
 def equivalence_bound(lo90: float, hi90: float) -> float:

@@ -259,7 +259,7 @@ def test_the_report_is_written_again_from_records_archives(fake_study, tmp_path)
     bound = study_stats.equivalence_bound(vs["lo90"], vs["hi90"])
     last_table = expected.split("## Budget")[-1]
     row = next(line for line in last_table.splitlines() if line.startswith("| alibi |"))
-    assert f"| {vs['verdict']} | +-{bound:.3f} |" in row
+    assert f"| {vs['verdict']} | {vs['family'] or '—'} | +-{bound:.3f} |" in row
 
     with pytest.raises(ConfigError, match="name a directory to write the report in"):
         study.write_report(archive)
@@ -286,6 +286,39 @@ def test_tost_calls_a_tie_only_within_the_margin():
     assert noisy["verdict"] == "undecided"
     with pytest.raises(ValueError):
         study_stats.verdict(-1.0, 1.0, -0.5, 0.5, margin=0.0)
+
+
+def test_holm_rejects_step_down_and_stops_at_the_first_that_fails():
+    # Sorted: 0.005 <= 0.05/4, 0.01 <= 0.05/3, then 0.03 > 0.05/2 stops it (0.04 is not reached).
+    assert study_stats.holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]
+    assert study_stats.holm([0.01, 0.02, 0.03]) == [True, True, True]   # 0.01 <= 0.05/3, 0.02 <= 0.05/2, 0.03 <= 0.05
+    assert study_stats.holm([0.2, 0.001]) == [False, True]
+    assert study_stats.holm([]) == []
+
+
+def test_each_verdict_is_checked_against_the_whole_familys_correction():
+    """compare's p-values agree with its intervals, and family_verdicts says which verdicts
+    survive Holm over every test of the family: a clear difference does, a borderline one among
+    many does not, and "undecided" claims nothing."""
+    rng = np.random.default_rng(3)
+    weight = np.ones(2000)
+    base = 3 + rng.normal(0, 0.3, size=(8, 2000))
+    clear = study_stats.compare(base + 0.2, base, weight, margin=0.02, samples=2000)
+    assert clear["verdict"] == "higher" and clear["p_difference"] < 0.05 and clear["p_equivalence"] > 0.05
+    tie = study_stats.compare(base + rng.normal(0, 0.005, size=base.shape), base, weight, margin=0.05, samples=2000)
+    assert tie["verdict"].startswith("equivalent") and tie["p_equivalence"] < 0.05
+    noisy = study_stats.compare(base + rng.normal(0, 1.0, size=base.shape), base, weight, margin=0.02, samples=2000)
+    assert noisy["verdict"] == "undecided"
+    assert study_stats.family_verdicts([clear, tie, noisy]) == ["holds", "holds", None]
+    # One comparison alone: its verdict at 5% is the family's. Among three, 0.03 > 0.05/3.
+    borderline = {"verdict": "higher", "p_difference": 0.03, "p_equivalence": 1.0}
+    assert study_stats.family_verdicts([borderline]) == ["holds"]
+    assert study_stats.family_verdicts([borderline] * 3) == ["not under Holm"] * 3
+    # "equivalent (nonzero)" claims both: its p is the larger of the two.
+    both = {"verdict": "equivalent (nonzero)", "p_difference": 0.04, "p_equivalence": 0.0}
+    assert study_stats.family_verdicts([both]) == ["holds"]
+    assert study_stats.family_verdicts([both, clear]) == ["holds", "holds"]            # 0 <= 0.025, 0.04 <= 0.05
+    assert study_stats.family_verdicts([both, borderline]) == ["not under Holm"] * 2   # 0.03 > 0.025
 
 
 def test_the_equivalence_bound_is_the_smallest_margin_tost_passes():
@@ -538,6 +571,10 @@ def test_the_report_says_what_it_does_not_show():
     result["schemes_info"]["rope"]["edge_rates"] = [3.5e-4]
     text = " ".join(limits(c, result, {"train_rows": 800}))
     assert "have not trained yet" not in text and "(and the rates beyond the grid for rope)" in text
+    assert "Holm" not in text
+    rows["alibi"]["vs_reference"] = {"verdict": "higher", "family": "not under Holm"}
+    text = " ".join(limits(c, result, {"train_rows": 800}))
+    assert "the verdicts of alibi hold as single comparisons but not with all of the budget's comparisons" in text
 
 
 def test_rates_beyond_the_grid_continue_it_geometrically_at_each_chosen_edge():
