@@ -310,6 +310,11 @@ def test_each_verdict_is_checked_against_the_whole_familys_correction():
     noisy = study_stats.compare(base + rng.normal(0, 1.0, size=base.shape), base, weight, margin=0.02, samples=2000)
     assert noisy["verdict"] == "undecided"
     assert study_stats.family_verdicts([clear, tie, noisy]) == ["holds", "holds", None]
+    lost = base + 0.2
+    lost[3, 7] = np.nan   # a member that diverged at every rate
+    nothing = study_stats.compare(lost, base, weight, margin=0.02, samples=500)
+    assert nothing["verdict"] == "undecided" and nothing["p_difference"] == nothing["p_equivalence"] == 1.0
+    assert study_stats.family_verdicts([clear, nothing]) == ["holds", None]
     # One comparison alone: its verdict at 5% is the family's. Among three, 0.03 > 0.05/3.
     borderline = {"verdict": "higher", "p_difference": 0.03, "p_equivalence": 1.0}
     assert study_stats.family_verdicts([borderline]) == ["holds"]
