@@ -1,5 +1,6 @@
 """The GPU comparison's report: DIR/study.md, DIR/study.json and figures, from the schemes'
-records (roformer.ablation.study) and the statistics of roformer.ablation.study_stats.
+records (roformer.ablation.study), the statistics of roformer.ablation.study_stats and the
+figures of roformer.ablation.study_figures.
 
 Per budget and scheme: the learning rate chosen on the validation split (lowest mean over
 seeds; a rate with a diverged member is not chosen), the test loss at that rate with its
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from roformer.ablation import plan, study_stats
+from roformer.ablation import plan, study_figures, study_stats
 from roformer.files import write_json_atomic, write_text_atomic
 
 REPORT_MD, REPORT_JSON = "study.md", "study.json"
@@ -110,7 +111,8 @@ def summarize(config, workdir: Path, runs: dict[str, tuple[dict, dict]] | None =
 
 
 def _over_training(config, record: dict, arrays: dict, rate: float) -> dict:
-    """Onsets, validation curves, spectrum and position signal of the members at `rate`."""
+    """Onsets, validation curves (their band, and each seed's), spectrum and position signal of
+    the members at `rate`."""
     st = config.study
     pick = _member_indices(record, rate)
     evals = record["evals"]
@@ -133,7 +135,8 @@ def _over_training(config, record: dict, arrays: dict, rate: float) -> dict:
               for key in evals[0]["signal"]}
     edges = record.get("edges", {})
     return {"rate": rate, "tokens": tokens, "onsets": onsets, "onset_curve": curve,
-            "validation": study_stats.percentile_band(val), "spectrum": spectrum, "spectrum_onset": spectrum_onset,
+            "validation": study_stats.percentile_band(val), "validation_per_seed": val.tolist(),
+            "spectrum": spectrum, "spectrum_onset": spectrum_onset,
             "signal": signal, "timing": record["timing"], "device": record["device"],
             "parameters": record["parameters"], "memory_estimate_gib": record.get("memory_estimate_bytes", 0) / 2**30,
             "members": len(record["members"]) - edges.get("members", 0), "edge_rates": edges.get("rates", []),
@@ -310,7 +313,7 @@ def markdown(config, result: dict, manifest: dict) -> str:
     waited = sum(t.get("programs_wait_s", 0.0) for _, t in groups)
     lines += ["", f"In all: {len(groups)} groups, {sum(t['wall_s'] for _, t in groups):.0f} s from each group's turn "
               f"to its record, {waited:.0f} s of it waiting for programs (compiled here or not ready yet).",
-              "", f"Figures: {', '.join(figure_names(info))}."]
+              "", f"Figures: {', '.join(study_figures.figure_names(info))}."]
     return "\n".join(lines) + "\n"
 
 
@@ -320,137 +323,6 @@ def _programs_time(timing: dict) -> str:
     if timing["compiled_ahead"]:
         return f"{timing['programs_s']:.1f} s ahead (waited {timing['programs_wait_s']:.1f} s)"
     return f"{timing['programs_s']:.1f} s"
-
-
-def figure_names(info: dict) -> list[str]:
-    """The figures `figures` writes for these schemes: the signal's only when one of them has a
-    parameter or constant to follow (a first call that finished only rope has none)."""
-    return [name for name, _ in FIGURES if name != "study_signal.png" or any(i["signal"] for i in info.values())]
-
-
-# Each figure is a matplotlib Figure made without pyplot: no global state, so the report's
-# worker thread can draw while a notebook shows figures of its own.
-def _figure(width: float = 7, height: float = 4.5, columns: int = 1):
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), layout="constrained")
-    return fig, fig.subplots(1, columns, squeeze=False)[0]
-
-
-def loss_figure(result: dict):
-    """Validation loss of each scheme's members at its chosen rate over training."""
-    fig, (ax,) = _figure()
-    for scheme, i in result["schemes_info"].items():
-        x = np.asarray(i["tokens"]) / 1e6
-        band = i["validation"]
-        ax.plot(x, band["median"], label=f"{scheme} ({i['rate']:g})")
-        ax.fill_between(x, band["lo"], band["hi"], alpha=0.2)
-    ax.set(xlabel="tokens per member (M)", ylabel="validation MLM loss (trunk)", title="median, 10-90th percentile")
-    ax.legend(fontsize=7)
-    return fig
-
-
-def onset_figure(result: dict):
-    """Kaplan-Meier fraction of seeds using word order, with its band and left-censored onsets."""
-    fig, (ax,) = _figure()
-    for scheme, i in result["schemes_info"].items():
-        c = i["onset_curve"]
-        x = np.asarray(c["grid"]) / 1e6
-        ax.step(x, c["fraction"], where="post", label=scheme)
-        ax.fill_between(x, c["lo"], c["hi"], step="post", alpha=0.15)
-        left = [o["tokens"] / 1e6 for o in i["onsets"] if o["left_censored"]]
-        if left:
-            ax.scatter(left, [0.02] * len(left), marker="<", s=20)
-    ax.set(xlabel="tokens per member (M)", ylabel="fraction of seeds using word order", ylim=(-0.02, 1.02),
-           title="Kaplan-Meier, 95% band over seeds; < = left-censored")
-    ax.legend(fontsize=7)
-    return fig
-
-
-def spectrum_figure(result: dict):
-    """The order-horizon spectrum at the last evaluation: median and 10-90th percentile."""
-    info = result["schemes_info"]
-    names = list(next(iter(info.values()))["spectrum"])
-    fig, (ax,) = _figure()
-    for scheme, i in info.items():
-        med = [i["spectrum"][n]["median"][-1] for n in names]
-        lo = [i["spectrum"][n]["lo"][-1] for n in names]
-        hi = [i["spectrum"][n]["hi"][-1] for n in names]
-        ax.errorbar(range(len(names)), med, yerr=[np.subtract(med, lo), np.subtract(hi, med)], label=scheme,
-                    capsize=2, marker="o", ms=3)
-    ax.set_xticks(range(len(names)), names, rotation=45)
-    ax.set(ylabel="loss increase (nats)", title="order-horizon spectrum at the end (median, 10-90th)")
-    ax.legend(fontsize=7)
-    return fig
-
-
-def signal_figure(result: dict):
-    """Each position signal over training, one panel per scheme and quantity; None when no
-    scheme has one."""
-    info = result["schemes_info"]
-    keyed = [(scheme, key, band) for scheme, i in info.items() for key, band in i["signal"].items()]
-    if not keyed:
-        return None
-    fig, axes = _figure(3.2 * len(keyed), 3, columns=len(keyed))
-    for ax, (scheme, key, band) in zip(axes, keyed):
-        x = np.asarray(info[scheme]["tokens"]) / 1e6
-        ax.plot(x, band["median"])
-        ax.fill_between(x, band["lo"], band["hi"], alpha=0.2)
-        ax.set_title(f"{scheme}: {key}", fontsize=8)
-        ax.set_xlabel("tokens (M)", fontsize=7)
-    return fig
-
-
-FIGURES = (("study_loss.png", loss_figure), ("study_onset.png", onset_figure),
-           ("study_spectrum.png", spectrum_figure), ("study_signal.png", signal_figure))
-
-
-def figures(result: dict, workdir: Path) -> None:
-    """The report's figures, written into `workdir` (`figure_names`)."""
-    if not result["schemes_info"]:
-        return
-    for name, draw in FIGURES:
-        fig = draw(result)
-        if fig is not None:
-            fig.savefig(workdir / name, dpi=110, bbox_inches="tight")
-
-
-def rate_figure(result: dict):
-    """The tuning behind each choice: validation loss (mean over seeds) against the learning
-    rate, one panel per budget, the chosen rate marked. A curve whose lowest point is at an end
-    did not bracket its optimum."""
-    budgets = result["budgets"]
-    fig, axes = _figure(3.6 * len(budgets), 3.4, columns=len(budgets))
-    for ax, budget in zip(axes, budgets):
-        for scheme in result["schemes"]:
-            row = budget["rows"][scheme]
-            by_rate = sorted((float(r), v) for r, v in row["validation_by_rate"].items())
-            (line,) = ax.plot([r for r, _ in by_rate], [v for _, v in by_rate], marker="o", ms=3, label=scheme)
-            ax.scatter([row["rate"]], [row["validation_by_rate"][str(row["rate"])]], s=60, facecolors="none",
-                       edgecolors=line.get_color())
-        ax.set_xscale("log")
-        ax.set_title(f"{_fmt_tokens(budget['tokens'])} tokens", fontsize=8)
-        ax.set_xlabel("learning rate", fontsize=7)
-    axes[0].set_ylabel("validation loss (mean over seeds)", fontsize=7)
-    axes[-1].legend(fontsize=6)
-    return fig
-
-
-def seed_curves_figure(result: dict, runs: dict[str, tuple[dict, dict]]):
-    """Every member's validation loss over training at its scheme's chosen rate, one line per
-    seed: what the percentile bands summarise (two groups of seeds, say, show as two bundles)."""
-    schemes = result["schemes"]
-    fig, axes = _figure(3.2 * len(schemes), 3, columns=len(schemes))
-    for ax, scheme in zip(axes, schemes):
-        record = runs[scheme][0]
-        rate = result["schemes_info"][scheme]["rate"]
-        x = np.asarray([e["tokens"] for e in record["evals"]]) / 1e6
-        for i in _member_indices(record, rate):
-            ax.plot(x, [e["validation_loss"][i] for e in record["evals"]], lw=0.8, alpha=0.7)
-        ax.set_title(f"{scheme} at {rate:g}", fontsize=8)
-        ax.set_xlabel("tokens (M)", fontsize=7)
-    axes[0].set_ylabel("validation loss (trunk)", fontsize=7)
-    return fig
 
 
 def verdicts_by_margin(result: dict, margins) -> list[dict]:
@@ -478,5 +350,5 @@ def write(config, workdir: str | Path, runs: dict[str, tuple[dict, dict]] | None
     result = summarize(config, workdir, runs)
     write_json_atomic(workdir / REPORT_JSON, result)
     write_text_atomic(workdir / REPORT_MD, markdown(config, result, manifest))
-    figures(result, workdir)
+    study_figures.figures(result, workdir)
     return result

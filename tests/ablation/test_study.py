@@ -628,7 +628,7 @@ def test_a_group_beyond_the_grid_joins_its_schemes_record_member_by_member():
 def test_the_report_names_the_figures_it_wrote(tmp_path):
     """A call that finished only schemes with nothing to follow (rope, first by its time limit)
     writes no signal figure, and its study.md does not name one."""
-    from roformer.ablation import study_report
+    from roformer.ablation import study_figures
 
     band = {"median": [1.0, 0.5], "lo": [0.9, 0.4], "hi": [1.1, 0.6]}
 
@@ -640,9 +640,9 @@ def test_the_report_names_the_figures_it_wrote(tmp_path):
     for schemes in ({"rope": info({})}, {"rope": info({}), "alibi": info({"slope_max": band})}):
         workdir = tmp_path / "-".join(schemes)
         workdir.mkdir()
-        study_report.figures({"schemes_info": schemes}, workdir)
-        assert sorted(p.name for p in workdir.iterdir()) == sorted(study_report.figure_names(schemes))
-        assert ("study_signal.png" in study_report.figure_names(schemes)) == ("alibi" in schemes)
+        study_figures.figures({"schemes_info": schemes}, workdir)
+        assert sorted(p.name for p in workdir.iterdir()) == sorted(study_figures.figure_names(schemes))
+        assert ("study_signal.png" in study_figures.figure_names(schemes)) == ("alibi" in schemes)
 
 
 class StandInRun:
