@@ -132,3 +132,11 @@ def write_json_atomic(path: str | Path, value: Any, *, indent: int | None = 2, *
     """Replace `path` with `value` as JSON (`json.dumps(value, indent=indent, **dumps_kwargs)`)
     and a final newline."""
     write_text_atomic(path, json.dumps(value, indent=indent, **dumps_kwargs) + "\n")
+
+
+def write_figure_atomic(path: str | Path, figure, **savefig) -> None:
+    """Replace `path` with a matplotlib figure (the format named by its suffix; `savefig`'s
+    options, e.g. dpi): a reader, or a copy made while a report is written, never sees half an
+    image."""
+    with replacing(path, "wb") as file:
+        figure.savefig(file, format=Path(path).suffix.lstrip(".") or "png", **savefig)

@@ -27,3 +27,24 @@ def test_a_failed_write_keeps_the_old_file(tmp_path):
             raise RuntimeError("disk full")
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_a_figure_is_written_whole_or_not_at_all(tmp_path):
+    from matplotlib.figure import Figure
+
+    path = tmp_path / "plot.png"
+    figure = Figure(figsize=(2, 2))
+    figure.subplots().plot([0, 1], [1, 0])
+    files.write_figure_atomic(path, figure, dpi=50)
+    assert path.read_bytes().startswith(b"\x89PNG")
+    whole = path.read_bytes()
+
+    class Interrupted:   # a stop while the image is being written
+        def savefig(self, file, **options):
+            file.write(b"\x89PNG half")
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        files.write_figure_atomic(path, Interrupted())
+    assert path.read_bytes() == whole
+    assert [p.name for p in tmp_path.iterdir()] == ["plot.png"]

@@ -3,7 +3,6 @@ over training and the onset of word-order use, from the dict roformer.ablation.s
 """
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Mapping
 
@@ -12,7 +11,7 @@ from typing import Mapping
 from matplotlib.figure import Figure
 
 from roformer.ablation.summary import extrapolation_rows
-from roformer.files import write_bytes_atomic
+from roformer.files import write_figure_atomic
 
 LOSS_CURVES_PNG = "loss_curves.png"
 EXTRAPOLATION_PNG = "extrapolation.png"
@@ -52,16 +51,8 @@ def _finish(fig, axes, out_path):
             ax.legend(fontsize=8)
     fig.tight_layout()
     if out_path is not None:
-        _save(fig, out_path)
+        write_figure_atomic(out_path, fig, dpi=120)
     return fig
-
-
-def _save(fig, out_path: str | Path) -> None:
-    """The figure at `out_path` (its suffix names the format), replaced atomically: a reader
-    never sees half an image."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format=Path(out_path).suffix.lstrip(".") or "png", dpi=120)
-    write_bytes_atomic(out_path, buffer.getvalue())
 
 
 def plot_loss_curves(result: Mapping, out_path: str | Path | None = None):
@@ -100,7 +91,7 @@ def plot_extrapolation(result: Mapping, out_path: str | Path | None = None):
     ax_gap.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     if out_path is not None:
-        _save(fig, out_path)
+        write_figure_atomic(out_path, fig, dpi=120)
     return fig
 
 

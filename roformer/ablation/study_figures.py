@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from roformer.files import write_figure_atomic
+
 
 def _figure(width: float = 7, height: float = 4.5, columns: int = 1):
     from matplotlib.figure import Figure
@@ -89,13 +91,14 @@ FIGURES = (("study_loss.png", loss_figure), ("study_onset.png", onset_figure),
 
 
 def figures(result: dict, workdir: Path) -> None:
-    """The report's figures, written into `workdir` (`figure_names`)."""
+    """The report's figures, written into `workdir` (`figure_names`), each replaced atomically:
+    a call stopped at its time limit while the report is written sends back no half image."""
     if not result["schemes_info"]:
         return
     for name, draw in FIGURES:
         fig = draw(result)
         if fig is not None:
-            fig.savefig(workdir / name, dpi=110, bbox_inches="tight")
+            write_figure_atomic(workdir / name, fig, dpi=110, bbox_inches="tight")
 
 
 def figure_names(info: dict) -> list[str]:
