@@ -78,11 +78,13 @@ def compare(loss: np.ndarray, reference: np.ndarray, weight: np.ndarray, *, marg
     # excludes 0 where p_difference < 0.05, the 90% interval lies within +-margin where
     # p_equivalence < 0.05 (both one-sided tests of TOST), up to the replicates' granularity.
     # A member whose loss is not finite (every rate of a scheme diverged) shows nothing: p = 1.
-    finite = bool(np.all(np.isfinite(replicates)))
-    below, above = (float(np.mean(replicates <= 0)), float(np.mean(replicates >= 0))) if finite else (1.0, 1.0)
-    p_equivalence = max(float(np.mean(replicates >= margin)), float(np.mean(replicates <= -margin))) if finite else 1.0
+    if np.all(np.isfinite(replicates)):
+        p_difference = min(1.0, 2 * min(float(np.mean(replicates <= 0)), float(np.mean(replicates >= 0))))
+        p_equivalence = max(float(np.mean(replicates >= margin)), float(np.mean(replicates <= -margin)))
+    else:
+        p_difference = p_equivalence = 1.0
     return {"diff": diff, "lo": lo, "hi": hi, "lo90": lo90, "hi90": hi90, "margin": margin,
-            "verdict": verdict(lo, hi, lo90, hi90, margin), "p_difference": min(1.0, 2 * min(below, above)),
+            "verdict": verdict(lo, hi, lo90, hi90, margin), "p_difference": p_difference,
             "p_equivalence": p_equivalence}
 
 
