@@ -311,16 +311,22 @@ def split_records(archive: Path, directory: Path) -> list[Path]:
     with tarfile.open(archive) as source:
         members = {m.name.removeprefix("./"): m for m in source.getmembers() if m.isfile()}
         shared = [name for name in (DATA_MANIFEST, CONFIG_RECORD) if name in members]
-        schemes = sorted(Path(name).stem for name in members   # a record is <scheme>.json
-                         if Path(name).parent.name == SCHEMES_DIR and name.endswith(".json"))
+        schemes = sorted({record_scheme(name) for name in members if name.endswith(".json")} - {None})
         written = []
         for scheme in schemes:
             path = directory / f"records-{scheme}.tar.gz"
             with tarfile.open(path, "w:gz") as target:
-                for name in shared + sorted(n for n in members if n.startswith(f"{SCHEMES_DIR}/{scheme}.")):
+                for name in shared + sorted(n for n in members if record_scheme(n) == scheme):
                     target.addfile(members[name], source.extractfile(members[name]))
             written.append(path)
     return written
+
+
+def record_scheme(name: str) -> str | None:
+    """The scheme whose record (schemes/<scheme>.json) or test sums (.npz) the archive member
+    `name` is, else None."""
+    path = Path(name)
+    return path.stem if path.parent == Path(SCHEMES_DIR) and path.suffix in (".json", ".npz") else None
 
 
 def open_records(source: str | Path, into: str | Path | None = None) -> Path:
@@ -347,8 +353,7 @@ def open_records(source: str | Path, into: str | Path | None = None) -> Path:
             with tarfile.open(archive) as tar:
                 for member in tar.getmembers():
                     name = member.name.removeprefix("./")
-                    wanted = name in (CONFIG_RECORD, DATA_MANIFEST) or (
-                        Path(name).parent == Path(SCHEMES_DIR) and Path(name).suffix in (".json", ".npz"))
+                    wanted = name in (CONFIG_RECORD, DATA_MANIFEST) or record_scheme(name) is not None
                     if member.isfile() and wanted:
                         write_bytes_atomic(workdir / name, tar.extractfile(member).read())
         except (tarfile.TarError, OSError) as error:

@@ -51,6 +51,10 @@ def choose_rate(record: dict, budget: dict) -> int:
     return best
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _member_indices(record: dict, rate: float) -> list[int]:
     return sorted((i for i, m in enumerate(record["members"]) if m["rate"] == rate),
                   key=lambda i: record["members"][i]["seed"])
@@ -171,7 +175,7 @@ def limits(config, result: dict, manifest: dict) -> list[str]:
              f"{', '.join(_fmt_tokens(b['tokens']) for b in result['budgets'])} tokens per member, each scheme at the "
              f"best of {len(plan.split_list(st.learning_rates))} learning rates"
              f"{_extended_note(result)} chosen on a validation split that shares no document with the test split, with "
-             f"{st.seeds} seeds per rate, and when each starts to use word order.")
+             f"{_count(st.seeds, 'seed')} per rate, and when each starts to use word order.")
     parameters = next(iter(info.values()))["parameters"]
     nots = [f"It does not show what happens past {_fmt_tokens(last['tokens'])} tokens, at another model size than "
             f"this one ({parameters:,} parameters), on another corpus, or on any downstream task: every measure here "
@@ -227,7 +231,7 @@ def markdown(config, result: dict, manifest: dict) -> str:
     lines += [
         f"device: {any_info['device']}, model: {config.pretrain.model.size} "
         f"({config.pretrain.model.get('num_heads') or 'preset'} heads), batch {train.batch_size} x {train.seq_len}, "
-        f"{st.seeds} seeds x rates {st.learning_rates} per scheme ({any_info['members']} members in one vmapped "
+        f"{_count(st.seeds, 'seed')} x rates {st.learning_rates} per scheme ({any_info['members']} members in one vmapped "
         f"program), warmup-stable-decay (warmup {st.warmup_steps} steps, cooldown {st.cooldown_fraction:.0%} of each "
         f"budget), budgets {', '.join(_fmt_tokens(b['tokens']) for b in result['budgets'])} tokens per member; "
         f"training split {_fmt_tokens(train_tokens)} tokens, so the last budget is "
