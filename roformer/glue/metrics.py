@@ -33,22 +33,24 @@ def matthews_corr(labels, preds) -> float:
 
 
 def pearson(x, y) -> float:
-    """Pearson's r (scipy.stats); NaN where either side is constant."""
+    """Pearson's r (scipy.stats); 0 where either side is constant."""
     return _correlation(stats.pearsonr, x, y)
 
 
 def spearman(x, y) -> float:
-    """Spearman's rank correlation, ties ranked by their mean (scipy.stats); NaN where either
+    """Spearman's rank correlation, ties ranked by their mean (scipy.stats); 0 where either
     side is constant."""
     return _correlation(stats.spearmanr, x, y)
 
 
 def _correlation(correlate, x, y) -> float:
-    # A model that predicts one value for every row has no correlation: NaN, as scipy
-    # gives, without its warning in the middle of a GLUE log.
+    # A model that predicts one value for every row (a collapsed seed) shows no association:
+    # 0, the convention MCC follows for a one-class prediction. scipy's NaN would make the
+    # median over seeds, the GLUE score and the results JSON NaN, and pick the collapsed
+    # seed's predictions for submission.
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     if np.ptp(x) == 0 or np.ptp(y) == 0:
-        return float("nan")
+        return 0.0
     return float(correlate(x, y).statistic)
 
 

@@ -55,11 +55,12 @@ def test_task_metrics_per_task():
     assert got["spearman"] == pytest.approx(stats.spearmanr(scores, guesses)[0])
     # A constant prediction: MCC is 0 (as sklearn), not a division error.
     assert matthews_corr(b_labels, np.zeros_like(b_labels)) == 0.0
-    # ... and the correlations are NaN, without a warning.
+    # ... and so are the correlations, without a warning (not NaN, which would carry into
+    # the median over seeds and the GLUE score).
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert np.isnan(pearson(scores, np.full_like(guesses, 2.5)))
-        assert np.isnan(spearman(np.ones_like(scores), guesses))
+        assert pearson(scores, np.full_like(guesses, 2.5)) == 0.0
+        assert spearman(np.ones_like(scores), guesses) == 0.0
 
 
 def test_glue_scores_both_conventions():
@@ -89,3 +90,20 @@ def test_glue_scores_both_conventions():
     assert not partial["glue_bert_9"]["complete"]
     assert "RTE" in partial["glue_bert_9"]["missing"]
     assert partial["glue_bert_9"]["score"] == pytest.approx(100 * np.mean([0.90, 0.88]))
+
+
+def test_a_collapsed_stsb_seed_leaves_the_median_the_score_and_the_submission_finite():
+    from roformer.glue.run import median_seed, seed_medians
+
+    rng = np.random.default_rng(3)
+    gold = rng.uniform(0, 5, 200)
+    seeds = {0: np.full_like(gold, 2.5), 1: gold + rng.normal(0, 0.5, 200), 2: gold + rng.normal(0, 1.0, 200)}
+    task = TASKS["stsb"]
+    per_seed = {s: {"validation": task_metrics(task, gold, p)} for s, p in seeds.items()}
+    assert per_seed[0]["validation"] == {"pearson": 0.0, "spearman": 0.0}
+    medians = seed_medians(task, per_seed)
+    # The median of (0, r1, r2) is the worse real seed's correlation.
+    assert medians["validation"]["spearman"] == pytest.approx(per_seed[2]["validation"]["spearman"])
+    assert median_seed(task, per_seed, medians) == 2
+    mean_8 = glue_scores({"stsb": medians})["glue_mean_8"]
+    assert np.isfinite(mean_8["score"])
