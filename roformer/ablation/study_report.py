@@ -200,7 +200,7 @@ def limits(config, result: dict, manifest: dict) -> list[str]:
     if undecided:
         nots.append(f"'undecided' ({', '.join(undecided)}) is not a tie: neither a difference nor equivalence within "
                     f"+-{st.margin} nats was shown.")
-    uncorrected = [s for s in result["schemes"] if rows[s].get("vs_reference", {}).get("family") == "not under Holm"]
+    uncorrected = [s for s in result["schemes"] if (rows[s].get("vs_reference", {}).get("family") or "").startswith("not under Holm")]
     if uncorrected:
         nots.append(f"At the last budget the verdicts of {', '.join(uncorrected)} hold as single comparisons but not with "
                     "all of the budget's comparisons corrected together (Holm): read them one at a time, not as a "
@@ -239,8 +239,8 @@ def markdown(config, result: dict, manifest: dict) -> str:
         f"predictions ({manifest.get('test_rows', 0):,} rows x {manifest.get('test_mask_draws', 1)} mask draws), "
         f"validation {manifest.get('validation_predictions', 0):,} (disjoint documents). Intervals: 95% seed x item "
         f"bootstrap ({st.bootstrap} replicates); 'equivalent': TOST, 90% interval within +-{st.margin} nats; "
-        "'all schemes (Holm)': whether the verdict still holds with every comparison of its budget's table corrected "
-        "together (Holm, family-wise 5%); 'equivalent above': the smallest margin at which TOST would call the "
+        "'all schemes (Holm)': whether the verdict still holds with both tests of every comparison of its budget's "
+        "table corrected together (Holm, family-wise 5%), else what remains of it; 'equivalent above': the smallest margin at which TOST would call the "
         "difference equivalent (the 90% interval's end farthest from 0), to hold against a margin of one's own.", ""]
     for budget in result["budgets"]:
         lines += [f"## Budget {_fmt_tokens(budget['tokens'])} tokens ({budget['steps']} steps)", "",

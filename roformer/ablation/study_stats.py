@@ -6,7 +6,9 @@
 - A "tie" is a TOST equivalence verdict: the 90% interval of the difference lies within
   +-margin (two one-sided 5% tests), the margin stated in the config.
 - Each verdict is a test at 5% on its own; with several schemes compared at once, Holm's
-  correction over a budget's comparisons says which verdicts hold for the family as well.
+  correction over both tests of every comparison of a budget (Shaffer's form: a comparison's
+  two nulls cannot both be true) says which verdicts hold for the family as well. The p-values are the intervals inverted, so a verdict and its p-values
+  never disagree.
 - Onsets are time-to-event data: a run that already uses order at its first evaluation is
   left-censored (started at or before then), one that never does is right-censored. The
   curve is Kaplan-Meier's fraction started, with a percentile band from resampling seeds.
@@ -69,23 +71,51 @@ def compare(loss: np.ndarray, reference: np.ndarray, weight: np.ndarray, *, marg
             seed: int = 0) -> dict:
     """The paired difference loss - reference with its 95% interval and the verdict:
     "higher" / "lower" (the 95% interval excludes 0), "equivalent" (TOST at 5%: the 90%
-    interval within +-margin), else "undecided"."""
+    interval within +-margin), else "undecided"; with the p-values of both tests."""
     replicates = bootstrap_means(loss, weight, samples=samples, seed=seed, reference=reference)
     diff = mean_loss(loss, weight) - mean_loss(reference, weight)
     lo, hi = interval(replicates, 0.95)
     lo90, hi90 = interval(replicates, 0.90)
-    # The p-values of the percentile bootstrap that agree with the intervals: the 95% interval
-    # excludes 0 where p_difference < 0.05, the 90% interval lies within +-margin where
-    # p_equivalence < 0.05 (both one-sided tests of TOST), up to the replicates' granularity.
-    # A member whose loss is not finite (every rate of a scheme diverged) shows nothing: p = 1.
-    if np.all(np.isfinite(replicates)):
-        p_difference = min(1.0, 2 * min(float(np.mean(replicates <= 0)), float(np.mean(replicates >= 0))))
-        p_equivalence = max(float(np.mean(replicates >= margin)), float(np.mean(replicates <= -margin)))
-    else:
-        p_difference = p_equivalence = 1.0
+    p_difference, p_equivalence = p_values(replicates, margin)
     return {"diff": diff, "lo": lo, "hi": hi, "lo90": lo90, "hi90": hi90, "margin": margin,
             "verdict": verdict(lo, hi, lo90, hi90, margin), "p_difference": p_difference,
             "p_equivalence": p_equivalence}
+
+
+def p_values(replicates: np.ndarray, margin: float) -> tuple[float, float]:
+    """(p_difference, p_equivalence) of a difference's bootstrap replicates: the intervals
+    inverted. A one-sided p is the smallest tail at which the percentile interval (linear
+    between sorted replicates, as `interval` reads it) leaves the null value out, so
+    p_difference < level exactly where the interval at 1 - level excludes 0, and p_equivalence
+    < level exactly where the one at 1 - 2 level lies within +-margin (TOST), at any number of
+    replicates. (Counting the replicates beyond the null instead disagrees with the
+    interpolated ends unless 2.5% of them is a whole count.) Replicates that are not all finite
+    (every rate of a scheme diverged) show nothing: p = 1."""
+    if not np.all(np.isfinite(replicates)):
+        return 1.0, 1.0
+    ordered = np.sort(replicates)
+    return (min(1.0, 2 * min(_level_below(ordered, 0.0), _level_above(ordered, 0.0))),
+            max(_level_below(ordered, -margin), _level_above(ordered, margin)))
+
+
+def _level_below(ordered: np.ndarray, value: float) -> float:
+    """The smallest q at which the q-quantile of the sorted replicates exceeds `value`: the
+    p-value of "the difference is at most `value`" against the interval's lower end."""
+    n = len(ordered)
+    k = int(np.searchsorted(ordered, value, side="right"))   # replicates <= value
+    if k == 0 or k == n:
+        return float(k == n)
+    return (k - 1 + (value - ordered[k - 1]) / (ordered[k] - ordered[k - 1])) / (n - 1)
+
+
+def _level_above(ordered: np.ndarray, value: float) -> float:
+    """1 - the largest q at which the q-quantile is below `value`: the p-value of "the
+    difference is at least `value`" against the interval's upper end."""
+    n = len(ordered)
+    j = int(np.searchsorted(ordered, value, side="left"))    # replicates < value
+    if j == 0 or j == n:
+        return float(j == 0)
+    return 1 - (j - 1 + (value - ordered[j - 1]) / (ordered[j] - ordered[j - 1])) / (n - 1)
 
 
 def verdict(lo: float, hi: float, lo90: float, hi90: float, margin: float) -> str:
@@ -104,31 +134,51 @@ def verdict(lo: float, hi: float, lo90: float, hi90: float, margin: float) -> st
     return "undecided"
 
 
-def holm(p_values: list[float], alpha: float = 0.05) -> list[bool]:
+def holm(p_values: list[float], alpha: float = 0.05, groups: list | None = None) -> list[bool]:
     """Holm's step-down correction: which of a family of tests are rejected with the family-wise
-    error rate held at `alpha` (the smallest p against alpha/m, the next against alpha/(m-1), ...,
-    stopping at the first that fails)."""
+    error rate held at `alpha` (the smallest p below alpha/m, the next below alpha/(m-1), ...,
+    stopping at the first that is not; strictly below, as the intervals exclude a null).
+
+    With `groups` (a label per test), at most one null hypothesis of a group can be true, and
+    each step divides alpha by the number of groups with a test not yet rejected: the most
+    true nulls that can remain once those before it are false (Shaffer 1986, JASA 81:826,
+    the sequentially rejective form). Without groups every test is its own group: Holm."""
+    groups = list(range(len(p_values))) if groups is None else list(groups)
+    open_tests = {g: groups.count(g) for g in groups}
     rejected = [False] * len(p_values)
-    for rank, index in enumerate(sorted(range(len(p_values)), key=lambda i: p_values[i])):
-        if p_values[index] > alpha / (len(p_values) - rank):
+    for index in sorted(range(len(p_values)), key=lambda i: p_values[i]):
+        if not p_values[index] < alpha / len(open_tests):
             break
         rejected[index] = True
+        open_tests[groups[index]] -= 1
+        if not open_tests[groups[index]]:
+            del open_tests[groups[index]]
     return rejected
 
 
 def family_verdicts(comparisons: list[dict], alpha: float = 0.05) -> list[str | None]:
-    """Whether each comparison's verdict (`compare`'s) holds with the whole family corrected
-    (Holm over the comparisons): "holds" or "not under Holm"; None for "undecided", which
-    claims nothing. A comparison's two null hypotheses (no difference; a difference of at least
-    the margin) cannot both be true, so each comparison adds one true null at most, and its
-    p-value is its claim's: the difference test's for "higher"/"lower", TOST's for "equivalent",
-    the larger of the two for "equivalent (nonzero)", which claims both."""
-    claims = {"higher": ("p_difference",), "lower": ("p_difference",), "equivalent": ("p_equivalence",),
-              "equivalent (nonzero)": ("p_difference", "p_equivalence")}
-    p_values = [max(c[key] for key in claims[c["verdict"]]) if c["verdict"] in claims
-                else min(c["p_difference"], c["p_equivalence"]) for c in comparisons]
-    return [None if c["verdict"] not in claims else "holds" if kept else "not under Holm"
-            for c, kept in zip(comparisons, holm(p_values, alpha))]
+    """Each comparison's verdict (`compare`'s) with the whole family corrected: both null
+    hypotheses of every comparison (no difference; a difference of at least the margin) in one
+    step-down, so a null stays in the family whichever claim the data made. "holds" where the
+    corrected verdict is the comparison's own, else "not under Holm: <the corrected verdict>";
+    None for "undecided", which claims nothing.
+
+    A comparison's two nulls cannot both be true, so it counts once in each step's divisor
+    while either is left (`holm` with groups): one comparison alone keeps its own verdict.
+    Entering only the p-value of the claim made would leave out the "no difference" nulls of
+    the comparisons that claimed equivalence, and not hold the family-wise error rate."""
+    m = len(comparisons)
+    rejected = holm([c["p_difference"] for c in comparisons] + [c["p_equivalence"] for c in comparisons],
+                    alpha, groups=list(range(m)) * 2)
+    out = []
+    for c, differs, equivalent in zip(comparisons, rejected, rejected[m:]):
+        if c["verdict"] == "undecided":
+            out.append(None)
+            continue
+        corrected = ("equivalent" + (" (nonzero)" if differs else "") if equivalent
+                     else ("higher" if c["lo"] > 0 else "lower") if differs else "undecided")
+        out.append("holds" if corrected == c["verdict"] else f"not under Holm: {corrected}")
+    return out
 
 
 def equivalence_bound(lo90: float, hi90: float) -> float:
