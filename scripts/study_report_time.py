@@ -47,7 +47,7 @@ def fake_record(config, data, scheme: str, rng: np.random.Generator) -> tuple[di
               "gaps": {name: rng.normal(0.5, 0.3, n).tolist() for name in data.variants},
               "signal": {key: [np.asarray(value).tolist()] * n for key, value in signal.items()}} for s in steps]
     budgets = [{"steps": end, "tokens": end * tokens_per_step, "validation_loss": rng.normal(5, 0.1, n).tolist(),
-                "test_loss": rng.normal(5, 0.1, n).tolist()} for end in ends]
+                "test_loss": rng.normal(5, 0.1, n).tolist(), "diverged_at": [None] * n} for end in ends]
     timing = dict.fromkeys(("setup_s", "compile_s", "train_s", "eval_s", "branch_s", "programs_s", "first_eval_s",
                             "wall_s", "tokens_per_s", "programs_wait_s"), 1.0) | {"compiled_ahead": True}
     record = {"scheme": scheme, "model": model_cfg.to_dict(), "parameters": study_plan.parameter_count(model_cfg),

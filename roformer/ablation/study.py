@@ -13,7 +13,8 @@ Evaluated at every `eval_every` steps of the trunk: validation loss, the order-h
 spectrum (loss increase under shuffles within windows and under reversal) and each scheme's
 position signal; at every budget's end: validation loss (which chooses the rate) and the
 test loss of every test row (which the report's seed x item bootstrap resamples). A member
-whose loss stops being finite, or climbs above where it started, is recorded as diverged.
+whose loss stops being finite, or climbs above where it started, is recorded as diverged, per
+budget for the model that budget scores (its trunk up to the fork, then its branch).
 
 Resumable by scheme: a scheme whose record (DIR/schemes/<scheme>.json) has the config's
 fingerprint is not trained again; the report (roformer.ablation.study_report) is rewritten

@@ -39,7 +39,7 @@ def choose_rate(record: dict, budget: dict) -> int:
     members = record["members"]
     rates = sorted({m["rate"] for m in members})
     val = np.asarray(budget["validation_loss"], float)
-    diverged = [d is not None and d <= budget["steps"] for d in record["diverged_at"]]
+    diverged = [d is not None for d in budget_divergence(record, budget)]
     scores, fallback = [], []
     for rate in rates:
         pick = [i for i, m in enumerate(members) if m["rate"] == rate]
@@ -49,6 +49,15 @@ def choose_rate(record: dict, budget: dict) -> int:
         fallback.append(float(np.median(finite)) if len(finite) else math.inf)
     best = int(np.argmin(scores)) if min(scores) < math.inf else int(np.argmin(fallback))
     return best
+
+
+def budget_divergence(record: dict, budget: dict) -> list[int | None]:
+    """Per member, the step at which the model of `budget` diverged (None: it did not): its
+    trunk up to the budget's cooldown, then its own branch. Records written before budgets kept
+    their own have only the trunk's (`diverged_at`), read as diverged by the budget's end."""
+    if "diverged_at" in budget:
+        return budget["diverged_at"]
+    return [d if d is not None and d <= budget["steps"] else None for d in record["diverged_at"]]
 
 
 def _count(n: int, noun: str) -> str:
@@ -91,7 +100,7 @@ def summarize(config, workdir: Path, runs: dict[str, tuple[dict, dict]] | None =
                 "test_loss": study_stats.mean_loss(loss, weight), "lo": lo, "hi": hi,
                 "test_loss_per_seed": (loss.sum(1) / weight.sum()).tolist(),
                 "diverged": [{"seed": m["seed"], "rate": m["rate"], "step": d}
-                             for m, d in zip(record["members"], record["diverged_at"]) if d is not None and d <= steps],
+                             for m, d in zip(record["members"], budget_divergence(record, budget)) if d is not None],
             }
         if st.reference in chosen_loss:
             ref_loss, weight, ref_seeds = chosen_loss[st.reference]

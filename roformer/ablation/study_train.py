@@ -143,7 +143,7 @@ class SchemeRun:
         self.eval_names = [name for name, _ in eval_sets]
         self.eval_rows = {k: np.concatenate([b[k] for _, b in eval_sets]) for k in data.validation}
         self.eval_owner = np.concatenate([np.full(len(b["input_ids"]), i) for i, (_, b) in enumerate(eval_sets)])
-        self.diverged: list[int | None] = [None] * len(self.group)
+        self.diverged: list[int | None] = [None] * len(self.group)   # the trunk's
         self.first_loss: np.ndarray | None = None
         self.programs: Programs | None = None
         self.states: dict | None = None   # the members' initial states, until run() takes them
@@ -201,8 +201,10 @@ class SchemeRun:
                 if step == start:   # a cooldown branch from the trunk's state here
                     t0 = time.perf_counter()
                     branch = jax.tree.map(jnp.copy, states)
-                    branch = self._train_to(programs, inputs, branch, start, end, (start, end), timing)
-                    budget_records.append(self._budget(programs, branch, end, test_loss, timing))
+                    # The branch inherits what the trunk did up to here, not after.
+                    diverged = list(self.diverged)
+                    branch = self._train_to(programs, inputs, branch, start, end, (start, end), timing, diverged)
+                    budget_records.append(self._budget(programs, branch, end, test_loss, timing, diverged))
                     del branch
                     timing["branch_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
@@ -212,11 +214,12 @@ class SchemeRun:
             timing["compile_s" if not compiled else "train_s"] += elapsed
             compiled = True
             step += int(st.eval_every)
-            self._watch(losses, step)
+            self._watch(losses, step, self.diverged)
             evals.append(self._evaluate_trunk(programs, states, step, timing))
             log.info("%s: step %d/%d (%d members), %.0f tokens/s in all", self.scheme, step, ends[-1], len(group),
                      len(group) * self.tokens_per_step * st.eval_every / max(elapsed, 1e-9))
-        budget_records.append(self._budget(programs, states, ends[-1], test_loss, timing, trunk_eval=evals[-1]))
+        budget_records.append(self._budget(programs, states, ends[-1], test_loss, timing, self.diverged,
+                                           trunk_eval=evals[-1]))
         trained_steps = ends[-1] - st.eval_every + sum(end - start for start, end in branches[:-1])
         timing["wall_s"] = time.perf_counter() - started
         # Every chunk but the first (which compiled the program) is in train_s.
@@ -234,27 +237,28 @@ class SchemeRun:
         }
         return record, test_loss
 
-    def _train_to(self, programs, inputs, states, step, end, decay, timing):
+    def _train_to(self, programs, inputs, states, step, end, decay, timing, diverged: list[int | None]):
         while step < end:
             t0 = time.perf_counter()
             states, losses = programs.train_chunk(states, self.aux, programs.rest, inputs, *decay)
             losses = np.asarray(jax.device_get(losses))
             timing["train_s"] += time.perf_counter() - t0
             step += int(self.st.eval_every)
-            self._watch(losses, step)
+            self._watch(losses, step, diverged, f"budget {end}'s cooldown")
         return states
 
-    def _watch(self, losses: np.ndarray, step: int) -> None:
-        """Mark members whose training loss is not finite or above where it started."""
+    def _watch(self, losses: np.ndarray, step: int, diverged: list[int | None], where: str = "trunk") -> None:
+        """Mark in `diverged` (the trunk's, or a cooldown branch's) the members whose training loss
+        is not finite or above where it started, at the first step it is."""
         if self.first_loss is None:
             self.first_loss = losses[0].copy()
         bad = ~np.isfinite(losses) | (losses > self.first_loss[None, :] + 1.0)
         for m in np.flatnonzero(bad.any(axis=0)):
-            if self.diverged[m] is None:
+            if diverged[m] is None:
                 first_bad = int(np.flatnonzero(bad[:, m])[0])
-                self.diverged[m] = step - losses.shape[0] + first_bad + 1
-                log.warning("%s: member %d (seed %d, rate %g) diverged at step %d", self.scheme, m,
-                            self.group[m].seed, self.group[m].rate, self.diverged[m])
+                diverged[m] = step - losses.shape[0] + first_bad + 1
+                log.warning("%s: member %d (seed %d, rate %g) diverged at step %d (%s)", self.scheme, m,
+                            self.group[m].seed, self.group[m].rate, diverged[m], where)
 
     def _rows(self, programs, params, rows: dict) -> dict[str, np.ndarray]:
         """Per member and row: loss and correct sums over `rows` (in eval_batch chunks, the last padded)."""
@@ -290,10 +294,19 @@ class SchemeRun:
         return {"step": step, "tokens": step * self.tokens_per_step, "validation_loss": losses["validation"].tolist(),
                 "validation_accuracy": accuracy.tolist(), "gaps": gaps, "signal": signal}
 
-    def _budget(self, programs, states, end: int, test_loss: dict, timing: dict, trunk_eval: dict | None = None) -> dict:
+    def _budget(self, programs, states, end: int, test_loss: dict, timing: dict, diverged: list[int | None],
+                trunk_eval: dict | None = None) -> dict:
+        """The budget's record. `diverged`: its model's divergences (the trunk's up to the fork,
+        then its branch's); a member whose validation loss is not finite is marked at `end`, as
+        the training loss (taken before each update) never sees the last update's result."""
         t0 = time.perf_counter()
         validation = trunk_eval["validation_loss"] if trunk_eval else self._evaluate_trunk(
             programs, states, end, {"eval_s": 0.0})["validation_loss"]
+        for m in np.flatnonzero(~np.isfinite(np.asarray(validation, float))):
+            if diverged[m] is None:
+                diverged[m] = end
+                log.warning("%s: member %d (seed %d, rate %g) diverged by step %d (validation loss not finite)",
+                            self.scheme, m, self.group[m].seed, self.group[m].rate, end)
         sums = self._rows(programs, states["params"], self.data.test)
         # Summed per test item (a row with all its mask draws): what the bootstrap resamples.
         test_loss[f"budget{end}"] = study_stats.item_sums(sums["loss"], self.data.test["masked_weights"].sum(-1),
@@ -301,7 +314,7 @@ class SchemeRun:
         weight = float(self.data.test["masked_weights"].sum())
         timing["eval_s"] += time.perf_counter() - t0
         return {"steps": end, "tokens": end * self.tokens_per_step, "validation_loss": validation,
-                "test_loss": (sums["loss"].sum(1) / weight).tolist()}
+                "test_loss": (sums["loss"].sum(1) / weight).tolist(), "diverged_at": list(diverged)}
 
 
 class CompileAhead:
@@ -357,6 +370,12 @@ def merge_groups(record: dict, arrays: dict[str, np.ndarray], extra: dict,
     budgets_ = [{**a, "validation_loss": a["validation_loss"] + b["validation_loss"],
                  "test_loss": a["test_loss"] + b["test_loss"]}
                 for a, b in zip(record["budgets"], extra["budgets"], strict=True)]
+    for merged_budget, a, b in zip(budgets_, record["budgets"], extra["budgets"]):
+        # A record written before budgets kept their own divergences has none: the report then
+        # reads the trunk's (roformer.ablation.study_report.budget_divergence).
+        merged_budget.pop("diverged_at", None)
+        if "diverged_at" in a and "diverged_at" in b:
+            merged_budget["diverged_at"] = a["diverged_at"] + b["diverged_at"]
     merged = {**record, "members": record["members"] + extra["members"], "evals": evals, "budgets": budgets_,
               "diverged_at": record["diverged_at"] + extra["diverged_at"]}
     n = len(record["members"])

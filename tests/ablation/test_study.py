@@ -589,12 +589,47 @@ def test_the_rate_is_chosen_on_validation_and_never_one_that_diverged():
     from roformer.ablation.study_report import choose_rate
 
     members = [{"seed": s, "rate": r} for r in (1e-3, 2e-3, 4e-3) for s in range(2)]
-    budget = {"steps": 100, "validation_loss": [5.0, 5.2, 4.0, 4.2, 3.0, float("nan")]}
-    record = {"members": members, "diverged_at": [None, None, None, None, None, 40]}
+    budget = {"steps": 100, "validation_loss": [5.0, 5.2, 4.0, 4.2, 3.0, float("nan")],
+              "diverged_at": [None, None, None, None, None, 40]}
+    record = {"members": members, "diverged_at": [None] * 6}
     assert choose_rate(record, budget) == 1          # 4e-3 would be lowest, but one of its seeds diverged
-    record["diverged_at"][5] = 150                   # diverged only after this budget
+    budget["diverged_at"][5] = None                  # the trunk diverged only after this budget's branch
     budget["validation_loss"][5] = 3.1
     assert choose_rate(record, budget) == 2
+    # A record from before budgets kept their own divergences: the trunk's, by the budget's end.
+    del budget["diverged_at"]
+    record["diverged_at"][5] = 40
+    assert choose_rate(record, budget) == 1
+    record["diverged_at"][5] = 150
+    assert choose_rate(record, budget) == 2
+
+
+def test_each_budget_counts_the_divergences_of_its_own_model():
+    """A budget's model is its trunk up to the cooldown's fork, then its branch: a member that
+    diverges in the trunk after the fork, or in another budget's branch, has not diverged for
+    it. A member whose last update is not finite (the training loss is taken before each
+    update) is marked by its validation loss at the budget's end."""
+    from roformer.ablation.study_train import SchemeRun
+
+    c = config(schemes="rope", seeds=2, learning_rates="1e-3,2e-3", budget_steps="4,8", eval_every=1,
+               warmup_steps=1, cooldown_fraction=0.5)
+    data = study.study_splits(c)
+    run = SchemeRun(c, "rope", data, study.device_arrays(c, data)).compile()
+    train_chunk, trunk = run.programs.train_chunk, (4, 8)   # budget 4's branch runs (2, 4)
+    poison = lambda states, m: {**states, "params": jax.tree.map(lambda p: p.at[m].set(jnp.nan),  # noqa: E731
+                                                                 states["params"])}
+
+    def chunk(states, aux, rest, inputs, start, end):
+        step, on_trunk = int(np.asarray(states["step"])[0]), (int(start), int(end)) == trunk
+        if step == 3:   # member 3 in the trunk (after budget 4's fork), member 1 in budget 4's branch
+            states = poison(states, 3 if on_trunk else 1)
+        states, losses = train_chunk(states, aux, rest, inputs, start, end)
+        return (poison(states, 0) if on_trunk and step == 7 else states), losses   # member 0's last update
+
+    run.programs.train_chunk = chunk
+    record, _ = run.run()
+    assert [b["diverged_at"] for b in record["budgets"]] == [[None, 4, None, None], [8, None, None, 4]]
+    assert record["diverged_at"] == [8, None, None, 4]
 
 
 def test_the_report_says_what_it_does_not_show():
@@ -672,6 +707,13 @@ def test_a_group_beyond_the_grid_joins_its_schemes_record_member_by_member():
     np.testing.assert_array_equal(arrays["test_weight"], np.ones(3))
     from roformer.ablation.study_report import choose_rate
     assert sorted({m["rate"] for m in merged["members"]})[choose_rate(merged, merged["budgets"][0])] == 1e-3
+    # Each budget's own divergences join too, where both records kept them; else neither counts.
+    main["budgets"][0]["diverged_at"], extra["budgets"][0]["diverged_at"] = [None] * 4, [None, 7]
+    merged, _ = merge_groups(main, main_arrays, extra, extra_arrays)
+    assert merged["budgets"][0]["diverged_at"] == [None] * 5 + [7]
+    assert sorted({m["rate"] for m in merged["members"]})[choose_rate(merged, merged["budgets"][0])] == 1e-3
+    del extra["budgets"][0]["diverged_at"]
+    assert "diverged_at" not in merge_groups(main, main_arrays, extra, extra_arrays)[0]["budgets"][0]
 
 
 def test_the_report_names_the_figures_it_wrote(tmp_path):
