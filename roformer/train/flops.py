@@ -9,20 +9,23 @@ from __future__ import annotations
 import jax
 
 # Dense peak FLOP/s per device: (bf16, f32). Matched by substring of
-# `device.device_kind`, first match wins (more specific names first).
+# `device.device_kind`, first match wins (more specific names first). A jax device is a
+# chip from TPU v4 on and one of a chip's two cores on v2/v3 (half the chip's peak).
 PEAK_FLOPS: tuple[tuple[str, tuple[float, float]], ...] = (
     ("TPU v6", (918e12, 918e12 / 4)),
-    ("TPU v5p", (459e12, 459e12 / 4)),
-    ("TPU v5", (197e12, 197e12 / 4)),      # v5e reports "TPU v5 lite"
+    ("TPU v5 lite", (197e12, 197e12 / 4)),   # v5e
+    ("TPU v5", (459e12, 459e12 / 4)),        # v5p: "TPU v5" on a TPU VM, "TPU v5p" elsewhere
     ("TPU v4", (275e12, 275e12 / 4)),
-    ("TPU v3", (123e12, 123e12 / 4)),
-    ("TPU v2", (45e12, 45e12 / 4)),
-    ("H200", (989e12, 67e12)),
+    ("TPU v3", (61.5e12, 61.5e12 / 4)),
+    ("TPU v2", (22.5e12, 22.5e12 / 4)),
+    ("H200 NVL", (835e12, 60e12)),
+    ("H200", (989e12, 67e12)),               # SXM, and GH200's
     ("H100 PCIe", (756e12, 51e12)),
     ("H100 NVL", (835e12, 60e12)),
     ("H100", (989e12, 67e12)),            # SXM ("H100 80GB HBM3"); f32 = non-tensor-core
     ("A100", (312e12, 19.5e12)),
     ("L40S", (362e12, 91.6e12)),
+    ("L40", (181e12, 90.5e12)),
     ("L4", (121e12, 30.3e12)),
     ("A10G", (125e12, 31.2e12)),
     ("V100", (125e12, 15.7e12)),
@@ -31,17 +34,22 @@ PEAK_FLOPS: tuple[tuple[str, tuple[float, float]], ...] = (
 )
 
 
-def train_flops_per_step(model_cfg, *, batch_size: int, seq_len: int, num_predictions: int) -> float:
+def train_flops_per_step(model_cfg, *, batch_size: int, seq_len: int, num_predictions: int,
+                         segmented: bool = False) -> float:
     """Matmul FLOPs of one optimizer step (forward + backward) for a global batch.
 
-    `num_predictions` is the number of masked-position slots per sequence (P)."""
+    `num_predictions` is the number of masked-position slots per sequence (P). `segmented`:
+    rows of packed documents (segment ids), where linear attention runs its quadratic form
+    (roformer.model.attention.linear_attention)."""
     h, layers, inter = model_cfg.hidden_size, model_cfg.num_layers, model_cfg.intermediate_size
     emb = model_cfg.embedding_size or h
     head_dim = h // model_cfg.num_heads
     per_token_params = layers * (4 * h * h + 2 * h * inter)    # q, k, v, out + MLP
     if emb != h:
         per_token_params += emb * h                              # embeddings_project
-    if model_cfg.attention == "linear":
+    if model_cfg.attention == "linear" and segmented:
+        attention = layers * 6 * seq_len * h                      # scores, their weights, and P V
+    elif model_cfg.attention == "linear":
         attention = layers * 4 * h * head_dim                     # K^T V and Q (K^T V)
     else:
         attention = layers * 4 * seq_len * h                      # Q K^T and P V

@@ -184,7 +184,8 @@ def _train_phase(config, workdir: Path) -> dict:
         bar = cleanup.enter_context(progress.progress_bar(total=tc.steps, initial=start_step, desc="pretrain",
                                                           enabled=is_main and tc.progress_bar))
         step_flops = flops.train_flops_per_step(model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
-                                                num_predictions=data.masker.max_predictions)
+                                                num_predictions=data.masker.max_predictions,
+                                                segmented=data.packing == "packed")
         timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,
                                 peak_flops=peak_flops, num_devices=jax.device_count())
         logged = bookkeeping.logged_history(workdir, start_step, tc.divergence_window) if is_main else None

@@ -169,7 +169,8 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
         cleanup.enter_context(jax.set_mesh(mesh))
         rest = setup.init_rest()   # RNG streams only: every step re-derives them from its seed's key
         step_flops = flops.train_flops_per_step(model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
-                                                num_predictions=datas[0].masker.max_predictions)
+                                                num_predictions=datas[0].masker.max_predictions,
+                                                segmented=datas[0].packing == "packed")
         for seed in seeds:   # every restore's checks (the corpus's, say) before any workdir is written
             seed.state, seed.start_step, seed.train_iter = bookkeeping.restore_or_init(
                 setup, seed.checkpointer, seed.data, seed.tc)
