@@ -8,6 +8,12 @@ as each ships:
                     GPU when jax runs on one (fused AdamW; bf16 autocast with --dtype bfloat16)
   hf_torch_compile  the same under torch.compile (--torch-compile-backend, inductor by
                     default), the clipping + AdamW update compiled as well
+  hf_torch_compile_masked_head
+                    the same, with the model's MLM head applied at the masked positions only
+                    (the encoder's output gathered there, then its own `cls` head and cross
+                    entropy): the matmul work ours does, so its ratio is ours against the same
+                    work. Not in the default --peers (not what a user runs; it is the control
+                    that says how much of the lead is the sparse head)
   hf_flax           transformers 4.x FlaxRoFormerForMaskedLM, the JAX port removed in
                     transformers 5, jitted as in its run_mlm_flax.py example; it runs in a
                     subprocess of the Python given by --flax-python (default: the
@@ -17,9 +23,11 @@ Every peer runs in a process of its own, as it ships: the PyTorch ones in anothe
 this Python (hf_torch_peer.py; --torch-process this keeps them in this process, where they
 run with the malloc settings our commands make on CPU, roformer.host_memory), the Flax port
 in the Python given by --flax-python.
-The peers compute logits at every position and take the loss at the masked ones (labels
--100 elsewhere); ours computes logits only at the masked positions, which is part of what
-is compared. A peer that cannot run (not installed, import or compile failure) is listed
+The stock peers compute logits at every position and take the loss at the masked ones
+(labels -100 elsewhere); ours computes logits only at the masked positions, which is part
+of what is compared: each peer row's work_x is its matmul FLOPs per step over ours
+(roformer.train.flops, with the head at every position or at the masked ones), so
+ours_x / work_x is the ratio per unit of matmul work. A peer that cannot run (not installed, import or compile failure) is listed
 under "peers" with the reason and printed as a note ("hf_flax not run at SHAPE: why"); the
 others are still measured. This benchmark is also the check of the Flax port peer, which the
 test suite cannot run (it needs a Python with transformers < 5):
@@ -47,13 +55,16 @@ import numpy as np
 
 from roformer.bench.common import TRAIN_STEP_WARMUP, alternate, ratio_stats
 from roformer.bench.step import default_peak_size, step_figures, time_with_matmul
-from roformer.bench.workload import build_train_workload, synthetic_batch, train_config
+from roformer.bench.workload import build_train_workload, num_predictions, synthetic_batch, train_config
 from roformer.model import PRESETS, ModelConfig, backend
 from roformer.model.attention import ATTENTION_IMPLEMENTATIONS
+from roformer.train.flops import train_flops_per_step
 
-PEERS = ("hf_torch", "hf_torch_compile", "hf_flax")
+PEERS = ("hf_torch", "hf_torch_compile", "hf_flax", "hf_torch_compile_masked_head")
+DEFAULT_PEERS = PEERS[:3]
+MASKED_HEAD_PEERS = ("hf_torch_compile_masked_head",)
 FLAX_PYTHON_ENV = "ROFORMER_BENCH_FLAX_PYTHON"
-TABLE_COLUMNS = ("shape", "impl", "ms_step", "tokens_s", "ours_x", "ours_x_min", "ours_x_max",
+TABLE_COLUMNS = ("shape", "impl", "ms_step", "tokens_s", "ours_x", "ours_x_min", "ours_x_max", "work_x",
                  "mfu", "mfu_min", "mfu_max", "mfu_best_peak")
 
 
@@ -70,7 +81,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         default=[shape_arg(s) for s in ("mini/128/32", "small/128/32", "mini/512/8")],
                         help="SIZE/SEQ/BATCH of each comparison (default: mini/128/32 small/128/32 "
                              "mini/512/8; the last keeps 4,096 tokens per step)")
-    parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
+    parser.add_argument("--peers", nargs="+", default=list(DEFAULT_PEERS), choices=PEERS,
+                        help=f"default: {' '.join(DEFAULT_PEERS)}")
     parser.add_argument("--flax-python", default=os.environ.get(FLAX_PYTHON_ENV) or sys.executable,
                         help=f"Python with transformers<5, flax, jax, optax for hf_flax (default: "
                              f"${FLAX_PYTHON_ENV}, else this interpreter)")
@@ -115,13 +127,15 @@ def hf_config(config: ModelConfig):
 
 
 def torch_train_step(config: ModelConfig, batch: dict[str, np.ndarray], compile_backend: str | None = None,
-                     device: str = "cpu"):
+                     device: str = "cpu", masked_head: bool = False):
     """A closure running one PyTorch AdamW step of HF RoFormerForMaskedLM on `batch`: eager,
     or with the model and the clip + AdamW update under torch.compile(backend=compile_backend).
+    `masked_head`: the model's MLM head (`cls`) and loss at the masked positions only, on the
+    encoder's output gathered there, instead of the model's forward with labels.
     On a GPU (`device="cuda"`) with fused AdamW, as a user there would run it; a config with
     dtype bfloat16 runs under bf16 autocast (float32 parameters, as ours). The step returns
-    once its work has finished. A compiled step has run once when it is returned, so a
-    compiler failure raises here."""
+    once its work has finished, with its loss (a tensor). A compiled step has run once when it
+    is returned, so a compiler failure raises here."""
     # imported here: torch and transformers are heavy and optional (the dev extra)
     import torch
     from transformers import RoFormerForMaskedLM as HFRoFormerForMaskedLM
@@ -133,30 +147,45 @@ def torch_train_step(config: ModelConfig, batch: dict[str, np.ndarray], compile_
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc["learning_rate"], betas=(tc["b1"], tc["b2"]),
                                   eps=tc["eps"], weight_decay=tc["weight_decay"], fused=device.type == "cuda")
     input_ids = torch.from_numpy(batch["input_ids"]).long()
+    # the loss's targets: the real prediction slots (weight > 0), -100 (ignored) elsewhere
+    targets = torch.from_numpy(np.where(batch["masked_weights"] > 0, batch["masked_labels"], -100)).long()
     labels = torch.full_like(input_ids, -100)
-    rows = np.arange(input_ids.shape[0])[:, None]
-    labels[rows, batch["masked_positions"]] = torch.from_numpy(batch["masked_labels"]).long()
+    labels[np.arange(input_ids.shape[0])[:, None], batch["masked_positions"]] = targets
     inputs = {"input_ids": input_ids, "token_type_ids": torch.from_numpy(batch["token_type_ids"]).long(),
               "attention_mask": torch.ones_like(input_ids), "labels": labels}
     inputs = {k: v.to(device) for k, v in inputs.items()}
     autocast = config.dtype == "bfloat16"
+    positions = torch.from_numpy(batch["masked_positions"]).long().to(device)
+    targets = targets.to(device)
+    rows = torch.arange(input_ids.shape[0], device=device)[:, None]
+
+    def model_loss(input_ids, token_type_ids, attention_mask, labels):
+        if not masked_head:
+            return model(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                         labels=labels).loss
+        hidden = model.roformer(input_ids=input_ids, token_type_ids=token_type_ids,
+                                attention_mask=attention_mask).last_hidden_state
+        logits = model.cls(hidden[rows, positions])
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
     def update():
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc["clip_norm"])
         optimizer.step()
 
-    forward = model
+    forward = model_loss
     if compile_backend is not None:
-        forward, update = torch.compile(model, backend=compile_backend), torch.compile(update, backend=compile_backend)
+        forward = torch.compile(model_loss, backend=compile_backend)
+        update = torch.compile(update, backend=compile_backend)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            loss = forward(**inputs).loss
+            loss = forward(**inputs)
         loss.backward()
         update()
         if device.type == "cuda":
             torch.cuda.synchronize()
+        return loss.detach()
 
     if compile_backend is not None:
         step()
@@ -230,12 +259,12 @@ def flax_port_peer(python: str, config: ModelConfig, batch: dict[str, np.ndarray
 
 
 def torch_process_peer(config: ModelConfig, seq_len: int, batch_size: int, args: argparse.Namespace,
-                       compile_backend: str | None = None) -> ChildPeer:
+                       compile_backend: str | None = None, masked_head: bool = False) -> ChildPeer:
     """HF PyTorch's train step (eager, or under torch.compile) in its own process of this Python
     (hf_torch_peer.py), as it ships: without this process's malloc settings."""
     request = {"config": config.to_dict(), "seq_len": seq_len, "batch": batch_size,
                "compile_backend": compile_backend, "torch_threads": args.torch_threads,
-               "device": torch_device(args)}
+               "device": torch_device(args), "masked_head": masked_head}
     return ChildPeer([sys.executable, "-m", "roformer.bench.hf_torch_peer"], request)
 
 
@@ -249,12 +278,14 @@ def build_peers(names, config: ModelConfig, seq_len: int, batch_size: int, args:
             if name == "hf_flax":
                 steps[name] = flax_port_peer(args.flax_python, config, batch)
             else:
-                backend = args.torch_compile_backend if name == "hf_torch_compile" else None
+                backend = args.torch_compile_backend if name.startswith("hf_torch_compile") else None
+                masked_head = name in MASKED_HEAD_PEERS
                 if args.torch_process == "own":
-                    steps[name] = torch_process_peer(config, seq_len, batch_size, args, compile_backend=backend)
+                    steps[name] = torch_process_peer(config, seq_len, batch_size, args, compile_backend=backend,
+                                                     masked_head=masked_head)
                 else:
                     steps[name] = torch_train_step(config, batch, compile_backend=backend,
-                                                   device=torch_device(args))
+                                                   device=torch_device(args), masked_head=masked_head)
             if isinstance(steps[name], ChildPeer):
                 closers.append(steps[name].close)
         except Exception as error:  # noqa: BLE001 - a peer that fails to build is reported, not fatal
@@ -303,10 +334,18 @@ def bench_shape(size: str, seq_len: int, batch_size: int, args: argparse.Namespa
         stats = ratio_stats(times[name], times["ours_jax"])
         step_s = statistics.median(times[name])
         rows.append({"shape": shape, "impl": name, "ms_step": step_s * 1e3, "tokens_s": tokens / step_s,
-                     "ours_x": stats["median"], "ours_x_min": stats["min"], "ours_x_max": stats["max"]})
+                     "ours_x": stats["median"], "ours_x_min": stats["min"], "ours_x_max": stats["max"],
+                     "work_x": peer_flops(name, config, seq_len, batch_size) / ours.flops_per_step})
         comparisons.append({"name": f"ours / {name} tokens/s [{shape}]", "rounds": args.rounds, **stats})
     versions = {name: peer.versions for name, peer in peers.items() if isinstance(peer, ChildPeer)}
     return rows, comparisons, unavailable, versions
+
+
+def peer_flops(name: str, config: ModelConfig, seq_len: int, batch_size: int) -> float:
+    """A peer's matmul FLOPs per step, counted as ours are: its MLM head at every position
+    (at the masked slots for a masked-head peer)."""
+    predictions = num_predictions(seq_len) if name in MASKED_HEAD_PEERS else seq_len
+    return train_flops_per_step(config, batch_size=batch_size, seq_len=seq_len, num_predictions=predictions)
 
 
 def installed_version(package: str) -> str | None:

@@ -4,8 +4,8 @@
 Run as `python -m roformer.bench.hf_torch_peer`: the step runs as it ships, in a Python
 process that has not changed anything for our step (roformer.host_memory's malloc settings
 are made only by our command lines). The request carries our ModelConfig (as a dict), the
-sequence length and batch size, the torch.compile backend (none: eager) and the number of
-torch threads (0: torch's default); the model, batch and optimizer are built by
+sequence length and batch size, the torch.compile backend (none: eager), the number of
+torch threads (0: torch's default) and whether the MLM head runs at the masked positions only; the model, batch and optimizer are built by
 roformer.bench.hf exactly as for the in-process peers.
 """
 import sys
@@ -28,7 +28,8 @@ def build_torch_step(request):
     config = ModelConfig.from_dict(request["config"])
     batch = synthetic_batch(config, request["batch"], request["seq_len"])
     device = request.get("device", "cpu")
-    step = torch_train_step(config, batch, compile_backend=request["compile_backend"], device=device)
+    step = torch_train_step(config, batch, compile_backend=request["compile_backend"], device=device,
+                            masked_head=request.get("masked_head", False))
     versions = {"torch": torch.__version__, "transformers": transformers.__version__,
                 "torch_threads": torch.get_num_threads(), "torch_device": device}
     if device == "cuda":

@@ -317,6 +317,8 @@ def test_hf_bench_with_torch_compile_and_an_unavailable_flax_port(tmp_path, caps
     ours, *peers = result["rows"]
     assert ours["mfu"] > 0 and ours["tokens_s"] > 0
     assert all(r["ours_x"] > 0 and within(r, "ours_x") for r in peers)
+    # The stock peers compute the MLM head at all 16 positions, ours at the 4 masked slots.
+    assert all(r["work_x"] > 1 for r in peers) and "work_x" in result["columns"]
     assert [c["name"] for c in result["comparisons"]] == [
         f"ours / {impl} tokens/s [tiny/16/2]" for impl in ("hf_torch", "hf_torch_compile")]
     flax = result["peers"]["hf_flax"]
@@ -352,6 +354,28 @@ def test_hf_bench_can_keep_the_torch_peer_in_this_process(tmp_path, monkeypatch)
     assert [c["name"] for c in result["comparisons"]] == [
         f"ours / hf_torch tokens/s [{shape}]" for shape in ("tiny/16/2", "tiny/32/1")]
     assert "hf_torch" not in result["versions"] and result["versions"]["torch_threads"] >= 1
+
+
+@needs_torch
+@needs_transformers
+def test_the_masked_head_peer_trains_the_same_model_as_the_stock_one():
+    """hf_torch_compile_masked_head's step: the MLM head at the masked positions only gives the
+    loss HF's forward with labels gives (-100 elsewhere), step after step, so the updates are
+    the same too; only the work differs, which work_x counts."""
+    from roformer.bench.hf import peer_flops, torch_train_step
+    from roformer.bench.workload import synthetic_batch
+    from roformer.model import ModelConfig
+
+    config = ModelConfig.from_preset("tiny", vocab_size=64, hidden_dropout=0.0, attention_dropout=0.0)
+    batch = synthetic_batch(config, 2, 16)
+    batch["masked_weights"][1, -1] = 0.0   # a padding slot counts in neither
+    batch["masked_labels"][1, -1] = 7
+    stock, masked = torch_train_step(config, batch), torch_train_step(config, batch, masked_head=True)
+    for _ in range(3):
+        assert float(masked()) == pytest.approx(float(stock()), rel=1e-5)
+    ours = peer_flops("hf_torch_compile_masked_head", config, 16, 2)
+    assert peer_flops("hf_torch_compile", config, 16, 2) > ours == peer_flops("hf_torch_compile_masked_head",
+                                                                               config, 16, 2)
 
 
 @needs_torch
