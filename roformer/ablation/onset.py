@@ -210,12 +210,15 @@ def gap_trend(runs: Sequence[Mapping], reference: str, key: str = "eval_loss",
             slopes[seed] = _slope(diffs) * TREND_TOKENS
             last[seed] = diffs[-1][1]
         slope = paired_difference(slopes, {seed: 0.0 for seed in slopes})
+        gap = statistics.fmean(last.values())
         trend = None
         if slope is not None and slope["lo"] is not None:
-            trend = ("closing" if slope["hi"] < 0 else "widening" if slope["lo"] > 0
+            # Closing moves the gap toward 0: down for a scheme above the reference, up for one below.
+            toward = -1 if gap >= 0 else 1
+            moving = -1 if slope["hi"] < 0 else 1 if slope["lo"] > 0 else 0
+            trend = ("closing" if moving == toward else "widening" if moving == -toward
                      else "parallel" if -PARALLEL_SLOPE <= slope["lo"] and slope["hi"] <= PARALLEL_SLOPE else "unclear")
-        gap = statistics.fmean(last.values())
-        closes = gap / -slope["diff"] * TREND_TOKENS if trend == "closing" and gap > 0 else None
+        closes = abs(gap / slope["diff"]) * TREND_TOKENS if trend == "closing" else None
         ref_curve = ref[next(iter(mine))]["curve"]
         out.append({"scheme": scheme, "seeds": sorted(slopes), "from_step": window[0], "to_step": window[-1],
                     "from_tokens": _point_at(ref_curve, window[0])["tokens"],

@@ -42,12 +42,21 @@ def to_markdown(result: Mapping) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _onset_cell(row: Mapping) -> str:
+    """The median onset over seeds and how many started ("none (0/3)" when none did)."""
+    if not row.get("eval_order_gap"):
+        return "n/a"
+    runs = row.get("order_onset_runs")
+    counts = f" ({runs['started']}/{runs['observed']})" if runs else ""
+    return (tokens(row["order_onset_tokens"]) if row.get("order_onset_tokens") is not None else "none") + counts
+
+
 def _pretraining_md(schemes: list[Mapping], reference: str) -> list[str]:
     """The main table: throughput, final held-out metrics and their differences to the reference."""
     lines = [f"## Pretraining (mean ± std over seeds; Δ = paired difference to {reference} "
              "with its 95% interval, ~ = interval includes 0)", ""]
     header = ["scheme", "status", "params", "tokens/s", "step time (rel)", "held-out loss", "held-out acc %",
-              "order gap (nats)", "uses order from", f"Δ loss vs {reference}", "Δ acc (points)",
+              "order gap (nats)", "median onset (seeds started)", f"Δ loss vs {reference}", "Δ acc (points)",
               "Δ order gap"]
     body = []
     for s in schemes:
@@ -56,7 +65,7 @@ def _pretraining_md(schemes: list[Mapping], reference: str) -> list[str]:
             s["scheme"], s.get("status", "pending"), fmt_params(s.get("params")),
             "n/a" if not s.get("tokens_per_sec") else f"{s['tokens_per_sec']['mean']:,.0f}",
             fmt(s.get("step_time_rel"), 2), pm(s.get("eval_loss")), pm(s.get("eval_mlm_accuracy"), 1, 100),
-            pm(s.get("eval_order_gap")), tokens(s.get("order_onset_tokens")) if s.get("eval_order_gap") else "n/a",
+            pm(s.get("eval_order_gap")), _onset_cell(s),
             "—" if s["scheme"] == reference else diff(vs.get("eval_loss")),
             "—" if s["scheme"] == reference else diff(vs.get("eval_mlm_accuracy"), 1, 100),
             "—" if s["scheme"] == reference else diff(vs.get("eval_order_gap")),

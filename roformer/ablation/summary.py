@@ -114,8 +114,14 @@ def _scheme_row(scheme: str, runs: list[dict], ref_runs: Mapping[int, dict], ref
                                {s: r.get(key) for s, r in ref_runs.items()}) for key in COMPARED}
     curves = [r.get("curve") or [] for r in done]
     row["curve"] = {key: _curve_stats(curves, key) for key in CURVES}
-    onset = next((p for p in row["curve"]["eval_order_gap"] if p["mean"] >= order_threshold), None)
-    row["order_onset_tokens"] = None if onset is None else onset["tokens"]
+    # When the scheme starts using order: per run (its first evaluation at the threshold), then
+    # the Kaplan-Meier median over its runs, with how many started; the mean gap crossing the
+    # threshold can be one seed's jump.
+    onsets = onset.scheme_onsets(done, order_threshold)
+    started = onsets[0] if onsets else {"median_onset": None, "started": 0, "observed": 0, "onsets": []}
+    row["order_onset_tokens"] = started["median_onset"]
+    row["order_onset_runs"] = {"started": started["started"], "observed": started["observed"],
+                               "first": started["onsets"][0] if started["onsets"] else None}
     row["extrapolation"] = _extrapolation_stats([r.get("extrapolation") for r in done])
     row["glue"] = _glue_stats([r.get("glue") for r in done])
     return row

@@ -104,7 +104,10 @@ def trend_runs():
     kinds = {"closing": lambda i, k: 2.0 - 0.10 * i + 0.01 * k,        # -1.0 nats per 10M tokens
              "level": lambda i, k: 1.0 + 0.002 * ((i + k) % 2),         # flat, up to 0.002 noise
              "widening": lambda i, k: 0.5 + 0.05 * i - 0.002 * k,
-             "noisy": lambda i, k: 1.0 + (0.3 if (i + k) % 2 else -0.3) * (i - 4) / 3}
+             "noisy": lambda i, k: 1.0 + (0.3 if (i + k) % 2 else -0.3) * (i - 4) / 3,
+             # below the reference: pulling further ahead widens, losing its lead closes
+             "ahead": lambda i, k: -0.5 - 0.1 * i + 0.01 * k,
+             "catching": lambda i, k: -1.5 + 0.1 * i - 0.01 * k}
     out = [{"scheme": "rope", "seed": k, "status": "done", "curve": curve([1.0] * n, ref, every)} for k in (0, 1)]
     for name, diff in kinds.items():
         out += [{"scheme": name, "seed": k, "status": "done",
@@ -115,7 +118,10 @@ def trend_runs():
 
 def test_gap_trend_says_whether_the_gap_to_the_reference_is_still_closing():
     by = {t["scheme"]: t for t in onset.gap_trend(trend_runs(), "rope")}
-    assert set(by) == {"closing", "level", "widening", "noisy", "alone"}
+    assert set(by) == {"closing", "level", "widening", "noisy", "alone", "ahead", "catching"}
+    assert by["ahead"]["trend"] == "widening" and by["ahead"]["closes_in_tokens"] is None
+    assert by["catching"]["trend"] == "closing"
+    assert by["catching"]["closes_in_tokens"] == pytest.approx(-by["catching"]["gap"] / 1.0 * 10_000_000)
     closing = by["closing"]
     assert (closing["from_step"], closing["to_step"], closing["from_tokens"]) == (6000, 8000, 6_000_000)
     assert closing["slope"]["diff"] == pytest.approx(-1.0) and closing["trend"] == "closing"

@@ -35,16 +35,18 @@ def test_findings_say_which_differences_exceed_the_seed_spread_and_who_ignores_w
     same = finding("Not distinguishable from rope (interval includes 0; paired over 3 seeds unless noted)")
     assert "sinusoidal (+0.033 [" in same and same.endswith("~).")
     assert "learned" not in same and "none" not in same
-    uses = finding("Word order (shuffling each document's tokens raises the held-out loss by >= 0.1 nats")
-    assert "rope from 2.00M tokens" in uses and "learned from 2.00M tokens" in uses
-    assert "sinusoidal from 3.00M tokens" in uses and "none" not in uses
-    ignores = finding("Ignore word order through the whole budget (gap < 0.1 nats at every evaluation)")
+    uses = finding("Word order (shuffling each document's tokens raises a run's held-out loss by >= 0.1 nats")
+    assert "rope: median onset 2.00M tokens (3 of 3 seeds started" in uses
+    assert "learned: median onset 2.00M tokens (3 of 3" in uses
+    assert "sinusoidal: median onset 3.00M tokens (3 of 3" in uses and "none" not in uses
+    ignores = finding("Ignore word order through the whole budget (gap < 0.1 nats at every evaluation")
     assert "none (final gap 0.010 ± 0.010 nats)" in ignores
     assert not any(name in ignores for name in ("rope", "learned", "sinusoidal"))
     assert not any(f.startswith("Only one seed") for f in findings)
     rows = {r["scheme"]: r for r in result["schemes"]}
     assert rows["none"]["order_onset_tokens"] is None and rows["learned"]["order_onset_tokens"] == 2_000_000
     assert result["convergence"]["seeds"] == [0, 1, 2]
+    assert "| 2.00M (3/3) |" in report_md.to_markdown(result) and "| none (0/3) |" in report_md.to_markdown(result)
 
     # A higher threshold: learned's gap (0.4 at the end) no longer counts as using word order.
     strict = summary.summarize({"seeds": 3}, runs, [], reference="rope", baseline="learned",
@@ -116,3 +118,32 @@ def test_a_run_short_of_the_unigram_loss_has_a_banner_and_no_findings_in_its_mar
 def test_token_counts_of_a_short_run_are_distinct():
     assert [formats.mtokens(n) for n in (None, 640, 20_480, 40_960, 3e5, 1.3e7)] == [
         "—", "640", "20k", "41k", "0.3M", "13.0M"]
+
+
+def test_a_scheme_starts_using_order_by_its_runs_not_by_its_mean_gap():
+    """One seed's jump lifts the mean gap over the threshold before the others start: the onset
+    is the median over runs. A scheme that started in fewer than half its runs is said so,
+    whether its mean gap crossed the threshold or not; "ignores word order" means no run
+    crossed. The convergence share says how many seeds it is over."""
+    runs = []
+    for k in range(3):
+        runs += [_run("rope", k, 7.0 + 0.1 * k, [0.3, 0.6, 0.9]),
+                 _run("early", k, 7.5 + 0.1 * k, [[0.35, 0.0, 0.0][k], [0.4, 0.0, 0.12][k], [0.5, 0.12, 0.12][k]]),
+                 _run("one", k, 7.6 + 0.1 * k, [[0.0, 0.0, 0.35][k], 0.0, [0.0, 0.0, 0.35][k]]),
+                 _run("quiet", k, 7.7 + 0.1 * k, [0.0, 0.0, [0.0, 0.0, 0.25][k]]),
+                 _run("none", k, 7.8 + 0.1 * k, [0.0, 0.0, 0.0])]
+    result = summary.summarize({"seeds": 3}, runs, [], reference="rope", baseline="early", order_threshold=0.1)
+    rows = {r["scheme"]: r for r in result["schemes"]}
+    # early: the mean gap crosses at 1M tokens (one seed), the runs at 1M, 2M, 3M: median 2M.
+    assert rows["early"]["order_onset_tokens"] == 2_000_000
+    some = next(f for f in result["findings"] if f.startswith("Word order in fewer than half the seeds"))
+    assert "one (1 of 3 seeds started, the first at 1.00M tokens" in some   # its mean crossed at 1M
+    assert "quiet (1 of 3 seeds started, the first at 3.00M tokens" in some  # its mean never did
+    never = next(f for f in result["findings"] if f.startswith("Ignore word order"))
+    assert never.split("): ", 1)[1] == "none (final gap 0.000 ± 0.000 nats)."   # only none
+    assert "| none (1/3) |" in report_md.to_markdown(result)
+    # rope reaches early's final loss in every seed here; with one seed that does not, it says so.
+    convergence = summary.convergence([r for r in runs if r["scheme"] in ("rope", "early")], "rope", "early")
+    convergence["budget_share_values"][1] = None
+    from roformer.ablation import findings
+    assert " in 2 of 3 seeds after " in findings._convergence_finding(convergence)
