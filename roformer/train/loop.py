@@ -249,6 +249,12 @@ def _make_mesh(mesh_cfg, tc: TrainConfig):
         raise ConfigError(f"train.batch_size={tc.batch_size} must divide over {jax.process_count()} processes")
     mesh = sharding.make_mesh(mesh_cfg)
     batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    if batch_shards % jax.process_count():
+        # Each process feeds its own rows (batch_size / processes of them): a batch shard
+        # spanning processes would take one process's rows as the whole batch, silently.
+        raise ConfigError(f"mesh data*fsdp={batch_shards} must be a multiple of the {jax.process_count()} "
+                          f"processes, which each feed their own rows of the batch (got mesh {dict(mesh.shape)}); "
+                          "give the batch axes more of the devices, e.g. mesh.data=-1")
     if tc.batch_size % (batch_shards * tc.grad_accum):
         raise ConfigError(f"train.batch_size={tc.batch_size} must be divisible by mesh data*fsdp="
                           f"{batch_shards} times train.grad_accum={tc.grad_accum}")

@@ -135,7 +135,11 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-    """Assemble per-process numpy batches into global arrays sharded over (data, fsdp)."""
+    """Assemble per-process numpy batches (each process its own rows, the same count) into
+    global arrays sharded over (data, fsdp). The global shape is stated, so a mesh whose batch
+    shards span processes fails here instead of taking one process's rows as the batch."""
     sharding = batch_sharding(mesh)
-    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+    processes = jax.process_count()
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v),
+                                                      (np.shape(v)[0] * processes, *np.shape(v)[1:]))
             for k, v in local_batch.items()}

@@ -39,6 +39,23 @@ def synthetic_batch(seed: int, batch: int = 8, length: int = 32, preds: int = 6,
             "masked_weights": weights}
 
 
+def test_a_mesh_whose_batch_shards_span_processes_is_refused(monkeypatch):
+    """Each process feeds its own rows: with 2 processes, batch axes of 1 (tensor takes every
+    device) would take one process's rows as the whole batch, silently halving it and feeding
+    the copies different data. One line before anything runs; batch axes over the processes
+    pass."""
+    from roformer.errors import ConfigError
+    from roformer.train.config import TrainConfig
+    from roformer.train.loop import _make_mesh
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    tc = TrainConfig(batch_size=8)
+    with pytest.raises(ConfigError, match=r"mesh data\*fsdp=1 must be a multiple of the 2 processes"):
+        _make_mesh({"data": 1, "fsdp": 1, "tensor": -1}, tc)
+    assert _make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, tc).shape["data"] == 8
+    assert _make_mesh({"data": 2, "fsdp": 1, "tensor": -1}, tc).shape["tensor"] == 4
+
+
 def test_mesh_shape_fills_minus_one_and_validates():
     assert sharding.mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == (4, 2, 1)
     assert sharding.mesh_shape({"data": 1, "fsdp": -1, "tensor": 2}, 8) == (1, 4, 2)
