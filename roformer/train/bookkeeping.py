@@ -19,6 +19,7 @@ import jax
 
 from roformer.checkpoint_source import may_differ
 from roformer.data import DataConfig, make_pretrain_data
+from roformer.distributed import allgather_json
 from roformer.errors import ConfigError
 from roformer.files import write_json_atomic
 from roformer.model import ModelConfig
@@ -132,14 +133,28 @@ def run_optimizer(tc: TrainConfig):
         phases=phase_schedule_factors(parse_phases(tc), tc.learning_rate))
 
 
-def run_data(data_cfg, tc: TrainConfig, init_source=None):
+def run_data(data_cfg, tc: TrainConfig, init_source=None, workdir: Path | None = None):
     """The run's data (this process's share of each batch), with the tokenizer of the
-    checkpoint a warm start comes from (`init_source`)."""
+    checkpoint a warm start comes from (`init_source`), or of the run in `workdir` when it
+    holds one (a resume, or evaluating its checkpoints) and data.vocab is empty: a tokenizer
+    trained again would differ (training is not deterministic), and a new cache entry is
+    trained whenever the corpus files are copied or touched. Every process must hold the
+    same tokenizer; one line refuses the run when they do not."""
     data_cfg = DataConfig.from_mapping(data_cfg)
     if init_source is not None:   # the tokenizer comes with the checkpoint
         data_cfg = init_source.with_tokenizer(data_cfg)
-    return make_pretrain_data(data_cfg, seq_len=tc.seq_len, batch_size=tc.batch_size // jax.process_count(),
+    elif workdir is not None and not data_cfg.vocab and PretrainWorkdir.holds_run(workdir) \
+            and PretrainWorkdir(workdir).tokenizer_file.is_file():
+        data_cfg = dataclasses.replace(data_cfg, vocab=str(PretrainWorkdir(workdir).tokenizer_file))
+    data = make_pretrain_data(data_cfg, seq_len=tc.seq_len, batch_size=tc.batch_size // jax.process_count(),
                               seed=tc.seed, process_index=jax.process_index(), process_count=jax.process_count())
+    if jax.process_count() > 1:
+        hashes = allgather_json(data.tokenizer.hash)
+        if len(set(hashes)) > 1:
+            raise ConfigError(f"the {len(hashes)} processes hold {len(set(hashes))} different tokenizers (each trained "
+                              "its own in a cache of its own, and training is not deterministic): give every process "
+                              "the same data.vocab (a vocab.txt or tokenizer.json), or a data.cache_dir they share")
+    return data
 
 
 def restore_or_init(setup: TrainSetup, checkpointer: Checkpointer, data, tc: TrainConfig, *, init_source=None,

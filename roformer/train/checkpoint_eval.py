@@ -75,7 +75,7 @@ def evaluate_checkpoint(workdir: str | Path, *, step: int = -1, eval_batches: in
     tc = TrainConfig.from_section(config.train)
     model_cfg, params = run.params(step)
     check_attention_impl(model_cfg)   # the run's kernel may not suit this device
-    data = bookkeeping.run_data(config.data, tc)
+    data = bookkeeping.run_data(config.data, tc, workdir=run.path)
     mesh = evaluation_mesh(tc.batch_size)
     setup = TrainSetup(model_cfg, *bookkeeping.run_optimizer(tc), mesh, seed=tc.seed)
     with contextlib.ExitStack() as stack:

@@ -139,7 +139,7 @@ def _train_phase(config, workdir: Path) -> dict:
     init_source = warm_start.find_init_checkpoint(tc.init_from, tc.init_step) if tc.init_from else None
     if init_source is None:   # this config's architecture (a warm start's is the checkpoint's: checked below)
         check_attention_setting(config.model)
-    data = bookkeeping.run_data(config.data, tc, init_source)
+    data = bookkeeping.run_data(config.data, tc, init_source, workdir=workdir)
     if init_source is None:
         model_cfg = build_model_config(config.model, vocab_size=data.vocab_size, pad_token_id=data.pad_id)
     else:   # the checkpoint's architecture; checked before anything is written, so a refusal leaves no files

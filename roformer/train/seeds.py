@@ -147,7 +147,7 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
     if tc.batch_size % tc.grad_accum:
         raise ConfigError(f"train.batch_size={tc.batch_size} must be divisible by train.grad_accum={tc.grad_accum}")
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
-    datas = [bookkeeping.run_data(c.data, t) for c, t in zip(configs, tcs)]
+    datas = [bookkeeping.run_data(c.data, t, workdir=w) for c, t, w in zip(configs, tcs, workdirs)]
     model_cfg = build_model_config(configs[0].model, vocab_size=datas[0].vocab_size, pad_token_id=datas[0].pad_id)
     log.info("%s", startup_line(model_cfg))
     results: list = [None] * len(configs)

@@ -330,3 +330,35 @@ def test_full_disk_stops_at_the_failing_save_on_one_line(tmp_path, cache, monkey
     assert (stopped == 8) if nearly_full else (8 <= stopped <= 12), stopped
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["4"]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR and "orbax" in r.pathname]
+
+
+def test_a_run_on_a_trained_vocabulary_resumes_after_its_corpus_files_are_touched(tmp_path, monkeypatch):
+    """With data.vocab empty the tokenizer is trained on the corpus and cached under a key of
+    the files' paths and times: a copied or touched corpus gets a new cache entry, and training
+    is not deterministic, so a resume that trained again would hold another tokenizer and be
+    refused. The resume takes the run's own tokenizer (workdir/tokenizer.json) instead."""
+    import random
+
+    rng = random.Random(1)
+    words = [f"w{i}" for i in range(300)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(20, 80)))
+                                  for _ in range(120)) + "\n")
+    workdir, cache = tmp_path / "run", tmp_path / "cache"
+    data = {"data.source": "files", "data.files": str(corpus), "data.vocab": "", "data.vocab_size": 400,
+            "data.heldout_fraction": 0.1}
+    first = train_and_evaluate(make_config(cache, **data, **{"train.steps": 4}), workdir)
+    assert first["final_step"] == 4
+    os.utime(corpus, ns=(1, 1))   # the same bytes, another time
+    resumed = train_and_evaluate(make_config(cache, **data, **{"train.steps": 6}), workdir)
+    assert resumed["start_step"] == 4 and resumed["final_step"] == 6
+    # Processes that trained their own tokenizers (each in a cache of its own) are refused.
+    from roformer.errors import ConfigError
+    from roformer.train import bookkeeping
+    from roformer.train.config import TrainConfig
+
+    config = make_config(cache, **data)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(bookkeeping, "allgather_json", lambda value: [value, "another"])
+    with pytest.raises(ConfigError, match="the 2 processes hold 2 different tokenizers"):
+        bookkeeping.run_data(config.data, TrainConfig.from_section(config.train), workdir=workdir)
