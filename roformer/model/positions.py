@@ -209,9 +209,14 @@ class Rotary(PositionScheme):
         self.rotary_dim = rotary_dim
         self.layout = config.rope_layout
         self.rotary_value = config.rotary_value
-        inv_freq, self.magnitude = rope.rope_frequencies(
+        inv_freq, magnitude = rope.rope_frequencies(
             rotary_dim, config.rope_base, scaling=config.rope_scaling,
             factor=config.rope_scaling_factor, original_max_len=config.rope_original_max_len)
+        # YaRN's magnitude is a softmax temperature: on q and k it scales the logits. Linear
+        # attention has no softmax (the rotated features' product would scale the output
+        # instead), so there it keeps the frequencies only; v (rotary_value) is rotated
+        # without it (`rotate`).
+        self.magnitude = magnitude if config.attention == "softmax" else 1.0
         self.inv_freq = tuple(inv_freq.tolist())  # static host constants, not NNX state
 
     def prepare(self, positions):
@@ -228,8 +233,8 @@ class Rotary(PositionScheme):
         layout = layout or self.layout
         q = rope.apply_rope(q, cis, layout)
         k = rope.apply_rope(k, cis, layout)
-        if self.rotary_value:
-            v = rope.apply_rope(v, cis, layout)
+        if self.rotary_value:   # rotated, not scaled: the magnitude belongs to the logits
+            v = rope.apply_rope(v, cis if self.magnitude == 1.0 else cis / self.magnitude, layout)
         return q, k, v
 
 

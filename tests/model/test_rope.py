@@ -123,6 +123,30 @@ def test_yarn_interpolates_low_frequencies_only():
     np.testing.assert_allclose(got, x * magnitude, rtol=1e-6)
 
 
+def test_yarns_temperature_scales_the_logits_only():
+    """YaRN's magnitude is a softmax temperature: q and k carry it, values rotated with
+    rotary_value do not, and linear attention (no softmax) takes the frequencies only."""
+    from roformer.model import ModelConfig
+    from roformer.model.positions import Rotary
+    from flax import nnx
+
+    keys = dict(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                position="rope", rope_scaling="yarn", rope_scaling_factor=4.0, rope_original_max_len=16)
+    magnitude = 0.1 * math.log(4.0) + 1.0
+    softmax = Rotary(ModelConfig(**keys, rotary_value=True), rngs=nnx.Rngs(0))
+    linear = Rotary(ModelConfig(**keys, attention="linear"), rngs=nnx.Rngs(0))
+    assert softmax.magnitude == pytest.approx(magnitude) and linear.magnitude == 1.0
+    assert linear.inv_freq == softmax.inv_freq
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(1, 5, 2, 16)), jnp.float32)
+    cis = softmax.prepare(jnp.arange(5)[None])
+    q, k, v = softmax.rotate(x, x, x, cis)
+    norm = lambda a: np.linalg.norm(np.asarray(a), axis=-1)  # noqa: E731
+    np.testing.assert_allclose(norm(q), magnitude * norm(x), rtol=1e-5)
+    np.testing.assert_allclose(norm(v), norm(x), rtol=1e-5)
+    np.testing.assert_allclose(norm(linear.rotate(x, x, x, linear.prepare(jnp.arange(5)[None]))[0]), norm(x),
+                               rtol=1e-5)
+
+
 def test_bf16_at_large_position_rotated_by_the_right_angle():
     x = np.random.default_rng(2).normal(size=(1, 1, 1, 64)).astype(np.float32)
     x_bf16 = jnp.asarray(x, jnp.bfloat16)
