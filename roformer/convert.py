@@ -26,6 +26,7 @@ in eval mode (dropout off), ready for inference; call `.train()` to fine-tune it
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import shutil
@@ -476,6 +477,25 @@ def load_pretrain_workdir(workdir: str | Path, *, step: int = -1) -> tuple[Model
     return config, model
 
 
+def with_trained_positions(config: ModelConfig, train: Mapping) -> ModelConfig:
+    """`config` with max_position_embeddings at least the longest sequence the run trained on
+    (train.seq_len and every phase of its `train` section). For rope it bounds nothing here,
+    but HF's RoFormer builds its sinusoid table, and the tokenizer its model_max_length, of
+    that many positions: a run at seq_len 1024 with the default 512 would export a model
+    that fails on the length it was trained at."""
+    if not train:
+        return config
+    from types import SimpleNamespace
+
+    from roformer.train.config import parse_phases
+
+    section = SimpleNamespace(**{"phases": "", "steps": 1, "batch_size": 1, **train})
+    longest = max(phase.seq_len for phase in parse_phases(section))
+    if longest <= config.max_position_embeddings:
+        return config
+    return dataclasses.replace(config, max_position_embeddings=longest)
+
+
 def _copy_tokenizer_files(src: Path, dst: Path) -> None:
     """Keep the vocabulary next to the weights (GLUE and HF tokenizers look for it there)."""
     for name in TOKENIZER_FILES:
@@ -546,8 +566,14 @@ def main(argv: list[str] | None = None) -> None:
             write_hf_tokenizer_config(out, lowercase=lowercase, model_max_length=config.max_position_embeddings)
     elif PretrainWorkdir.holds_run(src):
         config, model = load_pretrain_workdir(src, step=args.step)
-        out = save_hf(model, config, args.out_dir)
         run = PretrainWorkdir(src)
+        exported = with_trained_positions(config, run.run_config().get("train", {}))
+        if exported is not config:   # the same parameters (rope has no position table of its own)
+            longer = build_model(exported, "mlm")
+            nnx.update(longer, nnx.state(model, nnx.Param))
+            longer.eval()
+            config, model = exported, longer
+        out = save_hf(model, config, args.out_dir)
         if run.tokenizer_file.is_file():
             save_hf_tokenizer(run.tokenizer(), out, model_max_length=config.max_position_embeddings)
     else:

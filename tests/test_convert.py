@@ -238,6 +238,18 @@ def test_to_hf_from_pretraining_workdir(tmp_path, batch):
     hf = transformers.RoFormerForMaskedLM.from_pretrained(tmp_path / "hf").eval()
     assert_close(our_outputs(ours, batch), hf_outputs(hf, batch), batch)
 
+    # A run whose last phase trained on 96 tokens, past max_position_embeddings (which bounds
+    # nothing for rope here): the export's sinusoid table and tokenizer limit cover 96.
+    (tmp_path / "run" / "config.json").write_text(json.dumps(
+        {"train": {"seq_len": 32, "steps": 4, "batch_size": 4, "phases": "2:32:4,2:96:4"}}))
+    convert.main(["to-hf", str(tmp_path / "run"), str(tmp_path / "hf96")])
+    hf = transformers.RoFormerForMaskedLM.from_pretrained(tmp_path / "hf96").eval()
+    assert hf.config.max_position_embeddings == 96
+    rng = np.random.default_rng(1)
+    long = {"input_ids": rng.integers(1, VOCAB, (1, 96)), "attention_mask": np.ones((1, 96), np.int64),
+            "token_type_ids": np.zeros((1, 96), np.int64)}
+    assert_close(our_outputs(ours, long), hf_outputs(hf, long), long)
+
 
 @needs_torch
 @needs_transformers
