@@ -48,16 +48,19 @@ def alternate(
     """Time the variants in alternating rounds; returns name -> per-round seconds.
 
     Each round runs every variant once (median of `iters` calls), so round i of A and
-    round i of B saw nearly the same machine load. The order rotates by one each round
-    (A B C, B C A, ...): with a fixed order, the `none` position control (strictly less
-    work than `learned`) timed 2-8% slower than `learned`, which always ran first.
+    round i of B saw nearly the same machine load. The order rotates by one each round and
+    runs backwards every other round (A B C, C B A... rotated): with a fixed order, the
+    `none` position control (strictly less work than `learned`) timed 2-8% slower than
+    `learned`, which always ran first; rotating alone keeps each variant behind the same
+    neighbour and at positions that drift within a round favours.
     """
     warm_up(fns, warmup)
     names = list(fns)
     times: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(rounds):
         shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
+        order = names[shift:] + names[:shift]
+        for name in order[::-1] if round_index % 2 else order:
             times[name].append(time_call(fns[name], iters))
     return times
 

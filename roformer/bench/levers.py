@@ -27,9 +27,12 @@ variants under the same load:
   all_batch_x2      `all` at twice the shape's batch
 
 Then the levers that paid alone at the first shape (median `x_tokens` at least
-`--adopt-above`, every round above 1) are built together as `adopted` and timed against the
-baseline once more (rows of stage `adopted`), and the other shapes time the baseline and
-`adopted` (`--other-variants`): the MFU before and after at each shape, in one process.
+`--adopt-above`, every round above 1, the first step's loss within bf16 rounding of the
+baseline's except where the masks differ by design, and a program other than the baseline's)
+are built together as `adopted` and timed against the baseline once more, in rounds of their
+own (rows of stage `adopted`): picked as the best of several, the lever rows' ratios lean
+high, so the set is adopted only when it pays there too. The other shapes time the baseline
+and `adopted` (`--other-variants`): the MFU before and after at each shape, in one process.
 
 `x_tokens` is a variant's tokens/s over the baseline's (median of the per-round ratios, with
 their min and max): above 1 is faster. `loss_step1` is the first step's loss from the same
@@ -231,29 +234,67 @@ class Group:
         return rows
 
 
+# A lever that leaves the arithmetic alone gives the baseline's first-step loss to bf16
+# rounding (a few 1e-5 here); rbg keys draw other dropout masks, so theirs differs by design.
+LOSS_TOLERANCE = 2e-3
+OTHER_MASKS = ("rbg_dropout",)
+
+
+def paid(row: dict, threshold: float) -> bool:
+    """A timed row's tokens/s over the baseline's was at least `threshold` at the median and
+    above 1 in every round."""
+    return "x_tokens" in row and row["x_tokens"] >= threshold and row["x_tokens_min"] > 1.0
+
+
+def lever_verdicts(rows: list[dict], threshold: float) -> dict[str, str]:
+    """Each lever of `rows` (one shape's) -> "paid", or why it is not adopted: it failed to
+    build, did not pay in every round, changed the first step's loss beyond bf16 rounding, or
+    compiled to the baseline's own program (its form is not active here)."""
+    rows = {row["variant"]: row for row in rows}
+    base = rows.get(BASELINE, {})
+    verdicts = {}
+    for name in (name for name in LEVERS if name in rows):
+        row = rows[name]
+        if "x_tokens" not in row:
+            verdicts[name] = f"failed ({row.get('failed', 'not timed')})"
+        elif name not in OTHER_MASKS and abs(row.get("dloss_step1", 0.0)) > LOSS_TOLERANCE:
+            verdicts[name] = f"first-step loss {row['dloss_step1']:+.2g} off the baseline's"
+        elif row.get("program") is not None and row.get("program") == base.get("program"):
+            verdicts[name] = "the baseline's own program"
+        elif not paid(row, threshold):
+            verdicts[name] = f"x_tokens {row['x_tokens']:.3f} (min {row['x_tokens_min']:.3f})"
+        else:
+            verdicts[name] = "paid"
+    return verdicts
+
+
 def adopted_variant(rows: list[dict], threshold: float) -> tuple[Variant | None, list[str]]:
-    """The levers that paid alone, together: those whose tokens/s over the baseline's was at
-    least `threshold` at the median and above 1 in every round. Returns (the variant, or None
+    """The levers that paid alone (`lever_verdicts`), together. Returns (the variant, or None
     when none paid; their names)."""
-    by_name = {row["variant"]: row for row in rows if "x_tokens" in row}   # failed rows are not timed
-    paid = [name for name in LEVERS if name in by_name
-            and by_name[name]["x_tokens"] >= threshold and by_name[name]["x_tokens_min"] > 1.0]
-    if not paid:
+    paid_levers = [name for name, verdict in lever_verdicts(rows, threshold).items() if verdict == "paid"]
+    if not paid_levers:
         return None, []
-    forms = tuple(form for form in backend.FORMS if any(form in VARIANTS[name].forms for name in paid))
-    return Variant(forms=forms, dropout_rng_impl="rbg" if "rbg_dropout" in paid else "threefry2x32"), paid
+    forms = tuple(form for form in backend.FORMS if any(form in VARIANTS[name].forms for name in paid_levers))
+    return (Variant(forms=forms, dropout_rng_impl="rbg" if "rbg_dropout" in paid_levers else "threefry2x32"),
+            paid_levers)
 
 
 def adopted_in_result(result: dict) -> Variant | None:
     """The adopted variant of a finished run's JSON (its first shape's lever rows and its
-    --adopt-above, or the variant it took with --adopted-from), for a later process to run
-    with the same levers (the A/B's peers stage, a later call's other shapes)."""
+    --adopt-above, confirmed by the `adopted` stage's own rounds against the baseline; or the
+    variant it took with --adopted-from), for a later process to run with the same levers (the
+    A/B's peers stage, a later call's other shapes). None when no lever paid, or the levers
+    together failed to build or did not pay in their own rounds."""
     if "adopted_from" in result:
         taken = result["adopted_from"]["variant"]
         return Variant(forms=tuple(taken["forms"]), dropout_rng_impl=taken["dropout_rng_impl"]) if taken else None
-    size, seq_len, _ = parse_shape(result["settings"]["shapes"][0])
-    first = [row for row in result["rows"] if row["stage"] == "levers" and (row["size"], row["seq"]) == (size, seq_len)]
-    return adopted_variant(first, result["settings"]["adopt_above"])[0]
+    shape = parse_shape(result["settings"]["shapes"][0])
+    first = [row for row in result["rows"] if (row["size"], row["seq"]) == shape[:2]
+             and row.get("batch", shape[2]) in (shape[2], shape[2] * VARIANTS.get(row["variant"], Variant()).batch_factor)]
+    threshold = result["settings"]["adopt_above"]
+    variant, _ = adopted_variant([row for row in first if row["stage"] == "levers"], threshold)
+    confirmation = [row for row in first if row["stage"] == "adopted" and row["variant"] != BASELINE]
+    return variant if variant is not None and confirmation and paid(confirmation[-1], threshold) else None
 
 
 def adopted_from_file(path: str) -> Variant | None:
@@ -312,15 +353,26 @@ def run(args: argparse.Namespace) -> dict:
             rows += group.time("levers")
         rows += group.failed_rows("levers")
         if index == 0 and not continued and ADOPTED in args.other_variants:
-            adopted, paid = adopted_variant(rows, args.adopt_above)
-            same = [name for name, variant in group.variants.items() if variant == adopted]
+            verdicts = lever_verdicts([row for row in rows if row["stage"] == "levers"], args.adopt_above)
+            adopted, paid_levers = adopted_variant([row for row in rows if row["stage"] == "levers"],
+                                                   args.adopt_above)
+            same = [name for name, variant in group.variants.items() if variant == adopted and name in group.built]
+            notes.append(f"levers at {shape} (paid: median x_tokens >= {args.adopt_above}, every round above 1, "
+                         f"first-step loss within {LOSS_TOLERANCE}): "
+                         + "; ".join(f"{name} {verdict}" for name, verdict in verdicts.items()))
             notes.append(f"adopted (the levers that paid alone at {shape}, together): "
-                         + (", ".join(paid) if paid else "none") + (f", the same as {same[0]}" if same else ""))
-            if adopted is not None and not same and BASELINE in group.built:
-                group.drop(keep={BASELINE})
-                if group.build(ADOPTED, adopted):
+                         + (", ".join(paid_levers) if paid_levers else "none") + (f", the same as {same[0]}" if same else ""))
+            if adopted is not None and BASELINE in group.built:
+                # Timed again in rounds of their own: the lever rows picked the winners among
+                # several, so their ratios lean high; a set that does not pay here is not adopted.
+                group.drop(keep={BASELINE, *same[:1]})
+                if same or group.build(ADOPTED, adopted):
                     rows += group.time("adopted")
                 rows += group.failed_rows("adopted")
+                confirmed = [row for row in rows if row["stage"] == "adopted" and row["variant"] != BASELINE]
+                if not (confirmed and paid(confirmed[-1], args.adopt_above)):
+                    notes.append(f"adopted: none (the levers together did not pay in their own rounds at {shape})")
+                    adopted = None
         group.drop(keep=set())
         done(shape)
     return result(partial=False)

@@ -53,6 +53,11 @@ def test_ratio_stats_and_alternate():
         ratio_stats([1.0], [1.0, 2.0])
     times = alternate({"a": lambda: 1, "b": lambda: 2}, rounds=3, iters=1, warmup=0)
     assert set(times) == {"a", "b"} and all(len(t) == 3 for t in times.values())
+    # The order rotates and runs backwards every other round: no variant always follows the
+    # same one or sits at the same place in a round.
+    order = []
+    alternate({name: (lambda name=name: order.append(name)) for name in "abc"}, rounds=4, iters=1, warmup=0)
+    assert "".join(order) == "abc" + "acb" + "cab" + "cba"
     assert format_table([{"x": 1.23456, "y": "z"}]).splitlines()[2] == "| 1.235 | z |"
 
 

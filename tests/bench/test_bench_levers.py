@@ -59,6 +59,19 @@ def test_adopted_are_the_levers_that_paid_in_every_round_together():
     assert paid == ["fused_qkv", "rbg_dropout"]
     assert variant == levers.Variant(forms=("fused_qkv",), dropout_rng_impl="rbg")
     assert levers.adopted_variant(rows[:2], 1.005) == (None, [])
+    # Not adopted however fast: a lever whose first-step loss is off the baseline's beyond bf16
+    # rounding (rbg keys draw other masks by design), one that compiled to the baseline's own
+    # program, one that failed to build.
+    rows = [{**row("baseline", 1, 1), "program": "p0"},
+            {**row("fused_qkv", 1.1, 1.05), "dloss_step1": 0.3, "program": "p1"},
+            {**row("rbg_dropout", 1.03, 1.01), "dloss_step1": -0.0073, "program": "p2"},
+            {**row("bias_grad_in_gemm", 1.02, 1.01), "dloss_step1": 0.0, "program": "p0"},
+            {"variant": "pallas_residual_norm", "failed": "LoweringError"}]
+    verdicts = levers.lever_verdicts(rows, 1.005)
+    assert verdicts["fused_qkv"].startswith("first-step loss +0.3 off") and verdicts["rbg_dropout"] == "paid"
+    assert verdicts["bias_grad_in_gemm"] == "the baseline's own program"
+    assert verdicts["pallas_residual_norm"] == "failed (LoweringError)"
+    assert levers.adopted_variant(rows, 1.005)[1] == ["rbg_dropout"]
 
 
 def test_the_adopted_levers_are_read_back_from_a_runs_json():
@@ -68,13 +81,26 @@ def test_the_adopted_levers_are_read_back_from_a_runs_json():
         return {"stage": stage, "size": size, "seq": 512, "variant": variant, "x_tokens": median, "x_tokens_min": low}
 
     rows = [row("levers", "base", "baseline", 1, 1), row("levers", "base", "fused_qkv", 1.02, 1.01),
-            row("levers", "base", "rbg_dropout", 0.99, 0.98), row("adopted", "base", "rbg_dropout", 1.05, 1.04),
-            row("levers", "small", "rbg_dropout", 1.05, 1.04)]
+            row("levers", "base", "rbg_dropout", 0.99, 0.98), row("adopted", "base", "baseline", 1, 1),
+            row("adopted", "base", "fused_qkv", 1.015, 1.002), row("levers", "small", "rbg_dropout", 1.05, 1.04)]
     result = json.loads(json.dumps({"rows": rows, "settings": {"shapes": ["base/512/64", "small/512/64"],
                                                                "adopt_above": 1.005}}))
     assert levers.adopted_in_result(result) == levers.Variant(forms=("fused_qkv",))
     result["settings"]["adopt_above"] = 1.05
     assert levers.adopted_in_result(result) is None
+    # The levers together timed again in rounds of their own: not paying there, or failing to
+    # build, hands on no lever.
+    result["settings"]["adopt_above"] = 1.005
+    result["rows"][4].update(x_tokens=0.97, x_tokens_min=0.96)
+    assert levers.adopted_in_result(result) is None
+    result["rows"][4] = {"stage": "adopted", "size": "base", "seq": 512, "variant": "adopted", "failed": "OOM"}
+    assert levers.adopted_in_result(result) is None
+    # A later shape of the same size and length but another batch does not count.
+    result["rows"][4] = row("adopted", "base", "fused_qkv", 1.015, 1.002)
+    result["rows"].append({**row("levers", "base", "fused_qkv", 0.95, 0.9), "batch": 128})
+    for r in result["rows"][:5]:
+        r["batch"] = 64
+    assert levers.adopted_in_result(result) == levers.Variant(forms=("fused_qkv",))
 
 
 def test_the_segment_mask_variant_is_the_baseline_with_the_packed_rows_mask():
@@ -113,7 +139,8 @@ def test_a_variant_that_fails_to_build_is_a_row_saying_why_and_the_rest_still_ru
     result = levers.run(args)
     rows = [(row["stage"], row["variant"], row.get("failed")) for row in result["rows"]]
     assert rows == [("levers", "baseline", None), ("levers", "fused_qkv", None),
-                    ("levers", "pallas_residual_norm", "RuntimeError: Triton lowering failed")]
+                    ("levers", "pallas_residual_norm", "RuntimeError: Triton lowering failed"),
+                    ("adopted", "baseline", None), ("adopted", "fused_qkv", None)]   # confirmed in rounds of its own
     assert any("pallas_residual_norm: failed (RuntimeError" in note for note in result["notes"])
     assert "adopted (the levers that paid alone at tiny/16/2, together): fused_qkv, the same as fused_qkv" \
         in result["notes"]
@@ -130,7 +157,8 @@ def test_a_later_call_times_the_adopted_levers_of_an_earlier_run_at_the_shapes_i
 
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps({"benchmark": "levers", "rows": [row("baseline", 1, 1), row("fused_qkv", 1.1, 1.05),
-                                                                     row("rope_half_pairs", 0.9, 0.8)],
+                                                                     row("rope_half_pairs", 0.9, 0.8),
+                                                                     {**row("fused_qkv", 1.08, 1.02), "stage": "adopted"}],
                                    "settings": {"shapes": ["tiny/16/2"], "adopt_above": 1.005}}))
     out = tmp_path / "later.json"
     assert main(["levers", "--shapes", "tiny/16/2", "--adopted-from", str(earlier), "--rounds", "1",
