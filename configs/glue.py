@@ -1,8 +1,8 @@
 """GLUE fine-tuning: `python -m roformer.glue --config=configs/glue.py --workdir=DIR`.
 
-Defaults follow Cramming's "GLUE-sane" protocol: one hyper-parameter set for every task
-(AdamW lr 4e-5, batch 32, up to 5 epochs, 10% warmup, linear decay, max length 128),
-5 seeds, median reported. `per_task.<task>.<key>` overrides one task (None = global).
+Defaults: one hyper-parameter set for every task, Cramming's "GLUE-sane" in lr 4e-5, 5 epochs,
+10% warmup and max length 128, BERT's batch 32, linear decay, weight decay 0.01 and clipping
+1.0 (docs/glue.md says how to run Cramming's exactly), 5 seeds, median reported. `per_task.<task>.<key>` overrides one task (None = global).
 
 Arguments (comma-separated, e.g. `configs/glue.py:smoke,accel=gpu`):
   smoke       4 tasks, 2,000 training rows, 3 epochs at 5e-4, 256 dev rows: minutes on a

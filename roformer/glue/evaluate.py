@@ -74,6 +74,17 @@ class SavedRun:
         config = ml_collections.ConfigDict(json.loads(config_file.read_text())["config"])
         results_file = path / "glue_results.json"
         results = json.loads(results_file.read_text()) if results_file.is_file() else {}
+        if results.get("tasks") is not None:
+            # Models of tasks the last run (whose config.json this is) did not train are an
+            # earlier run's, perhaps with other settings: not scored as this run's.
+            stale = sorted(set(seeds) - set(results["tasks"]))
+            if stale:
+                log.warning("%s: models of %s are from an earlier run than its config.json and glue_results.json; "
+                            "not evaluated", path, ", ".join(stale))
+            seeds = {task: runs for task, runs in seeds.items() if task in results["tasks"]}
+            if not seeds:
+                raise ConfigError(f"{path}: its saved models are all of tasks its last run did not train "
+                                  f"({', '.join(stale)}): no model to evaluate with that run's config")
         return cls(path, config, results, seeds)
 
     def tasks(self, spec: str) -> list[str]:

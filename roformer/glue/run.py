@@ -251,10 +251,13 @@ def save_models(trained: dict[int, Classifier], chosen: int, task_dir: Path, tok
                 every_seed: bool) -> dict:
     """The fine-tuned classifiers of a task in roformer.convert's format with their tokenizer,
     task_dir/seed<k> (`python -m roformer.convert to-hf` exports one, load_converted reloads
-    it): the median seed's, or `every_seed`'s. The median seed's is also exported to
+    it): the median seed's, or `every_seed`'s, replacing what task_dir held. The median seed's is also exported to
     task_dir/hf as HF RoFormerForSequenceClassification (what AutoTokenizer and
     AutoModelForSequenceClassification load), when HF's RoFormer can express it."""
     saved = {"median_seed": chosen, "dir": str(task_dir)}
+    # An earlier run's models of this task (in the same workdir) go: none of another run's
+    # seeds may stay beside this run's for --eval_only to score as one run's.
+    shutil.rmtree(task_dir, ignore_errors=True)
     for seed, classifier in trained.items():
         if every_seed or seed == chosen:
             model = classifier.model()

@@ -110,3 +110,25 @@ def glue_run_done_line(workdir) -> str:
     from roformer.glue.__main__ import done_line
 
     return done_line(str(workdir), {})
+
+
+def test_a_second_run_in_the_same_workdir_replaces_its_tasks_models_and_eval_only_skips_the_rest(
+        trained, shared_data, vocab, tmp_path, caplog):
+    """A later run into the workdir (STS-B only, one seed, the median's model kept) replaces
+    STS-B's models, so no seed of the earlier run stays beside its own; MRPC's models are the
+    earlier run's, which its config.json and glue_results.json no longer describe, so
+    --eval_only leaves them out and says so."""
+    import shutil
+
+    _, first, _ = trained
+    workdir = tmp_path / "run"
+    shutil.copytree(first, workdir)
+    config = tiny_config(shared_data, vocab, "stsb")
+    config.seeds = 1
+    glue_run.run_glue(config, workdir)
+    assert sorted(p.name for p in (workdir / "models" / "stsb").iterdir() if p.name.startswith("seed")) == ["seed0"]
+    assert (workdir / "models" / "mrpc" / "seed1").is_dir()   # the earlier run's, left where it was
+    with caplog.at_level("WARNING", logger="roformer.glue"):
+        evaluated = evaluate_glue(config, workdir, tmp_path / "eval")
+    assert set(evaluated["tasks"]) == {"stsb"} and set(evaluated["tasks"]["stsb"]["seeds"]) == {"0"}
+    assert "models of mrpc are from an earlier run" in caplog.text
