@@ -188,3 +188,17 @@ def test_adopted_from_a_file_that_is_not_a_levers_result_is_one_line(tmp_path, c
     with pytest.raises(SystemExit, match="--adopted-from .*earlier.json: cannot take its adopted levers") as error:
         main(["levers", "--shapes", "tiny/16/2", "--adopted-from", str(path)])
     assert "\n" not in str(error.value)
+
+
+def test_the_decision_rules_simulation_runs_the_projects_own_rules(capsys, monkeypatch):
+    """scripts/decision_rules_sim.py (docs/results/2026-11-29-decision-rules-cpu.md) at a few
+    trials: its three tables, from study_stats.family_verdicts and levers.paid."""
+    import runpy
+    import sys
+    from pathlib import Path
+
+    monkeypatch.setattr(sys, "argv", ["decision_rules_sim.py", "--trials", "200"])
+    runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts" / "decision_rules_sim.py"),
+                   run_name="__main__")
+    out = capsys.readouterr().out
+    assert out.count("|---|---|---|---|") == 3 and "| 6 |" in out and "| 1.02x | 1.0% |" in out
