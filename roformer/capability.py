@@ -21,11 +21,14 @@ One synthetic corpus holds two kinds of document (words are made-up symbols):
              whose outputs reverse with its input (symmetric ALiBi, and `none`) gives both the
              same prediction, so it is right at most half the time; a scheme that tells left
              from right can be right every time. (`none` does find x's partner: it is the
-             document's only other d-symbol; it cannot find its side.) The bound is exact
-             for `none`. The [CLS] and [SEP] at the ends are different words, so a symmetric
-             scheme could still read a side indirectly, from which end each word is nearer
-             (two steps: distances to [CLS], then their comparison); ALiBi is held below the
-             threshold in practice, not by a theorem (docs/ablation.md gives the numbers). x and y are neighbours, as a key and its value
+             document's only other d-symbol; it cannot find its side.) The bound holds for
+             `none` on average over documents (a finite probe set can show a little more).
+             The [CLS] and [SEP] at the ends are different words, so a symmetric scheme can
+             still read a side from them: in one step where the masked word's distances to the
+             two ends settle it (next to an end, or with the most filler on one side: 25 of
+             169 filler-length pairs, worth up to 0.574 accuracy), in two steps elsewhere
+             (distances to [CLS], then their comparison); ALiBi is held below the threshold in
+             practice, not by a theorem (docs/ablation.md gives the numbers). x and y are neighbours, as a key and its value
              are: attending to the neighbour already pays before the rule is known (it says
              the masked word is a d-symbol), so the rule is learned along a gradual path.
              With a word between them (`x q y`) that first step points at the middle word
@@ -33,11 +36,13 @@ One synthetic corpus holds two kinds of document (words are made-up symbols):
              learned it in 1,500 steps.
 
 Each scheme trains on the same corpus, vocabulary, seed and recipe (`config.pretrain`: the
-reference comparison's, at sequence 64); the probes run on every checkpoint. The report
-gives, per scheme and task, the final accuracy, the bound a bag of words cannot pass, the
-first step at which the accuracy reached the threshold, and pass/fail against
-`config.expect` (symmetric ALiBi is expected to fail `direction`); the smoke variant is a
-pipeline check instead (`config.judge`, JUDGES). Resumable: finished runs
+reference comparison's, at sequence 32); the probes, documents the training text does not
+hold, run on every checkpoint. The report gives, per scheme and task, the final accuracy,
+the bound a bag of words cannot pass, the first step at which the accuracy reached the
+threshold, and pass/fail against `config.expect_fail` (ALiBi is expected to fail
+`direction`, being symmetric, and `pairs` with the `tiny` preset's 2 heads, whose slopes let
+no head prefer an adjacent word); the smoke variant is a pipeline check instead
+(`config.judge`, JUDGES). Resumable: finished runs
 and probed checkpoints are skipped.
 """
 from __future__ import annotations
@@ -154,10 +159,14 @@ def write_corpus(config: ml_collections.ConfigDict, directory: Path) -> tuple[Pa
     if not vocab.is_file():
         write_text_atomic(vocab, "".join(f"{w}\n" for w in (*SPECIAL_TOKENS, *world.words)))
     if not text.is_file():
-        rng = np.random.default_rng([config.seed, 1])
-        docs = documents(rng, world, corpus, corpus.train_docs)
-        write_text_atomic(text, "\n\n".join(" ".join(words) for _, words, _ in docs) + "\n")
+        write_text_atomic(text, "\n\n".join(training_texts(config, world)) + "\n")
     return vocab, text
+
+
+def training_texts(config: ml_collections.ConfigDict, world: World) -> list[str]:
+    """The training documents' texts, in order (the same for a seed on every call)."""
+    rng = np.random.default_rng([config.seed, 1])
+    return [" ".join(words) for _, words, _ in documents(rng, world, config.corpus, config.corpus.train_docs)]
 
 
 
@@ -170,11 +179,9 @@ def probe_batches(config: ml_collections.ConfigDict, tokenizer, seq_len: int) ->
     answers and a weight per slot (0 for padding)."""
     corpus = config.corpus
     world = World.draw(config.seed, corpus.num_symbols, corpus.num_fillers)
-    rng = np.random.default_rng([config.seed, 2])
     out = {}
     inverse = np.argsort(world.cycle)
-    for task in TASKS:
-        rows = [document(rng, world, corpus, task)[1:] for _ in range(corpus.probe_docs)]
+    for task, rows in probe_documents(config, world).items():
         mirrors = None
         if task == "direction":   # x masked in even documents, y in odd ones
             rows = [(words, [slots[i % 2]]) for i, (words, slots) in enumerate(rows)]
@@ -184,6 +191,22 @@ def probe_batches(config: ml_collections.ConfigDict, tokenizer, seq_len: int) ->
             mirrors = [[f"d{world.cycle[int(words[slot + 1][1:])]}" if i % 2 == 0
                         else f"d{inverse[int(words[slot - 1][1:])]}"] for i, (words, (slot,)) in enumerate(rows)]
         out[task] = _masked_rows(rows, tokenizer, seq_len, mirrors)
+    return out
+
+
+def probe_documents(config: ml_collections.ConfigDict, world: World) -> dict[str, list[tuple[list[str], list[int]]]]:
+    """Per task, `corpus.probe_docs` documents (words, probe slots) from a stream of their own,
+    leaving out any the training text holds (e.g. the 16 `direction` documents without filler)."""
+    corpus = config.corpus
+    rng = np.random.default_rng([config.seed, 2])
+    seen = set(training_texts(config, world))
+    out = {}
+    for task in TASKS:
+        rows = out[task] = []
+        while len(rows) < corpus.probe_docs:
+            words, slots = document(rng, world, corpus, task)[1:]
+            if " ".join(words) not in seen:
+                rows.append((words, slots))
     return out
 
 
@@ -391,7 +414,8 @@ def _result(config, schemes: list[str], rows: list[dict]) -> dict:
         row["passed"] = {t: row["accuracy"][t] is not None and row["accuracy"][t] >= config.threshold
                          for t in TASKS}
         if judge == "pipeline":
-            row["as_expected"] = _pipeline_ran(row, bound, int(config.pretrain.train.steps))
+            row["as_expected"] = _pipeline_ran(row, bound, int(config.pretrain.train.steps),
+                                               int(config.corpus.probe_docs))
         else:
             row["as_expected"] = all(row["passed"][t] == row["expected_pass"][t] for t in TASKS)
     return {"threshold": config.threshold, "bag_of_words_bound": bound, "tokens_per_step": tokens_per_step,
@@ -399,15 +423,19 @@ def _result(config, schemes: list[str], rows: list[dict]) -> dict:
             "all_as_expected": all(r["as_expected"] for r in rows) and len(rows) == len(schemes)}
 
 
-def _pipeline_ran(row: dict, bound: dict[str, float], steps: int) -> bool:
+def _pipeline_ran(row: dict, bound: dict[str, float], steps: int, probe_docs: int) -> bool:
     """A pipeline check's verdict on one scheme: trained to `steps` without diverging, every
-    probe an accuracy, and `none` within the bounds a model blind to order cannot pass."""
+    probe an accuracy, and `none` within the bounds a model blind to order cannot pass. On
+    `pairs` the bound holds document by document; on `direction` only on average (a
+    prediction from the bag of words is right in half the documents on average, and by
+    chance in more of a finite probe set), so there it gets three binomial standard errors."""
     curve = row["curve"]
     if row["diverged"] or not curve or curve[-1]["step"] != steps:
         return False
     if not all(0.0 <= p[t] <= 1.0 for p in curve for t in (*TASKS, MIRROR)):
         return False
-    return row["scheme"] != "none" or all(p[t] <= bound[t] for p in curve for t in TASKS)
+    slack = {"pairs": 0.0, "direction": 3 * (0.25 / probe_docs) ** 0.5}
+    return row["scheme"] != "none" or all(p[t] <= bound[t] + slack[t] for p in curve for t in TASKS)
 
 
 def to_markdown(result: dict) -> str:

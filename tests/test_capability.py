@@ -165,6 +165,26 @@ def test_the_smoke_variant_is_a_pipeline_check_with_its_own_expectations():
                  [fake_row("rope", 0.1, 0.4, diverged=True), fake_row("none", 0.1, 0.5)],
                  [fake_row("rope", 0.1, 0.4)]):                                        # a scheme missing
         assert not capability._result(config, schemes, rows)["all_as_expected"]
+    # On `direction` `none` is held to 0.5 only on average: 40 probe documents allow 3 binomial
+    # standard errors (0.74 here), while `pairs` stays exact.
+    assert capability._result(config, schemes, [fake_row("rope", 0.1, 0.4),
+                                                fake_row("none", 0.12, 0.7)])["all_as_expected"]
+    assert not capability._result(config, schemes, [fake_row("rope", 0.1, 0.4),
+                                                    fake_row("none", 0.12, 0.8)])["all_as_expected"]
     # The full check still judges the schemes: rope failing both rules is not as expected there.
     full = plan.load_config_file("capability")
     assert not capability._result(full, ["rope"], [fake_row("rope", 0.1, 0.4, steps=(2500,))])["all_as_expected"]
+    # ALiBi failing both tasks (the tiny preset's 2 heads, and symmetry) is as expected.
+    assert capability._result(full, ["alibi"], [fake_row("alibi", 0.12, 0.48, steps=(2500,))])["all_as_expected"]
+
+
+def test_probe_documents_are_not_in_the_training_text():
+    """The full check's training text holds `direction` documents without filler (a few of the
+    16 there are); the probes hold none of them, nor any other training document."""
+    config = plan.load_config_file("capability")
+    world = capability.World.draw(config.seed, config.corpus.num_symbols, config.corpus.num_fillers)
+    seen = set(capability.training_texts(config, world))
+    assert sum(len(text.split()) == 2 for text in seen) > 0
+    probes = capability.probe_documents(config, world)
+    assert {task: len(rows) for task, rows in probes.items()} == {t: config.corpus.probe_docs for t in capability.TASKS}
+    assert not [words for rows in probes.values() for words, _ in rows if " ".join(words) in seen]
