@@ -42,6 +42,18 @@ def test_data_prepare_without_its_config_file_is_one_line():
                                         "configs/no_such.py"]
 
 
+def test_data_commands_say_a_bad_input_file_in_one_line(tmp_path):
+    """`prepare` and `tokenizer` turn a data error into one line and status 2, as pretraining does."""
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"caf\xe9\n")
+    proc = run("roformer.data", "tokenizer", "encode", "--vocab", str(tmp_path / "no_vocab.txt"), "hello")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+    proc = run("roformer.data", "prepare", "--config=configs/tiny.py", "--config.data.source=files",
+               f"--config.data.files={bad}", f"--config.data.cache_dir={tmp_path / 'cache'}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: data.files: ") and "not valid UTF-8" in proc.stderr
+
+
 def test_data_without_a_command_is_a_usage_error():
     proc = run("roformer.data")
     assert proc.returncode == 2 and "python -m roformer.data prepare" in proc.stderr

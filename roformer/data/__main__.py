@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     if command == "tokenizer":
-        return tokenizer_main(argv[2:])
+        with cli.user_errors():   # a bad file or vocabulary is one line, as in the other commands
+            return tokenizer_main(argv[2:])
     if command == "prepare":
         # defined here, not on import, so that importing this module defines no absl flags
         config_flags.DEFINE_config_file("config", None, "Pretraining or ablation config file "
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             if cli.asks_for_help(prepare_argv):   # the flags and config keys, exit 0
                 print(cli.help_text(__doc__, spec or str(cli.CONFIG_DIR / "base.py"), given=spec is not None))
                 return 0
-        app.run(_prepare_main, argv=prepare_argv)
+        with cli.user_errors():
+            app.run(_prepare_main, argv=prepare_argv)
     print(__doc__, file=sys.stderr)
     return 2
 

@@ -19,6 +19,7 @@ separately.
 from __future__ import annotations
 
 import abc
+import codecs
 import copy
 import glob
 import gzip
@@ -201,7 +202,32 @@ def _open_text(path: str) -> tuple[io.TextIOWrapper, io.BufferedReader]:
     except OSError as err:
         raise ConfigError(f"data.files: cannot read {path}: {err.strerror}") from err
     binary = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
-    return io.TextIOWrapper(binary, encoding="utf-8", errors="strict"), raw
+    # utf-8-sig: a byte-order mark would otherwise stay on the first line and hide a
+    # WikiExtractor file's `<doc` from the format detection
+    return io.TextIOWrapper(binary, encoding="utf-8-sig", errors="strict"), raw
+
+
+def _first_bad_byte(path: str) -> int | None:
+    """The offset of the first byte of `path`'s text (after gunzipping) that is not UTF-8: a
+    decode error's own offset counts from the start of the chunk being decoded."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    with open(path, "rb") as raw:
+        binary = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
+        consumed = 0
+        try:
+            while chunk := binary.read(1 << 20):
+                pending = len(decoder.getstate()[0])
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError as err:
+                    return consumed - pending + err.start
+                consumed += len(chunk)
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as err:
+            return consumed - len(err.object) + err.start
+        except (OSError, EOFError, zlib.error):
+            return None
+    return None
 
 
 def read_documents(path: str, file_format: str = "auto", on_open=None) -> Iterator[str]:
@@ -231,7 +257,9 @@ def read_documents(path: str, file_format: str = "auto", on_open=None) -> Iterat
             else:
                 yield from _blank_line_documents(all_lines)
     except UnicodeDecodeError as err:
-        raise ConfigError(f"data.files: {path} is not valid UTF-8 (byte {err.start}: {err.reason})") from err
+        offset = _first_bad_byte(path)
+        where = f"byte {offset:,} of its text: " if offset is not None else ""
+        raise ConfigError(f"data.files: {path} is not valid UTF-8 ({where}{err.reason})") from err
     except (OSError, EOFError, zlib.error) as err:  # BadGzipFile is an OSError
         raise ConfigError(f"data.files: cannot read {path}: {err}") from err
 

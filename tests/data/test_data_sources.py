@@ -54,6 +54,14 @@ def test_plain_text_gzip_and_format_detection(tmp_path):
         FilesSource(str(tmp_path / "a.txt"), "csv")
 
 
+def test_a_byte_order_mark_does_not_hide_a_wikiextractor_file(tmp_path):
+    """Saved with a UTF-8 byte-order mark, a WikiExtractor file is still read as one: its
+    markup and titles never become training text."""
+    text = '<doc id="1" url="u" title="T">\nT\n\nbody one\n</doc>\n<doc id="2" url="u" title="U">\nU\nbody two\n</doc>\n'
+    (tmp_path / "wiki_00").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert list(FilesSource(str(tmp_path / "wiki_00")).documents()) == ["body one", "body two"]
+
+
 def test_file_source_errors_name_the_file_or_setting(tmp_path):
     with pytest.raises(ValueError, match=r"glob '.*nothing-\*\.txt' matched no files"):
         FilesSource(str(tmp_path / "nothing-*.txt"))
@@ -61,8 +69,15 @@ def test_file_source_errors_name_the_file_or_setting(tmp_path):
         make_source(DataConfig(source="nope"))
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("caf\xe9 au lait\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"latin1\.txt is not valid UTF-8"):
+    with pytest.raises(ValueError, match=r"latin1\.txt is not valid UTF-8 \(byte 3 of its text"):
         list(FilesSource(str(bad)).documents())
+    # Far into a file, plain or gzipped, the offset is the file's, not the decoded chunk's.
+    late = ("ok line\n" * 12_500).encode() + b"\xff more\n"
+    (tmp_path / "late.txt").write_bytes(late)
+    (tmp_path / "late.gz").write_bytes(gzip.compress(late))
+    for name in ("late.txt", "late.gz"):
+        with pytest.raises(ValueError, match=rf"{name} is not valid UTF-8 \(byte 100,000 of its text"):
+            list(FilesSource(str(tmp_path / name)).documents())
     broken = tmp_path / "dangling.txt"
     broken.symlink_to(tmp_path / "missing-target.txt")
     with pytest.raises(ValueError, match=r"cannot read .*dangling\.txt"):
