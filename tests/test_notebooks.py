@@ -148,7 +148,9 @@ def test_tiny_ablation_and_report_notebook(tmp_path, monkeypatch, shared_data):
     tables = outputs(nb, "text/markdown")
     assert tables and "| rope | done |" in tables[0] and "| learned | done |" in tables[0]
     assert "## Context extension" in tables[0] and "| YaRN | done |" in tables[0]
-    assert len(outputs(nb, "image/png")) == 4      # loss curves, extrapolation, extension, GLUE
+    # Every figure the report wrote (loss curves, extrapolation, extension, and onsets and
+    # attention where it drew them), and GLUE's, which only the notebook draws.
+    assert len(outputs(nb, "image/png")) == len(list(workdir.glob("*.png"))) + 1
     text = "".join(outputs(nb, "stream"))
     assert "rope seed 1: done" in text and "extension yarn seed 0: done" in text
 
@@ -177,6 +179,27 @@ def test_study_report_notebook_reads_a_device_calls_records(fake_study, tmp_path
     assert len(table) == 2 + 2 * len(result["budgets"])   # alibi and sinusoidal at every budget
     vs = result["budgets"][-1]["rows"]["sinusoidal"]["vs_reference"]
     ends = (vs["lo"], vs["hi"], vs["lo90"], vs["hi90"])
-    assert table[-1] == (f"| {result['budgets'][-1]['tokens'] / 1e6:.2f}M | sinusoidal | "
+    assert table[-1] == (f"| {study_report.format_tokens(result['budgets'][-1]['tokens'])} | sinusoidal | "
                          f"+-{study_stats.equivalence_bound(vs['lo90'], vs['hi90']):.3f} | "
                          + " | ".join(study_stats.verdict(*ends, margin=m) for m in margins) + " |")
+    # Budgets below 100k tokens (gpu_smoke's) are told apart, as the report writes them.
+    assert {row.split(" | ")[0] for row in table[2:]} == {f"| {study_report.format_tokens(b['tokens'])}"
+                                                          for b in result["budgets"]}
+    assert len({b["tokens"] for b in result["budgets"]}) == len(result["budgets"]) > 1
+
+
+def test_study_report_notebook_runs_on_a_study_stopped_before_its_first_scheme(fake_study, tmp_path, monkeypatch):
+    """What a device call stopped before its first scheme finished sends back: the config and
+    the data manifest, no record. The notebook shows the report's "no scheme" text and stops
+    there, without a figure."""
+    import shutil
+
+    from roformer.ablation import study
+
+    workdir = tmp_path / "empty"
+    (workdir / study.SCHEMES_DIR).mkdir(parents=True)
+    for name in (study.DATA_MANIFEST, study.CONFIG_RECORD):
+        shutil.copy(fake_study / name, workdir / name)
+    nb = execute_notebook("study_report.ipynb", {"STUDY": str(workdir)}, tmp_path, monkeypatch)
+    assert not outputs(nb, "image/png")
+    assert "No scheme has finished yet" in "".join(outputs(nb, "text/markdown"))

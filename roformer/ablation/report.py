@@ -35,10 +35,20 @@ def write_report(result: Mapping, report_dir: str | Path) -> None:
     plot_extrapolation(result, report_dir / EXTRAPOLATION_PNG)
     if (result.get("extension") or {}).get("methods"):
         plot_extension(result, report_dir / EXTENSION_PNG)
-    if any(s["started"] for s in (result.get("onset") or {}).get("schemes", [])):
+    if has_onsets(result):
         plot_onset(result, report_dir / ONSET_PNG)
-    if any((s.get("curve") or {}).get("nearest_head_distance") for s in result["schemes"]):
+    if has_attention_stats(result):
         plot_attention(result, report_dir / ATTENTION_PNG)
+
+
+def has_onsets(result: dict) -> bool:
+    """Whether any run started using word order (the onset figure has a curve to draw)."""
+    return any(s["started"] for s in (result.get("onset") or {}).get("schemes", []))
+
+
+def has_attention_stats(result: dict) -> bool:
+    """Whether the runs recorded attention statistics over training (softmax attention)."""
+    return any((s.get("curve") or {}).get("nearest_head_distance") for s in result["schemes"])
 
 
 def load_report(report_dir: str | Path) -> dict:

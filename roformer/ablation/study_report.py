@@ -159,7 +159,8 @@ def _over_training(config, record: dict, arrays: dict, rate: float) -> dict:
 # --------------------------------------------------------------------------- writing
 
 
-def _fmt_tokens(t: float) -> str:
+def format_tokens(t: float) -> str:
+    """A token count as the report writes it: 4.10M, or 2.6k below 100k."""
     return f"{t / 1e6:.2f}M" if t >= 1e5 else f"{t / 1e3:.1f}k"
 
 
@@ -181,12 +182,12 @@ def limits(config, result: dict, manifest: dict) -> list[str]:
     info = result["schemes_info"]
     passes = last["steps"] * int(config.pretrain.train.batch_size) / max(manifest.get("train_rows", 0), 1)
     shows = (f"It shows the masked-LM test loss of {len(result['schemes'])} position schemes at "
-             f"{', '.join(_fmt_tokens(b['tokens']) for b in result['budgets'])} tokens per member, each scheme at the "
+             f"{', '.join(format_tokens(b['tokens']) for b in result['budgets'])} tokens per member, each scheme at the "
              f"best of {len(plan.split_list(st.learning_rates))} learning rates"
              f"{_extended_note(result)} chosen on a validation split that shares no document with the test split, with "
              f"{_count(st.seeds, 'seed')} per rate, and when each starts to use word order.")
     parameters = next(iter(info.values()))["parameters"]
-    nots = [f"It does not show what happens past {_fmt_tokens(last['tokens'])} tokens, at another model size than "
+    nots = [f"It does not show what happens past {format_tokens(last['tokens'])} tokens, at another model size than "
             f"this one ({parameters:,} parameters), on another corpus, or on any downstream task: every measure here "
             "is an MLM loss (plain, or with the order disturbed)."]
     if passes > 1:
@@ -242,17 +243,18 @@ def markdown(config, result: dict, manifest: dict) -> str:
         f"({config.pretrain.model.get('num_heads') or 'preset'} heads), batch {train.batch_size} x {train.seq_len}, "
         f"{_count(st.seeds, 'seed')} x rates {st.learning_rates} per scheme ({any_info['members']} members in one vmapped "
         f"program), warmup-stable-decay (warmup {st.warmup_steps} steps, cooldown {st.cooldown_fraction:.0%} of each "
-        f"budget), budgets {', '.join(_fmt_tokens(b['tokens']) for b in result['budgets'])} tokens per member; "
-        f"training split {_fmt_tokens(train_tokens)} tokens, so the last budget is "
+        f"budget), budgets {', '.join(format_tokens(b['tokens']) for b in result['budgets'])} tokens per member; "
+        f"training split {format_tokens(train_tokens)} tokens, so the last budget is "
         f"{last_tokens / max(train_tokens, 1):.2f} passes; test split {manifest.get('test_predictions', 0):,} masked "
         f"predictions ({manifest.get('test_rows', 0):,} rows x {manifest.get('test_mask_draws', 1)} mask draws), "
         f"validation {manifest.get('validation_predictions', 0):,} (disjoint documents). Intervals: 95% seed x item "
         f"bootstrap ({st.bootstrap} replicates); 'equivalent': TOST, 90% interval within +-{st.margin} nats; "
         "'all schemes (Holm)': whether the verdict still holds with both tests of every comparison of its budget's "
-        "table corrected together (Holm, family-wise 5%), else what remains of it; 'equivalent above': the smallest margin at which TOST would call the "
-        "difference equivalent (the 90% interval's end farthest from 0), to hold against a margin of one's own.", ""]
+        "table corrected together (Holm, family-wise 5%), else what remains of it; 'equivalent above': the margin TOST "
+        "needs, the 90% interval's end farthest from 0 (equivalent at every margin above it, at none at or below), to "
+        "hold against a margin of one's own.", ""]
     for budget in result["budgets"]:
-        lines += [f"## Budget {_fmt_tokens(budget['tokens'])} tokens ({budget['steps']} steps)", "",
+        lines += [f"## Budget {format_tokens(budget['tokens'])} tokens ({budget['steps']} steps)", "",
                   f"| scheme | rate (validation) | test loss [95%] | vs {result['reference']} [95%] | verdict | "
                   "all schemes (Holm) | equivalent above | diverged (any rate) |", "|---|---|---|---|---|---|---|---|"]
         for scheme in result["schemes"]:
@@ -285,7 +287,7 @@ def markdown(config, result: dict, manifest: dict) -> str:
     for scheme in result["schemes"]:
         onsets = info[scheme]["onsets"]
         started = [o for o in onsets if o["started"]]
-        times = ", ".join(("<=" if o["left_censored"] else "") + _fmt_tokens(o["tokens"]) for o in started) or "—"
+        times = ", ".join(("<=" if o["left_censored"] else "") + format_tokens(o["tokens"]) for o in started) or "—"
         lines.append(f"| {scheme} | {len(started)}/{len(onsets)} | {sum(o['left_censored'] for o in onsets)} | {times} |")
     names = list(next(iter(info.values()))["spectrum"])
     lines += ["", "## Order-horizon spectrum at the end (median loss increase, nats; trunk, chosen rate)", "",
@@ -297,7 +299,7 @@ def markdown(config, result: dict, manifest: dict) -> str:
               "| scheme | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for scheme in result["schemes"]:
         first = info[scheme]["spectrum_onset"]
-        lines.append(f"| {scheme} | " + " | ".join(_fmt_tokens(first[n]) if first[n] is not None else "never"
+        lines.append(f"| {scheme} | " + " | ".join(format_tokens(first[n]) if first[n] is not None else "never"
                                                     for n in names) + " |")
     lines += ["", "## Position signal over training (median over seeds: first -> last evaluation)", ""]
     for scheme in result["schemes"]:
