@@ -187,19 +187,23 @@ def logged_history(workdir: Path, start_step: int, window: int) -> dict:
     """What metrics.jsonl says about the run before `start_step`: its last `window` training
     losses and best held-out loss (the divergence guard's reference) and its first loss."""
     rows = [r for r in read_metrics(workdir) if r.get("step", 0) <= start_step]
-    losses = [float(r["loss"]) for r in rows if isinstance(r.get("loss"), (int, float))]
+    losses = [(int(r["step"]), float(r["loss"])) for r in rows if isinstance(r.get("loss"), (int, float))]
     evals = [float(r["eval_loss"]) for r in rows if isinstance(r.get("eval_loss"), (int, float))]
-    finite = [x for x in losses if math.isfinite(x)]
-    return {"losses": finite[-window:], "first_loss": losses[0] if losses else None,
+    return {"losses": [[step, x] for step, x in losses if math.isfinite(x)],
+            "first_loss": losses[0][1] if losses else None,
             "best_eval": min((x for x in evals if math.isfinite(x)), default=None)}
 
 
 def resumed_guard(tc: TrainConfig, logged: dict, start_step: int) -> DivergenceGuard:
     """The divergence guard of a run (re)starting at `start_step`, with what metrics.jsonl
-    logged before it (`logged_history`)."""
-    return DivergenceGuard(tc.divergence_factor, tc.divergence_patience, tc.divergence_window,
-                           after_step=tc.warmup_steps, history=logged["losses"], best_eval=logged["best_eval"],
-                           last_good_step=start_step, last_good_eval_step=start_step, resumed_step=start_step)
+    logged before it (`logged_history`) replayed through it: its reference is the logged losses
+    it judged in range, and a streak of out-of-range rows the run stopped in counts on."""
+    guard = DivergenceGuard(tc.divergence_factor, tc.divergence_patience, tc.divergence_window,
+                            after_step=tc.warmup_steps, best_eval=logged["best_eval"])
+    for step, loss in logged["losses"]:
+        guard.check_loss(step, loss)
+    guard.last_good_step = guard.last_good_eval_step = guard.resumed_step = start_step
+    return guard
 
 
 def run_summary(workdir: Path, *, final_step: int, start_step: int, preempted: bool, train_log, last_eval: dict,

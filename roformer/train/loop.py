@@ -225,11 +225,14 @@ def _train_phase(config, workdir: Path) -> dict:
                 save(step)
                 log.warning("%s received: saved a checkpoint at step %d; exiting", stop.signal, step)
                 break
-            with timer.paused():
-                if step % tc.eval_every == 0 or step == tc.steps:
+            eval_due = step % tc.eval_every == 0 or step == tc.steps
+            if not (eval_due or checkpoint_due):
+                continue
+            with timer.paused(ready=state):
+                if eval_due:
                     last_eval = evaluate(step)
                 if checkpoint_due and guard.suspicious and step < tc.steps:
-                    log.warning("step %d: checkpoint postponed while the training loss is out of range", step)
+                    log.warning("step %d: checkpoint skipped while the training loss is out of range", step)
                 elif checkpoint_due:
                     save(step)
         if not preempted and step == start_step:   # nothing left to train: report eval only

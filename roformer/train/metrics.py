@@ -190,7 +190,12 @@ class ThroughputTimer:
             self._steps += 1
 
     @contextlib.contextmanager
-    def paused(self):
+    def paused(self, ready=None):
+        """Leave the block's time out of the throughput. `ready`: arrays the block will wait for
+        (the train state); waited for first, so the steps still running on the device count as
+        training, not as the pause."""
+        if ready is not None:
+            jax.block_until_ready(ready)
         start = self._clock()
         try:
             yield

@@ -336,10 +336,14 @@ class _Group:
                 self._save(members, states)
                 log.warning("%s received: saved a checkpoint of every seed at step %d; exiting", stop.signal, step)
                 break
+            eval_due = step % tc.eval_every == 0 or step == tc.steps
+            if not (eval_due or checkpoint_due):
+                continue
+            jax.block_until_ready(states)   # the steps still running count as training, not pause
             with contextlib.ExitStack() as paused:
                 for seed in members:
                     paused.enter_context(seed.log.timer.paused())
-                if step % tc.eval_every == 0 or step == tc.steps:
+                if eval_due:
                     stopped |= self.evaluate(members, states)
                 if checkpoint_due:
                     self._save(members, states, postpone=step < tc.steps)
@@ -393,7 +397,7 @@ class _Group:
             if seed.error is not None:
                 continue
             if postpone and seed.log.guard.suspicious:
-                log.warning("%s: step %d: checkpoint postponed while the training loss is out of range",
+                log.warning("%s: step %d: checkpoint skipped while the training loss is out of range",
                             seed.workdir, seed.step)
                 continue
             _guarded(seed, lambda: seed.save(state, self.model_cfg))

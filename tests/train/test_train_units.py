@@ -241,6 +241,40 @@ def test_throughput_timer_leaves_out_the_compiling_step_and_paused_time():
         {"tokens_per_sec": None, "mfu": None}
 
 
+def test_a_pause_waits_for_the_steps_still_running_before_its_clock_starts(monkeypatch):
+    """An evaluation between two logged rows first waits for the train steps the device is
+    still running: that wait is training time, not the pause's (it was counted as pause, so
+    tokens/s came out high whenever eval_every was not a multiple of log_every)."""
+    import jax
+
+    now = [0.0]
+    timer = ThroughputTimer(tokens_per_step=100, peak_flops=None, num_devices=1, flops_per_step=1.0,
+                            clock=lambda: now[0])
+    timer.step({})                               # compiled; the clock starts at 0
+    timer.step({})
+    timer.step({})                               # dispatched at once; the device runs them ...
+    monkeypatch.setattr(jax, "block_until_ready", lambda x: now.__setitem__(0, now[0] + 6.0) or x)
+    with timer.paused(ready=object()):           # ... for 6 s, then the evaluation takes 4
+        now[0] += 4.0
+    assert timer.read()["tokens_per_sec"] == pytest.approx(2 * 100 / 6)
+
+
+def test_a_resumed_guard_replays_the_logged_losses(tmp_path):
+    """A resumed run's divergence guard: its reference median holds the logged losses it judged
+    in range (not a spike's), and a streak of out-of-range rows the run stopped in counts on."""
+    import json
+
+    from roformer.train import bookkeeping
+    from roformer.train.config import TrainConfig
+
+    rows = [{"step": s, "loss": 590.0 if s in (18, 22) else 6.0} for s in range(2, 23, 2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tc = TrainConfig(warmup_steps=0, divergence_window=20)
+    guard = bookkeeping.resumed_guard(tc, bookkeeping.logged_history(tmp_path, 22, 20), 22)
+    assert list(guard.history) == [6.0] * 9 and guard.strikes == 1 and guard.suspicious
+    assert guard.resumed_step == guard.last_good_step == 22
+
+
 def test_metrics_writer_jsonl_and_tensorboard(tmp_path):
     writer = MetricsWriter(tmp_path, enabled=True)
     writer.write(1, {"loss": np.float32(2.5), "mfu": 0.1})
