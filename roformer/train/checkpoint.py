@@ -26,8 +26,12 @@ from jax.experimental import multihost_utils
 
 from roformer import checksums, orbax_logs
 from roformer.distributed import allgather_json
+from roformer.errors import ConfigError
 from roformer.train.guard import CheckpointSaveFailed
 from roformer.workdir import ITEMS
+
+# What orbax says when a checkpoint's state has another tree than the one restored into.
+STRUCTURE_MISMATCH = "tree structures do not match"
 
 log = logging.getLogger("roformer.train")
 
@@ -204,6 +208,14 @@ class Checkpointer:
                     state=ocp.args.StandardRestore(abstract_state),
                     data=ocp.args.JsonRestore()))
             except Exception as error:  # noqa: BLE001 - any unreadable step is skipped
+                if STRUCTURE_MISMATCH in str(error):
+                    # Intact (its checksums passed) but not this program's state: another
+                    # optimizer's, say. Moving it aside would lose a run that is not damaged.
+                    raise ConfigError(
+                        f"checkpoint at step {step} in {self.directory} holds a train state of another structure "
+                        "than this run's (another optimizer: e.g. a group of seeds at rates of their own, "
+                        "roformer.train.seeds, keeps each member's rate in its optimizer state); left as it is. "
+                        "Resume it with the command that wrote it, or train in another workdir") from error
                 self._move_aside(step, error, next_step=steps[index + 1] if index + 1 < len(steps) else None)
                 continue
             data = restored["data"] or {}

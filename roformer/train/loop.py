@@ -187,7 +187,7 @@ def _train_phase(config, workdir: Path) -> dict:
                                                 num_predictions=data.masker.max_predictions,
                                                 segmented=data.packing == "packed")
         timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,
-                                peak_flops=peak_flops, num_devices=jax.device_count())
+                                peak_flops=peak_flops, num_devices=mesh.devices.size)   # the devices it runs on
         logged = bookkeeping.logged_history(workdir, start_step, tc.divergence_window) if is_main else None
         logged = logged if jax.process_count() == 1 else allgather_json(logged)[0]   # one guard everywhere
         guard = bookkeeping.resumed_guard(tc, logged, start_step)
@@ -240,7 +240,7 @@ def _train_phase(config, workdir: Path) -> dict:
 
     summary = bookkeeping.run_summary(workdir, final_step=step, start_step=start_step, preempted=preempted,
                                       train_log=train_log, last_eval=last_eval,
-                                      wall_time_s=time.perf_counter() - wall_start, num_devices=jax.device_count(),
+                                      wall_time_s=time.perf_counter() - wall_start, num_devices=mesh.devices.size,
                                       num_processes=jax.process_count(), data=data)
     if is_main:
         bookkeeping.write_summary(workdir, summary)

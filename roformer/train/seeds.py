@@ -6,7 +6,10 @@ stacked on a leading axis, K seeds train in one program (docs/performance.md has
 gains, and where it loses: XLA:CPU). Each seed stays an ordinary run: its own workdir,
 initialisation, data order and masking, dropout keys, metrics.jsonl, checkpoints, divergence
 guard and summary.json, as `train_and_evaluate` writes them, so every reader of a workdir
-(resume, GLUE, extrapolation, the ablation report) takes it as it is.
+(resume, GLUE, extrapolation, the ablation report) takes it as it is. One exception: a group
+whose members train at rates of their own keeps each rate in its optimizer state, so its
+checkpoints resume only as the same group (a run alone refuses them in one line and leaves
+them as they are); their parameters read like any run's.
 
 The seeds go in lockstep: each segment trains the seeds at the lowest step up to the next
 step another seed is at (or the end), so seeds resumed from checkpoints of different steps

@@ -352,6 +352,8 @@ def test_a_run_on_a_trained_vocabulary_resumes_after_its_corpus_files_are_touche
     os.utime(corpus, ns=(1, 1))   # the same bytes, another time
     resumed = train_and_evaluate(make_config(cache, **data, **{"train.steps": 6}), workdir)
     assert resumed["start_step"] == 4 and resumed["final_step"] == 6
+    # The devices it ran on (mesh.num_devices=1 of the 8 this process has), which MFU divides by.
+    assert resumed["num_devices"] == 1 < jax.device_count()
     # Processes that trained their own tokenizers (each in a cache of its own) are refused.
     from roformer.errors import ConfigError
     from roformer.train import bookkeeping

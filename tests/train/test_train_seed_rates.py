@@ -25,6 +25,17 @@ def test_members_at_their_own_rates_train_as_each_run_alone(tmp_path_factory):
     for (seed, _), result in zip(MEMBERS, results):
         assert result["final_step"] == 8 and result["seeds_in_step"] == 2
         losses_match(rows(together / f"seed{seed}"), rows(alone / f"seed{seed}"))
+    # A member's checkpoints hold its rate in the optimizer state: a run alone refuses them
+    # in one line and leaves them where they are (it once moved them aside as corrupt and
+    # trained again from step 0).
+    config = member_configs(cache)[1]
+    config.train.steps = 10
+    member = together / f"seed{MEMBERS[1][0]}"
+    before = sorted(p.name for p in (member / "checkpoints").iterdir())
+    with pytest.raises(ConfigError, match="holds a train state of another structure than this run's"):
+        train_and_evaluate(config, member)
+    assert sorted(p.name for p in (member / "checkpoints").iterdir()) == before
+    assert not (member / "corrupt_checkpoints").exists()
 
 
 def test_a_group_may_differ_in_rate_but_not_in_other_settings(tmp_path):
