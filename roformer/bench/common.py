@@ -49,10 +49,9 @@ def alternate(
 
     Each round runs every variant once (median of `iters` calls), so round i of A and
     round i of B saw nearly the same machine load. The order rotates by one each round and
-    runs backwards every other round (A B C, C B A... rotated): with a fixed order, the
-    `none` position control (strictly less work than `learned`) timed 2-8% slower than
-    `learned`, which always ran first; rotating alone keeps each variant behind the same
-    neighbour and at positions that drift within a round favours.
+    runs backwards every other round (ABC, ACB, CAB, CBA): with a fixed order, the `none`
+    position control (strictly less work than `learned`) timed 2-8% slower than `learned`,
+    which always ran first; rotating alone keeps each variant behind the same neighbour.
     """
     warm_up(fns, warmup)
     names = list(fns)

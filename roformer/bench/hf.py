@@ -27,10 +27,11 @@ The stock peers compute logits at every position and take the loss at the masked
 (labels -100 elsewhere); ours computes logits only at the masked positions, which is part
 of what is compared: each peer row's work_x is its matmul FLOPs per step over ours
 (roformer.train.flops, with the head at every position or at the masked ones), so
-ours_x / work_x is the ratio per unit of matmul work. A peer that cannot run (not installed, import or compile failure) is listed
-under "peers" with the reason and printed as a note ("hf_flax not run at SHAPE: why"); the
-others are still measured. This benchmark is also the check of the Flax port peer, which the
-test suite cannot run (it needs a Python with transformers < 5):
+ours_x / work_x is the ratio per unit of matmul work. A peer that cannot run (not
+installed, import or compile failure) is listed under "peers" with the reason and printed
+as a note ("hf_flax not run at SHAPE: why"); the others are still measured. This benchmark
+is also the check of the Flax port peer, which the test suite cannot run (it needs a Python
+with transformers < 5):
   python -m roformer.bench hf --shapes tiny/16/2 --peers hf_flax --rounds 1 --iters 1 \
       --flax-python ../venv-tf4/bin/python
 
