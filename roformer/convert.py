@@ -477,21 +477,13 @@ def load_pretrain_workdir(workdir: str | Path, *, step: int = -1) -> tuple[Model
     return config, model
 
 
-def with_trained_positions(config: ModelConfig, train: Mapping) -> ModelConfig:
-    """`config` with max_position_embeddings at least the longest sequence the run trained on
-    (train.seq_len and every phase of its `train` section). For rope it bounds nothing here,
-    but HF's RoFormer builds its sinusoid table, and the tokenizer its model_max_length, of
-    that many positions: a run at seq_len 1024 with the default 512 would export a model
-    that fails on the length it was trained at."""
-    if not train:
-        return config
-    from types import SimpleNamespace
-
-    from roformer.train.config import parse_phases
-
-    section = SimpleNamespace(**{"phases": "", "steps": 1, "batch_size": 1, **train})
-    longest = max(phase.seq_len for phase in parse_phases(section))
-    if longest <= config.max_position_embeddings:
+def with_trained_positions(config: ModelConfig, longest: int | None) -> ModelConfig:
+    """`config` with max_position_embeddings at least `longest`, the longest sequence the run
+    trained on (PretrainWorkdir.longest_seq_len). For rope it bounds nothing here, but HF's
+    RoFormer builds its sinusoid table, and the tokenizer its model_max_length, of that many
+    positions: a run at seq_len 1024 with the default 512 would export a model that fails on
+    the length it was trained at."""
+    if longest is None or longest <= config.max_position_embeddings:
         return config
     return dataclasses.replace(config, max_position_embeddings=longest)
 
@@ -567,7 +559,7 @@ def main(argv: list[str] | None = None) -> None:
     elif PretrainWorkdir.holds_run(src):
         config, model = load_pretrain_workdir(src, step=args.step)
         run = PretrainWorkdir(src)
-        exported = with_trained_positions(config, run.run_config().get("train", {}))
+        exported = with_trained_positions(config, run.longest_seq_len())
         if exported is not config:   # the same parameters (rope has no position table of its own)
             longer = build_model(exported, "mlm")
             nnx.update(longer, nnx.state(model, nnx.Param))

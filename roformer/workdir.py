@@ -120,6 +120,16 @@ class PretrainWorkdir:
         path = self.path / "config.json"
         return json.loads(path.read_text()) if path.is_file() else {}
 
+    def longest_seq_len(self) -> int | None:
+        """The longest sequence the run trained on, by its config.json: train.seq_len and each
+        phase's (train.phases items 'steps:seq_len:batch_size[:key=value]', as
+        roformer.train.config.parse_phases reads them); None for a workdir without one."""
+        train = self.run_config().get("train") or {}
+        lengths = [int(train["seq_len"])] if train.get("seq_len") else []
+        lengths += [int(item.split(":")[1]) for item in str(train.get("phases") or "").split(",")
+                    if item.count(":") >= 2 and item.split(":")[1].strip().isdigit()]
+        return max(lengths, default=None)
+
     @property
     def tokenizer_file(self) -> Path:
         return self.path / "tokenizer.json"

@@ -6,6 +6,7 @@
   files     a glob of local files: plain text (documents separated by blank lines)
             or WikiExtractor output (`<doc ...>` / title / body / `</doc>`); .gz is
             read transparently and the format is detected per file
+            (roformer.data.text_files)
   hf        a Hugging Face `datasets` dataset (hub name, local builder or a
             `save_to_disk` directory), streaming or not
   tfds      a TensorFlow Datasets builder read through `tfds.data_source`
@@ -19,22 +20,20 @@ separately.
 from __future__ import annotations
 
 import abc
-import codecs
 import copy
 import glob
-import gzip
 import hashlib
 import io
 import json
 import os
 import re
 import sys
-import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from roformer.data.config import DataConfig
+from roformer.data.text_files import read_documents
 from roformer.errors import ConfigError
 
 SOURCES = ("embedded", "files", "hf", "tfds")
@@ -193,114 +192,6 @@ class FilesSource(TextSource):
                 raise ConfigError(f"data.files: cannot read {path}: {err.strerror}") from err
             files.append([os.path.abspath(path), st.st_size, st.st_mtime_ns])
         return {"source": "files", "file_format": self.file_format, "files": files}
-
-
-def _open_text(path: str) -> tuple[io.TextIOWrapper, io.BufferedReader]:
-    """A file as strict UTF-8 text (gunzipped when it starts with the gzip magic) + its raw bytes."""
-    try:
-        raw = open(path, "rb")
-    except OSError as err:
-        raise ConfigError(f"data.files: cannot read {path}: {err.strerror}") from err
-    binary = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
-    # utf-8-sig: a byte-order mark would otherwise stay on the first line and hide a
-    # WikiExtractor file's `<doc` from the format detection
-    return io.TextIOWrapper(binary, encoding="utf-8-sig", errors="strict"), raw
-
-
-def _first_bad_byte(path: str) -> int | None:
-    """The offset of the first byte of `path`'s text (after gunzipping) that is not UTF-8: a
-    decode error's own offset counts from the start of the chunk being decoded."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    with open(path, "rb") as raw:
-        binary = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
-        consumed = 0
-        try:
-            while chunk := binary.read(1 << 20):
-                pending = len(decoder.getstate()[0])
-                try:
-                    decoder.decode(chunk)
-                except UnicodeDecodeError as err:
-                    return consumed - pending + err.start
-                consumed += len(chunk)
-            decoder.decode(b"", final=True)
-        except UnicodeDecodeError as err:
-            return consumed - len(err.object) + err.start
-        except (OSError, EOFError, zlib.error):
-            return None
-    return None
-
-
-def read_documents(path: str, file_format: str = "auto", on_open=None) -> Iterator[str]:
-    """Documents of one file; the format is detected from its first non-blank line.
-
-    on_open(raw_file), if given, sees the underlying byte stream (to report progress).
-    """
-    try:
-        f, raw = _open_text(path)
-        if on_open is not None:
-            on_open(raw)
-        with f, raw:
-            lines = iter(f)
-            first = ""
-            head: list[str] = []
-            for line in lines:
-                head.append(line)
-                if line.strip():
-                    first = line
-                    break
-            fmt = file_format
-            if fmt == "auto":
-                fmt = "wikiextractor" if first.lstrip().startswith("<doc ") else "text"
-            all_lines = _chain(head, lines)
-            if fmt == "wikiextractor":
-                yield from _wikiextractor_documents(all_lines)
-            else:
-                yield from _blank_line_documents(all_lines)
-    except UnicodeDecodeError as err:
-        offset = _first_bad_byte(path)
-        where = f"byte {offset:,} of its text: " if offset is not None else ""
-        raise ConfigError(f"data.files: {path} is not valid UTF-8 ({where}{err.reason})") from err
-    except (OSError, EOFError, zlib.error) as err:  # BadGzipFile is an OSError
-        raise ConfigError(f"data.files: cannot read {path}: {err}") from err
-
-
-def _chain(head: list[str], rest: Iterator[str]) -> Iterator[str]:
-    yield from head
-    yield from rest
-
-
-def _blank_line_documents(lines: Iterator[str]) -> Iterator[str]:
-    doc: list[str] = []
-    for line in lines:
-        line = line.strip()
-        if line:
-            doc.append(line)
-        elif doc:
-            yield "\n".join(doc)
-            doc = []
-    if doc:
-        yield "\n".join(doc)
-
-
-def _wikiextractor_documents(lines: Iterator[str]) -> Iterator[str]:
-    """Bodies of `<doc ...>` blocks; the title line is dropped and title-only stubs skipped."""
-    body: list[str] | None = None
-    seen_title = False
-    for line in lines:
-        if line.startswith("<doc "):
-            body, seen_title = [], False
-        elif line.startswith("</doc>"):
-            if body:
-                yield "\n".join(body)
-            body = None
-        elif body is not None:
-            line = line.strip()
-            if not line:
-                continue
-            if not seen_title:  # the first line repeats the title attribute
-                seen_title = True
-            else:
-                body.append(line)
 
 
 # ---------------------------------------------------------------- Hugging Face datasets
