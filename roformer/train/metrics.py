@@ -189,6 +189,11 @@ class ThroughputTimer:
         else:
             self._steps += 1
 
+    def restart(self) -> None:
+        """The next step compiles again (a program of another shape): like the first, it only
+        starts the clock, and the steps of the interval so far are dropped with their time."""
+        self._start, self._steps, self._paused = None, 0, 0.0
+
     @contextlib.contextmanager
     def paused(self, ready=None):
         """Leave the block's time out of the throughput. `ready`: arrays the block will wait for

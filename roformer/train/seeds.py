@@ -297,6 +297,7 @@ class _Group:
     def __init__(self, setup: TrainSetup, model_cfg, rest, tc: TrainConfig, eval_batches: dict, *,
                  member_rates: bool = False):
         self.setup, self.model_cfg, self.rest, self.tc, self.eval_batches = setup, model_cfg, rest, tc, eval_batches
+        self.sizes_compiled: set[int] = set()   # the numbers of seeds a train step was compiled for
         # the first call of each compiles it: announced, with its time (progress.announce_compile)
         self.member_rates = member_rates
         make_step = functools.partial(_rate_step, setup) if member_rates else setup.jit_seeds_train_step
@@ -315,6 +316,9 @@ class _Group:
         states = _stack([seed.state for seed in members])
         for seed in members:
             seed.state = None
+            if len(members) not in self.sizes_compiled:   # this segment's first step compiles
+                seed.log.timer.restart()
+        self.sizes_compiled.add(len(members))
         keys = jnp.stack([steps.dropout_base_key(seed.tc.seed, tc.dropout_rng_impl) for seed in members])
         # Members at rates of their own (_rate_step) take them as a last argument.
         rates = (jnp.asarray([seed.tc.learning_rate for seed in members], jnp.float32),) if self.member_rates else ()

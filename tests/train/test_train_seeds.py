@@ -17,6 +17,7 @@ from roformer.train import loop as train_loop
 from roformer.train import seeds as train_seeds
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.guard import CheckpointSaveFailed, TrainingDiverged
+from roformer.train.metrics import ThroughputTimer
 from roformer.train.seeds import check_seed_group, train_seeds_and_evaluate
 from roformer.workdir import PretrainWorkdir
 
@@ -127,7 +128,12 @@ def test_a_seed_that_diverges_or_cannot_save_stops_alone(cache, alone, tmp_path,
 
     monkeypatch.setattr(train_loop.TrainLog, "flush", diverge_seed1)
     monkeypatch.setattr(Checkpointer, "wait", fail_seed2_at_the_end)
+    # The two seeds left after seed 1 stopped go on in a program of their own, whose first
+    # step compiles: their throughput timers start again there, as at a run's first step.
+    restarts, restart = [], ThroughputTimer.restart
+    monkeypatch.setattr(ThroughputTimer, "restart", lambda self: restarts.append(self) or restart(self))
     results = train_seeds_and_evaluate(seed_configs(cache, seeds=seeds), dirs)
+    assert len(restarts) == 3 + 2 and len(set(map(id, restarts[3:]))) == 2
     assert isinstance(results[1], TrainingDiverged) and "a test's divergence" in str(results[1])
     assert isinstance(results[2], CheckpointSaveFailed) and "no space left" in str(results[2])
     assert not (dirs[1] / "summary.json").exists() and not (dirs[2] / "summary.json").exists()

@@ -259,6 +259,22 @@ def test_a_pause_waits_for_the_steps_still_running_before_its_clock_starts(monke
     assert timer.read()["tokens_per_sec"] == pytest.approx(2 * 100 / 6)
 
 
+def test_a_timer_restarted_for_a_new_program_leaves_out_its_compiling_step():
+    now = [0.0]
+    timer = ThroughputTimer(tokens_per_step=100, peak_flops=None, num_devices=1, flops_per_step=1.0,
+                            clock=lambda: now[0])
+    timer.step({})
+    now[0] = 1.0
+    timer.step({})
+    timer.restart()                              # the next step compiles another program ...
+    now[0] = 31.0
+    timer.step({})                               # ... for 30 s: it only starts the clock
+    now[0] = 32.0
+    timer.step({})
+    timer.step({})
+    assert timer.read()["tokens_per_sec"] == pytest.approx(2 * 100 / 1.0)
+
+
 def test_a_resumed_guard_replays_the_logged_losses(tmp_path):
     """A resumed run's divergence guard: its reference median holds the logged losses it judged
     in range (not a spike's), and a streak of out-of-range rows the run stopped in counts on."""
