@@ -110,12 +110,9 @@ def _level_below(ordered: np.ndarray, value: float) -> float:
 
 def _level_above(ordered: np.ndarray, value: float) -> float:
     """1 - the largest q at which the q-quantile is below `value`: the p-value of "the
-    difference is at least `value`" against the interval's upper end."""
-    n = len(ordered)
-    j = int(np.searchsorted(ordered, value, side="left"))    # replicates < value
-    if j == 0 or j == n:
-        return float(j == 0)
-    return 1 - (j - 1 + (value - ordered[j - 1]) / (ordered[j] - ordered[j - 1])) / (n - 1)
+    difference is at least `value`" against the interval's upper end. The mirror image of
+    `_level_below` (linear interpolation is symmetric under negation)."""
+    return _level_below(-ordered[::-1], -value)
 
 
 def verdict(lo: float, hi: float, lo90: float, hi90: float, margin: float) -> str:

@@ -268,6 +268,13 @@ def lever_verdicts(rows: list[dict], threshold: float) -> dict[str, str]:
     return verdicts
 
 
+def confirmed(rows: list[dict], threshold: float) -> bool:
+    """Whether the adopted levers paid again in their own rounds (`rows`' stage `adopted`,
+    one shape's): a set that failed to build, or was not timed, did not."""
+    timed = [row for row in rows if row["stage"] == "adopted" and row["variant"] != BASELINE]
+    return bool(timed) and paid(timed[-1], threshold)
+
+
 def adopted_variant(rows: list[dict], threshold: float) -> tuple[Variant | None, list[str]]:
     """The levers that paid alone (`lever_verdicts`), together. Returns (the variant, or None
     when none paid; their names)."""
@@ -293,8 +300,7 @@ def adopted_in_result(result: dict) -> Variant | None:
              and row.get("batch", shape[2]) in (shape[2], shape[2] * VARIANTS.get(row["variant"], Variant()).batch_factor)]
     threshold = result["settings"]["adopt_above"]
     variant, _ = adopted_variant([row for row in first if row["stage"] == "levers"], threshold)
-    confirmation = [row for row in first if row["stage"] == "adopted" and row["variant"] != BASELINE]
-    return variant if variant is not None and confirmation and paid(confirmation[-1], threshold) else None
+    return variant if variant is not None and confirmed(first, threshold) else None
 
 
 def adopted_from_file(path: str) -> Variant | None:
@@ -353,9 +359,9 @@ def run(args: argparse.Namespace) -> dict:
             rows += group.time("levers")
         rows += group.failed_rows("levers")
         if index == 0 and not continued and ADOPTED in args.other_variants:
-            verdicts = lever_verdicts([row for row in rows if row["stage"] == "levers"], args.adopt_above)
-            adopted, paid_levers = adopted_variant([row for row in rows if row["stage"] == "levers"],
-                                                   args.adopt_above)
+            lever_rows = [row for row in rows if row["stage"] == "levers"]
+            verdicts = lever_verdicts(lever_rows, args.adopt_above)
+            adopted, paid_levers = adopted_variant(lever_rows, args.adopt_above)
             same = [name for name, variant in group.variants.items() if variant == adopted and name in group.built]
             notes.append(f"levers at {shape} (paid: median x_tokens >= {args.adopt_above}, every round above 1, "
                          f"first-step loss within {LOSS_TOLERANCE}): "
@@ -369,8 +375,7 @@ def run(args: argparse.Namespace) -> dict:
                 if same or group.build(ADOPTED, adopted):
                     rows += group.time("adopted")
                 rows += group.failed_rows("adopted")
-                confirmed = [row for row in rows if row["stage"] == "adopted" and row["variant"] != BASELINE]
-                if not (confirmed and paid(confirmed[-1], args.adopt_above)):
+                if not confirmed(rows, args.adopt_above):
                     notes.append(f"adopted: none (the levers together did not pay in their own rounds at {shape})")
                     adopted = None
         group.drop(keep=set())

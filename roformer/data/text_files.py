@@ -20,10 +20,14 @@ def _open_text(path: str) -> tuple[io.TextIOWrapper, io.BufferedReader]:
         raw = open(path, "rb")
     except OSError as err:
         raise ConfigError(f"data.files: cannot read {path}: {err.strerror}") from err
-    binary = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
     # utf-8-sig: a byte-order mark would otherwise stay on the first line and hide a
     # WikiExtractor file's `<doc` from the format detection
-    return io.TextIOWrapper(binary, encoding="utf-8-sig", errors="strict"), raw
+    return io.TextIOWrapper(_unzipped(raw), encoding="utf-8-sig", errors="strict"), raw
+
+
+def _unzipped(raw: io.BufferedReader):
+    """The file's bytes, gunzipped when they start with the gzip magic (whatever its name)."""
+    return gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
 
 
 def _first_bad_byte(path: str) -> int | None:
@@ -31,7 +35,7 @@ def _first_bad_byte(path: str) -> int | None:
     decode error's own offset counts from the start of the chunk being decoded."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     with open(path, "rb") as raw:
-        binary = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
+        binary = _unzipped(raw)
         consumed = 0
         try:
             while chunk := binary.read(1 << 20):

@@ -316,9 +316,10 @@ class _Group:
         states = _stack([seed.state for seed in members])
         for seed in members:
             seed.state = None
-            if len(members) not in self.sizes_compiled:   # this segment's first step compiles
+        if len(members) not in self.sizes_compiled:   # this segment's first step compiles
+            for seed in members:
                 seed.log.timer.restart()
-        self.sizes_compiled.add(len(members))
+            self.sizes_compiled.add(len(members))
         keys = jnp.stack([steps.dropout_base_key(seed.tc.seed, tc.dropout_rng_impl) for seed in members])
         # Members at rates of their own (_rate_step) take them as a last argument.
         rates = (jnp.asarray([seed.tc.learning_rate for seed in members], jnp.float32),) if self.member_rates else ()
