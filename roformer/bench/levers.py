@@ -48,8 +48,9 @@ later call).
 Accelerator time is scarce, so a variant that fails to build or to run its first step (a
 kernel that does not lower, say) is a row whose `failed` column says why, and the rest
 still run; `--budget-s` starts no build that the builds so far say would
-end past it (shapes are measured in the order given); with --json the result so far is
-written after every shape.
+end past it (shapes are measured in the order given; at the first shape a lever is built
+only while one more build would still fit, for the adopted levers' confirmation); with --json
+the result so far is written after every shape.
 """
 from __future__ import annotations
 
@@ -162,8 +163,10 @@ class Budget:
     def __init__(self, limit_s: float):
         self.start, self.limit_s, self.longest = time.perf_counter(), limit_s, 0.0
 
-    def allows_build(self) -> bool:
-        return not self.limit_s or time.perf_counter() - self.start + 1.2 * self.longest <= self.limit_s
+    def allows_build(self, reserve: int = 0) -> bool:
+        """`reserve`: builds that must still fit after this one."""
+        return (not self.limit_s
+                or time.perf_counter() - self.start + 1.2 * self.longest * (1 + reserve) <= self.limit_s)
 
     def built(self, seconds: float) -> None:
         self.longest = max(self.longest, seconds)
@@ -177,9 +180,10 @@ class Group:
         self.size, self.seq_len, self.batch = parse_shape(shape)
         self.built, self.variants, self.losses, self.failed = {}, {}, {}, {}
 
-    def build(self, name: str, variant: Variant) -> bool:
-        if not self.budget.allows_build():
-            self.notes.append(f"{self.shape} {name}: not built, past the {self.args.budget_s:g} s budget")
+    def build(self, name: str, variant: Variant, reserve: int = 0) -> bool:
+        if not self.budget.allows_build(reserve):
+            kept = " with a build kept for the adopted levers' confirmation" if reserve else ""
+            self.notes.append(f"{self.shape} {name}: not built, past the {self.args.budget_s:g} s budget{kept}")
             return False
         started = time.perf_counter()
         try:
@@ -352,13 +356,16 @@ def run(args: argparse.Namespace) -> dict:
             wanted = {name: VARIANTS[name] if name != ADOPTED else adopted
                       for name in args.other_variants if name != ADOPTED or adopted is not None}
             wanted = {BASELINE: VARIANTS[BASELINE], **wanted}
+        # The first shape keeps room to build the adopted levers for their confirmation: without
+        # it a budget cut there leaves every lever measured and none adoptable.
+        confirming = index == 0 and not continued and ADOPTED in args.other_variants
         for name, variant in wanted.items():
-            if not group.build(name, variant) and name == BASELINE:
+            if not group.build(name, variant, reserve=int(confirming and name != BASELINE)) and name == BASELINE:
                 break
         if BASELINE in group.built:
             rows += group.time("levers")
         rows += group.failed_rows("levers")
-        if index == 0 and not continued and ADOPTED in args.other_variants:
+        if confirming:
             lever_rows = [row for row in rows if row["stage"] == "levers"]
             verdicts = lever_verdicts(lever_rows, args.adopt_above)
             adopted, paid_levers = adopted_variant(lever_rows, args.adopt_above)
@@ -372,11 +379,14 @@ def run(args: argparse.Namespace) -> dict:
                 # Timed again in rounds of their own: the lever rows picked the winners among
                 # several, so their ratios lean high; a set that does not pay here is not adopted.
                 group.drop(keep={BASELINE, *same[:1]})
-                if same or group.build(ADOPTED, adopted):
+                timed = bool(same) or group.build(ADOPTED, adopted)
+                if timed:
                     rows += group.time("adopted")
                 rows += group.failed_rows("adopted")
                 if not confirmed(rows, args.adopt_above):
-                    notes.append(f"adopted: none (the levers together did not pay in their own rounds at {shape})")
+                    why = ("did not pay in their own rounds" if timed else
+                           "were not timed in rounds of their own: see the note above")
+                    notes.append(f"adopted: none (the levers together {why} at {shape})")
                     adopted = None
         group.drop(keep=set())
         done(shape)

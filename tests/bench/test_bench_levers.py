@@ -38,6 +38,47 @@ def test_budget_refuses_a_build_the_longest_so_far_says_would_end_past_it():
     assert unlimited.allows_build()
 
 
+@pytest.mark.parametrize("fused_build_s, confirmation", [(10, "timed"), (20, "not timed")])
+def test_the_budget_keeps_a_build_for_the_adopted_levers_confirmation(monkeypatch, fused_build_s, confirmation):
+    """Builds take 10 s of a fake clock. Without the kept build, 45 s built every lever and then
+    had no room for the adopted set, so nothing could be adopted. When a build takes longer than
+    the forecast (20 s) and leaves no room, the note says the set was not timed, not that it did
+    not pay."""
+    import argparse
+    import types
+
+    clock = [0.0]
+
+    def build(size, seq_len, batch, variant, args):
+        clock[0] += fused_build_s if variant.forms == ("fused_qkv",) else 10.0
+        return object(), 1.0
+
+    def time(self, stage):   # every built variant, timed as paying
+        return [{"stage": stage, "variant": name, "x_tokens": 1.1, "x_tokens_min": 1.05} for name in self.built]
+
+    monkeypatch.setattr(levers, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(levers, "build", build)
+    monkeypatch.setattr(levers.Group, "time", time)
+    parser = argparse.ArgumentParser()
+    levers.add_args(parser)
+    args = parser.parse_args(["--shapes", "tiny/16/2", "--budget-s", "45",
+                              "--variants", "rope_half_pairs", "fused_qkv", "rbg_dropout"])
+    args.json = None
+    result = levers.run(args)
+    stages = [(row["stage"], row["variant"]) for row in result["rows"]]
+    if confirmation == "timed":
+        assert stages == [("levers", "baseline"), ("levers", "rope_half_pairs"), ("levers", "fused_qkv"),
+                          ("adopted", "baseline"), ("adopted", "adopted")]
+        assert "tiny/16/2 rbg_dropout: not built, past the 45 s budget with a build kept for the adopted " \
+               "levers' confirmation" in result["notes"]
+        assert not any(note.startswith("adopted: none") for note in result["notes"])
+    else:
+        assert stages == [("levers", "baseline"), ("levers", "rope_half_pairs"), ("levers", "fused_qkv")]
+        assert "tiny/16/2 adopted: not built, past the 45 s budget" in result["notes"]
+        assert result["notes"][-1] == ("adopted: none (the levers together were not timed in rounds of their "
+                                       "own: see the note above at tiny/16/2)")
+
+
 def test_program_digest_reads_the_instructions_not_where_they_were_traced_from():
     def program(op, frame):
         text = ('HloModule m\nFileNames\n1 "a.py"\nENTRY %main {\n'
