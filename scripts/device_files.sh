@@ -9,7 +9,8 @@
 #   DIR/study_data/wikipedia_en.npz  the comparison's splits (gpu_comparison.sh's STUDY_DATA): a
 #                                    few minutes on a 2-core CPU; gpu_tiny, gpu_mini, gpu_small and
 #                                    gpu_tiny_long share it
-# PARTS picks among "wheels data pack" (default all three; a part already made is kept). It
+# PARTS picks among "wheels data pack" (default all three; wheels and data already made are
+# kept, a pack made with other split settings is made again). It
 # ends by printing DIR's size against the 64 MiB a device call carries. On the device, first:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site DIR/wheels/*.whl && export PYTHONPATH=/tmp/site
 # Usage: scripts/device_files.sh [DIR]   (PYTHON=... makes the pack; SHARED=... the shared data,
@@ -43,7 +44,7 @@ if [[ $parts == *" data "* ]]; then
   cp "$shared"/wikipedia_en/wiki_0[0-9] "$dir/data/wikipedia_en/"
 fi
 
-if [[ $parts == *" pack "* && ! -f $dir/study_data/wikipedia_en.npz ]]; then
+if [[ $parts == *" pack "* ]]; then   # says "up to date" when the pack's key is this config's
   PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$py" -m roformer.ablation.study pack gpu_tiny \
     "$dir/study_data/wikipedia_en.npz"
 fi

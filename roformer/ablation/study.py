@@ -104,7 +104,8 @@ def data_key(config) -> str:
         data.pop(key, None)
     return plan.fingerprint(data, int(config.pretrain.train.seq_len),
                             {k: st[k] for k in ("test_fraction", "validation_fraction", "validation_rows",
-                                                "variant_rows", "windows", "test_mask_draws", "max_test_rows")})
+                                                "variant_rows", "windows", "test_mask_draws", "max_test_rows")},
+                            study_data.ORDER_VARIANTS)
 
 
 def study_splits(config) -> study_data.StudyData:
@@ -412,6 +413,9 @@ def main(argv: list[str]) -> int:
         target[key] = type(target[key])(value) if target[key] is not None else value
     validate(config)
     config.study.data_pack = ""
+    if study_data.pack_key(argv[2]) == data_key(config):
+        print(f"{argv[2]}: up to date (made with this config's data and split settings)")
+        return 0
     data = study_splits(config)
     study_data.save_pack(data, argv[2], data_key(config))
     print(f"{argv[2]}: {json.dumps(data.manifest)}")

@@ -10,9 +10,10 @@ masked once on the host (the pipeline's MlmMasker), the same for every member an
 the test rows are masked `test_mask_draws` times, and a test item is a packed row with all
 its draws (what the bootstrap resamples).
 
-The order-horizon variants of the validation rows permute the tokens of every piece (one
-document's run in a row) within windows of w positions, or reverse them; [CLS], [SEP],
-padding, positions and the predicted tokens stay, only their order changes.
+The order-horizon variants of the validation rows move the tokens of every piece (one
+document's run in a row) within windows of w of its tokens, each token to another place, or
+reverse them; [CLS], [SEP], padding, positions and the predicted tokens stay, only their
+order changes.
 """
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def build(data_cfg: DataConfig, *, seq_len: int, test_fraction: float, validatio
     validation = _masked(held, masker, [EVAL_SEED, 1])
     spectrum = {k: v[:variant_rows] for k, v in validation.items()}
     variants = order_variants(spectrum, windows, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id,
-                              np.random.default_rng([EVAL_SEED, 2]))
+                              [EVAL_SEED, 2])
     if max_test_rows:
         test_rows = {k: v[:max_test_rows] for k, v in test_rows.items()}
     draws = [_masked(test_rows, masker, [EVAL_SEED, 3, d]) for d in range(test_mask_draws)]
@@ -101,7 +102,7 @@ def build(data_cfg: DataConfig, *, seq_len: int, test_fraction: float, validatio
     manifest = {"num_docs": corpus.num_docs, "num_tokens": corpus.num_tokens, "vocab_size": tokenizer.vocab_size,
                 "tokenizer_hash": tokenizer.hash, "train_rows": len(train["input_ids"]),
                 "validation_rows": validation_rows, "test_rows": len(test_rows["input_ids"]),
-                "test_mask_draws": test_mask_draws, "seq_len": seq_len,
+                "test_mask_draws": test_mask_draws, "seq_len": seq_len, "order_variants": ORDER_VARIANTS,
                 "docs_per_split": {name: int((split == i).sum()) for i, name in enumerate(("train", "validation", "test"))}}
     out = StudyData(tokenizer.vocab_size, tokenizer.pad_id, tokenizer.mask_id, special, max_predictions,
                     data_cfg.mask_rate, train, validation, variants, test, items, manifest)
@@ -121,39 +122,75 @@ def _masked(rows: dict, masker: MlmMasker, seed: list) -> dict:
 # --------------------------------------------------------------------------- order horizon
 
 
+# How order_variants moves tokens; part of a pack's key and of the data manifest, so packs and
+# records made with another form are made again rather than mixed with these.
+ORDER_VARIANTS = "windows of each piece's tokens, each window one random cycle"
+
+
 def order_variants(batch: dict, windows: list[int], cls_id: int, sep_id: int, pad_id: int,
-                   rng: np.random.Generator) -> dict[str, dict]:
-    """{"shuffle<w>": the batch with each piece's tokens permuted within windows of w
-    positions, for every w, "reverse": each piece's tokens in reverse order}."""
-    ids, positions, segments = batch["input_ids"], batch["positions"], batch["segment_ids"]
+                   seed: list[int]) -> dict[str, dict]:
+    """{"shuffle<w>": the batch with each piece's tokens moved within windows of w of its
+    tokens, for every w, "reverse": each piece's tokens in reverse order}.
+
+    A window is w consecutive tokens of a piece, counted from its first token ([CLS], [SEP]
+    and padding stay where they are and are not counted), and its tokens go round one random
+    cycle: every token of a window of two or more moves. A uniform shuffle would leave a
+    token in place with probability 1/w (half the pairs at w=2), so the small windows would
+    measure a weaker perturbation than the large ones. Each w draws from its own generator
+    (`seed` + [w]): its variant does not depend on which other windows are asked for."""
+    ids, segments = batch["input_ids"], batch["segment_ids"]
     B, L = ids.shape
     movable = (segments != 0) & (ids != cls_id) & (ids != sep_id) & (ids != pad_id)
     piece = np.arange(B)[:, None] * (L + 1) + segments
+    rank = _rank_in_group(movable, piece)
     out = {}
     for w in windows:
-        group = piece * (L + 1) + positions // int(w)
-        out[f"shuffle{w}"] = _permuted(batch, movable, group, rng.random((B, L)))
+        group = piece * (L + 1) + rank // int(w)
+        key = np.random.default_rng([*seed, int(w)]).random((B, L))
+        out[f"shuffle{w}"] = _permuted(batch, movable, group, key, cycle=True)
     flat = np.arange(B * L, dtype=np.float64).reshape(B, L)
     out["reverse"] = _permuted(batch, movable, piece, -flat)
     return out
 
 
-def _permuted(batch: dict, movable: np.ndarray, group: np.ndarray, key: np.ndarray) -> dict:
+def _rank_in_group(movable: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """int [B, L]: each movable slot's index among its group's movable slots, left to right
+    (0 elsewhere)."""
+    flat = np.flatnonzero(movable)
+    order = flat[np.lexsort((flat, group.ravel()[flat]))]
+    g = group.ravel()[order]
+    first = np.r_[True, g[1:] != g[:-1]]
+    index = np.arange(len(order))
+    rank = np.zeros(movable.size, np.int64)
+    rank[order] = index - np.maximum.accumulate(np.where(first, index, 0))
+    return rank.reshape(movable.shape)
+
+
+def _permuted(batch: dict, movable: np.ndarray, group: np.ndarray, key: np.ndarray, cycle: bool = False) -> dict:
     """The batch with the movable tokens of each group put in the order of `key` (ascending),
-    the masked slots following their tokens."""
+    or with `cycle`, each moved to the slot of the next one in `key` order (the last to the
+    first's); the masked slots follow their tokens."""
     ids = batch["input_ids"]
     B, L = ids.shape
-    targets = np.flatnonzero(movable)
-    g = group.ravel()[targets]
-    targets = targets[np.lexsort((targets, g))]                  # each group's slots, left to right
-    g = group.ravel()[targets]
-    sources = targets[np.lexsort((key.ravel()[targets], g))]    # its tokens in `key` order
+    slots = np.flatnonzero(movable)
+    g = group.ravel()[slots]
+    in_key_order = slots[np.lexsort((key.ravel()[slots], g))]
+    if cycle:
+        g = group.ravel()[in_key_order]
+        index = np.arange(len(g))
+        first = np.r_[True, g[1:] != g[:-1]]
+        last = np.r_[g[1:] != g[:-1], True]
+        sources, targets = in_key_order, in_key_order[np.where(last, np.maximum.accumulate(np.where(first, index, 0)),
+                                                                index + 1)]
+    else:
+        targets = slots[np.lexsort((slots, g))]                 # each group's slots, left to right
+        sources = in_key_order                                  # its tokens in `key` order
     new_ids = ids.ravel().copy()
     new_ids[targets] = ids.ravel()[sources]
     moved_to = np.tile(np.arange(L), B)
     moved_to[sources] = targets % L
-    slots = np.take_along_axis(moved_to.reshape(B, L), batch["masked_positions"].astype(np.int64), axis=1)
-    return {**batch, "input_ids": new_ids.reshape(B, L), "masked_positions": slots.astype(np.int32)}
+    masked = np.take_along_axis(moved_to.reshape(B, L), batch["masked_positions"].astype(np.int64), axis=1)
+    return {**batch, "input_ids": new_ids.reshape(B, L), "masked_positions": masked.astype(np.int32)}
 
 
 # --------------------------------------------------------------------------- on the device
@@ -242,6 +279,17 @@ def save_pack(data: StudyData, path, key: str) -> None:
     np.savez_compressed(buffer, meta=np.asarray(json.dumps(meta)), **arrays)
     Path(path).parent.mkdir(parents=True, exist_ok=True)   # the pack's folder may not exist yet
     write_bytes_atomic(path, buffer.getvalue())
+
+
+def pack_key(path) -> str | None:
+    """The key a pack at `path` was made with; None when there is no readable pack there."""
+    import json
+
+    try:
+        with np.load(path) as pack:
+            return json.loads(str(pack["meta"]))["key"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def load_pack(path, key: str) -> StudyData:

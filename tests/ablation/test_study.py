@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -153,27 +154,66 @@ def test_device_masking_follows_the_pipelines_rule():
     assert all(np.all(np.diff(positions[r][weights[r] > 0]) > 0) for r in set(rows))   # ascending slots
 
 
-def test_order_variants_move_tokens_only_within_their_windows():
+def test_order_variants_move_every_token_within_its_window_of_content_tokens():
     rng = np.random.default_rng(1)
     L = 32
-    ids = rng.integers(10, 100, size=(6, L)).astype(np.int32)
+    ids = rng.permutation(np.arange(10, 10 + 6 * L)).reshape(6, L).astype(np.int32)   # all distinct
     positions = np.tile(np.arange(L), (6, 1))
     ids[:, 0], ids[:, -1] = 2, 3
     segments = np.ones_like(ids)
     slots = np.stack([np.sort(rng.permutation(np.arange(1, L - 1))[:5]) for _ in range(6)]).astype(np.int32)
     batch = {"input_ids": ids, "positions": positions, "segment_ids": segments, "masked_positions": slots,
              "masked_labels": np.take_along_axis(ids, slots, 1), "masked_weights": np.ones((6, 5), np.float32)}
-    variants = study_data.order_variants(batch, [4, 32], 2, 3, 0, np.random.default_rng(0))
-    for name, w in (("shuffle4", 4), ("shuffle32", 32)):
+    variants = study_data.order_variants(batch, [2, 4, 32], 2, 3, 0, [7])
+    for name, w in (("shuffle2", 2), ("shuffle4", 4), ("shuffle32", 32)):
         new = variants[name]["input_ids"]
-        assert (new != ids).any()
-        for lo in range(0, L, w):   # the same tokens in each window, [CLS] and [SEP] in place
-            np.testing.assert_array_equal(np.sort(new[:, lo:lo + w], 1), np.sort(ids[:, lo:lo + w], 1))
+        # windows of w tokens from the first one after [CLS]: the same tokens in each, every
+        # token moved (the last window of 30 % 4 = 2 tokens too), [CLS] and [SEP] in place
+        for lo in range(1, L - 1, w):
+            hi = min(lo + w, L - 1)
+            np.testing.assert_array_equal(np.sort(new[:, lo:hi], 1), np.sort(ids[:, lo:hi], 1))
+        assert (new[:, 1:-1] != ids[:, 1:-1]).all()
         assert (new[:, 0] == 2).all() and (new[:, -1] == 3).all()
         # the predicted tokens follow their slots
         np.testing.assert_array_equal(np.take_along_axis(new, variants[name]["masked_positions"], 1),
                                       np.take_along_axis(ids, slots, 1))
     np.testing.assert_array_equal(variants["reverse"]["input_ids"][:, 1:-1], ids[:, 1:-1][:, ::-1])
+    # each window length draws from its own generator: the same variant whatever else is asked
+    alone = study_data.order_variants(batch, [4], 2, 3, 0, [7])
+    np.testing.assert_array_equal(alone["shuffle4"]["input_ids"], variants["shuffle4"]["input_ids"])
+    # a random cycle, not a fixed one: two draws of the same windows differ
+    other = study_data.order_variants(batch, [32], 2, 3, 0, [8])
+    assert (other["shuffle32"]["input_ids"] != variants["shuffle32"]["input_ids"]).any()
+
+
+def test_order_variants_count_windows_within_each_packed_piece():
+    """Two documents in a row, each from its [CLS]: a window never spans them, and a
+    document's first content token moves at w=2 (windows counted from it, not from [CLS])."""
+    ids = np.array([[2, 10, 11, 12, 13, 3, 2, 20, 21, 22, 3, 0]], np.int32)
+    positions = np.array([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 0]])
+    segments = np.array([[1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 0]])
+    slots = np.array([[1, 7]], np.int32)
+    batch = {"input_ids": ids, "positions": positions, "segment_ids": segments, "masked_positions": slots,
+             "masked_labels": np.take_along_axis(ids, slots, 1), "masked_weights": np.ones((1, 2), np.float32)}
+    new = study_data.order_variants(batch, [2], 2, 3, 0, [0])["shuffle2"]
+    np.testing.assert_array_equal(new["input_ids"], [[2, 11, 10, 13, 12, 3, 2, 21, 20, 22, 3, 0]])
+    np.testing.assert_array_equal(new["masked_positions"], [[2, 8]])
+
+
+def test_a_pack_made_with_other_settings_is_made_again_and_one_up_to_date_is_kept(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "pack.npz"
+    config = plan.load_config_file("ablation", "gpu_smoke")
+    made = []
+    monkeypatch.setattr(study, "study_splits", lambda config: made.append(1) or SimpleNamespace(manifest={}))
+    monkeypatch.setattr(study_data, "save_pack", lambda data, where, key: np.savez(
+        where, meta=np.asarray(json.dumps({"key": key}))))
+    assert study_data.pack_key(path) is None
+    assert study.main(["pack", "gpu_smoke", str(path)]) == 0 and made == [1]
+    assert study_data.pack_key(path) == study.data_key(config)
+    assert study.main(["pack", "gpu_smoke", str(path)]) == 0 and made == [1]
+    assert "up to date" in capsys.readouterr().out
+    np.savez(path, meta=np.asarray(json.dumps({"key": "made before the order variants changed"})))
+    assert study.main(["pack", "gpu_smoke", str(path)]) == 0 and made == [1, 1]
 
 
 def test_splits_are_disjoint_documents():
