@@ -58,17 +58,24 @@ def mlm_sums(model, batch: Batch) -> dict[str, jax.Array]:
 
 
 def reseeded(rest_state, key: jax.Array):
-    """Fresh copy of the model's RNG state with every stream reset to `key`.
+    """Fresh copy of the model's RNG state: the i-th stream (in the state's flattening order)
+    keyed by fold_in(key, i), its count reset to 0.
 
-    Building new Variables (rather than `nnx.reseed` on shared ones) keeps them in
+    Every nnx.Dropout holds a stream of its own; one key for all of them would draw the same
+    mask at every dropout site of a step (the same features of a token dropped in every
+    layer). Building new Variables (rather than `nnx.reseed` on shared ones) keeps them in
     the current trace, so dropout can advance its counters inside `jax.grad`."""
-    def reset(var):
+    leaves, treedef = jax.tree.flatten(rest_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    fresh, streams = [], 0
+    for var in leaves:
         if isinstance(var, nnx.RngKey):
-            return var.replace(key)
-        if isinstance(var, nnx.RngCount):
-            return var.replace(jnp.zeros_like(var.get_value()))
-        return var.replace(var.get_value())
-    return jax.tree.map(reset, rest_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+            fresh.append(var.replace(jax.random.fold_in(key, streams)))
+            streams += 1
+        elif isinstance(var, nnx.RngCount):
+            fresh.append(var.replace(jnp.zeros_like(var.get_value())))
+        else:
+            fresh.append(var.replace(var.get_value()))
+    return jax.tree.unflatten(treedef, fresh)
 
 
 def _split_microbatches(batch: Batch, num: int) -> Batch:

@@ -18,7 +18,7 @@ from roformer.train.bookkeeping import check_same_model_config
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.config import TrainConfig
 from roformer.train.optim import decay_mask, make_optimizer, make_schedule
-from roformer.train.steps import DROPOUT_RNG_IMPLS, make_train_step, mlm_sums
+from roformer.train.steps import DROPOUT_RNG_IMPLS, make_train_step, mlm_sums, reseeded
 
 # config file -> the scheme it selects: every scheme's own file, plus a variant
 SCHEMES = {scheme.config_file: name for name, scheme in POSITION_SCHEMES.items()} | {"rotary_linear": "rope"}
@@ -105,6 +105,31 @@ def test_gradient_accumulation_equals_full_batch():
     np.testing.assert_allclose(accum[1]["grad_norm"], full[1]["grad_norm"], rtol=1e-4)
     for a, b in zip(jax.tree.leaves(accum[0]["params"]), jax.tree.leaves(full[0]["params"])):
         np.testing.assert_allclose(a, b, atol=1e-5)   # Adam step of size lr=1e-2
+
+
+@pytest.mark.parametrize("impl", DROPOUT_RNG_IMPLS)
+def test_every_dropout_site_draws_its_own_mask(monkeypatch, impl):
+    """Each nnx.Dropout has a stream of its own; a step's key reaches each as its own key, so
+    the embeddings' and every layer's dropout do not drop the same features of a token."""
+    from test_train_sharding import TINY, synthetic_batch
+    config = dataclasses.replace(TINY, hidden_dropout=0.1, attention_dropout=0.1)
+    graphdef, params, rest = nnx.split(RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    model = nnx.merge(graphdef, params, reseeded(rest, jax.random.fold_in(jax.random.key(0, impl=impl), 7)))
+    draws, bernoulli = [], jax.random.bernoulli
+
+    def recording(key, p=0.5, shape=None, **kwargs):
+        draws.append(np.asarray(bernoulli(key, p, shape, **kwargs)))
+        return draws[-1]
+
+    monkeypatch.setattr(jax.random, "bernoulli", recording)
+    batch = synthetic_batch(0)
+    mlm_sums(model, {k: jnp.asarray(v) for k, v in batch.items()})
+    by_shape = {}
+    for mask in draws:
+        by_shape.setdefault(mask.shape, []).append(mask)
+    assert len(draws) >= 2 * TINY.num_layers + 1 and max(len(m) for m in by_shape.values()) >= 3
+    for masks in by_shape.values():
+        assert all(not np.array_equal(a, b) for i, a in enumerate(masks) for b in masks[:i])
 
 
 def test_dropout_rng_impls_are_deterministic_and_distinct():
