@@ -17,7 +17,8 @@ from pathlib import Path
 from roformer.bench.common import format_table, write_json
 
 COLUMNS = ["run", "stage", "size", "seq", "batch", "variant", "xla_flags", "ms_step", "tokens_s", "mfu", "x_tokens",
-           "x_tokens_min", "x_tokens_max", "x_baseline", "loss_step1", "dloss_step1", "program", "failed"]
+           "x_tokens_min", "x_tokens_max", "x_baseline", "loss_step1", "dloss_step1", "dgrad_step1", "program",
+           "failed"]
 PEER_COLUMNS = ["shape", "peer", "forms", "dropout_rng", "ours_mfu", "ours_x", "ours_x_min", "ours_x_max", "x_levers",
                 "ours_x_before"]
 

@@ -36,9 +36,10 @@ and `adopted` (`--other-variants`): the MFU before and after at each shape, in o
 
 `x_tokens` is a variant's tokens/s over the baseline's (median of the per-round ratios, with
 their min and max): above 1 is faster. `loss_step1` is the first step's loss from the same
-initial parameters and batch: forms that leave the arithmetic alone match the baseline's to
-bf16 rounding; rbg dropout draws other masks and twice the batch is another batch, so theirs
-differ by design. XLA flags (`XLA_FLAGS`) are read once per process: the row says which were
+initial parameters and batch, `dgrad_step1` its gradient norm over the baseline's, less 1:
+forms that leave the arithmetic alone match the baseline's to bf16 rounding (the loss is taken
+before the update, so only the gradient norm sees a wrong backward); rbg dropout draws other
+masks and twice the batch is another batch, so theirs differ by design. XLA flags (`XLA_FLAGS`) are read once per process: the row says which were
 set, and scripts/bench_accelerator.sh's `ab` step runs this benchmark once per flag set.
 
 With `--adopted-from` a finished run's JSON, the levers are not measured again: its adopted
@@ -59,6 +60,7 @@ import dataclasses
 import gc
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -99,7 +101,7 @@ ADOPTED = "adopted"   # the levers that paid alone at the first shape, together 
 LEVERS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "bias_grad_in_gemm", "pallas_residual_norm",
           "rbg_dropout")
 TABLE_COLUMNS = ("stage", "size", "seq", "batch", "variant", "xla_flags", "ms_step", "tokens_s", "mfu", "x_tokens",
-                 "x_tokens_min", "x_tokens_max", "loss_step1", "dloss_step1", "program", "failed")
+                 "x_tokens_min", "x_tokens_max", "loss_step1", "dloss_step1", "dgrad_step1", "program", "failed")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -136,7 +138,8 @@ def parse_shape(text: str) -> tuple[str, int, int]:
 
 
 def build(size: str, seq_len: int, batch: int, variant: Variant, args: argparse.Namespace):
-    """The variant's workload, compiled under its forms, and its first step's loss."""
+    """The variant's workload, compiled under its forms, and its first step's loss and gradient
+    norm ({"loss", "grad_norm"})."""
     config = ModelConfig.from_preset(size, position="rope", dtype=args.dtype, vocab_size=args.vocab_size,
                                      max_position_embeddings=max(512, seq_len), attention_dropout=0.0)
     with backend.using_forms(variant.forms):
@@ -144,7 +147,8 @@ def build(size: str, seq_len: int, batch: int, variant: Variant, args: argparse.
                                         attention_impl=args.attention_impl,
                                         dropout_rng_impl=variant.dropout_rng_impl,
                                         segment_mask=variant.segment_mask)
-    return workload, float(workload.step()[1]["loss"])
+    metrics = workload.step()[1]
+    return workload, {"loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"])}
 
 
 def program_digest(workload) -> str:
@@ -178,7 +182,7 @@ class Group:
     def __init__(self, shape: str, args: argparse.Namespace, budget: Budget, notes: list[str]):
         self.shape, self.args, self.budget, self.notes = shape, args, budget, notes
         self.size, self.seq_len, self.batch = parse_shape(shape)
-        self.built, self.variants, self.losses, self.failed = {}, {}, {}, {}
+        self.built, self.variants, self.first, self.failed = {}, {}, {}, {}
 
     def build(self, name: str, variant: Variant, reserve: int = 0) -> bool:
         if not self.budget.allows_build(reserve):
@@ -187,7 +191,7 @@ class Group:
             return False
         started = time.perf_counter()
         try:
-            self.built[name], self.losses[name] = build(self.size, self.seq_len, self.batch, variant, self.args)
+            self.built[name], self.first[name] = build(self.size, self.seq_len, self.batch, variant, self.args)
         except Exception as error:   # noqa: BLE001 (one variant's failure must not end the run)
             self.notes.append(f"{self.shape} {name}: failed ({failure(error)})")
             self.failed[name] = (variant, failure(error))
@@ -196,7 +200,7 @@ class Group:
         self.variants[name] = variant
         self.budget.built(time.perf_counter() - started)
         print(f"levers {self.shape} {name}: built in {time.perf_counter() - started:.0f} s, "
-              f"first loss {self.losses[name]:.6f}", file=sys.stderr, flush=True)
+              f"first loss {self.first[name]['loss']:.6f}", file=sys.stderr, flush=True)
         return True
 
     def drop(self, keep: set[str]) -> None:
@@ -232,16 +236,42 @@ class Group:
                          "xla_flags": os.environ.get("XLA_FLAGS", "").strip(),
                          **step_figures(workload, seconds, peaks, measured_peaks),
                          "x_tokens": stats["median"], "x_tokens_min": stats["min"], "x_tokens_max": stats["max"],
-                         "loss_step1": self.losses[name], "dloss_step1": self.losses[name] - self.losses[BASELINE],
+                         **first_step_figures(self.first[name], self.first[BASELINE]),
                          "program": program_digest(workload),
                          "ms_step_rounds": [s * 1e3 for s in seconds]})
         return rows
 
 
 # A lever that leaves the arithmetic alone gives the baseline's first-step loss to bf16
-# rounding (a few 1e-5 here); rbg keys draw other dropout masks, so theirs differs by design.
+# rounding (a few 1e-5 here) and its gradient norm to a few 1e-3 relative; rbg keys draw other
+# dropout masks, so theirs differ by design. The gradient norm catches a backward that is wrong
+# where the forward is right (the loss is taken before the update).
 LOSS_TOLERANCE = 2e-3
+GRAD_NORM_TOLERANCE = 1e-2
 OTHER_MASKS = ("rbg_dropout",)
+
+
+def first_step_figures(first: dict, base: dict) -> dict:
+    """A variant's first-step loss, and its loss and gradient norm against the baseline's
+    (`dgrad_step1` relative)."""
+    return {"loss_step1": first["loss"], "dloss_step1": first["loss"] - base["loss"],
+            "dgrad_step1": first["grad_norm"] / base["grad_norm"] - 1.0}
+
+
+def first_step_off(row: dict) -> str | None:
+    """Why a row's first step is not the baseline's arithmetic (non-finite, its loss or its
+    gradient norm beyond rounding), or None. Rows written before the gradient norm was kept
+    are read by their loss alone."""
+    loss, dloss, dgrad = row.get("loss_step1"), row.get("dloss_step1", 0.0), row.get("dgrad_step1", 0.0)
+    if loss is not None and not math.isfinite(loss):
+        return f"first-step loss {loss}"
+    if row["variant"] in OTHER_MASKS:
+        return None
+    if not abs(dloss) <= LOSS_TOLERANCE:   # written so that NaN (a baseline's) is off too
+        return f"first-step loss {dloss:+.2g} off the baseline's"
+    if not abs(dgrad) <= GRAD_NORM_TOLERANCE:
+        return f"first-step gradient norm {dgrad:+.2g} (relative) off the baseline's"
+    return None
 
 
 def paid(row: dict, threshold: float) -> bool:
@@ -252,8 +282,9 @@ def paid(row: dict, threshold: float) -> bool:
 
 def lever_verdicts(rows: list[dict], threshold: float) -> dict[str, str]:
     """Each lever of `rows` (one shape's) -> "paid", or why it is not adopted: it failed to
-    build, did not pay in every round, changed the first step's loss beyond bf16 rounding, or
-    compiled to the baseline's own program (its form is not active here)."""
+    build, did not pay in every round, changed the first step's loss or gradient norm beyond
+    bf16 rounding (`first_step_off`), or compiled to the baseline's own program (its form is not
+    active here)."""
     rows = {row["variant"]: row for row in rows}
     base = rows.get(BASELINE, {})
     verdicts = {}
@@ -261,8 +292,8 @@ def lever_verdicts(rows: list[dict], threshold: float) -> dict[str, str]:
         row = rows[name]
         if "x_tokens" not in row:
             verdicts[name] = f"failed ({row.get('failed', 'not timed')})"
-        elif name not in OTHER_MASKS and abs(row.get("dloss_step1", 0.0)) > LOSS_TOLERANCE:
-            verdicts[name] = f"first-step loss {row['dloss_step1']:+.2g} off the baseline's"
+        elif first_step_off(row):
+            verdicts[name] = first_step_off(row)
         elif row.get("program") is not None and row.get("program") == base.get("program"):
             verdicts[name] = "the baseline's own program"
         elif not paid(row, threshold):
@@ -371,7 +402,7 @@ def run(args: argparse.Namespace) -> dict:
             adopted, paid_levers = adopted_variant(lever_rows, args.adopt_above)
             same = [name for name, variant in group.variants.items() if variant == adopted and name in group.built]
             notes.append(f"levers at {shape} (paid: median x_tokens >= {args.adopt_above}, every round above 1, "
-                         f"first-step loss within {LOSS_TOLERANCE}): "
+                         f"first-step loss within {LOSS_TOLERANCE}, gradient norm within {GRAD_NORM_TOLERANCE:.0%}): "
                          + "; ".join(f"{name} {verdict}" for name, verdict in verdicts.items()))
             notes.append(f"adopted (the levers that paid alone at {shape}, together): "
                          + (", ".join(paid_levers) if paid_levers else "none") + (f", the same as {same[0]}" if same else ""))

@@ -51,7 +51,7 @@ def test_the_budget_keeps_a_build_for_the_adopted_levers_confirmation(monkeypatc
 
     def build(size, seq_len, batch, variant, args):
         clock[0] += fused_build_s if variant.forms == ("fused_qkv",) else 10.0
-        return object(), 1.0
+        return object(), {"loss": 1.0, "grad_norm": 1.0}
 
     def time(self, stage):   # every built variant, timed as paying
         return [{"stage": stage, "variant": name, "x_tokens": 1.1, "x_tokens_min": 1.05} for name in self.built]
@@ -113,6 +113,21 @@ def test_adopted_are_the_levers_that_paid_in_every_round_together():
     assert verdicts["bias_grad_in_gemm"] == "the baseline's own program"
     assert verdicts["pallas_residual_norm"] == "failed (LoweringError)"
     assert levers.adopted_variant(rows, 1.005)[1] == ["rbg_dropout"]
+    # Nor one whose backward is off where its forward is right (the first-step loss is taken
+    # before the update), nor one whose first step is not finite, nor any against a baseline
+    # whose first step is not: NaN compares false with every tolerance.
+    fast = {"x_tokens": 1.1, "x_tokens_min": 1.05, "program": "p9", "loss_step1": 6.26}
+    rows = [{**row("baseline", 1, 1), "program": "p0", "loss_step1": 6.26},
+            {**fast, "variant": "bias_grad_in_gemm", "dloss_step1": 0.0, "dgrad_step1": -0.13},
+            {**fast, "variant": "fused_qkv", "dloss_step1": 1e-5, "dgrad_step1": 4e-4},
+            {**fast, "variant": "rope_half_pairs", "loss_step1": float("nan"), "dloss_step1": float("nan")},
+            {**fast, "variant": "rbg_dropout", "loss_step1": float("inf"), "dloss_step1": float("inf")}]
+    verdicts = levers.lever_verdicts(rows, 1.005)
+    assert verdicts["bias_grad_in_gemm"] == "first-step gradient norm -0.13 (relative) off the baseline's"
+    assert verdicts["fused_qkv"] == "paid"
+    assert verdicts["rope_half_pairs"] == "first-step loss nan" and verdicts["rbg_dropout"] == "first-step loss inf"
+    nan_base = [{**rows[2], "dloss_step1": float("nan"), "dgrad_step1": float("nan")}]
+    assert levers.lever_verdicts(nan_base, 1.005)["fused_qkv"] == "first-step loss +nan off the baseline's"
 
 
 def test_the_adopted_levers_are_read_back_from_a_runs_json():
@@ -166,7 +181,7 @@ def test_a_variant_that_fails_to_build_is_a_row_saying_why_and_the_rest_still_ru
     def build(size, seq_len, batch, variant, args):
         if "pallas_residual_norm" in variant.forms:
             raise RuntimeError("Triton lowering failed\nthe rest of the message")
-        return object(), 1.0
+        return object(), {"loss": 1.0, "grad_norm": 1.0}
 
     def time(self, stage):   # every built variant, timed as paying
         return [{"stage": stage, "variant": name, "x_tokens": 1.1, "x_tokens_min": 1.05} for name in self.built]
