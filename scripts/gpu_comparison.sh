@@ -12,6 +12,11 @@
 # the same machine resumes there, skipping finished schemes; on a fresh machine,
 # RESUME_FROM=an earlier call's records.tar.gz (carried along) puts its finished schemes back first
 # (several archives, space-separated: e.g. one per scheme, as a study spread over sessions keeps them).
+# Per scheme the study takes the record whose settings are its own (the one with the most members
+# when several archives hold one) and says in a line what it took and what it left; a record of
+# other settings is never taken (roformer.ablation.study_records). A group still training at the
+# stop is lost (records hold no checkpoints): the next call trains it again from its start.
+# OUTDIR and RESUME_FROM's paths are read from where the command is run.
 # A machine without the corpus (a lent accelerator) reads the splits from a pack made where the
 # corpus is, once (a few minutes on a 2-core CPU; gpu_tiny, gpu_mini and gpu_small share it),
 # by scripts/device_files.sh with the other files a device call carries (carry .device):
@@ -31,6 +36,9 @@ case " gpu_tiny gpu_tiny_long gpu_mini gpu_small gpu_smoke " in
   *) echo "unknown variant '$variant'; choose gpu_tiny, gpu_tiny_long, gpu_mini, gpu_small or gpu_smoke" >&2; exit 2 ;;
 esac
 py=${PYTHON:-python3}
+out=$(realpath -m "$out")
+resume=()
+for records in ${RESUME_FROM:-}; do resume+=("$(realpath -m "$records")"); done
 cd "$(dirname "$0")/.." || exit 2
 pack=${STUDY_DATA:-.device/study_data/wikipedia_en.npz}
 extra=()
@@ -41,9 +49,9 @@ if [[ $variant != gpu_smoke ]]; then
 fi
 work=${STUDY_WORKDIR:-/tmp/roformer-study/$variant}
 mkdir -p "$out" "$work"
-for records in ${RESUME_FROM:-}; do
-  tar -xzf "$records" -C "$work" || { echo "cannot read $records (RESUME_FROM)" >&2; exit 2; }
-done
+if [[ ${#resume[@]} -gt 0 ]]; then
+  "$py" -m roformer.ablation.study stage "$work" "${resume[@]}" || { echo "RESUME_FROM: not staged" >&2; exit 2; }
+fi
 # Compiled programs outside OUTDIR (what comes back from a lent machine stays small); a rerun on
 # the same machine loads them.
 export PYTHONUNBUFFERED=1 JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/roformer-study-jax-cache}

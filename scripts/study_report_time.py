@@ -53,7 +53,8 @@ def fake_record(config, data, scheme: str, rng: np.random.Generator) -> tuple[di
     record = {"scheme": scheme, "model": model_cfg.to_dict(), "parameters": study_plan.parameter_count(model_cfg),
               "members": [dataclasses.asdict(m) for m in group], "tokens_per_step": tokens_per_step, "evals": evals,
               "budgets": budgets, "diverged_at": [None] * n, "timing": timing, "device": "none", "backend": "none",
-              "edges": {"rates": [beyond[0].rate], "members": len(beyond), "timing": timing}}
+              "edges": {"rates": [beyond[0].rate], "members": len(beyond), "timing": timing},
+              "fingerprint": study.scheme_fingerprint(config, scheme, data.manifest)}
     _, test_weight = study_stats.item_sums(np.zeros((1, len(data.test_items))),
                                            data.test["masked_weights"].sum(-1), data.test_items)
     sums = {f"budget{end}": (test_weight[None] * rng.normal(5, 0.3, (n, len(test_weight)))).astype(np.float32)

@@ -16,8 +16,10 @@ test loss of every test row (which the report's seed x item bootstrap resamples)
 whose loss stops being finite, or climbs above where it started, is recorded as diverged, per
 budget for the model that budget scores (its trunk up to the fork, then its branch).
 
-Resumable by scheme: a scheme whose record (DIR/schemes/<scheme>.json) has the config's
-fingerprint is not trained again; the report (roformer.ablation.study_report) is rewritten
+Resumable by scheme: a scheme whose record (DIR/schemes/<scheme>.json, or one in records
+archives staged in DIR/incoming: roformer.ablation.study_records) has the config's
+fingerprint is not trained again, and a record of other settings is set aside, never mixed
+with these; the report (roformer.ablation.study_report) is rewritten
 after every group, on a worker thread while the next group trains (ReportInBackground); the
 last of those writes is the final report (the caller writes it only when that one failed or
 nothing trained).
@@ -33,16 +35,15 @@ wait for each scheme's compilation in turn; a group beyond a grid's edge is know
 scheme's grid has trained, so it compiles while the last grids train.
 
 The settings, their validation and the memory estimate are roformer.ablation.study_plan's,
-one scheme's programs and training roformer.ablation.study_train's; here: the splits, the
-loop over the schemes (`run_study`) and the `pack` command.
+one scheme's programs and training roformer.ablation.study_train's, the records on disk
+roformer.ablation.study_records'; here: the splits, the loop over the schemes (`run_study`)
+and the commands (`pack`, `stage`, `split`, `report`).
 """
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
-import tarfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -53,18 +54,15 @@ import ml_collections
 import numpy as np
 
 from roformer.ablation import plan, study_data, study_stats
+from roformer.ablation.study_records import (CONFIG_RECORD, DATA_MANIFEST, SCHEMES_DIR, open_records, save_scheme,
+                                             split_records, stage_archives, take_finished)
 from roformer.ablation.study_plan import budgets, check_memory, edge_rates, members, validate, windows
 from roformer.ablation.study_train import CompileAhead, SchemeRun, merge_groups
 from roformer.data import DataConfig
 from roformer.errors import ConfigError
-from roformer.files import write_bytes_atomic, write_json_atomic, write_text_atomic
+from roformer.files import write_json_atomic, write_text_atomic
 
 log = logging.getLogger("roformer.ablate")
-
-SCHEMES_DIR = "schemes"
-CONFIG_RECORD = "study_config.json"
-DATA_MANIFEST = "data_manifest.json"
-
 
 # --------------------------------------------------------------------------- the study
 
@@ -76,8 +74,24 @@ REPORT_ONLY_KEYS = ("schemes", "reference", "margin", "order_threshold", "bootst
 
 
 def scheme_fingerprint(config, scheme: str, manifest: dict) -> str:
+    """What a scheme's record depends on: its pretraining config (data files by name, not
+    where they lie), the study keys that change what it computes, and the data manifest."""
     study = {k: v for k, v in config.study.to_dict().items() if k not in REPORT_ONLY_KEYS}
-    return plan.fingerprint(plan.scheme_pretrain_config(config, scheme), study, manifest)
+    pretrain = plan.scheme_pretrain_config(config, scheme).to_dict()
+    pretrain["data"] = portable_data(pretrain["data"])
+    manifest = {k: v for k, v in manifest.items() if k != "setup_s"}
+    return plan.fingerprint(pretrain, study, manifest)
+
+
+def portable_data(data: dict) -> dict:
+    """The data settings without where the files lie (a pack or a record made on one machine is
+    read on another, whose checkout sits elsewhere), only their names; nor the cache."""
+    data = dict(data)
+    for key in ("files", "vocab", "hf_path", "tfds_data_dir"):
+        data[key] = os.path.basename(str(data.get(key) or ""))
+    for key in ("cache_dir", "num_workers"):
+        data.pop(key, None)
+    return data
 
 
 def device_arrays(config, data: study_data.StudyData) -> dict:
@@ -97,12 +111,7 @@ def data_key(config) -> str:
     Where the files lie is not part of it (the pack is made on one machine and read on
     another, whose checkout sits elsewhere), only their names; nor is the cache."""
     st = config.study
-    data = config.pretrain.data.to_dict()
-    for key in ("files", "vocab", "hf_path", "tfds_data_dir"):
-        data[key] = os.path.basename(str(data.get(key) or ""))
-    for key in ("cache_dir", "num_workers"):
-        data.pop(key, None)
-    return plan.fingerprint(data, int(config.pretrain.train.seq_len),
+    return plan.fingerprint(portable_data(config.pretrain.data.to_dict()), int(config.pretrain.train.seq_len),
                             {k: st[k] for k in ("test_fraction", "validation_fraction", "validation_rows",
                                                 "variant_rows", "windows", "test_mask_draws", "max_test_rows")},
                             study_data.ORDER_VARIANTS)
@@ -165,7 +174,6 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     validate(config)
     workdir = Path(workdir).resolve()
     (workdir / SCHEMES_DIR).mkdir(parents=True, exist_ok=True)
-    write_text_atomic(workdir / CONFIG_RECORD, config.to_json_best_effort(indent=2) + "\n")
     st = config.study
     t0 = time.perf_counter()
     data = study_splits(config)
@@ -176,6 +184,9 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     estimates = check_memory(config, data)
     log.info("data ready in %.0f s: %s; memory estimate per group %s", time.perf_counter() - t0,
              json.dumps(data.manifest), {k: f"{v / 2**30:.2f} GiB" for k, v in estimates.items()})
+    # Recorded once the settings passed every check, so a call refused at its start leaves the
+    # config its records were trained under.
+    write_text_atomic(workdir / CONFIG_RECORD, config.to_json_best_effort(indent=2) + "\n")
     write_json_atomic(workdir / DATA_MANIFEST, {**data.manifest, "setup_s": time.perf_counter() - t0})
     test_weight = study_stats.item_sums(np.zeros((1, len(data.test_items))), data.test["masked_weights"].sum(-1),
                                         data.test_items)[1]
@@ -195,14 +206,10 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             return True
         return False
 
-    schemes, todo = plan.split_list(st.schemes), []
+    schemes = plan.split_list(st.schemes)
     fingerprints = {scheme: scheme_fingerprint(config, scheme, data.manifest) for scheme in schemes}
-    for scheme in schemes:
-        path = workdir / SCHEMES_DIR / f"{scheme}.json"
-        if path.is_file() and json.loads(path.read_text()).get("fingerprint") == fingerprints[scheme]:
-            log.info("%s: already trained, skipping", scheme)
-        else:
-            todo.append(scheme)
+    finished = take_finished(workdir, fingerprints)
+    todo = [scheme for scheme in schemes if scheme not in finished]
     aux: dict = {}   # the data on the device: put there by this thread, once a group needs it
 
     def device_data() -> None:
@@ -294,77 +301,6 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     return written if written is not None else study_report.write(config, workdir)
 
 
-def save_scheme(workdir: Path, scheme: str, record: dict, arrays: dict[str, np.ndarray]) -> None:
-    """A scheme's test sums, then its record: a record on disk always has its sums (the sums
-    may run ahead of a record that did not land; roformer.ablation.study_train.merge_groups
-    reads only the record's members from them)."""
-    buffer = io.BytesIO()
-    np.savez_compressed(buffer, **arrays)
-    write_bytes_atomic(workdir / SCHEMES_DIR / f"{scheme}.npz", buffer.getvalue())
-    write_json_atomic(workdir / SCHEMES_DIR / f"{scheme}.json", record)
-
-
-def split_records(archive: Path, directory: Path) -> list[Path]:
-    """An archive of scheme records (scripts/gpu_comparison.sh's records.tar.gz) as one archive
-    per scheme, DIR/records-<scheme>.tar.gz, each with the data manifest and the config: what a
-    study spread over several sessions keeps between them (scripts/gpu_comparison.sh takes
-    several in RESUME_FROM), each file a scheme's size."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive) as source:
-        members = {m.name.removeprefix("./"): m for m in source.getmembers() if m.isfile()}
-        shared = [name for name in (DATA_MANIFEST, CONFIG_RECORD) if name in members]
-        schemes = sorted({record_scheme(name) for name in members if name.endswith(".json")} - {None})
-        written = []
-        for scheme in schemes:
-            path = directory / f"records-{scheme}.tar.gz"
-            with tarfile.open(path, "w:gz") as target:
-                for name in shared + sorted(n for n in members if record_scheme(n) == scheme):
-                    target.addfile(members[name], source.extractfile(members[name]))
-            written.append(path)
-    return written
-
-
-def record_scheme(name: str) -> str | None:
-    """The scheme whose record (schemes/<scheme>.json) or test sums (.npz) the archive member
-    `name` is, else None."""
-    path = Path(name)
-    return path.stem if path.parent == Path(SCHEMES_DIR) and path.suffix in (".json", ".npz") else None
-
-
-def open_records(source: str | Path, into: str | Path | None = None) -> Path:
-    """A study workdir to read: `source` itself when it is one (it has study_config.json), else
-    the records in `source` (scripts/gpu_comparison.sh's records.tar.gz, or a directory of
-    archives such as `split_records` writes) unpacked into `into` (a new temporary directory
-    when None), later archives over earlier ones. Only records, the data manifest and the
-    config are taken from an archive."""
-    source = Path(source)
-    if (source / CONFIG_RECORD).is_file():
-        return source
-    archives = sorted(source.glob("*.tar.gz")) if source.is_dir() else [source] if source.is_file() else []
-    if not archives:
-        raise ConfigError(f"{source} is neither a study workdir (no {CONFIG_RECORD}) nor a records archive or a "
-                          "directory of them (*.tar.gz)")
-    if into is None:
-        import tempfile
-
-        into = tempfile.mkdtemp(prefix="roformer-study-")
-    workdir = Path(into)
-    (workdir / SCHEMES_DIR).mkdir(parents=True, exist_ok=True)
-    for archive in archives:
-        try:
-            with tarfile.open(archive) as tar:
-                for member in tar.getmembers():
-                    name = member.name.removeprefix("./")
-                    wanted = name in (CONFIG_RECORD, DATA_MANIFEST) or record_scheme(name) is not None
-                    if member.isfile() and wanted:
-                        write_bytes_atomic(workdir / name, tar.extractfile(member).read())
-        except (tarfile.TarError, OSError) as error:
-            raise ConfigError(f"cannot read records archive {archive}: {error}") from error
-    if not (workdir / CONFIG_RECORD).is_file():
-        raise ConfigError(f"no {CONFIG_RECORD} in {', '.join(map(str, archives))}: not study records")
-    return workdir
-
-
 def write_report(source: Path, into: Path | None = None) -> Path:
     """The report of a study's finished schemes, from their records and the config the study
     recorded (study_config.json), without training: after a call stopped before its last write,
@@ -377,7 +313,22 @@ def write_report(source: Path, into: Path | None = None) -> Path:
         raise ConfigError(f"{source} has no {CONFIG_RECORD}: not a study workdir; for records archives (such as "
                           "scripts/gpu_comparison.sh's records.tar.gz) name a directory to write the report in")
     workdir = open_records(source, into)
-    study_report.write(ml_collections.ConfigDict(json.loads((workdir / CONFIG_RECORD).read_text())), workdir)
+    config = ml_collections.ConfigDict(json.loads((workdir / CONFIG_RECORD).read_text()))
+    manifest = json.loads((workdir / DATA_MANIFEST).read_text()) if (workdir / DATA_MANIFEST).is_file() else None
+    schemes, runs = plan.split_list(config.study.schemes), {}
+    for scheme, run in study_report.load(workdir).items():
+        if manifest is not None and run[0].get("fingerprint") != scheme_fingerprint(config, scheme, manifest):
+            print(f"{scheme}: its record was trained under other settings than {CONFIG_RECORD}'s: not reported")
+        else:
+            runs[scheme] = run
+    # Archives of calls that ran other schemes (a key that keeps finished ones) hold records
+    # the last archive's config does not list.
+    unlisted = [scheme for scheme in runs if scheme not in schemes]
+    if unlisted:
+        print(f"{', '.join(unlisted)}: finished under these settings, not listed in study.schemes of the "
+              f"{CONFIG_RECORD} read: reported after the listed ones")
+        config.study.schemes = ",".join(schemes + unlisted)
+    study_report.write(config, workdir, runs=runs)
     return workdir / study_report.REPORT_MD
 
 
@@ -387,7 +338,13 @@ def main(argv: list[str]) -> int:
     machine without the corpus (scripts/gpu_comparison.sh reads .device/study_data/wikipedia_en.npz,
     which scripts/device_files.sh makes).
     `python -m roformer.ablation.study split RECORDS DIR`: split_records.
+    `python -m roformer.ablation.study stage WORKDIR RECORDS...`: stage_archives (the next run in
+    WORKDIR takes their finished schemes).
     `python -m roformer.ablation.study report WORKDIR | RECORDS [DIR]`: write_report."""
+    if len(argv) >= 3 and argv[0] == "stage":
+        for folder in stage_archives(Path(argv[1]), argv[2:]):
+            print(f"{(folder / 'SOURCE').read_text().strip()}: staged in {folder}")
+        return 0
     if len(argv) == 3 and argv[0] == "split":
         for path in split_records(Path(argv[1]), Path(argv[2])):
             print(f"{path}: {path.stat().st_size:,} bytes")
@@ -399,6 +356,7 @@ def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[0] != "pack":
         print("usage: python -m roformer.ablation.study pack VARIANT PATH [section.key=value ...]\n"
               "       python -m roformer.ablation.study split RECORDS.tar.gz DIR\n"
+              "       python -m roformer.ablation.study stage WORKDIR RECORDS.tar.gz...\n"
               "       python -m roformer.ablation.study report WORKDIR\n"
               "       python -m roformer.ablation.study report RECORDS.tar.gz|RECORDS_DIR DIR")
         return 2

@@ -314,6 +314,119 @@ def test_the_report_is_written_again_from_records_archives(fake_study, tmp_path)
         study.open_records(tmp_path / "broken.tar.gz", tmp_path / "broken")
 
 
+def _records_archive(path: Path, workdir: Path, schemes, members: int | None = None, fingerprint: str | None = None):
+    """An archive of `workdir`'s records of `schemes`, as gpu_comparison.sh packs them, with the
+    members cut to `members` or the fingerprint replaced when given."""
+    import tarfile
+
+    staging = path.parent / f"{path.name}.d"
+    (staging / study.SCHEMES_DIR).mkdir(parents=True)
+    for name in (study.DATA_MANIFEST, study.CONFIG_RECORD):
+        (staging / name).write_bytes((workdir / name).read_bytes())
+    for scheme in schemes:
+        record = json.loads((workdir / study.SCHEMES_DIR / f"{scheme}.json").read_text())
+        if members is not None:
+            record["members"] = record["members"][:members]
+        if fingerprint is not None:
+            record["fingerprint"] = fingerprint
+        (staging / study.SCHEMES_DIR / f"{scheme}.json").write_text(json.dumps(record))
+        (staging / study.SCHEMES_DIR / f"{scheme}.npz").write_bytes(
+            (workdir / study.SCHEMES_DIR / f"{scheme}.npz").read_bytes())
+    with tarfile.open(path, "w:gz") as tar:
+        for name in (study.SCHEMES_DIR, study.DATA_MANIFEST, study.CONFIG_RECORD):
+            tar.add(staging / name, arcname=name)
+    return path
+
+
+def test_a_resumed_study_takes_per_scheme_the_record_of_its_own_settings(fake_study, tmp_path, caplog):
+    """Records staged from several archives and the workdir's own: per scheme the one whose
+    fingerprint is the study's, the fullest of them; one of other settings is never taken, and
+    the workdir's own is set aside, so no report or archive mixes it in. Each said in a line."""
+    import logging
+    import shutil
+
+    from roformer.ablation import study_records
+
+    workdir = tmp_path / "work"
+    shutil.copytree(fake_study, workdir)
+    fingerprints = {s: json.loads((fake_study / "schemes" / f"{s}.json").read_text())["fingerprint"]
+                    for s in ("rope", "alibi", "sinusoidal")}
+    full = len(json.loads((fake_study / "schemes" / "alibi.json").read_text())["members"])
+    # The workdir: rope of other settings, alibi and sinusoidal missing.
+    (workdir / "schemes" / "rope.json").write_text(json.dumps(
+        {**json.loads((fake_study / "schemes" / "rope.json").read_text()), "fingerprint": "other"}))
+    for scheme in ("alibi", "sinusoidal"):
+        for suffix in (".json", ".npz"):
+            (workdir / "schemes" / f"{scheme}{suffix}").unlink()
+    archives = [
+        _records_archive(tmp_path / "a.tar.gz", fake_study, ["alibi"], members=4),        # partial (grid only)
+        _records_archive(tmp_path / "b.tar.gz", fake_study, ["rope", "alibi"]),           # complete
+        _records_archive(tmp_path / "c.tar.gz", fake_study, ["sinusoidal"], fingerprint="older settings")]
+    assert study.main(["stage", str(workdir), *map(str, archives)]) == 0
+    with caplog.at_level(logging.INFO, logger="roformer.ablate"):
+        finished = study_records.take_finished(workdir, fingerprints)
+    assert finished == ["rope", "alibi"]
+    for scheme in ("rope", "alibi"):
+        assert json.loads((workdir / "schemes" / f"{scheme}.json").read_text()) == \
+            json.loads((fake_study / "schemes" / f"{scheme}.json").read_text())
+    assert not (workdir / "schemes" / "sinusoidal.json").exists()
+    assert json.loads((workdir / "schemes" / "stale" / "rope.json").read_text())["fingerprint"] == "other"
+    assert not (workdir / study_records.INCOMING_DIR).exists()
+    text = caplog.text
+    assert "rope: the workdir's record was trained under other settings" in text
+    assert f"alibi: already trained ({full} members, from {archives[1]}); 1 other record(s)" in text
+    assert f"sinusoidal: {archives[2]} holds a record of other settings" in text
+    # The report of the workdir leaves the stale record out; one read from archives leaves out a
+    # record whose fingerprint is not its config's, and reports a scheme its config does not list.
+    study.write_report(workdir)
+    assert json.loads((workdir / "study.json").read_text())["schemes"] == ["rope", "alibi"]
+    config_record = json.loads((fake_study / study.CONFIG_RECORD).read_text())
+    config_record["study"]["schemes"] = "rope"
+    (tmp_path / "listed").mkdir()
+    for name, path in (("b", archives[1]), ("c", archives[2])):
+        shutil.copy(path, tmp_path / "listed" / f"records-{name}.tar.gz")
+    with tarfile_with_config(tmp_path / "listed" / "records-z.tar.gz", config_record):
+        pass
+    study.write_report(tmp_path / "listed", tmp_path / "listed_report")
+    assert json.loads((tmp_path / "listed_report" / "study.json").read_text())["schemes"] == ["rope", "alibi"]
+    # An archive that cannot be read stages nothing.
+    (tmp_path / "broken.tar.gz").write_bytes(b"not gzip")
+    with pytest.raises(ConfigError, match="cannot read records archive .*broken.tar.gz"):
+        study_records.stage_archives(workdir, [archives[0], tmp_path / "broken.tar.gz"])
+    assert not list((workdir / study_records.INCOMING_DIR).glob("*"))
+
+
+def tarfile_with_config(path: Path, config_record: dict):
+    """An archive holding only a study config (the last one read, so its config is the report's)."""
+    import tarfile
+
+    (path.parent / "config").mkdir(exist_ok=True)
+    (path.parent / "config" / study.CONFIG_RECORD).write_text(json.dumps(config_record))
+    tar = tarfile.open(path, "w:gz")
+    tar.add(path.parent / "config" / study.CONFIG_RECORD, arcname=study.CONFIG_RECORD)
+    return tar
+
+
+def test_a_schemes_fingerprint_does_not_depend_on_where_the_data_lie():
+    """Records made with the checkout in one place resume with it in another (a lent machine's)."""
+    manifest = {"num_docs": 3, "setup_s": 1.0}
+    here, there = config("gpu_tiny"), config("gpu_tiny")
+    here.pretrain.data.files, there.pretrain.data.files = "/one/place/wiki_*", "/another/place/wiki_*"
+    there.pretrain.data.cache_dir = "/elsewhere/cache"
+    assert study.scheme_fingerprint(here, "rope", manifest) == study.scheme_fingerprint(there, "rope", manifest)
+    assert study.scheme_fingerprint(here, "rope", manifest) == study.scheme_fingerprint(here, "rope", {"num_docs": 3})
+    there.pretrain.data.files = "/one/place/other_*"
+    assert study.scheme_fingerprint(here, "rope", manifest) != study.scheme_fingerprint(there, "rope", manifest)
+
+
+def test_a_study_refused_at_its_start_leaves_the_config_its_records_were_trained_under(tmp_path):
+    (tmp_path / study.SCHEMES_DIR).mkdir()
+    (tmp_path / study.CONFIG_RECORD).write_text("the earlier call's\n")
+    with pytest.raises(ConfigError, match="min_test_predictions"):
+        study.run_study(config(min_test_predictions=10**9), tmp_path)
+    assert (tmp_path / study.CONFIG_RECORD).read_text() == "the earlier call's\n"
+
+
 def test_tost_calls_a_tie_only_within_the_margin():
     rng = np.random.default_rng(1)
     weight = np.ones(2000)
@@ -501,8 +614,7 @@ def test_the_device_script_at_smoke_size(tmp_path):
     assert [p.name for p in kept] == sorted(f"records-{s}.tar.gz" for s in SCHEMES)
     env = {**env, "STUDY_WORKDIR": str(tmp_path / "fresh"), "RESUME_FROM": " ".join(map(str, kept))}
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and again.stdout.count("already trained, skipping") + \
-        again.stderr.count("already trained, skipping") == len(SCHEMES)
+    assert again.returncode == 0 and (again.stdout + again.stderr).count(" members, from ") == len(SCHEMES)
     assert json.loads((out / "study.json").read_text())["budgets"] == report["budgets"]
 
 
