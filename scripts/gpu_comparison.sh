@@ -62,12 +62,15 @@ start=$SECONDS
 timeout --signal=TERM "${LIMIT_S:-530}" "$py" -m roformer.ablate --config="configs/ablation.py:$variant" \
   --workdir="$work" "${extra[@]}" "$@" 2>&1 | tee -a "$out/log.txt"
 status=${PIPESTATUS[0]}
+# The records first: they are what a later call resumes from, and an outer limit that cuts the
+# report's rewrite must not cost them. Records of other settings (schemes/stale) stay behind.
+tar -czf "$out/records.tar.gz" -C "$work" --exclude=schemes/stale schemes data_manifest.json study_config.json \
+  2>/dev/null
 # Stopped before its last report (the report is written beside training, so a stop can leave it
 # a group behind the records): written again from the records, without training.
 if [[ $status -ne 0 && -f $work/study_config.json ]] && compgen -G "$work/schemes/*.json" >/dev/null; then
   "$py" -m roformer.ablation.study report "$work" 2>&1 | tee -a "$out/log.txt"
 fi
 cp "$work"/study.md "$work"/study.json "$work"/study_*.png "$out"/ 2>/dev/null
-tar -czf "$out/records.tar.gz" -C "$work" schemes data_manifest.json study_config.json 2>/dev/null
 echo "gpu_comparison $variant: exit status $status after $((SECONDS - start)) s" | tee -a "$out/log.txt"
 exit "$status"
