@@ -49,7 +49,10 @@ def _eval_step(model_config: ModelConfig):
 
 
 def mlm_loss(model_config: ModelConfig, params: dict, batches: list[dict]) -> dict[str, float]:
-    """Held-out MLM loss / accuracy of `params` under `model_config` over `batches`."""
+    """Held-out MLM loss / accuracy of `params` under `model_config` over `batches` (at least one:
+    a mean over no predictions is not 0)."""
+    if not batches:
+        raise ValueError("no held-out windows to evaluate")
     eval_step, rest = _eval_step(model_config)
     totals = {"loss_sum": 0.0, "correct_sum": 0.0, "weight_sum": 0.0}
     for batch in batches:
@@ -167,6 +170,7 @@ def evaluate_checkpoints(workdir: str | Path, data_cfg: DataConfig, *, seq_len: 
     model_config = run.model_config()
     points = [(0, PretrainWorkdir(init_from).params()[1])]
     points += [(step, run.params(step)[1]) for step in run.steps()]
-    results = [mlm_loss(model_config, params, batches) for _, params in points]
+    # No held-out document reaches `length`: n/a at every step, as in the extrapolation table.
+    results = [mlm_loss(model_config, params, batches) if batches else None for _, params in points]
     return {"length": length, "steps": [step for step, _ in points],
-            "loss": [r["eval_loss"] for r in results], "accuracy": [r["eval_mlm_accuracy"] for r in results]}
+            "loss": [r and r["eval_loss"] for r in results], "accuracy": [r and r["eval_mlm_accuracy"] for r in results]}

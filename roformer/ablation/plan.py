@@ -135,7 +135,7 @@ def scheme_pretrain_config(config: ml_collections.ConfigDict, scheme: str, seed:
 def extension_model_keys(method: str, ext: ml_collections.ConfigDict, seq_len: int) -> dict[str, Any]:
     if method == "none":        # plain extrapolation: positions simply go further
         return {}
-    if method == "base":        # a larger rotary base (Llama 3 style), no scaling
+    if method == "base":        # a larger rotary base (ABF, Xiong et al. 2023), no scaling
         return {"rope_base": float(ext.base)}
     return {"rope_scaling": method, "rope_scaling_factor": float(ext.factor),
             "rope_original_max_len": int(seq_len)}

@@ -60,3 +60,30 @@ def test_extrapolation_evaluate_learned_na_and_rope_scalings():
     assert extrapolation.count_params(params) == sum(np.size(x) for x in jax.tree.leaves(params))
     with pytest.raises(ValueError, match="choose from"):
         extrapolation.evaluate(config, params, batches, seq_len, scalings=("yarnish",))
+
+
+def test_an_extension_no_held_out_document_reaches_is_not_applicable_not_a_loss_of_zero(monkeypatch):
+    """Too few long documents for the extended length: the extension's curve is n/a at every
+    step, as the extrapolation table's column is; a mean over no windows is refused."""
+    class Run:   # a warm-started workdir with two checkpoints
+        def __init__(self, path):
+            self.path = path
+
+        def run_config(self):
+            return {"train": {"init_from": "pretrained"}}
+
+        def model_config(self):
+            return None
+
+        def params(self, step=None):
+            return None, {"step": step}
+
+        def steps(self):
+            return [10, 20]
+
+    monkeypatch.setattr(extrapolation, "PretrainWorkdir", Run)
+    monkeypatch.setattr(extrapolation, "heldout_windows", lambda run, data_cfg, lengths, **kw: {n: [] for n in lengths})
+    result = extrapolation.evaluate_checkpoints("extended", None, seq_len=32, factors=(1, 4), factor=4)
+    assert result == {"length": 128, "steps": [0, 10, 20], "loss": [None] * 3, "accuracy": [None] * 3}
+    with pytest.raises(ValueError, match="no held-out windows"):
+        extrapolation.mlm_loss(None, {}, [])
