@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 import re
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from roformer.glue.program_store import ProgramStore
 from roformer.glue.run import (MODELS, ProgramsCache, RunLog, eval_examples, median_seed, predict_kwargs,
                                predicted_shapes, score_eval_splits, seed_medians, trained_tasks, write_results)
 from roformer.glue.settings import check_config
-from roformer.glue.submission import missing_submission_files, write_predictions, zip_submission
+from roformer.glue.submission import finish_submission, write_predictions
 from roformer.glue.tasks import TASKS, parse_task_list
 from roformer.model import ModelConfig
 from roformer.model.attention import check_attention_impl
@@ -158,6 +159,7 @@ def evaluate_glue(config: ml_collections.ConfigDict, saved: str | Path, workdir:
 
 def _evaluate(config, run: SavedRun, tasks: list[str], protocols: dict, workdir: Path) -> dict:
     submission_dir = workdir / "submission" if config.predict_test else None
+    started_at = time.time()   # submission files older than this are an earlier run's
     header = {"eval_only": str(run.path), "init": run.results.get("init"), "vocab": run.results.get("vocab")}
     results = {**header, "tasks": {}, "glue": glue_scores({})}
     run_log = RunLog(workdir, {"config": config.to_dict(), **header})
@@ -208,7 +210,6 @@ def _evaluate(config, run: SavedRun, tasks: list[str], protocols: dict, workdir:
     finally:
         run_log.close()
     if submission_dir is not None:
-        results["submission"] = {"zip": str(zip_submission(submission_dir, workdir / "submission.zip")),
-                                 "missing_files": missing_submission_files(submission_dir)}
+        results["submission"] = finish_submission(submission_dir, workdir / "submission.zip", started_at)
         write_results(workdir, results)
     return results

@@ -31,7 +31,7 @@ from roformer.glue.metrics import glue_scores, task_metrics
 from roformer.glue.program_store import ProgramStore
 from roformer.glue.readers import GlueDataError, check_data_dir, local_path, read_split
 from roformer.glue.settings import check_config
-from roformer.glue.submission import missing_submission_files, write_predictions, zip_submission
+from roformer.glue.submission import finish_submission, write_predictions
 from roformer.glue.tasks import TASKS, TaskSpec, parse_task_list
 from roformer.model.attention import check_attention_impl
 from roformer.workdir_lock import workdir_lock
@@ -381,6 +381,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     header = {"init": {"kind": init.kind, "path": init.path, "step": init.step},
               "vocab": str(vocab), "model": model_config.to_dict()}
     submission_dir = workdir / "submission" if config.predict_test else None
+    started = time.time()   # submission files older than this are an earlier run's
     results = {**header, "seeds": config.seeds, "tasks": {}, "glue": glue_scores({})}
     run_log = RunLog(workdir, {"config": config.to_dict(), **header})
     programs_cache, failed = ProgramsCache(ProgramStore.under(cache)), {}
@@ -403,12 +404,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     finally:
         run_log.close()
     if submission_dir is not None:
-        results["submission"] = {"zip": str(zip_submission(submission_dir,
-                                                           workdir / "submission.zip")),
-                                 "missing_files": missing_submission_files(submission_dir)}
-        if results["submission"]["missing_files"]:
-            log.warning("submission.zip lacks %s (tasks not run); the leaderboard needs all "
-                        "of them", ", ".join(results["submission"]["missing_files"]))
+        results["submission"] = finish_submission(submission_dir, workdir / "submission.zip", started)
         write_results(workdir, results)
     if failed:
         raise RuntimeError(f"GLUE task(s) failed: {'; '.join(f'{t}: {why}' for t, why in failed.items())}. "

@@ -1,6 +1,7 @@
 """GLUE leaderboard submission files: `<Task>.tsv` with `index\\tprediction`, zipped."""
 from __future__ import annotations
 
+import logging
 import zipfile
 from pathlib import Path
 
@@ -8,6 +9,8 @@ import numpy as np
 
 from roformer.errors import ConfigError
 from roformer.glue.tasks import TaskSpec
+
+log = logging.getLogger("roformer.glue")
 
 # Every file the leaderboard server expects in the zip.
 SUBMISSION_FILES = ("CoLA.tsv", "SST-2.tsv", "MRPC.tsv", "STS-B.tsv", "QQP.tsv", "MNLI-m.tsv",
@@ -54,3 +57,21 @@ def zip_submission(out_dir: str | Path, zip_path: str | Path | None = None) -> P
 def missing_submission_files(out_dir: str | Path) -> list[str]:
     return [name for name in SUBMISSION_FILES if not (Path(out_dir) / name).is_file()]
 
+
+
+def finish_submission(out_dir: str | Path, zip_path: str | Path, started: float) -> dict:
+    """Zip the submission files of `out_dir` and say what the zip is: {"zip", "missing_files"
+    (what the leaderboard needs and no run wrote), "from_earlier_runs" (files not written since
+    `started`, the run's start, by time.time(): another run's predictions in the same workdir,
+    perhaps of another model)}, each of the last two also a warning."""
+    out_dir = Path(out_dir)
+    summary = {"zip": str(zip_submission(out_dir, zip_path)), "missing_files": missing_submission_files(out_dir),
+               "from_earlier_runs": [name for name in SUBMISSION_FILES if (out_dir / name).is_file()
+                                     and (out_dir / name).stat().st_mtime < started]}
+    if summary["missing_files"]:
+        log.warning("submission.zip lacks %s (tasks not run); the leaderboard needs all of them",
+                    ", ".join(summary["missing_files"]))
+    if summary["from_earlier_runs"]:
+        log.warning("submission.zip holds %s from an earlier run in this workdir, not this run's models; "
+                    "delete them from %s to leave them out", ", ".join(summary["from_earlier_runs"]), out_dir)
+    return summary

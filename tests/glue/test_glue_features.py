@@ -100,6 +100,28 @@ def test_submission_files(tmp_path):
     assert set(SUBMISSION_FILES) >= {"MNLI-mm.tsv", "QQP.tsv", "WNLI.tsv", "SST-2.tsv"}
 
 
+def test_the_submission_says_which_files_an_earlier_run_left(tmp_path, caplog):
+    """A second run into the same workdir zips the first run's files too (another model's
+    predictions): the summary and a warning name them."""
+    import os
+    import time
+
+    from roformer.glue.submission import finish_submission
+
+    out = tmp_path / "submission"
+    idx = np.array([0, 1])
+    write_predictions(out, TASKS["wnli"], "test", idx, np.array([1, 0]))       # the earlier run's
+    os.utime(out / "WNLI.tsv", (time.time() - 600, time.time() - 600))
+    started = time.time()
+    write_predictions(out, TASKS["cola"], "test", idx, np.array([1, 0]))       # this run's
+    summary = finish_submission(out, tmp_path / "submission.zip", started)
+    assert summary["from_earlier_runs"] == ["WNLI.tsv"]
+    assert "WNLI.tsv" not in summary["missing_files"] and "SST-2.tsv" in summary["missing_files"]
+    with zipfile.ZipFile(summary["zip"]) as zf:
+        assert sorted(zf.namelist()) == ["CoLA.tsv", "WNLI.tsv"]
+    assert "holds WNLI.tsv from an earlier run" in caplog.text
+
+
 def test_stacked_padded_rows_are_the_batches_at_the_longest_length():
     from roformer.glue.features import Features, PaddedRows
 
