@@ -158,12 +158,16 @@ def _rank_in_group(movable: np.ndarray, group: np.ndarray) -> np.ndarray:
     (0 elsewhere)."""
     flat = np.flatnonzero(movable)
     order = flat[np.lexsort((flat, group.ravel()[flat]))]
-    g = group.ravel()[order]
-    first = np.r_[True, g[1:] != g[:-1]]
-    index = np.arange(len(order))
     rank = np.zeros(movable.size, np.int64)
-    rank[order] = index - np.maximum.accumulate(np.where(first, index, 0))
+    rank[order] = np.arange(len(order)) - _group_starts(group.ravel()[order])
     return rank.reshape(movable.shape)
+
+
+def _group_starts(g: np.ndarray) -> np.ndarray:
+    """For each element of `g` (group labels, each group's run contiguous), the index of its
+    group's first element."""
+    index = np.arange(len(g))
+    return np.maximum.accumulate(np.where(np.r_[True, g[1:] != g[:-1]], index, 0))
 
 
 def _permuted(batch: dict, movable: np.ndarray, group: np.ndarray, key: np.ndarray, cycle: bool = False) -> dict:
@@ -177,11 +181,9 @@ def _permuted(batch: dict, movable: np.ndarray, group: np.ndarray, key: np.ndarr
     in_key_order = slots[np.lexsort((key.ravel()[slots], g))]
     if cycle:
         g = group.ravel()[in_key_order]
-        index = np.arange(len(g))
-        first = np.r_[True, g[1:] != g[:-1]]
         last = np.r_[g[1:] != g[:-1], True]
-        sources, targets = in_key_order, in_key_order[np.where(last, np.maximum.accumulate(np.where(first, index, 0)),
-                                                                index + 1)]
+        sources = in_key_order
+        targets = in_key_order[np.where(last, _group_starts(g), np.arange(len(g)) + 1)]
     else:
         targets = slots[np.lexsort((slots, g))]                 # each group's slots, left to right
         sources = in_key_order                                  # its tokens in `key` order

@@ -39,8 +39,9 @@ their min and max): above 1 is faster. `loss_step1` is the first step's loss fro
 initial parameters and batch, `dgrad_step1` its gradient norm over the baseline's, less 1:
 forms that leave the arithmetic alone match the baseline's to bf16 rounding (the loss is taken
 before the update, so only the gradient norm sees a wrong backward); rbg dropout draws other
-masks and twice the batch is another batch, so theirs differ by design. XLA flags (`XLA_FLAGS`) are read once per process: the row says which were
-set, and scripts/bench_accelerator.sh's `ab` step runs this benchmark once per flag set.
+masks and twice the batch is another batch, so theirs differ by design. XLA flags
+(`XLA_FLAGS`) are read once per process: the row says which were set, and
+scripts/bench_accelerator.sh's `ab` step runs this benchmark once per flag set.
 
 With `--adopted-from` a finished run's JSON, the levers are not measured again: its adopted
 variant is timed against the baseline at every shape given (the shapes a budget cut left for a
