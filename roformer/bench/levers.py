@@ -293,8 +293,8 @@ def lever_verdicts(rows: list[dict], threshold: float) -> dict[str, str]:
         row = rows[name]
         if "x_tokens" not in row:
             verdicts[name] = f"failed ({row.get('failed', 'not timed')})"
-        elif first_step_off(row):
-            verdicts[name] = first_step_off(row)
+        elif off := first_step_off(row):
+            verdicts[name] = off
         elif row.get("program") is not None and row.get("program") == base.get("program"):
             verdicts[name] = "the baseline's own program"
         elif not paid(row, threshold):

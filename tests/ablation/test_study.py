@@ -385,8 +385,7 @@ def test_a_resumed_study_takes_per_scheme_the_record_of_its_own_settings(fake_st
     (tmp_path / "listed").mkdir()
     for name, path in (("b", archives[1]), ("c", archives[2])):
         shutil.copy(path, tmp_path / "listed" / f"records-{name}.tar.gz")
-    with tarfile_with_config(tmp_path / "listed" / "records-z.tar.gz", config_record):
-        pass
+    _config_archive(tmp_path / "listed" / "records-z.tar.gz", config_record)
     study.write_report(tmp_path / "listed", tmp_path / "listed_report")
     assert json.loads((tmp_path / "listed_report" / "study.json").read_text())["schemes"] == ["rope", "alibi"]
     # An archive that cannot be read stages nothing.
@@ -396,15 +395,14 @@ def test_a_resumed_study_takes_per_scheme_the_record_of_its_own_settings(fake_st
     assert not list((workdir / study_records.INCOMING_DIR).glob("*"))
 
 
-def tarfile_with_config(path: Path, config_record: dict):
+def _config_archive(path: Path, config_record: dict) -> None:
     """An archive holding only a study config (the last one read, so its config is the report's)."""
     import tarfile
 
     (path.parent / "config").mkdir(exist_ok=True)
     (path.parent / "config" / study.CONFIG_RECORD).write_text(json.dumps(config_record))
-    tar = tarfile.open(path, "w:gz")
-    tar.add(path.parent / "config" / study.CONFIG_RECORD, arcname=study.CONFIG_RECORD)
-    return tar
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(path.parent / "config" / study.CONFIG_RECORD, arcname=study.CONFIG_RECORD)
 
 
 def test_a_schemes_fingerprint_does_not_depend_on_where_the_data_lie():
