@@ -60,11 +60,16 @@ def main(argv):
     if cache:   # this process's runs too (in turn, vmapped), before it compiles anything
         use_compile_cache(cache)
     if "study" in flags.FLAGS.config:   # configs/ablation.py:gpu_*: the accelerator comparison
-        from roformer.ablation.study import run_study
-        from roformer.ablation.study_report import REPORT_MD as STUDY_MD
+        from roformer.ablation.study import PARTIAL_EXIT, run_study
+        from roformer.ablation.study_report import REPORT_MD as STUDY_MD, unfinished
 
-        run_study(flags.FLAGS.config, flags.FLAGS.workdir)
+        result = run_study(flags.FLAGS.config, flags.FLAGS.workdir)
         print((Path(flags.FLAGS.workdir) / STUDY_MD).read_text())
+        left = unfinished(flags.FLAGS.config, result)
+        if left:   # a distinct status, so a script or scheduler can tell "call again" from "done"
+            print(f"partial: {' and '.join(left)} not trained yet (study.time_limit_s); the same command resumes "
+                  f"with them (exit status {PARTIAL_EXIT})", flush=True)
+            sys.exit(PARTIAL_EXIT)
         return
     result = run_ablation(flags.FLAGS.config, flags.FLAGS.workdir)
     if is_main_process():

@@ -24,7 +24,8 @@
 # The command stops itself at LIMIT_S seconds (530),
 # and no scheme starts that would end after the config's study.time_limit_s: what finished is
 # in the report (written again from the records when the study did not exit cleanly), and the
-# same command resumes with the rest.
+# same command resumes with the rest. Exit status: 0 the study is whole; 3 stopped by
+# study.time_limit_s, 124 by LIMIT_S (both partial: resume); anything else failed.
 # Usage: scripts/gpu_comparison.sh OUTDIR VARIANT [--config.KEY=VALUE ...]
 #   (PYTHON=... to choose the interpreter, STUDY_DATA=... for another pack)
 set -u
@@ -67,10 +68,16 @@ status=${PIPESTATUS[0]}
 tar -czf "$out/records.tar.gz" -C "$work" --exclude=schemes/stale schemes data_manifest.json study_config.json \
   2>/dev/null
 # Stopped before its last report (the report is written beside training, so a stop can leave it
-# a group behind the records): written again from the records, without training.
-if [[ $status -ne 0 && -f $work/study_config.json ]] && compgen -G "$work/schemes/*.json" >/dev/null; then
+# a group behind the records): written again from the records, without training. Status 3 is
+# the study's own stop at study.time_limit_s, after its last report.
+if [[ $status -ne 0 && $status -ne 3 && -f $work/study_config.json ]] && compgen -G "$work/schemes/*.json" >/dev/null; then
   "$py" -m roformer.ablation.study report "$work" 2>&1 | tee -a "$out/log.txt"
 fi
 cp "$work"/study.md "$work"/study.json "$work"/study_*.png "$out"/ 2>/dev/null
-echo "gpu_comparison $variant: exit status $status after $((SECONDS - start)) s" | tee -a "$out/log.txt"
+case $status in
+  0) what="the study is whole" ;;
+  3|124|137) what="partial: records.tar.gz holds what finished; the same command with RESUME_FROM set to it trains the rest" ;;
+  *) what="failed" ;;
+esac
+echo "gpu_comparison $variant: exit status $status after $((SECONDS - start)) s ($what)" | tee -a "$out/log.txt"
 exit "$status"

@@ -167,6 +167,11 @@ class ReportInBackground:
         return self.latest
 
 
+# The exit status of `python -m roformer.ablate` when study.time_limit_s stopped the study before
+# its last group: the report covers what finished, and the same command trains the rest.
+PARTIAL_EXIT = 3
+
+
 def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """Train (or resume) every scheme of config.study in `workdir` and write the report; returns it."""
     from roformer.ablation import study_report   # matplotlib and scipy: when a report is written

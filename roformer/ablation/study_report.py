@@ -173,6 +173,23 @@ def missing_schemes(config, result: dict) -> list[str]:
     return [s for s in plan.split_list(config.study.schemes) if s not in result["schemes"]]
 
 
+def edges_waiting(config, result: dict) -> list[str]:
+    """The schemes whose chosen rate is at the edge of their grid at some budget and whose rates
+    beyond it have not trained (with study.extend_edges; they train once every grid is whole)."""
+    if not config.study.extend_edges or missing_schemes(config, result):
+        return []
+    info = result["schemes_info"]
+    return [s for s in result["schemes"] if not info[s]["edge_rates"]
+            and any(b["rows"][s]["rate_at_edge"] for b in result["budgets"])]
+
+
+def unfinished(config, result: dict) -> list[str]:
+    """What the study's command has still to train, in words (empty when the study is whole)."""
+    missing, waiting = missing_schemes(config, result), edges_waiting(config, result)
+    return ([f"the schemes {', '.join(missing)}"] if missing else []) + \
+        ([f"the rates beyond the grid of {', '.join(waiting)}"] if waiting else [])
+
+
 def limits(config, result: dict, manifest: dict) -> list[str]:
     """The report's "what this does and does not show" paragraph, from what the runs did: the
     claims a reader might take from the tables that these runs cannot support."""
@@ -200,12 +217,10 @@ def limits(config, result: dict, manifest: dict) -> list[str]:
     if edge:
         nots.append(f"The chosen rate is at the edge of the grid for {', '.join(edge)} at the last budget: the best "
                     "rate may lie outside it, so those losses bound the tuned loss from above.")
-    if st.extend_edges and not missing_schemes(config, result):
-        waiting = [s for s in result["schemes"] if not info[s]["edge_rates"]
-                   and any(b["rows"][s]["rate_at_edge"] for b in result["budgets"])]
-        if waiting:
-            nots.append(f"The rates beyond the grid of {', '.join(waiting)} have not trained yet; the same command "
-                        "trains them.")
+    waiting = edges_waiting(config, result)
+    if waiting:
+        nots.append(f"The rates beyond the grid of {', '.join(waiting)} have not trained yet; the same command "
+                    "trains them.")
     undecided = [s for s in result["schemes"] if rows[s].get("vs_reference", {}).get("verdict") == "undecided"]
     if undecided:
         nots.append(f"'undecided' ({', '.join(undecided)}) is not a tie: neither a difference nor equivalence within "

@@ -711,6 +711,27 @@ esac
     assert calls(124) == ["roformer.ablate", "roformer.ablation.study"]
     assert f"-m roformer.ablation.study report {tmp_path / 'work'}" in (tmp_path / "calls").read_text()
     assert calls(0) == ["roformer.ablate"]
+    # the study's own stop at study.time_limit_s wrote its last report itself
+    assert calls(3) == ["roformer.ablate"]
+    assert "(partial: records.tar.gz holds what finished" in (tmp_path / "out" / "log.txt").read_text()
+
+
+def test_a_study_stopped_by_its_time_limit_exits_with_its_own_status(tmp_path):
+    """`python -m roformer.ablate` on a gpu_smoke study whose time limit leaves schemes untrained
+    exits 3 (PARTIAL_EXIT) with a line naming them; the same command with room for the rest
+    exits 0. The first scheme sets the forecast, so the limit stops the study after it."""
+    command = [sys.executable, "-m", "roformer.ablate", "--config=configs/ablation.py:gpu_smoke",
+               f"--workdir={tmp_path}", "--config.study.schemes=rope,none", "--config.study.seeds=1",
+               "--config.study.learning_rates=2e-3", "--config.study.compile_ahead=0",
+               "--config.study.extend_edges=False"]
+    env = {**os.environ, "ROFORMER_CACHE": str(tmp_path / "cache")}
+    first = subprocess.run(command + ["--config.study.time_limit_s=1"], env=env, capture_output=True,
+                           text=True, cwd=REPO, timeout=600)
+    assert first.returncode == study.PARTIAL_EXIT, first.stdout[-2000:] + first.stderr[-2000:]
+    assert "partial: the schemes none not trained yet" in first.stdout
+    again = subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "partial:" not in again.stdout and " members, from " in again.stdout + again.stderr
 
 
 def test_the_report_command_refuses_a_folder_that_is_not_a_study_workdir(tmp_path):
