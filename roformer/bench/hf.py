@@ -37,8 +37,10 @@ with transformers < 5):
 
 Each shape (size/seq/batch) times ours and every available peer in >= 5 alternating rounds.
 Per peer: ours_x = peer step time / our step time (= our tokens/s over theirs), the median of
-the per-round ratios with min and max. Ours also gets MFU against a square f32 matmul timed
-in its own alternating rounds with our step only (as in `step`), not among the peers' steps.
+the per-round ratios with min and max. Ours also gets MFU, from its own alternating rounds with
+a square matmul of --dtype (as in `step`), not from the peers' rounds: against the accelerator's
+table peak (roformer.train.flops.PEAK_FLOPS), as every MFU of the project; on a CPU, or an
+accelerator the table lacks, against that matmul (`matmul_GFLOP_s` gives it in both cases).
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from roformer.bench.common import TRAIN_STEP_WARMUP, alternate, ratio_stats
-from roformer.bench.step import default_peak_size, step_figures, time_with_matmul
+from roformer.bench.step import default_peak_size, step_figures, time_with_matmul, vendor_peak
 from roformer.bench.workload import build_train_workload, num_predictions, synthetic_batch, train_config
 from roformer.model import PRESETS, ModelConfig, backend
 from roformer.model.attention import ATTENTION_IMPLEMENTATIONS
@@ -325,10 +327,14 @@ def bench_shape(size: str, seq_len: int, batch_size: int, args: argparse.Namespa
     mfu_times, peaks = time_with_matmul({"ours_jax": ours.step}, dtype=args.dtype,
                                         peak_size=args.peak_size or default_peak_size(),
                                         rounds=args.rounds, iters=args.iters)
+    # MFU against the accelerator's table peak, as every other MFU of the project (bench step,
+    # the training loop); the timed matmul where the table has none (a CPU).
+    table_peak = vendor_peak(args.dtype)
+    mfu_peaks = [table_peak] * len(peaks) if table_peak else peaks
     tokens = batch_size * seq_len
     step_s = statistics.median(times["ours_jax"])
     # the step time and rate the peers are compared with come from the peers' rounds
-    rows = [{"shape": shape, "impl": "ours_jax", **step_figures(ours, mfu_times["ours_jax"], peaks, peaks),
+    rows = [{"shape": shape, "impl": "ours_jax", **step_figures(ours, mfu_times["ours_jax"], mfu_peaks, peaks),
              "ms_step": step_s * 1e3, "tokens_s": tokens / step_s, "GFLOP_s": ours.flops_per_step / step_s / 1e9}]
     comparisons = []
     for name in peers:

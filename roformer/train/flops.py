@@ -11,6 +11,8 @@ import jax
 # Dense peak FLOP/s per device: (bf16, f32). Matched by substring of
 # `device.device_kind`, first match wins (more specific names first). A jax device is a
 # chip from TPU v4 on and one of a chip's two cores on v2/v3 (half the chip's peak).
+# The f32 column is what jax's default matmul precision runs on: bf16 passes on a TPU, TF32
+# tensor cores on an NVIDIA GPU from Ampere on (half the bf16 peak), plain f32 on a V100.
 PEAK_FLOPS: tuple[tuple[str, tuple[float, float]], ...] = (
     ("TPU v6", (918e12, 918e12 / 4)),
     ("TPU v5 lite", (197e12, 197e12 / 4)),   # v5e
@@ -18,17 +20,17 @@ PEAK_FLOPS: tuple[tuple[str, tuple[float, float]], ...] = (
     ("TPU v4", (275e12, 275e12 / 4)),
     ("TPU v3", (61.5e12, 61.5e12 / 4)),
     ("TPU v2", (22.5e12, 22.5e12 / 4)),
-    ("H200 NVL", (835e12, 60e12)),
-    ("H200", (989e12, 67e12)),               # SXM, and GH200's
-    ("H100 PCIe", (756e12, 51e12)),
-    ("H100 NVL", (835e12, 60e12)),
-    ("H100", (989e12, 67e12)),            # SXM ("H100 80GB HBM3"); f32 = non-tensor-core
-    ("A100", (312e12, 19.5e12)),
-    ("L40S", (362e12, 91.6e12)),
+    ("H200 NVL", (835e12, 835e12 / 2)),
+    ("H200", (989e12, 989e12 / 2)),          # SXM, and GH200's
+    ("H100 PCIe", (756e12, 756e12 / 2)),
+    ("H100 NVL", (835e12, 835e12 / 2)),
+    ("H100", (989e12, 989e12 / 2)),          # SXM ("H100 80GB HBM3")
+    ("A100", (312e12, 156e12)),
+    ("L40S", (362e12, 181e12)),
     ("L40", (181e12, 90.5e12)),
-    ("L4", (121e12, 30.3e12)),
-    ("A10G", (125e12, 31.2e12)),
-    ("V100", (125e12, 15.7e12)),
+    ("L4", (121e12, 60.5e12)),
+    ("A10G", (125e12, 62.5e12)),
+    ("V100", (125e12, 15.7e12)),             # no TF32: f32 runs on the CUDA cores
     ("RTX 4090", (165e12, 82.6e12)),
     ("RTX 3090", (71e12, 35.6e12)),
 )

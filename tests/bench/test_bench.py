@@ -349,10 +349,14 @@ def test_hf_bench_can_keep_the_torch_peer_in_this_process(tmp_path, monkeypatch)
     monkeypatch.setattr(hf, "build_train_workload", lambda *a, **kw: built.append(
         (kw["dropout_rng_impl"], backend.active_forms())) or build(*a, **kw))
     monkeypatch.setenv(backend.FORMS_ENV, "fused_qkv")
+    # On an accelerator in the peak table, MFU divides by the table's peak, as bench step does.
+    monkeypatch.setattr(hf, "vendor_peak", lambda dtype: 2e9)
     result = run_bench(tmp_path, "hf", "--shapes", "tiny/16/2", "tiny/32/1", "--vocab-size", "64", "--rounds", "1",
                        "--iters", "1", "--peak-size", "128", "--peers", "hf_torch", "--torch-process", "this",
                        "--dropout-rng-impl", "rbg")
     assert built == [("rbg", frozenset({"fused_qkv"}))] * 2 and result["backend_forms"] == ["fused_qkv"]
+    ours = [r for r in result["rows"] if r["impl"] == "ours_jax"]
+    assert all(r["peak_GFLOP_s"] == 2.0 and r["matmul_GFLOP_s"] != 2.0 for r in ours)
     assert [(r["shape"], r["impl"]) for r in result["rows"]] == [
         (shape, impl) for shape in ("tiny/16/2", "tiny/32/1") for impl in ("ours_jax", "hf_torch")]
     assert all(r["ours_x"] > 0 for r in result["rows"] if r["impl"] == "hf_torch")

@@ -242,6 +242,11 @@ def test_mfu_and_device_peaks():
                        ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12)):
         Device.device_kind = kind
         assert flops.device_peak_flops(Device(), "bfloat16") == peak, kind
+    # f32 at jax's default precision: TF32 tensor cores from Ampere on, the CUDA cores on a V100
+    for kind, peak in (("NVIDIA H100 80GB HBM3", 494.5e12), ("NVIDIA H200", 494.5e12), ("NVIDIA A100-SXM4-80GB", 156e12),
+                       ("Tesla V100-SXM2-16GB", 15.7e12), ("TPU v4", 275e12 / 4)):
+        Device.device_kind = kind
+        assert flops.device_peak_flops(Device(), "float32") == peak, kind
 
 
 def test_throughput_timer_leaves_out_the_compiling_step_and_paused_time():
