@@ -114,7 +114,7 @@ def data_key(config) -> str:
     return plan.fingerprint(portable_data(config.pretrain.data.to_dict()), int(config.pretrain.train.seq_len),
                             {k: st[k] for k in ("test_fraction", "validation_fraction", "validation_rows",
                                                 "variant_rows", "windows", "test_mask_draws", "max_test_rows")},
-                            study_data.ORDER_VARIANTS)
+                            study_data.ORDER_VARIANTS, study_data.TEST_ITEM)
 
 
 def study_splits(config) -> study_data.StudyData:

@@ -7,8 +7,10 @@ reads them in the order of its seed (a permutation per pass) and masks them on t
 with keys from its seed and step, so no host work paces a step and every member of one
 seed, whatever its learning rate, sees the same batches. Validation and test rows are
 masked once on the host (the pipeline's MlmMasker), the same for every member and scheme;
-the test rows are masked `test_mask_draws` times, and a test item is a packed row with all
-its draws (what the bootstrap resamples).
+the test rows are masked `test_mask_draws` times, and a test item (what the bootstrap
+resamples) is a document with every row whose most tokens are its, each with all its draws:
+rows cut from one document are not independent, so resampling rows would understate the
+test set's error.
 
 The order-horizon variants of the validation rows move the tokens of every piece (one
 document's run in a row) within windows of w of its tokens, each token to another place, or
@@ -46,7 +48,7 @@ class StudyData:
     validation: dict             # masked batch [V, L] (+ masked_* [V, P])
     variants: dict               # name -> masked batch [R, L]: the order-horizon rows
     test: dict                   # masked batch [T * draws, L]
-    test_items: np.ndarray       # int [T * draws]: the packed row each test row came from
+    test_items: np.ndarray       # int [T * draws]: the item (document) each test row belongs to
     manifest: dict
 
     @property
@@ -76,16 +78,17 @@ def build(data_cfg: DataConfig, *, seq_len: int, test_fraction: float, validatio
     split = split_documents(corpus.doc_hash, test_fraction, validation_fraction)
     ids = dict(cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, pad_id=tokenizer.pad_id)
 
-    def rows(which: int) -> dict:
+    def rows(which: int) -> tuple[dict, np.ndarray]:
+        """The split's rows, and per row the document with the most of its tokens."""
         docs = np.flatnonzero(split == which)
         plan = plan_rows(docs, corpus.doc_len, seq_len, data_cfg.packing)
-        return build_rows(plan, corpus, 0, plan.num_rows, **ids)
+        return build_rows(plan, corpus, 0, plan.num_rows, **ids), main_documents(plan)
 
     max_predictions = data_cfg.max_predictions_per_seq or round(data_cfg.mask_rate * seq_len) + 1
     special = np.asarray(tokenizer.is_special, bool)
     masker = MlmMasker(is_special=special, is_continuation=tokenizer.is_continuation, mask_id=tokenizer.mask_id,
                        mask_rate=data_cfg.mask_rate, max_predictions=max_predictions)
-    train, held, test_rows = rows(0), rows(1), rows(2)
+    (train, _), (held, _), (test_rows, test_docs) = rows(0), rows(1), rows(2)
     if len(held["input_ids"]) < validation_rows:
         raise ConfigError(f"the validation split has {len(held['input_ids'])} rows, fewer than study.validation_rows="
                           f"{validation_rows}: raise study.validation_fraction")
@@ -96,13 +99,15 @@ def build(data_cfg: DataConfig, *, seq_len: int, test_fraction: float, validatio
                               [EVAL_SEED, 2])
     if max_test_rows:
         test_rows = {k: v[:max_test_rows] for k, v in test_rows.items()}
+        test_docs = test_docs[:max_test_rows]
     draws = [_masked(test_rows, masker, [EVAL_SEED, 3, d]) for d in range(test_mask_draws)]
     test = {k: np.concatenate([d[k] for d in draws]) for k in draws[0]}
-    items = np.tile(np.arange(len(test_rows["input_ids"])), test_mask_draws)
+    items = np.tile(np.unique(test_docs, return_inverse=True)[1].reshape(-1), test_mask_draws)
     manifest = {"num_docs": corpus.num_docs, "num_tokens": corpus.num_tokens, "vocab_size": tokenizer.vocab_size,
                 "tokenizer_hash": tokenizer.hash, "train_rows": len(train["input_ids"]),
                 "validation_rows": validation_rows, "test_rows": len(test_rows["input_ids"]),
-                "test_mask_draws": test_mask_draws, "seq_len": seq_len, "order_variants": ORDER_VARIANTS,
+                "test_mask_draws": test_mask_draws, "test_items": int(items.max()) + 1 if len(items) else 0,
+                "test_item": TEST_ITEM, "seq_len": seq_len, "order_variants": ORDER_VARIANTS,
                 "docs_per_split": {name: int((split == i).sum()) for i, name in enumerate(("train", "validation", "test"))}}
     out = StudyData(tokenizer.vocab_size, tokenizer.pad_id, tokenizer.mask_id, special, max_predictions,
                     data_cfg.mask_rate, train, validation, variants, test, items, manifest)
@@ -125,6 +130,17 @@ def _masked(rows: dict, masker: MlmMasker, seed: list) -> dict:
 # How order_variants moves tokens; part of a pack's key and of the data manifest, so packs and
 # records made with another form are made again rather than mixed with these.
 ORDER_VARIANTS = "windows of each piece's tokens, each window one random cycle"
+# What a test item is (part of the pack key: a pack of rows as items is made again).
+TEST_ITEM = "a document with the rows whose most tokens are its"
+
+
+def main_documents(plan) -> np.ndarray:
+    """Per row of `plan` (a PackPlan), the document with the most tokens in it (the first such
+    piece on a tie)."""
+    order = np.lexsort((-plan.length, plan.row))   # by row, then longest piece first (stable)
+    rows = plan.row[order]
+    first = order[np.r_[True, rows[1:] != rows[:-1]]]
+    return plan.doc[first]
 
 
 def order_variants(batch: dict, windows: list[int], cls_id: int, sep_id: int, pad_id: int,

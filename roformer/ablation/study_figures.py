@@ -47,7 +47,7 @@ def onset_figure(result: dict):
         if left:
             ax.scatter(left, [0.02] * len(left), marker="<", s=20)
     ax.set(xlabel="tokens per member (M)", ylabel="fraction of seeds using word order", ylim=(-0.02, 1.02),
-           title="Kaplan-Meier, 95% band over seeds; < = left-censored")
+           title="Kaplan-Meier, exact 95% binomial band; < = left-censored")
     ax.legend(fontsize=7)
     return fig
 

@@ -92,7 +92,7 @@ def summarize(config, workdir: Path, runs: dict[str, tuple[dict, dict]] | None =
             seeds = [record["members"][i]["seed"] for i in pick]
             chosen_loss[scheme] = (loss, weight, seeds)
             replicates = study_stats.bootstrap_means(loss, weight, samples=int(st.bootstrap), seed=b_index)
-            lo, hi = study_stats.interval(replicates)
+            lo, hi = study_stats.interval(study_stats.mean_loss(loss, weight), replicates, len(seeds))
             val = np.asarray(budget["validation_loss"], float)
             rows[scheme] = {
                 "rate": rates[r], "rate_at_edge": len(rates) > 1 and r in (0, len(rates) - 1),
@@ -133,8 +133,7 @@ def _over_training(config, record: dict, arrays: dict, rate: float) -> dict:
     widest = f"shuffle{max(int(w) for w in plan.split_list(st.windows))}"
     onsets = [study_stats.onset(tokens, [e["gaps"][widest][i] for e in evals], float(st.order_threshold)) for i in pick]
     grid = np.asarray(tokens, float)
-    curve = study_stats.onset_curve([o["tokens"] for o in onsets], [o["started"] for o in onsets], grid,
-                                    samples=min(int(st.bootstrap), 1000))
+    curve = study_stats.onset_curve([o["tokens"] for o in onsets], [o["started"] for o in onsets], grid)
     val = np.asarray([[e["validation_loss"][i] for e in evals] for i in pick], float)
     names = list(evals[0]["gaps"])
     spectrum = {name: study_stats.percentile_band(np.asarray([[e["gaps"][name][i] for e in evals] for i in pick], float))
