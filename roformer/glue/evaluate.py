@@ -37,7 +37,8 @@ from roformer.glue.init import FINETUNE_FIELDS, InitSource, resolve_model_config
 from roformer.glue.metrics import glue_scores
 from roformer.glue.program_store import ProgramStore
 from roformer.glue.run import (MODELS, ProgramsCache, RunLog, eval_examples, median_seed, predict_kwargs,
-                               predicted_shapes, score_eval_splits, seed_medians, trained_tasks, write_results)
+                               predicted_shapes, score_eval_splits, scores, seed_medians, trained_tasks,
+                               write_results)
 from roformer.glue.settings import check_config
 from roformer.glue.submission import finish_submission, write_predictions
 from roformer.glue.tasks import TASKS, parse_task_list
@@ -168,7 +169,7 @@ def _evaluate(config, run: SavedRun, tasks: list[str], protocols: dict, workdir:
     try:
         for name in tasks:
             task, protocol = TASKS[name], protocols[name]
-            evals, tests = eval_examples(task, config, with_tests=submission_dir is not None)
+            evals, tests, cut = eval_examples(task, config, with_tests=submission_dir is not None)
             seeds, test_predictions, featurized = {}, {}, {}
             for seed, model_dir in sorted(run.seeds[name].items()):
                 model_config, classifier, tokenizer = run.load(config, name, seed)
@@ -198,6 +199,7 @@ def _evaluate(config, run: SavedRun, tasks: list[str], protocols: dict, workdir:
             medians = seed_medians(task, seeds)
             out = {"models": str(run.path / MODELS / name), "max_seq_len": protocol.max_seq_len,
                    "num_eval_examples": {s: len(ex) for s, ex in evals.items()},
+                   **({"eval_cut_from": cut} if cut else {}),
                    "seeds": {str(s): r for s, r in seeds.items()}, "median": medians}
             if test_predictions:
                 chosen = median_seed(task, seeds, medians)
@@ -205,7 +207,7 @@ def _evaluate(config, run: SavedRun, tasks: list[str], protocols: dict, workdir:
                     write_predictions(submission_dir, TASKS[t], split, f.idx, values)
                 out["submitted_seed"] = chosen
             results["tasks"][name] = out
-            results["glue"] = glue_scores({t: r["median"] for t, r in results["tasks"].items()})
+            results["glue"] = scores(results["tasks"])
             write_results(workdir, results)
     finally:
         run_log.close()

@@ -94,16 +94,17 @@ SCORE_CONVENTIONS = {
 }
 
 
-def glue_scores(medians: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict]:
+def glue_scores(medians: dict[str, dict[str, dict[str, float]]], cut=()) -> dict[str, dict]:
     """GLUE scores (x100) from per-task medians {task: {split: {metric: value}}}.
 
     A convention whose tasks are not all present reports `score` over what is there,
     with `complete: false` and the missing entries named, so a partial run is not
-    mistaken for a full GLUE score.
+    mistaken for a full GLUE score. So does one with a task in `cut` (scored on part of its
+    dev split), its entries named under `cut`.
     """
     out = {}
     for key, (description, entries) in SCORE_CONVENTIONS.items():
-        parts, missing = {}, []
+        parts, missing, partial = {}, [], []
         for label, task, splits, metrics in entries:
             splits = (splits,) if isinstance(splits, str) else splits
             values = [medians.get(task, {}).get(s, {}).get(m) for s in splits for m in metrics]
@@ -111,11 +112,13 @@ def glue_scores(medians: dict[str, dict[str, dict[str, float]]]) -> dict[str, di
                 missing.append(label)
             else:
                 parts[label] = 100.0 * float(np.mean(values))
+                partial += [label] if task in cut else []
         out[key] = {
             "description": description,
             "score": float(np.mean(list(parts.values()))) if parts else None,
-            "complete": not missing,
+            "complete": not missing and not partial,
             "missing": missing,
+            "cut": partial,
             "parts": parts,
         }
     return out

@@ -125,13 +125,23 @@ def trained_tasks(tasks: list[str]) -> list[str]:
     return [t for t in tasks if t != "ax"] + ([] if "mnli" in tasks else ["mnli"])
 
 
-def eval_examples(task: TaskSpec, config, *, with_tests: bool) -> tuple[dict, dict]:
+def eval_examples(task: TaskSpec, config, *, with_tests: bool) -> tuple[dict, dict, dict]:
     """(the dev splits' examples, limited to config.max_eval_examples; with `with_tests`,
-    the test splits `task`'s model predicts, keyed (task name, split), else {})."""
+    the test splits `task`'s model predicts, keyed (task name, split), else {}; the full size
+    of each dev split that limit cut, {} when none)."""
     read = data_kwargs(config)
-    evals = {s: limit_examples(read_split(task, s, **read), config.max_eval_examples) for s in task.eval_splits}
+    full = {s: read_split(task, s, **read) for s in task.eval_splits}
+    evals = {s: limit_examples(examples, config.max_eval_examples) for s, examples in full.items()}
+    cut = {s: len(full[s]) for s in evals if len(evals[s]) < len(full[s])}
     tests = {(t.name, s): read_split(t, s, **read) for t, s in predicted_splits(task)} if with_tests else {}
-    return evals, tests
+    return evals, tests, cut
+
+
+def scores(task_results: dict[str, dict]) -> dict:
+    """glue_results.json's `glue`: the GLUE scores of the tasks' medians; a task scored on part
+    of a dev split (`eval_cut_from`) leaves every score it enters not complete."""
+    return glue_scores({t: r["median"] for t, r in task_results.items()},
+                       cut=[t for t, r in task_results.items() if r.get("eval_cut_from")])
 
 
 def predict_kwargs(config, protocol: Protocol, pad_id: int) -> dict:
@@ -182,7 +192,10 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
              models_dir: Path) -> dict:
     protocol = Protocol.from_config(config, task.name)
     train = limit_examples(read_split(task, task.train_split, **data_kwargs(config)), protocol.max_train_examples)
-    evals, tests = eval_examples(task, config, with_tests=submission_dir is not None)
+    evals, tests, cut = eval_examples(task, config, with_tests=submission_dir is not None)
+    if cut:
+        log.warning("%s: scored on the first %d examples of %s (config.max_eval_examples): not the task's score",
+                    task.display, config.max_eval_examples, ", ".join(f"{s} ({n:,})" for s, n in cut.items()))
 
     def feats(examples):
         return features_lib.featurize(examples, tokenizer, protocol.max_seq_len,
@@ -234,6 +247,7 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
            "wall_seconds": round(time.time() - task_start, 2), "compile_seconds": round(programs.compile_seconds - compiled_before, 2),
            "num_train_examples": len(train_f),
            "num_eval_examples": {s: len(f) for s, f in eval_f.items()},
+           **({"eval_cut_from": cut} if cut else {}),
            "seeds": {str(s): r for s, r in seeds.items()}, "median": medians}
     chosen = median_seed(task, seeds, medians)
     if test_predictions:
@@ -326,7 +340,9 @@ def results_markdown(results: dict) -> str:
     lines.append("")
     for key, score in results["glue"].items():
         value = "n/a" if score["score"] is None else f"{score['score']:.2f}"
-        note = "" if score["complete"] else f" (partial: missing {', '.join(score['missing'])})"
+        gaps = ([f"missing {', '.join(score['missing'])}"] if score["missing"] else []) + (
+            [f"dev splits cut by max_eval_examples: {', '.join(score['cut'])}"] if score.get("cut") else [])
+        note = "" if score["complete"] else f" (partial: {'; '.join(gaps)})"
         lines.append(f"- **{key}** = {value}{note}: {score['description']}")
     return "\n".join(lines) + "\n"
 
@@ -399,7 +415,7 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
                 log.exception("%s failed; the other tasks go on", TASKS[name].display)
                 failed[name] = f"{type(error).__name__}: {error}".split("\n")[0]
                 results["failed"] = failed
-            results["glue"] = glue_scores({t: r["median"] for t, r in results["tasks"].items()})
+            results["glue"] = scores(results["tasks"])
             write_results(workdir, results)
     finally:
         run_log.close()

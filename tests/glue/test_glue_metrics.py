@@ -90,6 +90,10 @@ def test_glue_scores_both_conventions():
     assert not partial["glue_bert_9"]["complete"]
     assert "RTE" in partial["glue_bert_9"]["missing"]
     assert partial["glue_bert_9"]["score"] == pytest.approx(100 * np.mean([0.90, 0.88]))
+    # every task there, one scored on part of its dev split: the score is not complete
+    cut = glue_scores(full, cut=["rte"])
+    assert not cut["glue_bert_9"]["complete"] and cut["glue_bert_9"]["cut"] == ["RTE"]
+    assert cut["glue_bert_9"]["score"] == scores["glue_bert_9"]["score"] and scores["glue_bert_9"]["cut"] == []
 
 
 def test_a_collapsed_stsb_seed_leaves_the_median_the_score_and_the_submission_finite():

@@ -121,11 +121,15 @@ def test_run_glue_from_pretrain_checkpoint(pretrain_workdir, shared_data, tmp_pa
     assert results["init"]["kind"] == "pretrain"
     assert not results["glue"]["glue_bert_9"]["complete"]
     assert set(results["glue"]["glue_bert_9"]["parts"]) == {"MRPC", "STS-B"}
+    # scored on 24 of each dev split's examples: said per task and in every score
+    assert mrpc["eval_cut_from"] == {"validation": 408} and stsb["eval_cut_from"] == {"validation": 1500}
+    assert set(results["glue"]["glue_bert_9"]["cut"]) == {"MRPC", "STS-B"}
 
     on_disk = json.loads((out / "glue_results.json").read_text())
     assert on_disk["tasks"]["mrpc"]["median"] == mrpc["median"]
     table = (out / "glue_results.md").read_text()
     assert "| MRPC | validation | f1 |" in table and "glue_bert_9" in table
+    assert "dev splits cut by max_eval_examples: MRPC, STS-B" in table
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {(r["task"], r["seed"]) for r in rows} == {("mrpc", 0), ("mrpc", 1), ("stsb", 0),
                                                       ("stsb", 1)}
