@@ -12,7 +12,8 @@ the device (roformer.ablation.study_data), so no host work paces a step.
 Evaluated at every `eval_every` steps of the trunk: validation loss, the order-horizon
 spectrum (loss increase under shuffles within windows and under reversal) and each scheme's
 position signal; at every budget's end: validation loss (which chooses the rate) and the
-test loss of every test row (which the report's seed x item bootstrap resamples). A member
+test loss of every test item (a document with its rows; the report's seed x item bootstrap
+resamples them). A member
 whose loss stops being finite, or climbs above where it started, is recorded as diverged, per
 budget for the model that budget scores (its trunk up to the fork, then its branch).
 
