@@ -31,7 +31,8 @@ Then the levers that paid alone at the first shape (median `x_tokens` at least
 baseline's except where the masks differ by design, and a program other than the baseline's)
 are built together as `adopted` and timed against the baseline once more, in rounds of their
 own (rows of stage `adopted`): picked as the best of several, the lever rows' ratios lean
-high, so the set is adopted only when it pays there too. The other shapes time the baseline
+high, so the set is adopted only when it pays there too, and keeps the baseline's first step
+(`not_confirmed`). The other shapes time the baseline
 and `adopted` (`--other-variants`): the MFU before and after at each shape, in one process.
 
 `x_tokens` is a variant's tokens/s over the baseline's (median of the per-round ratios, with
@@ -250,6 +251,7 @@ class Group:
 LOSS_TOLERANCE = 2e-3
 GRAD_NORM_TOLERANCE = 1e-2
 OTHER_MASKS = ("rbg_dropout",)
+BASELINE_KEYS = "threefry2x32"   # Variant()'s dropout keys: a row with others draws other masks
 
 
 def first_step_figures(first: dict, base: dict) -> dict:
@@ -266,7 +268,7 @@ def first_step_off(row: dict) -> str | None:
     loss, dloss, dgrad = row.get("loss_step1"), row.get("dloss_step1", 0.0), row.get("dgrad_step1", 0.0)
     if loss is not None and not math.isfinite(loss):
         return f"first-step loss {loss}"
-    if row["variant"] in OTHER_MASKS:
+    if row["variant"] in OTHER_MASKS or row.get("dropout_rng", BASELINE_KEYS) != BASELINE_KEYS:
         return None
     if not abs(dloss) <= LOSS_TOLERANCE:   # written so that NaN (a baseline's) is off too
         return f"first-step loss {dloss:+.2g} off the baseline's"
@@ -304,11 +306,21 @@ def lever_verdicts(rows: list[dict], threshold: float) -> dict[str, str]:
     return verdicts
 
 
-def confirmed(rows: list[dict], threshold: float) -> bool:
-    """Whether the adopted levers paid again in their own rounds (`rows`' stage `adopted`,
-    one shape's): a set that failed to build, or was not timed, did not."""
+def not_confirmed(rows: list[dict], threshold: float) -> str | None:
+    """Why the adopted levers are not adopted after their own rounds (`rows`' stage `adopted`,
+    one shape's), or None when they paid there and kept the baseline's first step (its loss and
+    gradient norm, to bf16 rounding; with rbg keys among them, only a finite first step):
+    levers that are right alone can still be wrong together."""
     timed = [row for row in rows if row["stage"] == "adopted" and row["variant"] != BASELINE]
-    return bool(timed) and paid(timed[-1], threshold)
+    if not timed or "x_tokens" not in timed[-1]:
+        return "were not timed in rounds of their own: see the note above"
+    if off := first_step_off(timed[-1]):
+        return f"changed the first step ({off})"
+    return None if paid(timed[-1], threshold) else "did not pay in their own rounds"
+
+
+def confirmed(rows: list[dict], threshold: float) -> bool:
+    return not_confirmed(rows, threshold) is None
 
 
 def adopted_variant(rows: list[dict], threshold: float) -> tuple[Variant | None, list[str]]:
@@ -415,9 +427,8 @@ def run(args: argparse.Namespace) -> dict:
                 if timed:
                     rows += group.time("adopted")
                 rows += group.failed_rows("adopted")
-                if not confirmed(rows, args.adopt_above):
-                    why = ("did not pay in their own rounds" if timed else
-                           "were not timed in rounds of their own: see the note above")
+                why = not_confirmed(rows, args.adopt_above)
+                if why:
                     notes.append(f"adopted: none (the levers together {why} at {shape})")
                     adopted = None
         group.drop(keep=set())

@@ -151,6 +151,19 @@ def test_the_adopted_levers_are_read_back_from_a_runs_json():
     assert levers.adopted_in_result(result) is None
     result["rows"][4] = {"stage": "adopted", "size": "base", "seq": 512, "variant": "adopted", "failed": "OOM"}
     assert levers.adopted_in_result(result) is None
+    # Levers right alone can be wrong together: a set whose first step is off is not adopted,
+    # however fast; with rbg keys among them its loss differs by design, so only finiteness counts.
+    together = {"stage": "adopted", "size": "base", "seq": 512, "variant": "adopted", "x_tokens": 1.04,
+                "x_tokens_min": 1.02, "loss_step1": 6.2, "dloss_step1": 0.0, "dgrad_step1": 0.05,
+                "dropout_rng": "threefry2x32"}
+    assert levers.not_confirmed([together], 1.005) == (
+        "changed the first step (first-step gradient norm +0.05 (relative) off the baseline's)")
+    assert levers.not_confirmed([{**together, "dropout_rng": "rbg", "dloss_step1": 0.01}], 1.005) is None
+    assert levers.not_confirmed([{**together, "dropout_rng": "rbg", "loss_step1": float("nan")}], 1.005) == (
+        "changed the first step (first-step loss nan)")
+    assert levers.not_confirmed([{**together, "dgrad_step1": 1e-3}], 1.005) is None
+    assert levers.not_confirmed([{**together, "dgrad_step1": 1e-3, "x_tokens": 0.99}], 1.005) == (
+        "did not pay in their own rounds")
     # A later shape of the same size and length but another batch does not count.
     result["rows"][4] = row("adopted", "base", "fused_qkv", 1.015, 1.002)
     result["rows"].append({**row("levers", "base", "fused_qkv", 0.95, 0.9), "batch": 128})
