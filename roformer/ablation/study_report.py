@@ -3,7 +3,7 @@ records (roformer.ablation.study), the statistics of roformer.ablation.study_sta
 figures of roformer.ablation.study_figures.
 
 Per budget and scheme: the learning rate chosen on the validation split (lowest mean over
-seeds; a rate with a diverged member is not chosen), the test loss at that rate with its
+seeds; a rate with a diverged member only when every rate has one), the test loss at that rate with its
 seed x item interval, the paired difference to the reference with its verdict (TOST margin
 from the config), and diverged members by name. Then onsets (Kaplan-Meier, censoring
 shown), the order-horizon spectrum and the position signal over training.
@@ -230,9 +230,14 @@ def limits(config, result: dict, manifest: dict) -> list[str]:
                     "all of the budget's comparisons corrected together (Holm): read them one at a time, not as a "
                     "ranking of every scheme at once.")
     diverged = sum(len(rows[s]["diverged"]) for s in result["schemes"])
-    if diverged:
+    unstable = [s for s in result["schemes"] if any(d["rate"] == rows[s]["rate"] for d in rows[s]["diverged"])]
+    if diverged and not unstable:
         nots.append(f"{diverged} member(s) diverged (listed in the tables): a rate with a diverged member is not "
                     "chosen unless every rate has one, so those schemes are compared at a rate that trained stably.")
+    elif diverged:
+        nots.append(f"{diverged} member(s) diverged (listed in the tables). Every rate of {', '.join(unstable)} had a "
+                    "diverged member at the last budget: its rate is the one with the lowest median, and its loss and "
+                    "comparison include the diverged members (so no interval, no verdict).")
     censored = [s for s in result["schemes"] if any(o["left_censored"] for o in info[s]["onsets"])]
     if censored:
         nots.append(f"Onsets marked <= ({', '.join(censored)}) happened at or before the first evaluation; when is "

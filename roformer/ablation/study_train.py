@@ -105,13 +105,15 @@ def _stack(trees: list):
 
 
 def member_inputs(group: list[Member]) -> dict[str, jax.Array]:
-    """What the vmapped step reads per member: its seed's index, data and dropout keys, rate."""
-    seeds = sorted({m.seed for m in group})
+    """What the vmapped step reads per member: its seed (the row of the pass orders it reads,
+    whatever other seeds the group holds), data and dropout keys, rate. The two keys branch
+    from the seed's key apart (fold_in 1 and 2), so no step's dropout key is another step's
+    masking key (the train step folds the step, then the dropout site, into its key)."""
+    seeds = jnp.asarray([m.seed for m in group], jnp.uint32)
     return {
-        "seed_index": jnp.asarray([seeds.index(m.seed) for m in group], jnp.int32),
-        "data_key": jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s), 1))(
-            jnp.asarray([m.seed for m in group], jnp.uint32)),
-        "dropout_key": jax.vmap(lambda s: jax.random.key(s))(jnp.asarray([m.seed for m in group], jnp.uint32)),
+        "seed_index": jnp.asarray([m.seed for m in group], jnp.int32),
+        "data_key": jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s), 1))(seeds),
+        "dropout_key": jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s), 2))(seeds),
         "rate": jnp.asarray([m.rate for m in group], jnp.float32),
     }
 

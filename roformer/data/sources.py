@@ -333,7 +333,17 @@ class TFDSSource(TextSource):
         info = source.dataset_info
         return {"source": "tfds", "name": self.builder_name, "split": self.split,
                 "data_dir": str(info.data_dir), "version": str(info.version),
-                "num_records": len(source), "text_key": self.text_key}
+                "num_records": len(source), "text_key": self.text_key, "files": _local_files(str(info.data_dir))}
+
+
+def _local_files(directory: str) -> list | None:
+    """[name, size, mtime_ns] of each file in a local dataset directory: a dataset prepared
+    again with other text under the same version and record count is then another source (its
+    cached tokens are not reused). None for a remote directory (gs://...), which is not listed."""
+    if not os.path.isdir(directory):
+        return None
+    return [[name, st.st_size, st.st_mtime_ns] for name in sorted(os.listdir(directory))
+            if os.path.isfile(path := os.path.join(directory, name)) and (st := os.stat(path))]
 
 
 # ---------------------------------------------------------------- factory

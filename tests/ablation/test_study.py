@@ -127,6 +127,20 @@ def test_member_optimizer_takes_each_members_rate():
     np.testing.assert_allclose(updates, -rates[:, None] * jnp.ones((2, 3)), rtol=1e-4)
 
 
+def test_a_member_reads_its_own_seeds_order_and_keys_whatever_its_group_holds():
+    """A group of seed 1 alone reads seed 1's row of the pass orders (it read seed 0's when its
+    index was its place among the group's seeds), and no step's dropout key is a masking key."""
+    from roformer.ablation.study_plan import Member
+    from roformer.ablation.study_train import member_inputs
+
+    alone = member_inputs([Member(0, 1, 4e-3)])
+    full = member_inputs([Member(0, 0, 4e-3), Member(1, 1, 4e-3)])
+    assert alone["seed_index"].tolist() == [1] and full["seed_index"].tolist() == [0, 1]
+    assert (jax.random.key_data(alone["data_key"]) == jax.random.key_data(full["data_key"][1:])).all()
+    dropout_step1 = jax.random.fold_in(full["dropout_key"][1], 1)
+    assert not (jax.random.key_data(dropout_step1) == jax.random.key_data(full["data_key"][1])).all()
+
+
 # --------------------------------------------------------------------------- data
 
 

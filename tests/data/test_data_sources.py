@@ -2,6 +2,7 @@
 import gzip
 import os
 import re
+import shutil
 import sys
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -127,9 +128,11 @@ def test_tfds_array_record_dataset_without_tensorflow(tmp_path):
         def _split_generators(self, dl_manager):
             return {"train": self._generate_examples(5)}
 
+        texts = "document number {i} caf\u00e9"
+
         def _generate_examples(self, n):
             for i in range(n):
-                yield i, {"text": f"document number {i} caf\u00e9", "title": f"t{i}"}
+                yield i, {"text": self.texts.format(i=i), "title": f"t{i}"}
 
     RoformerTinyCorpus(data_dir=str(tmp_path)).download_and_prepare(file_format="array_record")
     source = TFDSSource("roformer_tiny_corpus", split="train", data_dir=str(tmp_path))
@@ -138,6 +141,15 @@ def test_tfds_array_record_dataset_without_tensorflow(tmp_path):
     assert docs == list(source.documents())             # fixed order
     assert source.describe()["num_records"] == 5
     assert "tensorflow" not in sys.modules
+    # prepared again with other text, the same version and record count: another source, so
+    # its cached tokens are not reused
+    before = source.fingerprint()
+    RoformerTinyCorpus.texts = "another text {i}"
+    shutil.rmtree(tmp_path / "roformer_tiny_corpus")
+    RoformerTinyCorpus(data_dir=str(tmp_path)).download_and_prepare(file_format="array_record")
+    again = TFDSSource("roformer_tiny_corpus", split="train", data_dir=str(tmp_path))
+    assert sorted(again.documents())[0] == "another text 0" and again.describe()["num_records"] == 5
+    assert again.fingerprint() != before
     half = TFDSSource("roformer_tiny_corpus", split="train[:40%]", data_dir=str(tmp_path))
     assert len(list(half.documents())) == 2
     with pytest.raises(ValueError, match="tfds_text_key='body'"):
