@@ -61,7 +61,7 @@ def budget_divergence(record: dict, budget: dict) -> list[int | None]:
 
 
 def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def _member_indices(record: dict, rate: float) -> list[int]:
@@ -230,7 +230,7 @@ def limits(config, result: dict, manifest: dict) -> list[str]:
                     "all of the budget's comparisons corrected together (Holm): read them one at a time, not as a "
                     "ranking of every scheme at once.")
     diverged = sum(len(rows[s]["diverged"]) for s in result["schemes"])
-    unstable = [s for s in result["schemes"] if any(d["rate"] == rows[s]["rate"] for d in rows[s]["diverged"])]
+    unstable = [s for s in result["schemes"] if any(d["rate"] == rows[s].get("rate") for d in rows[s]["diverged"])]
     if diverged and not unstable:
         nots.append(f"{diverged} member(s) diverged (listed in the tables): a rate with a diverged member is not "
                     "chosen unless every rate has one, so those schemes are compared at a rate that trained stably.")
@@ -266,10 +266,10 @@ def markdown(config, result: dict, manifest: dict) -> str:
         f"training split {format_tokens(train_tokens)} tokens, so the last budget is "
         f"{last_tokens / max(train_tokens, 1):.2f} passes; test split {manifest.get('test_predictions', 0):,} masked "
         f"predictions ({manifest.get('test_rows', 0):,} rows x {manifest.get('test_mask_draws', 1)} mask draws, "
-        f"{manifest.get('test_items', manifest.get('test_rows', 0)):,} items), "
+        f"{_count(manifest.get('test_items', manifest.get('test_rows', 0)), 'item')}), "
         f"validation {manifest.get('validation_predictions', 0):,} (disjoint documents). Intervals: 95%, seed x item "
         f"bootstrap ({st.bootstrap} replicates; an item is a document with its rows; the replicates' sd scaled by "
-        "Student's t with seeds - 1 degrees of freedom and sqrt(seeds / (seeds - 1))); 'equivalent': TOST, 90% interval within +-{st.margin} nats; "
+        f"Student's t with seeds - 1 degrees of freedom and sqrt(seeds / (seeds - 1))); 'equivalent': TOST, 90% interval within +-{st.margin} nats; "
         "'all schemes (Holm)': whether the verdict still holds with both tests of every comparison of its budget's "
         "table corrected together (Holm, family-wise 5%), else what remains of it; 'equivalent above': the margin TOST "
         "needs, the 90% interval's end farthest from 0 (equivalent at every margin above it, at none at or below), to "

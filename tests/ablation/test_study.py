@@ -654,6 +654,7 @@ def test_the_device_script_at_smoke_size(tmp_path):
     assert "Rates beyond the grid (`study.extend_edges`" in text and f"rope ({low:g})" in text
     assert sorted(map(float, last["rope"]["validation_by_rate"])) == pytest.approx([low, 2e-3, 30.0])
     assert "## What this does and does not show" in text and "member(s) diverged" in text
+    assert "{" not in text.split("\n## ")[0]   # the header's every placeholder filled in
     for figure in ("study_loss.png", "study_onset.png", "study_spectrum.png", "study_signal.png"):
         assert (out / figure).stat().st_size > 0
     # What a lent machine sends back: at most 8 files, none in a subfolder.
@@ -896,6 +897,11 @@ def test_the_report_says_what_it_does_not_show():
     result["schemes_info"]["rope"]["edge_rates"] = [3.5e-4]
     text = " ".join(limits(c, result, {"train_rows": 800}))
     assert "have not trained yet" not in text and "(and the rates beyond the grid for rope)" in text
+    # every rate of a scheme had a diverged member: it is compared at one that did not train stably
+    rows["alibi"].update(rate=30.0, diverged=[{"seed": 0, "rate": 30.0, "step": 4}])
+    text = " ".join(limits(c, result, {"train_rows": 800}))
+    assert "Every rate of alibi had a diverged member" in text and "trained stably" not in text
+    rows["alibi"]["diverged"] = []
     assert "Holm" not in text
     rows["alibi"]["vs_reference"] = {"verdict": "higher", "family": "not under Holm: undecided"}
     text = " ".join(limits(c, result, {"train_rows": 800}))
