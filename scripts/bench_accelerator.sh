@@ -15,13 +15,13 @@
 #                       epilogues, cuDNN layer norm, Triton normalisation fusions, launches), each set in
 #                       a process of its own between two reference runs, with its first-step loss, then
 #                       the sets that took under 0.99x the reference's step together
-#   ab_levers.json      the speed levers' A/B (bench levers, about 5.5 min): at base/512/64 the step
+#   ab_levers.json      the speed levers' A/B (bench levers, about 5 min): at base/512/64 the step
 #                       without them (baseline), all together, each alone and all at batch 128, then
 #                       the ones that paid alone together (adopted) against the baseline, then
 #                       baseline and adopted at base/128/256 and small/512/64, in alternating rounds
 #                       in one process (bf16, cuDNN attention); ab_flags<N>.json: baseline and all at
 #                       base/512/64 under each XLA flag set of AB_FLAG_SETS (';'-separated, default
-#                       one: cuBLASLt epilogues), a process each (about 1 min each); ab_hf.json:
+#                       one: cuBLASLt epilogues), a process each (about 1.5 min each); ab_hf.json:
 #                       bench hf at base/512/64, ours with the adopted levers against transformers +
 #                       torch.compile on the same GPU (130 s limit); ab.json: all their rows in one
 #                       table, printed, with x_baseline, each row's tokens/s over the flag-free
@@ -31,8 +31,9 @@
 #   log.txt             everything the commands printed, with each compilation's time
 # Each step has its own time limit and its own file, so a slow one costs only itself.
 # STEPS picks and orders them (default: all, in the order above). Their limits add up to
-# 2,112 s, so on a machine lent for ten minutes a call, split them, e.g.
-#   STEPS="profile gpu runs_mini" then STEPS="runs_tiny runs64_tiny runs64_mini ablation_vmap", STEPS=flags, STEPS=ab
+# 2,120 s, so on a machine lent for ten minutes a call, split them, e.g.
+#   STEPS="profile gpu runs_mini" then STEPS="runs_tiny runs64_tiny runs64_mini", STEPS=ablation_vmap, STEPS=flags,
+#   STEPS=ab. The exit status is the worst of the steps' (0: every step ran to its end).
 # Usage: scripts/bench_accelerator.sh OUTDIR   (PYTHON=... to choose the interpreter)
 set -u
 out=${1:?usage: scripts/bench_accelerator.sh OUTDIR}
@@ -44,6 +45,7 @@ for step in $steps; do   # a misspelt step stops the script before any benchmark
 done
 mkdir -p "$out"
 log="$out/log.txt"
+worst=0   # the worst exit status of the steps: the script's own
 # the repository root on the path: scripts/bench_ab_table.py imports the package
 export PYTHONUNBUFFERED=1 JAX_LOG_COMPILES=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -58,6 +60,7 @@ bench() {   # bench NAME SECONDS ARGS...: one benchmark, its JSON as NAME.json, 
   timeout "$limit" "$py" -m roformer.bench "$@" --json "$out/$name.json" >>"$log" 2>&1
   status=$?
   echo "=== $name: exit $status after $((SECONDS - start)) s" | tee -a "$log"
+  if ((status > worst)); then worst=$status; fi
   [ -f "$out/$name.json" ] && "$py" -c "import json, sys
 from roformer.bench.common import format_table
 result = json.load(open(sys.argv[1]))
@@ -79,6 +82,7 @@ ablations() {   # whole ablation sessions, vmapped and in turn (workdirs outside
     status=$?
     echo "$mode $status $((SECONDS - start))" >>"$work/times.txt"
     echo "=== ablation_$mode: exit $status after $((SECONDS - start)) s" | tee -a "$log"
+    if ((status > worst)); then worst=$status; fi
   done
   "$py" - "$work" "$out/ablation_vmap.json" <<'PY'
 import json, sys
@@ -108,7 +112,7 @@ keep_trace() {   # the profiler's trace up to DIR itself: a device call brings b
 }
 
 ab() {   # the levers' A/B, then under each XLA flag set, then one table of them all
-  local sets=() set index=0 limit=${AB_LEVERS_S:-325} continued=()
+  local sets=() set index=0 limit=${AB_LEVERS_S:-310} continued=()
   # AB_SHAPES, AB_FLAG_SHAPE and AB_ARGS (more levers options, e.g. a CPU smoke test's
   # "--rounds 1 --iters 1 --vocab-size 512"), AB_HF_SHAPE and AB_HF_ARGS (more hf options)
   # change what is timed. For the time a call has left after other work: AB_LEVERS_S (the
@@ -126,8 +130,10 @@ ab() {   # the levers' A/B, then under each XLA flag set, then one table of them
   for set in "${sets[@]}"; do
     index=$((index + 1))
     # shellcheck disable=SC2086
-    XLA_FLAGS="${XLA_FLAGS:-} $set" bench "ab_flags$index" 62 levers --shapes "${AB_FLAG_SHAPE:-base/512/64}" \
-      --variants baseline all --other-variants baseline --budget-s 50 --rounds 3 --iters 5 ${AB_ARGS:-}
+    # (a build takes 20-27 s at base/512 on an H200, and no build starts past the budget less
+    # 1.2x the longest so far: room for the baseline's and all's, from the process's start)
+    XLA_FLAGS="${XLA_FLAGS:-} $set" bench "ab_flags$index" 85 levers --shapes "${AB_FLAG_SHAPE:-base/512/64}" \
+      --variants baseline all --other-variants baseline --budget-s 70 --rounds 3 --iters 5 ${AB_ARGS:-}
   done
   [[ ${AB_HF:-1} == 0 ]] || ab_hf
   "$py" scripts/bench_ab_table.py "$out" "$index"
@@ -170,3 +176,4 @@ done
 echo "slowest compilations:"
 grep -o "Finished XLA compilation of .* in [0-9.]* sec" "$log" | sort -k7 -g | tail -n 5
 date -u | tee -a "$out/host.txt"
+exit "$worst"

@@ -45,8 +45,9 @@ if [[ $parts == *" data "* ]]; then
 fi
 
 if [[ $parts == *" pack "* ]]; then   # says "up to date" when the pack's key is this config's
-  PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$py" -m roformer.ablation.study pack gpu_tiny \
-    "$dir/study_data/wikipedia_en.npz"
+  # the corpus the config reads is the shared data's: SHARED's, unless ROFORMER_SHARED_DATA says otherwise
+  ROFORMER_SHARED_DATA="${ROFORMER_SHARED_DATA:-$(realpath "$shared")}" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" \
+    "$py" -m roformer.ablation.study pack gpu_tiny "$dir/study_data/wikipedia_en.npz"
 fi
 
 size=$(du -sm "$dir" | cut -f1)

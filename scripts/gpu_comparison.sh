@@ -67,13 +67,16 @@ status=${PIPESTATUS[0]}
 # report's rewrite must not cost them. Records of other settings (schemes/stale) stay behind.
 tar -czf "$out/records.tar.gz" -C "$work" --exclude=schemes/stale schemes data_manifest.json study_config.json \
   2>/dev/null
-# Stopped before its last report (the report is written beside training, so a stop can leave it
-# a group behind the records): written again from the records, without training. Status 3 is
-# the study's own stop at study.time_limit_s, after its last report.
-if [[ $status -ne 0 && $status -ne 3 && -f $work/study_config.json ]] && compgen -G "$work/schemes/*.json" >/dev/null; then
-  "$py" -m roformer.ablation.study report "$work" 2>&1 | tee -a "$out/log.txt"
-fi
+# The last report written during training, at once: an outer limit that cuts the rewrite below
+# still leaves one.
 cp "$work"/study.md "$work"/study.json "$work"/study_*.png "$out"/ 2>/dev/null
+# Stopped before its last report (the report is written beside training, so a stop can leave it
+# a group behind the records): written again from the records, without training, within 45 s.
+# Status 3 is the study's own stop at study.time_limit_s, after its last report.
+if [[ $status -ne 0 && $status -ne 3 && -f $work/study_config.json ]] && compgen -G "$work/schemes/*.json" >/dev/null; then
+  timeout 45 "$py" -m roformer.ablation.study report "$work" 2>&1 | tee -a "$out/log.txt"
+  cp "$work"/study.md "$work"/study.json "$work"/study_*.png "$out"/ 2>/dev/null
+fi
 case $status in
   0) what="the study is whole" ;;
   3|124|137) what="partial: records.tar.gz holds what finished; the same command with RESUME_FROM set to it trains the rest" ;;

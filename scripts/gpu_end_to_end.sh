@@ -39,6 +39,7 @@
 # only itself (a stage that needs an earlier one's output is skipped when that output is
 # missing); no stage runs past BUDGET_S (510) seconds from the start, so the whole fits one
 # device call.
+# The exit status is the worst of the stages' (0: every stage run ran to its end; a skipped one counts 0).
 # Usage: scripts/gpu_end_to_end.sh OUTDIR
 #   DATA=dir with glue/, vocab/, wikipedia_en/ (default ../shared/data, else .device/data); STEPS picks stages;
 #   PYTHON=... the interpreter; PRETRAIN_ARGS, GLUE_ARGS: more --config flags for those stages;
@@ -106,7 +107,9 @@ run_stage() {   # run_stage NAME SECONDS CMD...: one stage under its limit (cut 
   status=$?
   printf '%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - start))" >>"$out/stages.tsv"
   echo "=== $name: exit $status after $((SECONDS - start)) s" | tee -a "$log"
+  if ((status > worst)); then worst=$status; fi
 }
+worst=0   # the worst exit status of the stages run: the script's own (a skipped stage counts 0)
 
 for stage in $stages; do
   case $stage in
@@ -169,3 +172,4 @@ date -u | tee -a "$out/host.txt"
 # stage's own files go into one archive beside them.
 (cd "$out" && find . -maxdepth 1 -type f ! -name table.md ! -name log.txt ! -name files.tar.gz -printf '%f\n' \
   | sort | tar -czf files.tar.gz -T - --remove-files)
+exit "$worst"

@@ -35,6 +35,21 @@ def run_without_data(tmp_path, **env) -> Path:
     return out
 
 
+def test_a_failed_stage_is_the_scripts_exit_status_and_its_files_still_come_back(tmp_path):
+    """Pretraining on an empty corpus fails: the call's status says so (it said 0 before), and
+    the table and log are written all the same."""
+    data = tmp_path / "data"
+    for folder in ("glue", "vocab", "wikipedia_en"):
+        (data / folder).mkdir(parents=True)
+    (data / "vocab" / "bert-base-uncased-vocab.txt").write_text("[PAD]\n")
+    env = {"DATA": str(data), "WORK": str(tmp_path / "work"), "PYTHON": sys.executable, "PATH": "/usr/bin:/bin",
+           "STEPS": "pretrain"}
+    run = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], env=env, cwd=ROOT, capture_output=True)
+    assert run.returncode != 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["files.tar.gz", "log.txt", "table.md"]
+    assert f"=== pretrain: exit {run.returncode} after" in (tmp_path / "out" / "log.txt").read_text()
+
+
 def test_the_script_leaves_three_files_a_lent_machine_sends_back(tmp_path):
     # an export with no pretraining workdir is skipped, so this runs only the bookkeeping
     out = run_without_data(tmp_path, STEPS="export")
@@ -137,7 +152,8 @@ def test_the_ab_step_fits_the_time_a_call_has_left_when_told_so(tmp_path):
     whole = commands()
     assert [c.split(" --")[0] for c in whole] == ["-m roformer.bench levers", "-m roformer.bench levers",
                                                   "-m roformer.bench hf", "scripts/bench_ab_table.py OUT 1"]
-    assert "--budget-s 290" in whole[0] and "--budget-s 50" in whole[1]
+    # a flag set's run has room for both its builds (20-27 s each on an H200) within its budget
+    assert "--budget-s 275" in whole[0] and "--budget-s 70" in whole[1]
     short = commands(AB_LEVERS_S="200", AB_FLAG_SETS="none", AB_HF="0", AB_SHAPES="base/512/64",
                      AB_ARGS="--variants baseline pallas_residual_norm rbg_dropout")
     assert short == ["-m roformer.bench levers --shapes base/512/64 --budget-s 165 --rounds 3 --iters 5 --variants "
@@ -146,8 +162,14 @@ def test_the_ab_step_fits_the_time_a_call_has_left_when_told_so(tmp_path):
     # the shapes an earlier call's budget left: its adopted levers, not the levers alone again
     later = commands(AB_ADOPTED_FROM="kept/ab_levers.json", AB_SHAPES="base/128/256 small/512/64",
                      AB_FLAG_SETS="none", AB_HF="0")
-    assert later == ["-m roformer.bench levers --shapes base/128/256 small/512/64 --budget-s 290 --rounds 3 --iters 5 "
+    assert later == ["-m roformer.bench levers --shapes base/128/256 small/512/64 --budget-s 275 --rounds 3 --iters 5 "
                      "--adopted-from kept/ab_levers.json --json OUT/ab_levers.json", "scripts/bench_ab_table.py OUT 0"]
+    # the script's status is its worst step's: a levers run cut at its limit shows in the call's rc
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\ncase "$*" in *"bench levers"*) exit 124 ;; esac\n')
+    cut = subprocess.run(["bash", str(ROOT / "scripts" / "bench_accelerator.sh"), str(tmp_path / "out")], cwd=ROOT,
+                         capture_output=True, env={"PATH": "/usr/bin:/bin", "PYTHON": str(stub), "STEPS": "ab",
+                                                   "AB_FLAG_SETS": "none", "AB_HF": "0"})
+    assert cut.returncode == 124
 
 
 def test_the_ab_table_gives_the_ratio_to_torch_compile_after_and_before_the_levers(tmp_path):
