@@ -13,9 +13,9 @@ Evaluated at every `eval_every` steps of the trunk: validation loss, the order-h
 spectrum (loss increase under shuffles within windows and under reversal) and each scheme's
 position signal; at every budget's end: validation loss (which chooses the rate) and the
 test loss of every test item (a document with its rows; the report's seed x item bootstrap
-resamples them). A member
-whose loss stops being finite, or climbs 1 nat above its first step's, is recorded as diverged, per
-budget for the model that budget scores (its trunk up to the fork, then its branch).
+resamples them). A member whose loss stops being finite, or climbs 1 nat above its first
+step's, is recorded as diverged, per budget for the model that budget scores (its trunk up to
+the fork, then its branch).
 
 Resumable by scheme: a scheme whose record (DIR/schemes/<scheme>.json, or one in records
 archives staged in DIR/incoming: roformer.ablation.study_records) has the config's
