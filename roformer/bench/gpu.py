@@ -89,9 +89,8 @@ def train_group(size: str, seq_len: int, kernels: list[str], args: argparse.Name
     rows = []
     for name, workload in workloads.items():
         seconds = times[name]
-        peaks = [table_peak] * len(seconds) if table_peak else measured_peaks
         row = {"size": size, "seq": seq_len, "variant": name, "batch": batch,
-               **step_figures(workload, seconds, peaks, measured_peaks)}
+               **step_figures(workload, seconds, measured_peaks, table_peak)}
         for column, reference in (("x_learned", learned), ("x_fused", fused_rope)):
             stats = ratio_stats(seconds, times[reference])
             row.update({column: stats["median"], f"{column}_min": stats["min"], f"{column}_max": stats["max"]})

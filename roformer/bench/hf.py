@@ -327,14 +327,11 @@ def bench_shape(size: str, seq_len: int, batch_size: int, args: argparse.Namespa
     mfu_times, peaks = time_with_matmul({"ours_jax": ours.step}, dtype=args.dtype,
                                         peak_size=args.peak_size or default_peak_size(),
                                         rounds=args.rounds, iters=args.iters)
-    # MFU against the accelerator's table peak, as every other MFU of the project (bench step,
-    # the training loop); the timed matmul where the table has none (a CPU).
-    table_peak = vendor_peak(args.dtype)
-    mfu_peaks = [table_peak] * len(peaks) if table_peak else peaks
     tokens = batch_size * seq_len
     step_s = statistics.median(times["ours_jax"])
     # the step time and rate the peers are compared with come from the peers' rounds
-    rows = [{"shape": shape, "impl": "ours_jax", **step_figures(ours, mfu_times["ours_jax"], mfu_peaks, peaks),
+    rows = [{"shape": shape, "impl": "ours_jax", **step_figures(ours, mfu_times["ours_jax"], peaks,
+                                                                  vendor_peak(args.dtype)),
              "ms_step": step_s * 1e3, "tokens_s": tokens / step_s, "GFLOP_s": ours.flops_per_step / step_s / 1e9}]
     comparisons = []
     for name in peers:

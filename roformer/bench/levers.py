@@ -231,12 +231,11 @@ class Group:
         rows = []
         for name, workload in built.items():
             seconds, variant = times[name], self.variants[name]
-            peaks = [table_peak] * len(seconds) if table_peak else measured_peaks
             stats = ratio_stats([workload.tokens_per_step / s for s in seconds], base_rates)
             rows.append({"stage": stage, "size": self.size, "seq": self.seq_len, "batch": workload.batch_size,
                          "variant": name, "forms": list(variant.forms), "dropout_rng": variant.dropout_rng_impl,
                          "xla_flags": os.environ.get("XLA_FLAGS", "").strip(),
-                         **step_figures(workload, seconds, peaks, measured_peaks),
+                         **step_figures(workload, seconds, measured_peaks, table_peak),
                          "x_tokens": stats["median"], "x_tokens_min": stats["min"], "x_tokens_max": stats["max"],
                          **first_step_figures(self.first[name], self.first[BASELINE]),
                          "program": program_digest(workload),

@@ -98,10 +98,13 @@ def time_with_matmul(steps: dict[str, Callable], *, dtype: str, peak_size: int, 
     return times, [matmul_flops / t for t in times.pop("matmul")]
 
 
-def step_figures(workload: TrainWorkload, seconds: list[float], peaks: list[float],
-                 measured_peaks: list[float]) -> dict:
+def step_figures(workload: TrainWorkload, seconds: list[float], measured_peaks: list[float],
+                 table_peak: float | None) -> dict:
     """ms/step, tokens/s, achieved GFLOP/s and MFU (median, min, max over rounds; and the
-    median step against the best peak of any round) of one workload's per-round times."""
+    median step against the best peak of any round) of one workload's per-round times. MFU
+    divides by the accelerator's `table_peak` (`vendor_peak`) in every round, or, where there
+    is none (a CPU), by the matmul rate measured in the same round."""
+    peaks = [table_peak] * len(seconds) if table_peak else measured_peaks
     mfus = [workload.flops_per_step / t / p for t, p in zip(seconds, peaks)]
     step_s = statistics.median(seconds)
     return {"params_M": workload.num_params / 1e6, "ms_step": step_s * 1e3,
@@ -147,10 +150,9 @@ def bench_group(size: str, seq_len: int, batch: int, schemes, args: argparse.Nam
     rows = []
     for (scheme, impl, rate), workload in workloads.items():
         seconds = times[labels[scheme, impl, rate]]
-        peaks = [table_peak] * len(seconds) if table_peak else measured_peaks
         row = {"size": size, "seq": seq_len, "scheme": scheme, "dropout_rng": impl,
                "hidden_dropout": workload.config.hidden_dropout, "batch": batch,
-               **step_figures(workload, seconds, peaks, measured_peaks),
+               **step_figures(workload, seconds, measured_peaks, table_peak),
                "loss_step1": first_losses[scheme, impl, rate]}
         for name, reference, variants in (("x_learned", (BASELINE, impl, rate), True),
                                           ("x_dropout_ref", (scheme, reference_impl, rate), len(dropout_rng_impls) > 1),
