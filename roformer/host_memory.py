@@ -5,7 +5,7 @@ mini model at 4,096 tokens) from the C heap and frees them at the end. glibc's m
 blocks that large to the kernel and back: allocations above its mmap threshold, and any that
 a thread's own arena cannot hold, are fresh `mmap`s, and freed ones are unmapped or trimmed,
 so each step page-faults and zero-fills all of that memory again (measured in
-docs/results/2026-11-25-host-memory-cpu.md).
+docs/results/archive/2026-11-25-host-memory-cpu.md).
 
 `retain_host_memory()` sets glibc's malloc to serve every thread from the main heap
 (M_ARENA_MAX 1), never with mmap (M_MMAP_MAX 0), and never to give the heap's free top back

@@ -76,7 +76,7 @@ class Programs:
             return {"params": params, "opt_state": self.tx.init(params), "step": jnp.zeros((), jnp.int32)}
 
         # Op by op, not compiled: a compiled initialiser inlines one random-bits generator per
-        # parameter and takes seconds to compile per scheme (docs/results/
+        # parameter and takes seconds to compile per scheme (docs/results/archive/
         # 2026-11-26-accelerator-h200-train-step.md), more than a small model's ops take to run.
         self.init = init
 

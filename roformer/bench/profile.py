@@ -439,7 +439,7 @@ def run(args: argparse.Namespace) -> dict:
     step_ms = time_call(workload.step, untraced_steps) * 1e3
     after = resource.getrusage(resource.RUSAGE_SELF)
     # Kernel time is part of a step too: page faults of freshly mapped buffers land inside
-    # whichever op first touches them (docs/results/2026-11-25-host-memory-cpu.md).
+    # whichever op first touches them (docs/results/archive/2026-11-25-host-memory-cpu.md).
     kernel = {"page_faults_per_step": (after.ru_minflt - before.ru_minflt) / untraced_steps,
               "system_cpu_ms_per_step": (after.ru_stime - before.ru_stime) * 1e3 / untraced_steps,
               "user_cpu_ms_per_step": (after.ru_utime - before.ru_utime) * 1e3 / untraced_steps}

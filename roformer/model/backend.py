@@ -15,7 +15,7 @@ docs/results/, which also say how they were measured):
                       consumer and recomputes it per head, in every layer, forward and
                       backward. Elsewhere the table is computed plainly: on GPU a
                       conditional syncs with the host, and there is no refusion to stop.
-                      (2026-11-22-performance-cpu.md, item 3)
+                      (archive/2026-11-22-performance-cpu.md, item 3)
   rope_rotation       every backend. RoPE's product with its own jvp rule, whose x tangent
                       is written in real arithmetic for its transpose (the backward pass, a
                       rotation by conj(cis)); autodiff's transpose of the complex product
@@ -24,14 +24,14 @@ docs/results/, which also say how they were measured):
                       (`rotate_pairs`) rather than a stack, which XLA:CPU emits as a branch per
                       element; bf16 input keeps the stack, where the select is the slow one.
                       Other backends run the same form; they have not been measured without
-                      it. (2026-11-22-performance-cpu.md, items 1-2;
-                      2026-11-25-rope-pairs-cpu.md)
+                      it. (archive/2026-11-22-performance-cpu.md, items 1-2;
+                      archive/2026-11-25-rope-pairs-cpu.md)
   attention_path      which softmax attention runs. For attention_impl="auto": on XLA:CPU
                       attention written out with head-major operands
                       (attention.explicit_softmax_attention) instead of
                       jax.nn.dot_product_attention, whose choice on CPU is its XLA kernel;
                       XLA:CPU's dot library multiplies the [B x H] plain matrices faster than
-                      the head-interleaved layout (2026-11-25-attention-dots-cpu.md). On a GPU
+                      the head-interleaved layout (archive/2026-11-25-attention-dots-cpu.md). On a GPU
                       the fused cuDNN kernel wherever the model allows it (bf16/fp16, head
                       size), since jax's own default is its XLA kernel; elsewhere XLA's.
                       Padding reaches a kernel in the form it takes (attention.kernel_padding).
@@ -39,11 +39,11 @@ docs/results/, which also say how they were measured):
                       [tokens, features], so the weight gradient is a plain matrix product
                       instead of one XLA:CPU prepares by writing the activations out
                       transposed. Elsewhere it is a free reshape, not measured without it.
-                      (2026-11-25-dense-layout-cpu.md)
+                      (archive/2026-11-25-dense-layout-cpu.md)
   tied_decoder        every backend. The MLM decoder with its backward written out, so the
                       bias gradient is a matrix-vector product instead of a reduction over
                       the [tokens, vocab] cotangent, which XLA:CPU runs slowly.
-                      (2026-11-25-train-step-profile-cpu.md)
+                      (archive/2026-11-25-train-step-profile-cpu.md)
 
 Forms for accelerators, each on only where a backend's default set (`DEFAULT_FORMS`)
 names it: none yet, as no GPU measurement has shown one pays (the CPU checks:
@@ -220,7 +220,7 @@ def rotate_pairs(pairs: jax.Array, cis: jax.Array) -> jax.Array:
 
     On XLA:CPU this loop vectorises when its result stays [..., R/2, 2]; flattened to
     [..., R] in the same fusion the loop runs over features with the pair index recomputed
-    per element (docs/results/2026-11-25-rope-pairs-cpu.md)."""
+    per element (docs/results/archive/2026-11-25-rope-pairs-cpu.md)."""
     z = jax.lax.complex(pairs[..., 0], pairs[..., 1]) * cis[..., None, :]
     is_real_slot = jax.lax.broadcasted_iota(jnp.int32, pairs.shape, pairs.ndim - 1) == 0
     return jnp.where(is_real_slot, z.real[..., None], z.imag[..., None])
@@ -305,7 +305,7 @@ def attention_path(implementation: str, *, dtype, head_dim: int, dropout_active:
     relative terms to keys and values (Shaw), which no kernel takes. "auto" takes the fused
     cuDNN kernel on a GPU wherever the model allows it (half precision, head size), XLA's
     kernel on other accelerators, and on XLA:CPU the written-out form with head-major
-    operands, whose batched dots its dot library runs faster (2026-11-25-attention-dots-cpu.md).
+    operands, whose batched dots its dot library runs faster (archive/2026-11-25-attention-dots-cpu.md).
     """
     platform = platform or jax.default_backend()
     if relative_kv:

@@ -38,7 +38,7 @@ from roformer.settings import check_all
 ACTIVATIONS = {
     # Exact gelu written as HF/torch do, x/2 (1 + erf(x/sqrt2)): on XLA:CPU erf is one
     # rational polynomial, jax.nn.gelu's erfc form two branches
-    # (docs/results/2026-11-25-train-step-profile-cpu.md).
+    # (docs/results/archive/2026-11-25-train-step-profile-cpu.md).
     "gelu": lambda x: 0.5 * x * (1.0 + jax.lax.erf(x * (2.0 ** -0.5))),
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
     "relu": jax.nn.relu,

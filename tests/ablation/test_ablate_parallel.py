@@ -310,7 +310,7 @@ def test_side_by_side_runs_give_the_losses_of_runs_in_turn_and_resume_after_kill
             assert all((workdir / "logs" / f"{run.replace('/', '.')}.log").stat().st_size for run in runs)
             assert not (workdir / runner.JOBS_DIR).exists()
     # Identical floats wherever measured (here, and the reference recipe at 200 steps:
-    # docs/results/2026-11-25-many-runs-cpu.md); XLA:CPU on one thread may still sum some
+    # docs/results/archive/2026-11-25-many-runs-cpu.md); XLA:CPU on one thread may still sum some
     # product in another order than on two, hence a tolerance.
     for run in runs:
         assert results[2][run] == pytest.approx(results[1][run], rel=1e-5, abs=1e-5)
