@@ -24,7 +24,8 @@ def _jaxlib_before(major: int, minor: int) -> bool:
 # fusion emitters instead of its MLIR ones. XLA's own passes (fusion, layouts), which decide
 # what a program computes, run as they do outside the tests; the emitters may round a fused
 # computation differently by an ulp (LEGACY_FUSION_EMITTERS below). A setting the caller put
-# in XLA_FLAGS is kept. docs/results/2026-11-26-test-suite-time-cpu.md measures both.
+# in XLA_FLAGS is kept. docs/results/2026-11-26-test-suite-time-cpu.md measures the first,
+# docs/results/2026-11-29-older-fusion-emitters-cpu.md the second.
 LEGACY_EMITTERS_FLAG = "--xla_cpu_use_fusion_emitters=false"
 COMPILE_FAST_FLAGS = ["--xla_backend_optimization_level=0"] + ([LEGACY_EMITTERS_FLAG] if _jaxlib_before(0, 11) else [])
 for flag in ("--xla_force_host_platform_device_count=8", *COMPILE_FAST_FLAGS):
