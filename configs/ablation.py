@@ -151,7 +151,7 @@ def variant_keys(arg):
 
 
 # The reference recipe (no dropout, a vocabulary sized to the model, batch 16 at a high
-# learning rate) applies to every scheme alike; docs/ablation.md gives its measurements.
+# learning rate) applies to every scheme alike; docs/capability.md gives its sweep.
 REFERENCE = {
     "schemes": ("learned", "sinusoidal", "shaw", "t5", "alibi", "rope", "none"),
     "seeds": 3,
@@ -187,7 +187,7 @@ REFERENCE = {
 # rates per scheme in one vmapped program, the rate chosen on a validation split,
 # warmup-stable-decay with cooldowns at three budgets, a test split of >= 200k masked
 # predictions. Each size's budgets are what fits one device call (how they were sized:
-# docs/ablation.md, the accelerator comparison); `time_limit_s` stops before a scheme that
+# docs/study.md); `time_limit_s` stops before a scheme that
 # would not finish in time (the command resumes there). The splits come from a pack
 # (study.data_pack), so the device does no text work.
 STUDY = {
@@ -262,7 +262,7 @@ VARIANTS = {
     "reference": (None, REFERENCE),
     # Run to where BERT-style models are known to start using word order, more seeds for the
     # schemes whose onset varies most, each scheme at its own rate (scripts/lr_sweep.py;
-    # docs/ablation.md#learning-rate-per-scheme).
+    # docs/capability.md#learning-rate-per-scheme).
     "onset": ("reference", {
         "scheme_seeds": "rope=5,learned=5,none=5",
         "scheme_learning_rates": "learned=1e-3,sinusoidal=1e-3,shaw=1e-3,t5=1e-3,alibi=1e-3,rope=2e-3,none=1e-3",

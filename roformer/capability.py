@@ -28,7 +28,7 @@ One synthetic corpus holds two kinds of document (words are made-up symbols):
              two ends settle it (next to an end, or with the most filler on one side: 25 of
              169 filler-length pairs, worth up to 0.574 accuracy), in two steps elsewhere
              (distances to [CLS], then their comparison); ALiBi is held below the threshold in
-             practice, not by a theorem (docs/ablation.md gives the numbers). x and y are neighbours, as a key and its value
+             practice, not by a theorem (docs/capability.md gives the numbers). x and y are neighbours, as a key and its value
              are: attending to the neighbour already pays before the rule is known (it says
              the masked word is a d-symbol), so the rule is learned along a gradual path.
              With a word between them (`x q y`) that first step points at the middle word

@@ -9,7 +9,7 @@
   (S-1)/S in variance) and its percentiles the tails (a normal, not Student's t with S-1
   degrees of freedom). So an interval is the point +- t(S-1) x the replicates' standard
   deviation x sqrt(S/(S-1)): conservative where the items' error dominates, near its level
-  where the seeds' does, where the percentiles fell short (docs/ablation.md, statistics).
+  where the seeds' does, where the percentiles fell short (docs/study.md, statistics).
 - A "tie" is a TOST equivalence verdict: the 90% interval of the difference lies within
   +-margin (two one-sided 5% tests), the margin stated in the config.
 - Each verdict is a test at 5% on its own; with several schemes compared at once, Holm's
