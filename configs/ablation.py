@@ -16,9 +16,9 @@ is for, what it costs and what it found: docs/ablation.md):
   onset      the reference recipe for 41M tokens, more seeds and a learning rate per scheme
   long       learned and rope from `onset` at twice its budget, 5 vmapped seeds each
   gpu_tiny, gpu_mini, gpu_small, gpu_smoke
-             the comparison sized for one accelerator call (roformer.ablation.study)
+             the accelerator study, each size within its time limit on one GPU (docs/study.md)
   gpu_tiny_long
-             gpu_tiny to 41M tokens per member, over several accelerator calls
+             gpu_tiny to 41M tokens per member, resumed over several runs
 Any key can be changed on the command line, e.g. `--config.schemes=rope,learned
 --config.pretrain.model.size=tiny --config.budget_tokens=2000000 --config.glue.task=mrpc`.
 A list key (schemes, stages, extrapolation.factors, extrapolation.scalings,
@@ -186,9 +186,9 @@ REFERENCE = {
 # The accelerator comparison (roformer.ablation.study): every scheme, 8 seeds x 3 learning
 # rates per scheme in one vmapped program, the rate chosen on a validation split,
 # warmup-stable-decay with cooldowns at three budgets, a test split of >= 200k masked
-# predictions. Each size's budgets are what fits one device call (how they were sized:
-# docs/study.md); `time_limit_s` stops before a scheme that
-# would not finish in time (the command resumes there). The splits come from a pack
+# predictions. Each size's budgets fit `time_limit_s` on one H100 or H200 (docs/study.md);
+# `time_limit_s`, your time limit, stops before a scheme that would not finish in time (the
+# command resumes there). The splits come from a pack
 # (study.data_pack), so the device does no text work.
 STUDY = {
     # rope first: the reference, so a comparison exists as soon as a second scheme finishes.
@@ -274,7 +274,7 @@ VARIANTS = {
     # The one comparison `onset` left undecided (docs/ablation.md): learned against rope at twice
     # the budget, the seeds of a scheme in one vmapped step (an accelerator's mode; on a CPU
     # --config.vmap_seeds=1 --config.parallel=2). No GLUE, context extension or longer
-    # evaluation lengths, whose compilations would cost more than the comparison on a lent
+    # evaluation lengths, whose compilations would cost more than the comparison on an
     # accelerator (each is a flag away).
     "long": ("reference", {
         "schemes": ("learned", "rope"),
@@ -297,7 +297,7 @@ VARIANTS = {
         "extension.enabled": False,
     }),
     # gpu_tiny to the onset study's 41M tokens, where learned and T5 positions use order
-    # (gpu_tiny's 4.1M is before they start): 2-3 schemes a device call, the rest resumed.
+    # (gpu_tiny's 4.1M is before they start): 2-3 schemes within `time_limit_s`, the rest resumed.
     "gpu_tiny_long": ("gpu_tiny", {
         "study.budget_steps": "5000,10000,20000",
         "study.eval_every": 500,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accelerator benchmarks in one command, under ten minutes on one GPU:
+# The accelerator benchmarks in one command, each step under its own time limit (docs/gpu.md):
 #   profile.json        where a base/512 bf16 train step's time goes, op by op (fused attention),
 #                       with its trace and compiled program in profile_trace/ (read them again
 #                       elsewhere: python -m roformer.bench profile --from-trace profile_trace)
@@ -27,11 +27,11 @@
 #                       table, printed, with x_baseline, each row's tokens/s over the flag-free
 #                       baseline of its shape, and the ratio to torch.compile after the levers and
 #                       before them (divided by the levers' own x_tokens of adopted). The ab step
-#                       alone: STEPS=ab scripts/bench_accelerator.sh OUTDIR (under 9 minutes)
+#                       alone: STEPS=ab scripts/bench_accelerator.sh OUTDIR (its limits add up to 525 s)
 #   log.txt             everything the commands printed, with each compilation's time
 # Each step has its own time limit and its own file, so a slow one costs only itself.
 # STEPS picks and orders them (default: all, in the order above). Their limits add up to
-# 2,120 s, so on a machine lent for ten minutes a call, split them, e.g.
+# 2,120 s, so with less time than that on a machine, split them over several runs, e.g.
 #   STEPS="profile gpu runs_mini" then STEPS="runs_tiny runs64_tiny runs64_mini", STEPS=ablation_vmap, STEPS=flags,
 #   STEPS=ab. The exit status is the worst of the steps' (0: every step ran to its end).
 # Usage: scripts/bench_accelerator.sh OUTDIR   (PYTHON=... to choose the interpreter)
@@ -105,7 +105,7 @@ PY
   rm -rf "$work"
 }
 
-keep_trace() {   # the profiler's trace up to DIR itself: a device call brings back files two folders down at most
+keep_trace() {   # the profiler's trace up to DIR itself, beside the compiled program, for --from-trace
   local trace
   trace=$(find "$1" -name '*.trace.json.gz' -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -n 1 | cut -d' ' -f2-)
   [ -n "$trace" ] && mv "$trace" "$1/step.trace.json.gz" && rm -rf "$1/plugins"
@@ -115,10 +115,10 @@ ab() {   # the levers' A/B, then under each XLA flag set, then one table of them
   local sets=() set index=0 limit=${AB_LEVERS_S:-310} continued=()
   # AB_SHAPES, AB_FLAG_SHAPE and AB_ARGS (more levers options, e.g. a CPU smoke test's
   # "--rounds 1 --iters 1 --vocab-size 512"), AB_HF_SHAPE and AB_HF_ARGS (more hf options)
-  # change what is timed. For the time a call has left after other work: AB_LEVERS_S (the
-  # levers' limit; no build starts in its last 35 s), AB_FLAG_SETS=none, AB_HF=0. For the
-  # shapes an earlier call's budget left: AB_ADOPTED_FROM=its ab_levers.json (carried along)
-  # times its adopted levers against the baseline at AB_SHAPES, without the levers alone.
+  # change what is timed. For a shorter time limit: AB_LEVERS_S (the levers' limit; no build
+  # starts in its last 35 s), AB_FLAG_SETS=none, AB_HF=0. For the shapes an earlier run's time
+  # limit left: AB_ADOPTED_FROM=its ab_levers.json (copied to this machine) times its adopted
+  # levers against the baseline at AB_SHAPES, without the levers alone.
   [[ -z ${AB_ADOPTED_FROM:-} ]] || continued=(--adopted-from "$AB_ADOPTED_FROM")
   # Compiled steps kept outside OUTDIR: a rerun on the same machine loads them instead of
   # compiling each variant again (the builds are most of the levers' time).

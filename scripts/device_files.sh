@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The files a lent accelerator needs beside the repository, made on this machine (no accelerator
-# needed) in one ignored folder, DIR (default .device), so that a device call carries one path:
+# The files a GPU machine without the shared data needs beside the repository, made on a machine
+# that has it (no accelerator needed) in one ignored folder, DIR (default .device), to copy there:
 #   DIR/wheels/                      what the accelerator image lacks, as wheels for its Python:
 #                                    DEVICE_PYTHON (default 3.12) and DEVICE_WHEELS (default
 #                                    flax==0.12.12 ml_collections==1.1.0 tensorboardX==2.6.5)
@@ -10,8 +10,8 @@
 #                                    few minutes on a 2-core CPU; gpu_tiny, gpu_mini, gpu_small and
 #                                    gpu_tiny_long share it
 # PARTS picks among "wheels data pack" (default all three; wheels and data already made are
-# kept, a pack made with other split settings is made again). It
-# ends by printing DIR's size against the 64 MiB a device call carries. On the device, first:
+# kept, a pack made with other split settings is made again). It ends by printing DIR's size
+# (MAX_MIB, if set, fails the script above that size). On the GPU machine, first:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site DIR/wheels/*.whl && export PYTHONPATH=/tmp/site
 # Usage: scripts/device_files.sh [DIR]   (PYTHON=... makes the pack; SHARED=... the shared data,
 # default ../shared/data)
@@ -51,5 +51,5 @@ if [[ $parts == *" pack "* ]]; then   # says "up to date" when the pack's key is
 fi
 
 size=$(du -sm "$dir" | cut -f1)
-echo "$dir: ${size} MiB of the 64 MiB a device call carries"
-[[ $size -le 64 ]] || { echo "$dir is over what a device call carries" >&2; exit 1; }
+echo "$dir: ${size} MiB"
+[[ -z ${MAX_MIB:-} || $size -le $MAX_MIB ]] || { echo "$dir is over MAX_MIB=$MAX_MIB MiB" >&2; exit 1; }

@@ -1,28 +1,29 @@
 #!/usr/bin/env bash
-# The position-scheme comparison of configs/ablation.py:VARIANT in one command. gpu_tiny,
-# gpu_mini and gpu_small train every scheme's grid in one accelerator call of under 9 minutes;
-# the rates beyond a grid's edge (study.extend_edges) may need the command again. gpu_tiny_long
-# (gpu_tiny to 41M tokens) takes 4 to 6 calls, each resuming the last; gpu_smoke is the same
-# pipeline in a minute or two on a CPU. Eight files, as a lent machine sends back:
+# The position-scheme comparison of configs/ablation.py:VARIANT in one command (docs/study.md).
+# gpu_tiny, gpu_mini and gpu_small train every scheme's grid within the default time limits on
+# one H100 or H200; the rates beyond a grid's edge (study.extend_edges) may need the command
+# again. gpu_tiny_long (gpu_tiny to 41M tokens) takes several such runs, each resuming the
+# last; gpu_smoke is the same pipeline in a minute or two on a CPU. OUTDIR gets eight files:
 #   OUTDIR/study.md, study.json, study_*.png (4)  the report
 #   OUTDIR/records.tar.gz                         each scheme's record and per-item test losses,
 #                                                 the data manifest and the config
 #   OUTDIR/log.txt                                everything printed, with the device and versions
-# The study itself runs in STUDY_WORKDIR (default /tmp/roformer-study/VARIANT): a second call on
+# The study itself runs in STUDY_WORKDIR (default /tmp/roformer-study/VARIANT): a second run on
 # the same machine resumes there, skipping finished schemes; on a fresh machine,
-# RESUME_FROM=an earlier call's records.tar.gz (carried along) puts its finished schemes back first
-# (several archives, space-separated: e.g. one per scheme, as a study spread over sessions keeps them).
+# RESUME_FROM=an earlier run's records.tar.gz (copied there) puts its finished schemes back first
+# (several archives, space-separated: e.g. one per scheme, as a study spread over machines keeps them).
 # Per scheme the study takes the record whose settings are its own (the one with the most members
 # when several archives hold one) and says in a line what it took and what it left; a record of
 # other settings is never taken (roformer.ablation.study_records). A group still training at the
-# stop is lost (records hold no checkpoints): the next call trains it again from its start.
+# stop is lost (records hold no checkpoints): the next run trains it again from its start.
 # OUTDIR and RESUME_FROM's paths are read from where the command is run.
-# A machine without the corpus (a lent accelerator) reads the splits from a pack made where the
-# corpus is, once (a few minutes on a 2-core CPU; gpu_tiny, gpu_mini and gpu_small share it),
-# by scripts/device_files.sh with the other files a device call carries (carry .device):
+# A machine without the corpus reads the splits from a pack made where the corpus is, once (a
+# few minutes on a 2-core CPU; gpu_tiny, gpu_mini and gpu_small share it), by
+# scripts/device_files.sh with the other files a GPU machine needs (copy .device there):
 #   python -m roformer.ablation.study pack gpu_tiny .device/study_data/wikipedia_en.npz
-# The command stops itself at LIMIT_S seconds (530),
-# and no scheme starts that would end after the config's study.time_limit_s: what finished is
+# Your time limit: the command stops itself at LIMIT_S seconds (530; set it to the time you
+# have), and no scheme starts that would end after the config's study.time_limit_s (set it a
+# little below LIMIT_S with --config.study.time_limit_s=...): what finished is
 # in the report (written again from the records when the study did not exit cleanly), and the
 # same command resumes with the rest. Exit status: 0 the study is whole; 3 stopped by
 # study.time_limit_s, 124 by LIMIT_S (both partial: resume); anything else failed.
@@ -45,7 +46,7 @@ pack=${STUDY_DATA:-.device/study_data/wikipedia_en.npz}
 extra=()
 if [[ $variant != gpu_smoke ]]; then
   [[ -f $pack ]] || { echo "no data pack at $pack: make it where the corpus is with" \
-    "'python -m roformer.ablation.study pack $variant $pack' and carry it" >&2; exit 2; }
+    "'python -m roformer.ablation.study pack $variant $pack' and copy it to this machine" >&2; exit 2; }
   extra+=("--config.study.data_pack=$pack")
 fi
 work=${STUDY_WORKDIR:-/tmp/roformer-study/$variant}
@@ -53,7 +54,7 @@ mkdir -p "$out" "$work"
 if [[ ${#resume[@]} -gt 0 ]]; then
   "$py" -m roformer.ablation.study stage "$work" "${resume[@]}" || { echo "RESUME_FROM: not staged" >&2; exit 2; }
 fi
-# Compiled programs outside OUTDIR (what comes back from a lent machine stays small); a rerun on
+# Compiled programs outside OUTDIR, which keeps only the report, records and log; a rerun on
 # the same machine loads them.
 export PYTHONUNBUFFERED=1 JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/roformer-study-jax-cache}
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
@@ -63,7 +64,7 @@ start=$SECONDS
 timeout --signal=TERM "${LIMIT_S:-530}" "$py" -m roformer.ablate --config="configs/ablation.py:$variant" \
   --workdir="$work" "${extra[@]}" "$@" 2>&1 | tee -a "$out/log.txt"
 status=${PIPESTATUS[0]}
-# The records first: they are what a later call resumes from, and an outer limit that cuts the
+# The records first: they are what a later run resumes from, and an outer limit that cuts the
 # report's rewrite must not cost them. Records of other settings (schemes/stale) stay behind.
 tar -czf "$out/records.tar.gz" -C "$work" --exclude=schemes/stale schemes data_manifest.json study_config.json \
   2>/dev/null

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPU, end to end, with the accelerator setting and no other speed flags, in one call of
-# under nine minutes on an H100/H200:
+# One GPU, end to end, with the accelerator setting and no other speed flags, within a time
+# limit of BUDGET_S (510 s by default; docs/gpu.md):
 #   pretrain  base/512, batch 64, bf16 (configs/rotary.py:size=base,source=files,accel=gpu) for
 #             PRETRAIN_STEPS steps on the Wikipedia files under $DATA/wikipedia_en (wiki_0*)
 #   glue      GLUE_TASKS (default cola,mrpc,stsb,sst2) fine-tuned from that workdir, 1 seed,
@@ -33,12 +33,12 @@
 #             whole limit (75 s) is left of BUDGET_S
 # then writes table.md: tokens/s and MFU, GLUE steps/s, compile seconds and compile share
 # per task (cold and warm, against the targets), scores, parity, ratios to the peers. OUTDIR
-# ends with three files (a lent machine sends back at most 8): table.md, log.txt and
-# files.tar.gz, every stage's own files (results, summaries, versions). Each
+# ends with three files: table.md, log.txt and files.tar.gz, every stage's own files (results,
+# summaries, versions). Each
 # stage has its own time limit and writes its own files, so a slow or failing stage costs
 # only itself (a stage that needs an earlier one's output is skipped when that output is
-# missing); no stage runs past BUDGET_S (510) seconds from the start, so the whole fits one
-# device call.
+# missing); no stage runs past BUDGET_S (510) seconds from the start: set it to your time
+# limit.
 # The exit status is the worst of the stages' (0: every stage run ran to its end; a skipped one counts 0).
 # Usage: scripts/gpu_end_to_end.sh OUTDIR
 #   DATA=dir with glue/, vocab/, wikipedia_en/ (default ../shared/data, else .device/data); STEPS picks stages;
@@ -51,7 +51,7 @@ set -u
 out=${1:?usage: scripts/gpu_end_to_end.sh OUTDIR}
 py=${PYTHON:-python3}
 data=${DATA:-../shared/data}
-[[ -n ${DATA:-} || -d $data ]] || data=.device/data   # on a lent machine: scripts/device_files.sh's copy
+[[ -n ${DATA:-} || -d $data ]] || data=.device/data   # a machine without the shared data: scripts/device_files.sh's copy
 if [ "${TINY:-0}" = 1 ]; then
   : "${PRETRAIN_STEPS:=4}" "${PEERS_SHAPE:=tiny/32/2}" "${WIKI_FILES:=wiki_00}"
   : "${PRETRAIN_ARGS:=--config.model.size=tiny --config.train.batch_size=4 --config.train.seq_len=64}"
@@ -168,8 +168,8 @@ done
 
 "$py" scripts/gpu_end_to_end_table.py "$out" | tee "$out/table.md"
 date -u | tee -a "$out/host.txt"
-# A lent machine sends back at most 8 files: OUTDIR keeps the table and the log, and every
-# stage's own files go into one archive beside them.
+# OUTDIR keeps the table and the log to read first, and every stage's own files go into one
+# archive beside them.
 (cd "$out" && find . -maxdepth 1 -type f ! -name table.md ! -name log.txt ! -name files.tar.gz -printf '%f\n' \
   | sort | tar -czf files.tar.gz -T - --remove-files)
 exit "$worst"

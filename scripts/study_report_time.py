@@ -1,8 +1,8 @@
 """What writing the accelerator comparison's report costs at a variant's real shapes: every
-scheme of `configs/ablation.py:VARIANT` given a record and test sums of the sizes a device call
+scheme of `configs/ablation.py:VARIANT` given a record and test sums of the sizes a study run
 makes (its members and one group beyond the grid, its evaluations, budgets, order-horizon
 variants, position signal and test items; the losses are random), then the report written as
-a call writes it after each group: with 1, 2, ... schemes finished, then once per group beyond
+a run writes it after each group: with 1, 2, ... schemes finished, then once per group beyond
 a grid with every scheme finished.
 
     python scripts/study_report_time.py gpu_tiny --pack .device/study_data/wikipedia_en.npz --dir /tmp/reptime

@@ -1,4 +1,4 @@
-"""The position-scheme comparison sized for one accelerator call (`configs/ablation.py:gpu_*`).
+"""The position-scheme comparison sized for one GPU and a time limit (`configs/ablation.py:gpu_*`).
 
 Per scheme, one compiled program trains every member at once: `study.seeds` seeds x
 `study.learning_rates` rates, stacked on a leading axis and vmapped, each member with its
@@ -190,7 +190,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     estimates = check_memory(config, data)
     log.info("data ready in %.0f s: %s; memory estimate per group %s", time.perf_counter() - t0,
              json.dumps(data.manifest), {k: f"{v / 2**30:.2f} GiB" for k, v in estimates.items()})
-    # Recorded once the settings passed every check, so a call refused at its start leaves the
+    # Recorded once the settings passed every check, so a run refused at its start leaves the
     # config its records were trained under.
     write_text_atomic(workdir / CONFIG_RECORD, config.to_json_best_effort(indent=2) + "\n")
     write_json_atomic(workdir / DATA_MANIFEST, {**data.manifest, "setup_s": time.perf_counter() - t0})
@@ -309,7 +309,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
 def write_report(source: Path, into: Path | None = None) -> Path:
     """The report of a study's finished schemes, from their records and the config the study
-    recorded (study_config.json), without training: after a call stopped before its last write,
+    recorded (study_config.json), without training: after a run stopped before its last write,
     or where only the records were kept. `source` is a study workdir (the report is written
     there) or records archives (`open_records`; the report is written in `into`). Returns the
     report's path."""
@@ -327,7 +327,7 @@ def write_report(source: Path, into: Path | None = None) -> Path:
             print(f"{scheme}: its record was trained under other settings than {CONFIG_RECORD}'s: not reported")
         else:
             runs[scheme] = run
-    # Archives of calls that ran other schemes (a key that keeps finished ones) hold records
+    # Archives of runs that ran other schemes (a key that keeps finished ones) hold records
     # the last archive's config does not list.
     unlisted = [scheme for scheme in runs if scheme not in schemes]
     if unlisted:

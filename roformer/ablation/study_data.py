@@ -274,7 +274,8 @@ def mask_rows(key: jax.Array, rows: dict, *, special: jax.Array, replacement_ids
 def save_pack(data: StudyData, path, key: str) -> None:
     """Every array of `data` in one compressed .npz (token ids as uint16 where they fit), with
     `key` (the settings that made it, roformer.ablation.study.data_key): a machine without the
-    corpus (a lent accelerator) reads the splits from it instead of tokenizing text it lacks."""
+    corpus (a GPU machine without the shared data) reads the splits from it instead of
+    tokenizing text it lacks."""
     import io
     import json
 

@@ -92,7 +92,7 @@ FIGURES = (("study_loss.png", loss_figure), ("study_onset.png", onset_figure),
 
 def figures(result: dict, workdir: Path) -> None:
     """The report's figures, written into `workdir` (`figure_names`), each replaced atomically:
-    a call stopped at its time limit while the report is written sends back no half image."""
+    a run stopped at its time limit while the report is written leaves no half image."""
     if not result["schemes_info"]:
         return
     for name, draw in FIGURES:
@@ -103,7 +103,7 @@ def figures(result: dict, workdir: Path) -> None:
 
 def figure_names(info: dict) -> list[str]:
     """The figures `figures` writes for these schemes: the signal's only when one of them has a
-    parameter or constant to follow (a first call that finished only rope has none)."""
+    parameter or constant to follow (a first run that finished only rope has none)."""
     return [name for name, _ in FIGURES if name != "study_signal.png" or any(i["signal"] for i in info.values())]
 
 

@@ -1,12 +1,12 @@
 """A comparison study's records on disk: what a finished scheme leaves, and how records travel
-between calls and sessions.
+between runs and machines.
 
 A study workdir holds, per finished scheme, `schemes/<scheme>.json` (its record, with the
 fingerprint of the settings it was trained under) and `schemes/<scheme>.npz` (its per-item
 test sums), beside the config the study recorded (`study_config.json`) and its data manifest.
-A device call sends them back as one archive (scripts/gpu_comparison.sh's records.tar.gz),
-`split_records` cuts that into one archive per scheme for a results page, and a later call
-resumes from any number of them: `stage_archives` unpacks each apart, and `take_finished`
+A run leaves them as one archive (scripts/gpu_comparison.sh's records.tar.gz),
+`split_records` cuts that into one archive per scheme for a results page, and a later run,
+on any machine, resumes from any number of them: `stage_archives` unpacks each apart, and `take_finished`
 takes per scheme the record whose fingerprint is the study's (the one with the most members
 when several are), never one of other settings, saying in a line what it took, left or set
 aside. `open_records` unpacks archives for a report without training.
@@ -55,7 +55,7 @@ def record_scheme(name: str) -> str | None:
 def split_records(archive: Path, directory: Path) -> list[Path]:
     """An archive of scheme records (scripts/gpu_comparison.sh's records.tar.gz) as one archive
     per scheme, DIR/records-<scheme>.tar.gz, each with the data manifest and the config: what a
-    study spread over several sessions keeps between them (scripts/gpu_comparison.sh takes
+    study spread over several machines keeps between them (scripts/gpu_comparison.sh takes
     several in RESUME_FROM), each file a scheme's size."""
     directory.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive) as source:

@@ -13,9 +13,9 @@
   rope        roformer.model.rope.apply_rope against a scale-copy and the real forms (the `rope`
               benchmark's variants) at --rope-lengths, batch 8, f32 and bf16, forward
               and forward+backward.
-Groups run largest first, so that --budget-s (default 9 minutes), which starts no group
-that the previous one's duration says would end past it, cuts the small sizes rather
-than base. Accelerator time is scarce, so a run keeps what it has: a group whose fused
+Groups run largest first, so that --budget-s (your time limit, default 540 s), which starts
+no group that the previous one's duration says would end past it, cuts the small sizes
+rather than base. A run keeps what it has: a group whose fused
 kernel fails is timed again with XLA attention alone, any other failure (of a group or a
 RoPE shape) is a note and the run goes on, and with --json the result so far is written
 after every group (marked "partial" until the run ends), so a run stopped from outside

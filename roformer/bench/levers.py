@@ -45,8 +45,8 @@ masks and twice the batch is another batch, so theirs differ by design. XLA flag
 scripts/bench_accelerator.sh's `ab` step runs this benchmark once per flag set.
 
 With `--adopted-from` a finished run's JSON, the levers are not measured again: its adopted
-variant is timed against the baseline at every shape given (the shapes a budget cut left for a
-later call).
+variant is timed against the baseline at every shape given (the shapes a time limit left for a
+later run).
 
 Accelerator time is scarce, so a variant that fails to build or to run its first step (a
 kernel that does not lower, say) is a row whose `failed` column says why, and the rest
@@ -337,7 +337,7 @@ def adopted_in_result(result: dict) -> Variant | None:
     """The adopted variant of a finished run's JSON (its first shape's lever rows and its
     --adopt-above, confirmed by the `adopted` stage's own rounds against the baseline; or the
     variant it took with --adopted-from), for a later process to run with the same levers (the
-    A/B's peers stage, a later call's other shapes). None when no lever paid, or the levers
+    A/B's peers stage, a later run's other shapes). None when no lever paid, or the levers
     together failed to build or did not pay in their own rounds."""
     if "adopted_from" in result:
         taken = result["adopted_from"]["variant"]

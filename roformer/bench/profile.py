@@ -67,7 +67,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-dir", type=Path, default=None,
                         help="keep the trace here (TensorBoard/Perfetto); default: a temporary directory")
     parser.add_argument("--from-trace", type=Path, default=None,
-                        help="read a trace kept with --trace-dir (e.g. brought back from a GPU machine) "
+                        help="read a trace kept with --trace-dir (e.g. copied from a GPU machine) "
                              "instead of tracing: its train_step.hlo.txt and newest *.trace.json.gz, "
                              "--steps traced steps; prints the kinds and the most expensive ops")
 
