@@ -189,7 +189,7 @@ def test_study_report_notebook_reads_a_device_calls_records(fake_study, tmp_path
 
 
 def test_study_report_notebook_runs_on_a_study_stopped_before_its_first_scheme(fake_study, tmp_path, monkeypatch):
-    """What a device call stopped before its first scheme finished sends back: the config and
+    """What a run stopped before its first scheme finished leaves: the config and
     the data manifest, no record. The notebook shows the report's "no scheme" text and stops
     there, without a figure."""
     import shutil

@@ -149,7 +149,7 @@ def test_profile_bench_splits_a_traced_step_by_kind(tmp_path):
     assert all(row["ms"] > 0 and row["GFLOP/s"] > 0 and row["cpu_per_wall"] > 0 for row in matmuls.values())
     assert list((tmp_path / "trace").rglob("*.xplane.pb"))   # kept for TensorBoard / Perfetto
     assert "ENTRY" in (tmp_path / "trace" / "train_step.hlo.txt").read_text()
-    # the kept trace read again, as one brought back from another machine is
+    # the kept trace read again, as one copied from another machine is
     again = run_bench(tmp_path, "profile", "--from-trace", str(tmp_path / "trace"), "--steps", "1", "--top", "5")
     assert [row["kind"] for row in again["rows"]] == list(kinds)
     assert again["traced_ms"] == pytest.approx(result["traced_ms"])
