@@ -1,7 +1,7 @@
 """How far an ablation session's training has got, as a log line every
 `config.progress_every_s` seconds: each run that trained since the last line with its
 step, the runs whose training is done, the steps done and left over all the session's
-training, and the time left at the recent rate (an example: docs/ablation.md, Progress).
+training, and the time left at the recent rate (an example: docs/ablation-report.md, Progress).
 
 Each run's step is the last row of its metrics.jsonl, so the line reads the same whichever
 way the runs go (in turn, side by side in their own processes, or as vmapped seeds), and
