@@ -252,11 +252,15 @@ def seeds_needed(sd: float, margin: float, *, kind: str, power: float = 0.8, alp
     return hi
 
 
-def power_table(sds: Sequence[float], margin: float, *, power: float = 0.8, alpha: float = 0.05) -> list[dict]:
-    """Per paired seed sd: the seeds an equivalence and a difference verdict need at `margin`."""
+def power_table(sds: Sequence[float], margin: float, *, power: float = 0.8, alpha: float = 0.05,
+                max_seeds: int = 500) -> list[dict]:
+    """Per paired seed sd: the seeds an equivalence and a difference verdict need at `margin`
+    (None: more than `max_seeds`)."""
     return [{"sd": float(sd), "margin": float(margin),
-             "equivalence": seeds_needed(sd, margin, kind="equivalence", power=power, alpha=alpha),
-             "difference": seeds_needed(sd, margin, kind="difference", power=power, alpha=alpha)}
+             "equivalence": seeds_needed(sd, margin, kind="equivalence", power=power, alpha=alpha,
+                                         max_seeds=max_seeds),
+             "difference": seeds_needed(sd, margin, kind="difference", power=power, alpha=alpha,
+                                        max_seeds=max_seeds)}
             for sd in sds]
 
 
