@@ -39,7 +39,8 @@ from roformer.errors import ConfigError
 # The flat test reads the last quarter of the budgets' log-token range (`gap_slope`).
 FLAT_WINDOW = 0.25
 
-REACHED, BEFORE, NEVER = "reached", "before the first budget", "not within the budgets"
+REACHED, BEFORE, NEVER, DIVERGED = ("reached", "before the first budget", "not within the budgets",
+                                    "not finite (a member diverged)")
 
 
 # --------------------------------------------------------------------------- curves
@@ -70,7 +71,8 @@ def crossing(tokens: np.ndarray, curves: np.ndarray, targets: np.ndarray) -> tup
     target at the first budget got there at or before it (BEFORE: tokens nan, left-censored);
     one that never reaches it needs more than the last budget (NEVER: nan, right-censored).
     The first crossing, not the last: a curve that dips below and rises again (noise, a late
-    divergence) has reached the loss once."""
+    divergence) has reached the loss once. A curve not finite at a budget up to its crossing
+    (a member diverged there) gives DIVERGED (nan): its crossing cannot be placed."""
     tokens = np.asarray(tokens, float)
     curves, targets = np.asarray(curves, float), np.asarray(targets, float)
     if np.any(np.diff(tokens) <= 0) or tokens[0] <= 0:
@@ -80,7 +82,10 @@ def crossing(tokens: np.ndarray, curves: np.ndarray, targets: np.ndarray) -> tup
     hit = below.any(axis=0)
     out = np.full(len(targets), math.nan)
     status = np.where(hit, np.where(first == 0, BEFORE, REACHED), NEVER).astype(object)
-    inside = np.flatnonzero(hit & (first > 0))
+    last = np.where(hit, first, len(tokens) - 1)            # the budgets the answer reads
+    diverged = np.array([not np.all(np.isfinite(curves[: k + 1, r])) for r, k in enumerate(last)], bool)
+    status[diverged] = DIVERGED
+    inside = np.flatnonzero(hit & (first > 0) & ~diverged)
     if len(inside):
         k = first[inside]
         log_t, log_l = np.log(tokens), np.log(curves[:, inside])
@@ -101,7 +106,7 @@ def multiplier_curve(tokens: Sequence[float], loss: np.ndarray, reference_tokens
     the last reference budget needs them for M to be measured there), seeds paired.
 
     Per reference budget: {"tokens": T, "reference_loss", "needed": tokens or nan,
-    "multiplier": needed / T or nan, "status": REACHED / BEFORE / NEVER, "lo", "hi",
+    "multiplier": needed / T or nan, "status": REACHED / BEFORE / NEVER / DIVERGED, "lo", "hi",
     "censored": replicates whose crossing is outside the budgets}. The interval is the study's
     on log M (a ratio: symmetric in log), read back as a ratio; it needs every replicate to
     cross inside the budgets, else (nan, nan) and the count of those that did not, since an

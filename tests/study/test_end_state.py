@@ -52,6 +52,15 @@ def test_crossing_is_censored_outside_the_budgets_and_takes_the_first_crossing()
     assert needed[0] == pytest.approx(TOKENS[3])
 
 
+def test_a_curve_not_finite_before_its_crossing_is_not_placed():
+    curve = power_law(TOKENS, 2.0)
+    curve[2] = np.nan                                                  # a member diverged there
+    needed, status = end_state.crossing(TOKENS, np.stack([curve, curve], 1),
+                                        np.array([power_law(TOKENS[3], 2.0), power_law(TOKENS[0], 2.0)]))
+    assert status[0] == end_state.DIVERGED and math.isnan(needed[0])
+    assert status[1] == end_state.BEFORE                               # reached before the NaN
+
+
 def test_multiplier_curve_reads_a_steady_multiplier_and_censors_the_last_budgets():
     reference, weight = curves(power_law(TOKENS))
     scheme, _ = curves(power_law(TOKENS, 2.0))
