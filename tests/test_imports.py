@@ -122,6 +122,7 @@ HOUSE = (
     ("train",),
     ("glue",),
     ("ablation",),
+    ("study",),              # the GPU comparison study (roformer.study)
     ("bench",),
     ("commands",),           # pretrain, ablate, capability, every __main__
 )

@@ -96,7 +96,7 @@ class ModelConfig:
     shaw_max_distance: int = 16           # Shaw clip k
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
-    sinusoidal_scaling: str = "scaled"    # scaled|vaswani|unscaled (positions.SinusoidalAbsolute)
+    sinusoidal_scaling: str = "scaled"    # scaled|cramming|vaswani|unscaled (positions.SinusoidalAbsolute)
     dtype: str = "float32"                # compute dtype: float32|bfloat16
     pad_token_id: int = 0
 

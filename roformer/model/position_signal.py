@@ -48,6 +48,20 @@ def _layer0_logits(model: RoFormerForMaskedLM, ids, positions, *, with_position:
     return logits if bias is None else logits + bias
 
 
+def position_to_token_ratio(model: RoFormerForMaskedLM, ids, positions) -> float | None:
+    """RMS of the position embeddings / RMS of the token embeddings (word times the scheme's
+    `token_scale`, + type 0) they are added to, with `model`'s parameters as they are now (at
+    initialisation or after training); None for a scheme that adds no embeddings."""
+    scheme = model.roformer.position
+    pos = scheme.embed(positions, jnp.float32)
+    if pos is None:
+        return None
+    embeddings = model.roformer.embeddings
+    tokens = embeddings.word_embeddings(ids) * scheme.token_scale + embeddings.token_type_embeddings(
+        jnp.zeros_like(ids))
+    return _rms(pos) / _rms(tokens)
+
+
 def position_signal(config: ModelConfig, *, seed: int = 0, length: int = 128, batch: int = 8) -> dict:
     """{"input": ratio or None, "logits": ratio} for `config`'s scheme at initialisation
     (seed `seed`), on `batch` rows of `length` random token ids with positions 0..length-1."""
@@ -56,14 +70,7 @@ def position_signal(config: ModelConfig, *, seed: int = 0, length: int = 128, ba
     rng = np.random.default_rng(seed)
     ids = jnp.asarray(rng.integers(1, config.vocab_size, size=(batch, length)), jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    scheme = model.roformer.position
-    pos = scheme.embed(positions, jnp.float32)
-    input_ratio = None
-    if pos is not None:
-        embeddings = model.roformer.embeddings
-        tokens = embeddings.word_embeddings(ids) * scheme.token_scale + embeddings.token_type_embeddings(
-            jnp.zeros_like(ids))
-        input_ratio = _rms(pos) / _rms(tokens)
+    input_ratio = position_to_token_ratio(model, ids, positions)
     with_position = _layer0_logits(model, ids, positions, with_position=True)
     without = _layer0_logits(model, ids, positions, with_position=False)
     logits_ratio = _rms(with_position - without) / _rms(without)

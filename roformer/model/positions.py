@@ -139,25 +139,35 @@ class LearnedAbsolute(PositionScheme):
 
 class SinusoidalAbsolute(PositionScheme):
     """`sinusoidal`: Vaswani et al.'s fixed sin/cos table (sin at 2i, cos at 2i+1), in the form
-    `sinusoidal_scaling` names:
+    `sinusoidal_scaling` names. The position-to-token ratio below is the RMS of the table over
+    the RMS of what it is added to (word embeddings times `token_scale`, plus type embeddings,
+    both of std sigma = `initializer_range`) at initialisation (roformer.model.position_signal):
+    a table row has RMS 1/sqrt(2) per feature before any scale.
 
-      scaled    the table times 1/sqrt(d), fixed: the value Cramming's "scaled sinusoidal"
-                (Geiping & Goldstein 2022, arXiv 2212.14034) starts its learnable scalar at, the
-                default. Learnable, that scalar collapses: Adam moves a scalar by about the
-                learning rate per step whatever its size, and 1/sqrt(d) is a few dozen steps of
-                1e-3 from 0, which MLM's early gradient reaches before any position is of use
-                (the scheme then is `none`). Fixed, the table keeps Vaswani et al.'s ratio to the
-                tokens (their sqrt(d) on the tokens is the same ratio after the embedding
-                LayerNorm), which is the paper this form follows
+      scaled    the table times 1/sqrt(d), fixed: the value Cramming's scalar starts at, held
+                there (the default). Ratio 1/(2 sigma sqrt(d)): 2.21 at d=128, sigma=0.02. This
+                is neither published form: Vaswani et al.'s tokens (embeddings of std d^-1/2
+                times sqrt(d), RMS 1) give a ratio of 1/sqrt(2) = 0.71, which this form matches
+                only where sigma = 1/(sqrt(2) sqrt(d)), and Cramming's scalar is learned
+      cramming  the table times a learnable scalar initialised at 1/sqrt(d), as Cramming's
+                `ScaledSinosoidal` (Geiping & Goldstein 2022, arXiv 2212.14034; their
+                cramming/architectures/embeddings.py, after FLASH). The same ratio as `scaled`
+                at initialisation; it then moves with the scalar, which `signal()` reports at
+                every evaluation. No weight decay reaches it (a 0-d parameter, like the norms'
+                scales). Adam moves a scalar by about the learning rate per step whatever its
+                size, so the scalar can reach 0 within a few hundred steps and the scheme
+                become `none`: whether it does is a result of the regime to report, read from
+                the `scale` signal
       vaswani   token embeddings multiplied by sqrt(d), the table as it is (Vaswani et al. 2017,
-                section 3.4)
-      unscaled  the table as it is, added to token embeddings of std `initializer_range`: a row
-                norm of sqrt(d/2) against ~0.02 sqrt(d), so after the embedding LayerNorm the
-                tokens are a few percent of the signal. Kept only as a named variant.
+                section 3.4). Ratio 1/(sqrt(2) sigma sqrt(d + 1)): 3.1 at d=128, sigma=0.02;
+                Vaswani's 0.71 needs their token initialisation (std d^-1/2)
+      unscaled  the table as it is, added to token embeddings of std `initializer_range`: ratio
+                1/(2 sigma), 25 at sigma=0.02, so after the embedding LayerNorm the tokens are a
+                few percent of the signal. Kept only as a named variant.
     """
 
     config_file = "sinusoidal"
-    SCALINGS = ("scaled", "vaswani", "unscaled")
+    SCALINGS = ("scaled", "cramming", "vaswani", "unscaled")
 
     @classmethod
     def validate(cls, config) -> None:
@@ -173,18 +183,25 @@ class SinusoidalAbsolute(PositionScheme):
         self.scaling = config.sinusoidal_scaling
         # Host float64 constants kept as a tuple so NNX treats them as static, not state.
         self.inv_freq = tuple(rope.rope_frequencies(size, 10000.0)[0].tolist())
-        # A host constant, not a parameter (see the class docstring for why it is not learned).
-        self.scale = size ** -0.5 if self.scaling == "scaled" else 1.0
+        if self.scaling == "cramming":
+            # Cramming's name for it; a parameter, so the optimizer moves it.
+            self.scale_factor = nnx.Param(jnp.asarray(size ** -0.5, jnp.float32), **declare())
+        else:
+            # A host constant: the fixed forms learn nothing.
+            self.scale = size ** -0.5 if self.scaling == "scaled" else 1.0
         if self.scaling == "vaswani":
             self.token_scale = math.sqrt(size)
+
+    def _scale(self):
+        return self.scale_factor[...] if self.scaling == "cramming" else self.scale
 
     def embed(self, positions, dtype):
         angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(self.inv_freq, jnp.float32)
         table = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, -1)
-        return (table * self.scale).astype(dtype)
+        return (table * self._scale()).astype(dtype)
 
     def signal(self):
-        return {"scale": jnp.asarray(self.scale, jnp.float32)}
+        return {"scale": jnp.asarray(self._scale(), jnp.float32)}
 
 
 class Rotary(PositionScheme):
