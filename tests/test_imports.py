@@ -325,6 +325,28 @@ def test_no_module_of_the_core_packages_is_over_450_lines():
         f"{path} {lines}" for lines, path in too_long)
 
 
+
+TESTS = REPO / "tests"
+
+
+def imports_of_test_modules(tests: Path = TESTS) -> list[str]:
+    """Imports of a test module or of conftest.py by a file of the suite in `tests`, each as
+    'path:line: name' (what tests share lives in tests/helpers/)."""
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [f"{path.relative_to(tests.parent)}:{node.lineno}: {name}" for name in names
+                      if name.split(".")[-1].startswith("test_") or name.split(".")[0] == "conftest"]
+    return found
+
+
+def test_tests_import_helpers_not_one_another():
+    found = imports_of_test_modules()
+    assert not found, "test files importing a test module or conftest (move what they share to tests/helpers/): " \
+        + "; ".join(found)
+
 if __name__ == "__main__":
     units, upward = house()
     print("upward imports:", len(upward))

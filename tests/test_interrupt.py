@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MICRO_MODEL
+from helpers import MICRO_MODEL
 
 REPO = Path(__file__).resolve().parents[1]
 FLAGS = {**MICRO_MODEL,

@@ -4,7 +4,7 @@ import pytest
 
 from roformer.ablation import plan, validation
 
-from test_ablate import small_config
+from helpers.ablation import small_config
 
 
 def test_schemes_share_everything_but_the_model_position():

@@ -14,7 +14,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import COMPILE_FAST_FLAGS, needs_torch, needs_transformers
+from helpers import COMPILE_FAST_FLAGS, needs_torch, needs_transformers
 
 from roformer import host_memory
 from roformer.bench import __main__ as bench_main

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import wiki_cfg
+from helpers import wiki_cfg
 from roformer.data import make_pretrain_data
 from roformer.data.masking import MlmMasker
 

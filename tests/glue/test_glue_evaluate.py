@@ -10,12 +10,12 @@ import zipfile
 
 import pytest
 
-from conftest import REPO_ROOT
-from test_glue_finetune import tiny_config
-
 from roformer.errors import ConfigError
 from roformer.glue import run as glue_run
 from roformer.glue.evaluate import evaluate_glue
+
+from helpers import REPO_ROOT
+from helpers.glue import tiny_config
 
 
 @pytest.fixture(scope="module")

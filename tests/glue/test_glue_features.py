@@ -5,7 +5,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from conftest import needs_transformers
+from helpers import needs_transformers
 from roformer.data.tokenizer import load_tokenizer
 from roformer.glue.features import (bucket_lengths, eval_batches, featurize, planned_train_batches,
                                     truncate_longest_first)

@@ -12,7 +12,7 @@ import optax
 import pytest
 from flax import nnx
 
-from conftest import needs_torch, needs_transformers
+from helpers import needs_torch, needs_transformers
 
 from configs import glue as glue_config
 from roformer.data.tokenizer import WordPieceTokenizer

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import MICRO_MODEL, tiny_run_config
+from helpers import MICRO_MODEL, tiny_run_config
 
 from roformer.model import ModelConfig, RoFormerModel, attention_stats
 from roformer.train import read_metrics, train_and_evaluate

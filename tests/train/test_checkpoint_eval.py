@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import MICRO_MODEL, REPO_ROOT, tiny_run_config
+from helpers import MICRO_MODEL, REPO_ROOT, tiny_run_config
 from roformer.errors import ConfigError
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.checkpoint_eval import evaluate_checkpoint

@@ -20,7 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from conftest import MICRO_MODEL, tiny_run_config
+from helpers import MICRO_MODEL, tiny_run_config
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.guard import CheckpointSaveFailed, TrainingDiverged

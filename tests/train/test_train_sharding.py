@@ -12,31 +12,12 @@ from roformer.train import sharding
 from roformer.train.optim import make_optimizer
 from roformer.train.state import TrainSetup
 
-TINY = ModelConfig(vocab_size=128, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64,
-                   max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
+from helpers.train import TINY, synthetic_batch
+
 # num_layers == num_heads: a per-layer axis has the size of the head count, which is what
 # a size-based guess mistook for heads (Shaw's per-layer tables).
 LAYERS_EQ_HEADS = dict(vocab_size=128, hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128,
                        max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
-
-
-def synthetic_batch(seed: int, batch: int = 8, length: int = 32, preds: int = 6, vocab: int = 128):
-    """A packed MLM batch in the pipeline's format: two documents per row."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(5, vocab, (batch, length)).astype(np.int32)
-    split = length // 2
-    positions = np.concatenate([np.arange(split), np.arange(length - split)])[None].repeat(batch, 0)
-    segments = np.concatenate([np.ones(split), 2 * np.ones(length - split)])[None].repeat(batch, 0)
-    masked = np.sort(np.stack([rng.choice(length, preds, replace=False) for _ in range(batch)]), 1)
-    labels = np.take_along_axis(ids, masked, 1)
-    inputs = ids.copy()
-    np.put_along_axis(inputs, masked, 4, 1)
-    weights = np.ones((batch, preds), np.float32)
-    weights[:, -1] = 0.0                      # a padding slot
-    return {"input_ids": inputs, "token_type_ids": np.zeros_like(ids),
-            "positions": positions.astype(np.int32), "segment_ids": segments.astype(np.int32),
-            "masked_positions": masked.astype(np.int32), "masked_labels": labels.astype(np.int32),
-            "masked_weights": weights}
 
 
 def test_a_mesh_whose_batch_shards_span_processes_is_refused(monkeypatch):

@@ -92,7 +92,7 @@ def test_global_norm_clipping_bounds_the_update():
 
 
 def test_gradient_accumulation_equals_full_batch():
-    from test_train_sharding import TINY, synthetic_batch
+    from helpers.train import TINY, synthetic_batch
     tx, schedule = optimizer(warmup_steps=0)
     model = RoFormerForMaskedLM(TINY, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -111,7 +111,7 @@ def test_gradient_accumulation_equals_full_batch():
 def test_every_dropout_site_draws_its_own_mask(monkeypatch, impl):
     """Each nnx.Dropout has a stream of its own; a step's key reaches each as its own key, so
     the embeddings' and every layer's dropout do not drop the same features of a token."""
-    from test_train_sharding import TINY, synthetic_batch
+    from helpers.train import TINY, synthetic_batch
     config = dataclasses.replace(TINY, hidden_dropout=0.1, attention_dropout=0.1)
     graphdef, params, rest = nnx.split(RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)), nnx.Param, ...)
     model = nnx.merge(graphdef, params, reseeded(rest, jax.random.fold_in(jax.random.key(0, impl=impl), 7)))
@@ -135,7 +135,7 @@ def test_every_dropout_site_draws_its_own_mask(monkeypatch, impl):
 def test_dropout_rng_impls_are_deterministic_and_distinct():
     """Every dropout key implementation gives the same step twice from the same state (what
     exact resume rests on), works with gradient accumulation, and draws its own masks."""
-    from test_train_sharding import TINY, synthetic_batch
+    from helpers.train import TINY, synthetic_batch
     config = dataclasses.replace(TINY, hidden_dropout=0.1, attention_dropout=0.1)
     tx, schedule = optimizer(warmup_steps=0)
     graphdef, params, rest = nnx.split(RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)), nnx.Param, ...)
@@ -208,7 +208,7 @@ def test_train_flops_match_xla_cost_analysis(embedding_size, attention):
     bound. Leaving out the attention scores, or counting the MLM head at every position
     instead of the masked slots, moves the ratio out of the band (to about 1.12 and 0.89).
     Linear attention on packed rows runs its quadratic form, which the count follows."""
-    from test_train_sharding import synthetic_batch
+    from helpers.train import synthetic_batch
 
     from roformer.train import sharding
     from roformer.train.state import TrainSetup
@@ -388,7 +388,7 @@ def test_the_jitted_initial_state_is_the_seeds_model_and_takes_the_key_as_input(
     """TrainSetup's state and RNG streams are those of RoFormerForMaskedLM(rngs=nnx.Rngs(seed)),
     and its jitted initialisers read the key as an argument: with no input a program is all
     constants, which XLA's GPU pipeline tries to fold at compile time."""
-    from test_train_sharding import TINY
+    from helpers.train import TINY
 
     from roformer.train import sharding
     from roformer.train.state import TrainSetup
@@ -424,7 +424,7 @@ def test_the_jitted_initial_state_is_the_seeds_model_and_takes_the_key_as_input(
 
 
 def test_stacked_initial_states_are_each_seeds_state():
-    from test_train_sharding import TINY
+    from helpers.train import TINY
 
     from roformer.train import sharding
     from roformer.train.state import TrainSetup
@@ -440,7 +440,7 @@ def test_stacked_initial_states_are_each_seeds_state():
 
 
 def test_initial_state_op_by_op_equals_the_compiled_one():
-    from test_train_sharding import TINY
+    from helpers.train import TINY
 
     from roformer.train import sharding
     from roformer.train.state import TrainSetup
@@ -459,7 +459,7 @@ def test_initial_state_made_on_the_host_equals_the_one_made_sharded_on_the_mesh(
     """on_host: the host CPU's compiled initialiser, then placed with the state's shardings
     (on a GPU the device's program is far slower to compile); the same state, on a mesh of
     devices other than the host's first, inside the mesh's context as the loop calls it."""
-    from test_train_sharding import TINY
+    from helpers.train import TINY
 
     from roformer.train import sharding
     from roformer.train.state import TrainSetup
