@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import patient
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "roformer"
 
@@ -291,7 +293,7 @@ def test_every_module_imports_in_a_fresh_interpreter():
 
     def run(modules):
         proc = subprocess.run([sys.executable, "-c", IMPORT_ALL, *modules], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=patient(600))
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout.splitlines()[-1])
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import COMPILE_FAST_FLAGS, needs_torch, needs_transformers
+from helpers import COMPILE_FAST_FLAGS, needs_torch, needs_transformers, patient
 
 from roformer import host_memory
 from roformer.bench import __main__ as bench_main
@@ -444,7 +444,7 @@ def test_gpu_bench_cpu_dry_run_needs_only_jax_flax_optax_orbax(tmp_path):
     # No virtual devices; the suite's compile setting (tests/conftest.py) stays.
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(COMPILE_FAST_FLAGS)}
     done = subprocess.run([sys.executable, "-c", DRY_RUN.format(blocked=NOT_ON_ACCELERATOR_HOSTS, argv=argv)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=patient(900))
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert [(r["size"], r["seq"], r["variant"], r["batch"]) for r in result["rows"]] == [

@@ -58,6 +58,16 @@ needs_torch = _needs("torch")
 needs_transformers = _needs("transformers")
 
 
+def patient(seconds: float) -> float:
+    """A time limit for a process a test starts (or waits on): `seconds` is generous on an
+    idle 2-core machine running the suite with two workers. On a busier machine (more
+    runnable processes than cores, by the higher of the 1- and 5-minute load averages when
+    the limit is set) the limit is that many times longer, up to 10x: a test must not fail
+    because the machine is busy, and a hang still fails, later."""
+    load = max(os.getloadavg()[:2]) / (os.cpu_count() or 1)
+    return seconds * min(10.0, max(1.0, load))
+
+
 def wiki_cfg(shared_data: Path, cache: Path, **overrides):
     """Data settings reading two shared Wikipedia files with the BERT uncased vocab."""
     from roformer.data import DataConfig

@@ -12,7 +12,7 @@ from roformer.ablation.stages import STAGE_RUNNERS, Preempted
 from roformer.train.metrics import read_metrics
 from roformer.workdir_lock import process_state
 
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, patient
 
 
 def small_config(schemes="learned,rope", *, seeds=None, methods=None):
@@ -191,7 +191,7 @@ def kill_after_first_checkpoints(workdir, config, runs):
     command = [sys.executable, "-m", "roformer.ablate", "--config=configs/ablation.py:smoke",
                f"--workdir={workdir}", *overrides(config)]
     process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
+    deadline = time.time() + patient(300)
     while not all((workdir / "pretrain" / run / "checkpoints" / "10").is_dir() for run in runs):
         assert process.poll() is None, process.stderr.read()[-3000:]
         assert time.time() < deadline
@@ -201,7 +201,7 @@ def kill_after_first_checkpoints(workdir, config, runs):
     holders = [json.loads((workdir / "pretrain" / run / "workdir.lock").read_text())["pid"] for run in runs]
     process.send_signal(signal.SIGKILL)
     process.wait()
-    deadline = time.time() + 30
+    deadline = time.time() + patient(30)
     # The runs' processes die with the ablation (exited: gone, or a zombie until init reaps it).
     while any(process_state(pid) not in (None, "Z", "X") for pid in holders):
         assert time.time() < deadline, "a run's process outlived the ablation"
