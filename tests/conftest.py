@@ -1,6 +1,7 @@
 """Test setup shared by every test module: the environment (XLA's flags, set by importing
-`helpers` first), the suite's compilation cache, the order of the tests and the fast lane,
-and the fixtures every package's tests use. What tests import lives in tests/helpers/."""
+`helpers` first), the suite's compilation cache, the order of the tests and the check of
+their lane markers, and the fixtures every package's tests use. Helpers that tests import
+live in tests/helpers/, not here."""
 import os
 import shutil
 import tempfile
@@ -25,26 +26,15 @@ def pytest_configure(config):
     os.environ.update({name: str(value) for name, value in compile_cache_settings(directory).items()})
 
 
-# The fast lane (`python -m pytest tests -m fast`, docs/testing.md): the unit tests of every
-# package, no training run and no command in a process of its own. A module joins when its
-# tests take seconds.
-FAST_LANE = frozenset({"test_accelerator", "test_ablation_plan", "test_ablation_progress",
-    "test_ablation_report", "test_ablation_state", "test_ablation_stats", "test_attention",
-    "test_attention_stats", "test_backend",
-    "test_checkpoint_source", "test_data_masking", "test_data_sources", "test_data_tokenizer",
-    "test_docs_links", "test_files", "test_glue_features", "test_glue_metrics", "test_glue_readers",
-    "test_imports", "test_machine", "test_model", "test_orbax_logs", "test_position_signal", "test_positions",
-    "test_rope", "test_settings"})
-
-
-@pytest.hookimpl(tryfirst=True)   # before `-m` selects by marker
 def pytest_collection_modifyitems(config, items):
     """The slow tests first (a stable sort keeps each group's order), so that none of them
-    starts last and leaves one xdist worker running alone at the end of the suite; the fast
-    lane's tests marked `fast`."""
-    for item in items:
-        if item.path.stem in FAST_LANE and item.get_closest_marker("slow") is None:
-            item.add_marker(pytest.mark.fast)
+    starts last and leaves one xdist worker running alone at the end of the suite. A test
+    marked both `fast` (itself or by its module's `pytestmark`) and `slow` is refused: the
+    fast lane (`-m fast`, docs/testing.md) must never start a slow one."""
+    both = [item.nodeid for item in items if item.get_closest_marker("fast") and item.get_closest_marker("slow")]
+    if both:
+        raise pytest.UsageError("tests marked both fast and slow (mark the module's other tests `fast` one by one "
+                                "instead of the module): " + ", ".join(both))
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 

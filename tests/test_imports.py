@@ -16,8 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import patient
 
+
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "roformer"
 

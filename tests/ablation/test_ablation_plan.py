@@ -6,6 +6,8 @@ from roformer.ablation import plan, validation
 
 from helpers.ablation import small_config
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 def test_schemes_share_everything_but_the_model_position():
     config = small_config("learned,sinusoidal,shaw,t5,rope,rope_linear")

@@ -10,6 +10,8 @@ from roformer.data.__main__ import tokenizer_main
 from roformer.data.sources import FilesSource
 from roformer.data.tokenizer import SPECIAL_TOKENS, WordPieceTokenizer, load_tokenizer
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 @pytest.fixture(scope="module")
 def bert_vocab(shared_data):

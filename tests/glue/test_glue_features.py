@@ -13,6 +13,8 @@ from roformer.glue.readers import Example, read_split
 from roformer.glue.submission import SUBMISSION_FILES, write_predictions, zip_submission
 from roformer.glue.tasks import TASKS
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 @pytest.fixture(scope="module")
 def vocab(shared_data):

@@ -7,6 +7,8 @@ from roformer.model import ModelConfig
 from roformer.train.bookkeeping import check_same_model_config
 from roformer.train.config import TrainConfig
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 
 def test_model_config_mismatch_lists_differing_keys(tmp_path):

@@ -9,6 +9,8 @@ from roformer.model.positions import POSITION_SCHEMES
 from roformer.train import build_model_config
 from roformer.train.config import TrainConfig
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 
 # config file -> the scheme it selects: every scheme's own file, plus a variant

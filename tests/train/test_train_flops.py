@@ -8,6 +8,8 @@ from roformer.train import flops
 
 from helpers.train import optimizer, synthetic_batch
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 @pytest.mark.parametrize("embedding_size,attention", [(None, "softmax"), (128, "softmax"), (None, "linear")])
 def test_train_flops_match_xla_cost_analysis(embedding_size, attention):

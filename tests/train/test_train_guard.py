@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 
 

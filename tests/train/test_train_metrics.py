@@ -11,6 +11,8 @@ import pytest
 from roformer.train import read_metrics
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 
 def test_throughput_timer_leaves_out_the_compiling_step_and_paused_time():

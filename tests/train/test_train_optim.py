@@ -9,6 +9,8 @@ from roformer.train.optim import decay_mask, make_schedule
 
 from helpers.train import optimizer
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 def test_schedule_warms_up_then_decays_linear_and_cosine():
     linear = make_schedule(learning_rate=1.0, warmup_steps=4, total_steps=12, decay="linear")

@@ -50,6 +50,7 @@ def two_phase_run(tmp_path_factory, cache):
     return workdir, summary
 
 
+@pytest.mark.fast
 def test_parse_phases():
     config = make_config(Path("/unused"))
     assert parse_phases(config.train) == [Phase(8, 32, 8)]
@@ -285,6 +286,7 @@ def test_command_line_warm_start_checks_only_the_model_keys_it_gives(tmp_path, c
     assert (resolved["hidden_size"], resolved["intermediate_size"], resolved["num_layers"]) == (32, 48, 2)
 
 
+@pytest.mark.fast
 def test_learned_table_grows_only_when_asked(tmp_path):
     from flax import nnx
 

@@ -1,6 +1,8 @@
 """roformer.train.state: the initial training state, jitted, stacked for seeds, op by op, and made
 on the host."""
 
+import pytest
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,8 @@ from roformer.model import RoFormerForMaskedLM
 
 from helpers.train import TINY, optimizer
 
+
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
 
 def test_the_jitted_initial_state_is_the_seeds_model_and_takes_the_key_as_input(monkeypatch):
     """TrainSetup's state and RNG streams are those of RoFormerForMaskedLM(rngs=nnx.Rngs(seed)),

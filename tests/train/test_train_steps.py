@@ -13,6 +13,8 @@ from roformer.train.steps import DROPOUT_RNG_IMPLS, make_train_step, mlm_sums, r
 
 from helpers.train import TINY, optimizer, synthetic_batch
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 def test_mlm_sums_are_optax_cross_entropy_and_argmax_accuracy():
     """The step's loss is optax's cross-entropy at the masked slots and its accuracy is
