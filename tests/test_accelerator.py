@@ -10,6 +10,8 @@ from roformer.errors import ConfigError
 from roformer.model.attention import attention_summary
 from roformer.train.loop import build_model_config
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 PRETRAINING_CONFIGS = ("absolute", "alibi", "bert_staged", "none", "relative", "rotary", "rotary_linear",
                        "sinusoidal", "t5", "tiny")
 # What a GPU runs while training each scheme under accel=gpu: the fused kernel, except where

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MICRO_MODEL, tiny_run_config
+from helpers import MICRO_MODEL, tiny_run_config
 from roformer.train.guard import DivergenceGuard
 
 OVERRIDES = {

@@ -13,6 +13,8 @@ from roformer.data.config import DataConfig
 from roformer.errors import ConfigError
 from roformer.model import ModelConfig
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 SMALL = ModelConfig.from_preset("tiny", hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=50)
 
 

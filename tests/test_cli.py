@@ -14,12 +14,14 @@ from roformer import cli
 from roformer.glue.readers import read_local
 from roformer.glue.tasks import TASKS
 
+from helpers import patient
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
+                          env={**os.environ, **(env or {})}, timeout=patient(600))
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -152,7 +154,7 @@ def run_script(script: Path, *args: str) -> subprocess.CompletedProcess:
     """Run `script` (outside the repository) with this checkout's roformer first on the path."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, str(script), *args], cwd=REPO, capture_output=True, text=True,
-                          env=env, timeout=600)
+                          env=env, timeout=patient(600))
 
 
 @pytest.mark.parametrize("case, message", [
@@ -184,5 +186,5 @@ def test_every_command_module_imports_beside_the_others():
                "roformer.data.__main__", "roformer.evaluate", "roformer.convert", "roformer.bench.__main__"]
     code = "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
     proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
-                          capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+                          capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=patient(300))
     assert proc.returncode == 0, proc.stderr[-2000:]

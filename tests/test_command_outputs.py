@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers import patient
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=patient(300))
 
 
 @pytest.mark.parametrize("args, expected", [

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import needs_torch, needs_transformers
+from helpers import needs_torch, needs_transformers
 from roformer import checkpoint_source, convert
 from roformer.data.tokenizer import WordPieceTokenizer
 from roformer.model import ModelConfig, RoFormerForMaskedLM, RoFormerModel, backend

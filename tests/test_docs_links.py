@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 REPO = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")   # [text](target), not images
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)

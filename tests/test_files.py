@@ -5,6 +5,8 @@ import pytest
 
 from roformer import files
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 def test_writes_replace_the_file_and_leave_no_staging_file(tmp_path):
     path = tmp_path / "out.json"

@@ -9,6 +9,8 @@ import pytest
 
 from roformer import host_memory
 
+from helpers import patient
+
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt settings are glibc's")
 
 # A child that mallocs and frees 64 MB from a second thread (as XLA's threads do a step's
@@ -42,7 +44,7 @@ def _child(choice: str) -> tuple[bool, int, int, int]:
     env = {**os.environ, host_memory.ENV: choice, "JAX_PLATFORMS": "cpu"}
     env.pop("GLIBC_TUNABLES", None)
     done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
-                          timeout=60, check=True)
+                          timeout=patient(60), check=True)
     applied, mmapped, heap, free = done.stdout.split()
     return applied == "True", int(mmapped), int(heap), int(free)
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MICRO_MODEL
+from helpers import MICRO_MODEL, patient
 
 REPO = Path(__file__).resolve().parents[1]
 FLAGS = {**MICRO_MODEL,
@@ -33,14 +33,14 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
                *(f"--config.{k}={v}" for k, v in {**FLAGS, "data.cache_dir": tmp_path / "cache"}.items())]
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.time() + 300
+    deadline = time.time() + patient(300)
     while logged_step(workdir) < 3:
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
             pytest.fail(f"the run ended or timed out before step 3:\n{proc.communicate()[0][-3000:]}")
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    output = proc.communicate(timeout=300)[0]
+    output = proc.communicate(timeout=patient(300))[0]
     assert proc.returncode == 0, output[-3000:]
     assert "Traceback" not in output and "KeyboardInterrupt" not in output
     stopped = [line for line in output.splitlines() if line.startswith("stopped at step")]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 
 
 @pytest.fixture()

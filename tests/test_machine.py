@@ -6,6 +6,8 @@ import pytest
 from roformer import machine
 from roformer.machine import cpu_identity, describe_cpu
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 X86_CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
 cpu family\t: 25

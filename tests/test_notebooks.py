@@ -13,6 +13,8 @@ from nbclient import NotebookClient
 
 from roformer.ablation import plan, report, runner
 
+from helpers import patient
+
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
@@ -22,7 +24,7 @@ def execute_notebook(name: str, parameters: dict, cwd: Path, monkeypatch) -> nbf
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     cell.source = "\n".join(f"{key} = {value!r}" for key, value in parameters.items())
-    NotebookClient(nb, timeout=180, kernel_name="python3",
+    NotebookClient(nb, timeout=round(patient(180)), kernel_name="python3",
                    resources={"metadata": {"path": str(cwd)}}).execute()
     return nb
 

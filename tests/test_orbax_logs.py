@@ -12,6 +12,8 @@ import pytest
 from roformer import orbax_logs
 from roformer.orbax_logs import AbandonedOrbaxTasks, UnrequestedItems
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 NOT_RESTORED_TAIL = (" was found in the checkpoint, but could not be restored. Please provide a "
                      "`CheckpointHandlerRegistry`, or call `restore` with an appropriate `CheckpointArgs` subclass.")
 

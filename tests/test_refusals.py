@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MICRO_MODEL, tiny_run_config
+from helpers import MICRO_MODEL, tiny_run_config
 from roformer.errors import ConfigError
 from roformer.train import train_and_evaluate
 from roformer.workdir_lock import WorkdirBusy

@@ -12,6 +12,8 @@ from roformer.errors import ConfigError
 from roformer.model import ModelConfig
 from roformer.train.config import TrainConfig
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 BAD = (-5, "x", True)   # a negative, a non-number, a bool (not a number either)
 
 # Keys whose 0 means something (their comment in the dataclass or config file says what).

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import patient
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "roformer", "configs")
 
@@ -27,7 +29,7 @@ def _checkout_modules() -> set[str]:
 
 
 def _run(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=patient(300))
 
 
 @pytest.fixture(scope="module")

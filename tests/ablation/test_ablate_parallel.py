@@ -9,11 +9,8 @@ import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -22,10 +19,9 @@ from roformer.ablation import parallel as parallel_runs   # tests name their own
 from roformer.ablation import plan, runner, validation
 from roformer.ablation.stages import PREEMPTED_EXIT, error_name, run_stages
 from roformer.ablation.state import PINNED_TOKENIZER, STATE_FILE, AblationState
-from roformer.train.metrics import read_metrics
-from roformer.workdir_lock import process_state
 
-from test_ablate import FakeStages, small_config, stub_figures
+from helpers.ablation import (FakeStages, held_out_losses, kill_after_first_checkpoints, small_config, stub_figures,
+                              tiny_config, why_failed)
 
 
 # --------------------------------------------------------------------------- slots and settings
@@ -202,82 +198,6 @@ def test_a_preempted_run_stops_the_ablation_and_a_killed_sessions_records_are_ke
 
 
 # --------------------------------------------------------------------------- real runs: modes agree, kill -9, resume
-
-
-def tiny_config(parallel):
-    """Two pretraining runs (learned, rope; one seed) of 40 steps at the smoke size, a checkpoint
-    every 10, held-out loss every 20; no GLUE, extension or extra extrapolation lengths."""
-    config = small_config(seeds=1)
-    config.parallel = parallel
-    config.glue.task = ""
-    config.extension.enabled = False
-    config.extrapolation.factors = (1,)
-    config.extrapolation.scalings = ()
-    config.extrapolation.num_docs = 2
-    pre = config.pretrain.train
-    config.budget_tokens = 40 * pre.batch_size * pre.seq_len
-    pre.eval_every, pre.checkpoint_every, pre.log_every = 20, 10, 10
-    pre.progress_bar = False
-    # A vocabulary trained on the corpus, small: the BERT vocabulary's 30,522-row table made
-    # every checkpoint of the 40 steps a 50 MB save.
-    config.pretrain.data.vocab = ""
-    config.pretrain.data.vocab_size = 1000
-    config.pretrain.mesh.num_devices = 1   # one of the 8 virtual test devices: a smaller program
-    return config
-
-
-def overrides(config):
-    """The command-line flags that give `config` from configs/ablation.py:smoke."""
-    pre = config.pretrain.train
-    flags = {"schemes": config.schemes, "seeds": config.seeds, "parallel": config.parallel,
-             "vmap_seeds": config.vmap_seeds, "progress_every_s": config.progress_every_s, "glue.task": "",
-             "extension.enabled": False, "extrapolation.factors": "1", "extrapolation.scalings": "()",
-             "extrapolation.num_docs": 2, "budget_tokens": config.budget_tokens,
-             "pretrain.data.vocab": config.pretrain.data.vocab,
-             "pretrain.data.vocab_size": config.pretrain.data.vocab_size,
-             "pretrain.mesh.num_devices": config.pretrain.mesh.num_devices,
-             "pretrain.train.eval_every": pre.eval_every, "pretrain.train.checkpoint_every": pre.checkpoint_every,
-             "pretrain.train.log_every": pre.log_every, "pretrain.train.progress_bar": False}
-    return [f"--config.{k}={v}" for k, v in flags.items()]
-
-
-def kill_after_first_checkpoints(workdir, config, runs):
-    """Start the ablation as a command, SIGKILL it once every run in `runs` saved step 10."""
-    repo = Path(__file__).resolve().parents[2]
-    command = [sys.executable, "-m", "roformer.ablate", "--config=configs/ablation.py:smoke",
-               f"--workdir={workdir}", *overrides(config)]
-    process = subprocess.Popen(command, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while not all((workdir / "pretrain" / run / "checkpoints" / "10").is_dir() for run in runs):
-        assert process.poll() is None, process.stderr.read()[-3000:]
-        assert time.time() < deadline
-        time.sleep(0.1)
-    # The command line gave the config the test resumes with.
-    assert json.loads((workdir / "ablation_config.json").read_text()) == json.loads(config.to_json_best_effort())
-    holders = [json.loads((workdir / "pretrain" / run / "workdir.lock").read_text())["pid"] for run in runs]
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    deadline = time.time() + 30
-    # The runs' processes die with the ablation (exited: gone, or a zombie until init reaps it).
-    while any(process_state(pid) not in (None, "Z", "X") for pid in holders):
-        assert time.time() < deadline, "a run's process outlived the ablation"
-        time.sleep(0.1)
-
-
-def why_failed(workdir, result):
-    """The errors of the failed runs with their tracebacks and the tails of their logs."""
-    parts = [f"{r['scheme']}/seed{r['seed']}: {r.get('error')}" for r in result["runs"] if r["status"] != "done"]
-    for path in sorted((workdir / "errors").glob("*.txt")) + sorted((workdir / "logs").glob("*.log")):
-        parts.append(f"--- {path.name}\n{path.read_text()[-4000:]}")
-    return "\n".join(parts)
-
-
-def held_out_losses(workdir, runs):
-    out = {}
-    for run in runs:
-        rows = read_metrics(workdir / "pretrain" / run / "metrics.jsonl")
-        out[run] = {row["step"]: row["eval_loss"] for row in rows if "eval_loss" in row}
-    return out
 
 
 @pytest.mark.slow

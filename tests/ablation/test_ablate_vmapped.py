@@ -14,8 +14,8 @@ from roformer.ablation.state import AblationState
 from roformer.train import seeds as train_seeds
 from roformer.train.guard import TrainingDiverged
 
-from test_ablate import FakeStages, small_config, stub_figures
-from test_ablate_parallel import held_out_losses, kill_after_first_checkpoints, tiny_config, why_failed
+from helpers.ablation import (FakeStages, held_out_losses, kill_after_first_checkpoints, small_config, stub_figures,
+                              tiny_config, why_failed)
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -4,7 +4,9 @@ import pytest
 
 from roformer.ablation import plan, validation
 
-from test_ablate import small_config
+from helpers.ablation import small_config
+
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
 
 
 def test_schemes_share_everything_but_the_model_position():

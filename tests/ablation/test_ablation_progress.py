@@ -9,6 +9,8 @@ import pytest
 from roformer.ablation import plan, progress, validation
 from roformer.ablation.progress import Progress, TrainingRun
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 def write_rows(workdir, steps, *, torn=False):
     workdir.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,12 @@
 """The report's statistics, words and tables (roformer.ablation.summary, findings, report_md
 and formats), on hand-made run rows."""
 
+import pytest
+
 from roformer.ablation import formats, report_md, summary
 
+
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
 
 def _run(scheme, seed, loss, gaps, status="done", tokens_per_step=1_000_000):
     """A per-(scheme, seed) report row as roformer.ablate builds it, evaluated at steps 1, 2, 3."""

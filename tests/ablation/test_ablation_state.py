@@ -2,8 +2,12 @@
 state file read back as written."""
 import json
 
+import pytest
+
 from roformer.ablation.state import STATE_FILE, AblationState, combined_status, run_status
 
+
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
 
 def test_one_rule_gives_the_status_of_a_run_and_of_a_scheme_over_its_seeds():
     assert combined_status(["done", "done"]) == "done"

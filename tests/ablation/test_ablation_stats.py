@@ -5,6 +5,8 @@ from scipy import stats
 
 from roformer.ablation import stats as ablation_stats
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 def test_paired_difference_exceeds_only_beyond_the_seed_spread():
     noise = {0: 0.03, 1: -0.02, 2: 0.01, 3: -0.04}

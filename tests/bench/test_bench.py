@@ -14,7 +14,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import COMPILE_FAST_FLAGS, needs_torch, needs_transformers
+from helpers import COMPILE_FAST_FLAGS, needs_torch, needs_transformers, patient
 
 from roformer import host_memory
 from roformer.bench import __main__ as bench_main
@@ -47,6 +47,7 @@ def within(row, column):
     return row[f"{column}_min"] <= row[column] <= row[f"{column}_max"]
 
 
+@pytest.mark.fast
 def test_ratio_stats_and_alternate():
     assert ratio_stats([2.0, 4.0, 3.0], [1.0, 2.0, 1.0]) == {"median": 2.0, "min": 2.0, "max": 3.0}
     with pytest.raises(ValueError, match="equally long"):
@@ -79,6 +80,7 @@ def test_rope_bench_covers_lengths_batches_and_passes(tmp_path, capsys):
     assert "| variant |" in printed and "| complex |" in printed and "| x_real |" in printed
 
 
+@pytest.mark.fast
 def test_rope_bench_pairs_variant_is_the_models_product_and_its_vjp():
     x = jax.random.normal(jax.random.key(0), (2, 8, 3, 16))
     cotangent = jax.random.normal(jax.random.key(1), x.shape)
@@ -156,6 +158,7 @@ def test_profile_bench_splits_a_traced_step_by_kind(tmp_path):
     assert [row["op"] for row in again["tables"]["most expensive ops"]["rows"]] == [row["op"] for row in top]
 
 
+@pytest.mark.fast
 def test_op_events_names_gpu_kernels_by_their_instruction(tmp_path):
     import gzip
     import json
@@ -179,6 +182,7 @@ def test_op_events_names_gpu_kernels_by_their_instruction(tmp_path):
     assert op_events(tmp_path / "cpu") == [("dot.2", 1e-6, 4e-6)]
 
 
+@pytest.mark.fast
 def test_kernels_run_from_a_command_buffer_are_matched_by_their_kernel_names(tmp_path):
     """XLA runs a GPU step's kernels in CUDA graphs: every kernel then carries the command
     buffer as its hlo_op, so the kernel's own name must say which instruction it is."""
@@ -211,6 +215,7 @@ def test_kernels_run_from_a_command_buffer_are_matched_by_their_kernel_names(tmp
     assert step_breakdown(op_events(tmp_path), program, 1, 10, library_kernels=False)["traced_ms"] == pytest.approx(0.005)
 
 
+@pytest.mark.fast
 def test_busy_and_concurrent_time_of_intervals():
     from roformer.bench.profile import busy_and_concurrent
     # [0, 4) and [1, 3) overlap for 2 s; [5, 6) alone; a gap [4, 5) counts for neither
@@ -221,6 +226,7 @@ def test_busy_and_concurrent_time_of_intervals():
     assert busy_and_concurrent([]) == (0.0, 0.0)
 
 
+@pytest.mark.fast
 def test_matmul_shapes_of_a_step():
     from roformer.bench.profile import matmul_shapes
     config = ModelConfig.from_preset("mini", vocab_size=1000)
@@ -232,6 +238,7 @@ def test_matmul_shapes_of_a_step():
     assert shapes["MLM decoder (masked positions)"][:2] == ((2 * 3, 256), (1000, 256))   # round(0.15 x 16) + 1
 
 
+@pytest.mark.fast
 def test_parse_program_kinds_of_instructions():
     from roformer.bench.profile import parse_program
     hlo = """HloModule m
@@ -272,6 +279,7 @@ ENTRY %main (a: f32[4,4], b: f32[4,4]) -> f32[4,4] {
     assert program["tr"]["bytes"] == (16 + 16) * 4
 
 
+@pytest.mark.fast
 def test_a_gpu_library_gemm_is_a_matmul_with_its_flops():
     from roformer.bench.profile import parse_program
     hlo = """HloModule m
@@ -288,6 +296,7 @@ ENTRY %main (a: bf16[32768,768], b: bf16[768,3072]) -> bf16[32768,3072] {
     assert gemm["bytes"] == (32768 * 3072 + 32768 * 768 + 768 * 3072) * 2 + 4194304
 
 
+@pytest.mark.fast
 def test_bytes_of_array_and_tuple_shapes_and_operands_of_an_instruction():
     from roformer.bench.profile import _bytes, _operands
     assert _bytes("bf16[128,768]{1,0}") == 128 * 768 * 2 and _bytes("f32[]") == 4
@@ -296,6 +305,7 @@ def test_bytes_of_array_and_tuple_shapes_and_operands_of_an_instruction():
     assert _operands("), custom_call_target=\"x\"") == []
 
 
+@pytest.mark.fast
 def test_early_returns_names_matmuls_traced_faster_than_the_probe():
     from roformer.bench.profile import early_returns
     program = {"slow": {"flops": 4e9}, "fast": {"flops": 2e9}, "faster": {"flops": 1e9}}
@@ -412,6 +422,7 @@ def test_flax_port_peer_reports_a_python_without_the_port(tmp_path, monkeypatch)
         flax_port_peer(sys.executable, config, synthetic_batch(config, 2, 16))
 
 
+@pytest.mark.fast
 def test_gpu_bench_refuses_a_cpu(capsys):
     with pytest.raises(SystemExit) as stopped:
         bench_main.main(["gpu"])
@@ -444,7 +455,7 @@ def test_gpu_bench_cpu_dry_run_needs_only_jax_flax_optax_orbax(tmp_path):
     # No virtual devices; the suite's compile setting (tests/conftest.py) stays.
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(COMPILE_FAST_FLAGS)}
     done = subprocess.run([sys.executable, "-c", DRY_RUN.format(blocked=NOT_ON_ACCELERATOR_HOSTS, argv=argv)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=patient(900))
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert [(r["size"], r["seq"], r["variant"], r["batch"]) for r in result["rows"]] == [
@@ -518,12 +529,14 @@ def test_runs_bench_times_one_process_runs_side_by_side_and_vmapped_seeds(tmp_pa
         assert row["runs_per_hour"] == pytest.approx(row["tokens_s"] * 3600 / (2000 * 16 * 2))
 
 
+@pytest.mark.fast
 def test_unknown_benchmark_is_rejected(capsys):
     with pytest.raises(SystemExit) as stopped:
         bench_main.main(["nope"])
     assert stopped.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
 
 
+@pytest.mark.fast
 def test_gpu_bench_versions_name_the_copy_that_import_takes(tmp_path, monkeypatch):
     """A package carried onto the path ahead of an installed one is the one imported, so it
     is the version the result records (not whichever copy the listing meets last)."""
@@ -579,6 +592,7 @@ print("ok", len(result["rows"]))
     assert done.stdout.split() == ["ok", str(len(flags_bench.CANDIDATES["gpu"]) + 2)]
 
 
+@pytest.mark.fast
 def test_flags_bench_times_the_sets_that_won_together_before_the_last_reference(monkeypatch):
     ms = {"": 2.0, "--a": 1.0, "--b": 1.9, "--c": 3.0, "--d": 1.0, "--a --b": 0.9}
     ran = []

@@ -28,6 +28,7 @@ def test_levers_time_each_variant_against_the_baseline_with_its_own_program(tmp_
     assert result["partial"] is False and "| all_batch_x2 |" in capsys.readouterr().out
 
 
+@pytest.mark.fast
 def test_budget_refuses_a_build_the_longest_so_far_says_would_end_past_it():
     budget = levers.Budget(10.0)
     assert budget.allows_build()
@@ -38,6 +39,7 @@ def test_budget_refuses_a_build_the_longest_so_far_says_would_end_past_it():
     assert unlimited.allows_build()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("fused_build_s, confirmation", [(10, "timed"), (20, "not timed")])
 def test_the_budget_keeps_a_build_for_the_adopted_levers_confirmation(monkeypatch, fused_build_s, confirmation):
     """Builds take 10 s of a fake clock. Without the kept build, 45 s built every lever and then
@@ -79,6 +81,7 @@ def test_the_budget_keeps_a_build_for_the_adopted_levers_confirmation(monkeypatc
                                        "own: see the note above at tiny/16/2)")
 
 
+@pytest.mark.fast
 def test_program_digest_reads_the_instructions_not_where_they_were_traced_from():
     def program(op, frame):
         text = ('HloModule m\nFileNames\n1 "a.py"\nENTRY %main {\n'
@@ -90,6 +93,7 @@ def test_program_digest_reads_the_instructions_not_where_they_were_traced_from()
     assert levers.program_digest(program("add", 3)) != levers.program_digest(program("multiply", 3))
 
 
+@pytest.mark.fast
 def test_adopted_are_the_levers_that_paid_in_every_round_together():
     def row(variant, median, low):
         return {"variant": variant, "x_tokens": median, "x_tokens_min": low}
@@ -130,6 +134,7 @@ def test_adopted_are_the_levers_that_paid_in_every_round_together():
     assert levers.lever_verdicts(nan_base, 1.005)["fused_qkv"] == "first-step loss +nan off the baseline's"
 
 
+@pytest.mark.fast
 def test_the_adopted_levers_are_read_back_from_a_runs_json():
     """From the first shape's lever rows only: another shape's rows of the same names (with
     --other-variants) do not count, nor do the adopted stage's."""
@@ -186,6 +191,7 @@ def test_the_segment_mask_variant_is_the_baseline_with_the_packed_rows_mask():
     np.testing.assert_allclose(float(masked.step()[1]["loss"]), float(plain.step()[1]["loss"]), rtol=1e-6)
 
 
+@pytest.mark.fast
 def test_a_variant_that_fails_to_build_is_a_row_saying_why_and_the_rest_still_run(monkeypatch):
     """A kernel that does not lower on the device is reported in the table, not a crash of
     the A/B, and is never adopted."""
@@ -249,6 +255,7 @@ def test_a_later_call_times_the_adopted_levers_of_an_earlier_run_at_the_shapes_i
     assert [r["variant"] for r in result["rows"]] == ["baseline"] and levers.adopted_in_result(result) is None
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("content", [None, "not json", '{"benchmark": "hf", "rows": []}'])
 def test_adopted_from_a_file_that_is_not_a_levers_result_is_one_line(tmp_path, content):
     path = tmp_path / "earlier.json"

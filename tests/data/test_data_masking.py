@@ -4,9 +4,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import wiki_cfg
+from helpers import wiki_cfg
 from roformer.data import make_pretrain_data
 from roformer.data.masking import MlmMasker
+
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
 
 SEQ_LEN, BATCH = 128, 32
 

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import wiki_cfg
+from helpers import wiki_cfg
 from roformer.data import DataConfig, make_pretrain_data
 from roformer.data.packing import plan_rows
 

@@ -15,6 +15,8 @@ from roformer.data import shard_build, shards
 from roformer.data.sources import FilesSource
 from roformer.data.tokenizer import WordPieceTokenizer
 
+from helpers import patient
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -153,7 +155,7 @@ def test_prepare_command_on_two_processes(wiki, tokenizer, tmp_path, shared_data
                "--config.data.num_workers=1", "--process_count=2"]
     procs = [subprocess.Popen([*command, f"--process_index={i}"], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(2)]
-    outputs = [proc.communicate(timeout=300) for proc in procs]
+    outputs = [proc.communicate(timeout=patient(300)) for proc in procs]
     for proc, (out, err) in zip(procs, outputs):
         assert proc.returncode == 0, err[-3000:]
     summaries = [json.loads(out.strip().splitlines()[-2]) for out, _ in outputs]   # the JSON, then one line
@@ -205,7 +207,7 @@ def start_run(files, cache, marks, train_hold=0, encode_hold=0, vocab=""):
 
 
 def wait_for_marker(marks: Path, name: str, proc, timeout=120.0):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patient(timeout)
     while not (marks / f"{name}-{proc.pid}").exists():
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, f"the first run never started its {name} build"
@@ -213,7 +215,7 @@ def wait_for_marker(marks: Path, name: str, proc, timeout=120.0):
 
 
 def finish(proc, timeout=300):
-    out, err = proc.communicate(timeout=timeout)
+    out, err = proc.communicate(timeout=patient(timeout))
     assert proc.returncode == 0, err[-3000:]
     return out.split(), err
 

@@ -14,6 +14,8 @@ import pytest  # noqa: E402
 from roformer.data import DataConfig  # noqa: E402
 from roformer.data.sources import EmbeddedSource, FilesSource, HFSource, TFDSSource, make_source  # noqa: E402
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 def test_embedded_source_is_real_text_split_into_sections():
     source = make_source(DataConfig(source="embedded"))

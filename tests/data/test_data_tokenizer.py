@@ -5,10 +5,12 @@ import json
 import numpy as np
 import pytest
 
-from conftest import needs_transformers
+from helpers import needs_transformers
 from roformer.data.__main__ import tokenizer_main
 from roformer.data.sources import FilesSource
 from roformer.data.tokenizer import SPECIAL_TOKENS, WordPieceTokenizer, load_tokenizer
+
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 from roformer.data import DataConfig, make_pretrain_data
 from roformer.data.workers import StreamSpec, WorkerStreams
 
-from test_train_phases import make_config
+from helpers.train import make_config
 
 SEQ_LEN, BATCH = 32, 4
 

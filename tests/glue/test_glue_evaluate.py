@@ -10,12 +10,12 @@ import zipfile
 
 import pytest
 
-from conftest import REPO_ROOT
-from test_glue_finetune import tiny_config
-
 from roformer.errors import ConfigError
 from roformer.glue import run as glue_run
 from roformer.glue.evaluate import evaluate_glue
+
+from helpers import REPO_ROOT, patient
+from helpers.glue import tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_eval_only_command_ends_with_the_line_naming_its_outputs(trained, shared
         [sys.executable, "-m", "roformer.glue", "--config=configs/glue.py", f"--eval_only={workdir}",
          f"--workdir={out}", "--config.task=mrpc", f"--config.data_dir={config.data_dir}",
          f"--config.max_seq_len={config.max_seq_len}", f"--config.max_eval_examples={config.max_eval_examples}"],
-        cwd=REPO_ROOT, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+        cwd=REPO_ROOT, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=patient(300))
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = proc.stdout.splitlines()[-1]
     assert last == glue_run_done_line(out)
@@ -102,7 +102,7 @@ def test_eval_only_command_ends_with_the_line_naming_its_outputs(trained, shared
 
     proc = subprocess.run([sys.executable, "-m", "roformer.glue", f"--eval_only={tmp_path / 'absent'}",
                            f"--workdir={tmp_path / 'eval2'}"], cwd=REPO_ROOT, capture_output=True, text=True,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=patient(300))
     assert proc.returncode == 2 and proc.stderr.splitlines()[-1].startswith("error: --eval_only=")
 
 

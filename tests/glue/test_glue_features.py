@@ -5,13 +5,15 @@ import zipfile
 import numpy as np
 import pytest
 
-from conftest import needs_transformers
+from helpers import needs_transformers
 from roformer.data.tokenizer import load_tokenizer
 from roformer.glue.features import (bucket_lengths, eval_batches, featurize, planned_train_batches,
                                     truncate_longest_first)
 from roformer.glue.readers import Example, read_split
 from roformer.glue.submission import SUBMISSION_FILES, write_predictions, zip_submission
 from roformer.glue.tasks import TASKS
+
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
 
 
 @pytest.fixture(scope="module")

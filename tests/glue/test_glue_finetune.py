@@ -10,11 +10,13 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import LEGACY_FUSION_EMITTERS, cudnn_layout_errors
 from configs import glue as glue_config
 from roformer.glue import finetune as finetune_lib
 from roformer.glue import run as glue_run
 from roformer.train.optim import decay_mask
+
+from helpers import LEGACY_FUSION_EMITTERS, cudnn_layout_errors
+from helpers.glue import tiny_config
 
 
 def test_unit_rate_adamw_times_the_schedule_is_optax_adamw():
@@ -31,23 +33,6 @@ def test_unit_rate_adamw_times_the_schedule_is_optax_adamw():
         updates, s_ours = ours.update(grads, s_ours, p_ours)
         p_ours = optax.apply_updates(p_ours, jax.tree.map(lambda u: schedule(step) * u, updates))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), p_ref, p_ours)
-
-
-def tiny_config(shared_data, vocab, tasks="mrpc,stsb"):
-    config = glue_config.get_config()
-    config.task = tasks
-    config.vocab = vocab
-    config.data_dir = str(shared_data / "glue")
-    config.model.size = "tiny"
-    config.seeds = 1
-    config.max_train_examples = 24
-    config.max_eval_examples = 16
-    config.batch_size = 8
-    config.eval_batch_size = 16
-    config.max_seq_len = 32
-    config.num_epochs = 1.0
-    config.progress_bar = False
-    return config
 
 
 @pytest.fixture(scope="module")

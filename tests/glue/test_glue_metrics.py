@@ -11,6 +11,8 @@ from roformer.glue.metrics import (accuracy, f1, glue_scores, matthews_corr, pea
                                    task_metrics)
 from roformer.glue.tasks import TASKS
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 binary = st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1)), min_size=1, max_size=200)
 
 

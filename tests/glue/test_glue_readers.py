@@ -7,6 +7,8 @@ import pytest
 from roformer.glue.readers import Example, GlueDataError, read_split
 from roformer.glue.tasks import GLUE_TASKS, TASKS, get_task, parse_task_list
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 # Official row counts (shared/data/README.md) plus the test-split sizes of the same files.
 OFFICIAL_COUNTS = {
     ("sst2", "train"): 67349, ("sst2", "validation"): 872, ("sst2", "test"): 1821,

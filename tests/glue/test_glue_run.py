@@ -12,7 +12,7 @@ import optax
 import pytest
 from flax import nnx
 
-from conftest import needs_torch, needs_transformers
+from helpers import needs_torch, needs_transformers, patient
 
 from configs import glue as glue_config
 from roformer.data.tokenizer import WordPieceTokenizer
@@ -147,7 +147,7 @@ def test_run_glue_from_pretrain_checkpoint(pretrain_workdir, shared_data, tmp_pa
 
 def glue_cli(*flags: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "roformer.glue", *flags], capture_output=True, text=True,
-                          cwd=glue_config.__file__.rsplit("/configs/", 1)[0], timeout=600)
+                          cwd=glue_config.__file__.rsplit("/configs/", 1)[0], timeout=patient(600))
 
 
 def test_cli_rejects_unknown_task(tmp_path):

@@ -9,6 +9,8 @@ from flax import nnx
 
 from roformer.model import attention, backend
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 B, L, H, D = 2, 7, 3, 8
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import cudnn_layout_errors
+from helpers import cudnn_layout_errors
 from roformer.errors import ConfigError
 from roformer.model import ModelConfig, RoFormerForMaskedLM, RoFormerForSequenceClassification
 from roformer.model import attention

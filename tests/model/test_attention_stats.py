@@ -5,10 +5,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import MICRO_MODEL, tiny_run_config
+from helpers import MICRO_MODEL, tiny_run_config
 
 from roformer.model import ModelConfig, RoFormerModel, attention_stats
 from roformer.train import read_metrics, train_and_evaluate
+
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
 
 TINY = dict(vocab_size=50, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
             max_position_embeddings=16, hidden_dropout=0.0, attention_dropout=0.0)

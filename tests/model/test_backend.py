@@ -9,6 +9,8 @@ import pytest
 
 from roformer.model import backend, rope
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 def test_shared_table_is_the_table():
     positions = jnp.broadcast_to(jnp.arange(9), (2, 9))

@@ -14,6 +14,8 @@ from roformer.model import (ACTIVATIONS, PRESETS, ModelConfig, RoFormerForMasked
 from roformer.model.backend import token_matmul
 from roformer.model.dense import dense
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 TINY = dict(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64,
             max_position_embeddings=64)
 

@@ -6,6 +6,8 @@ import pytest
 from roformer.model import ModelConfig
 from roformer.model.position_signal import position_signal
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 TINY = dict(vocab_size=500, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128,
             max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
 

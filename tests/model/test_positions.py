@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from roformer.config_files import CONFIG_DIR
 from roformer.model import ModelConfig, RoFormerModel, attention, positions
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 TINY = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
             max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
 

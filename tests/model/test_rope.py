@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from roformer.model import rope
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 SETTINGS = settings(max_examples=25, deadline=None)
 
 

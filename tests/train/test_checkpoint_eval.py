@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import MICRO_MODEL, REPO_ROOT, tiny_run_config
+from helpers import MICRO_MODEL, REPO_ROOT, patient, tiny_run_config
 from roformer.errors import ConfigError
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.checkpoint_eval import evaluate_checkpoint
@@ -59,7 +59,7 @@ def test_evaluate_command_writes_the_step_and_names_its_output(run, tmp_path):
     workdir, logged = run
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, "-m", "roformer.evaluate", f"--workdir={workdir}", "--step=2"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=300)
+                          cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=patient(300))
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary, last = proc.stdout.splitlines()[-2:]
     assert summary.startswith("step 2: held-out MLM loss ") and "(the run logged " in summary
@@ -69,7 +69,7 @@ def test_evaluate_command_writes_the_step_and_names_its_output(run, tmp_path):
 
     (tmp_path / "empty").mkdir()
     proc = subprocess.run([sys.executable, "-m", "roformer.evaluate", f"--workdir={tmp_path / 'empty'}"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=300)
+                          cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=patient(300))
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [f"error: {tmp_path / 'empty'} is not a pretraining workdir: it has no "
                                         "checkpoints/ directory"]

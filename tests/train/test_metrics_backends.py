@@ -10,6 +10,8 @@ from roformer.errors import ConfigError
 from roformer.train import metrics
 from roformer.train.metrics import MetricsWriter
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 class Recorder:
     def __init__(self):

@@ -7,6 +7,8 @@ import pytest
 from roformer.train import flops
 from roformer.train.metrics import ThroughputTimer, read_metrics
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 def test_a_glue_rerun_replaces_its_killed_attempts_rows_and_events(tmp_path):
     """GLUE trains every task from scratch in every run: the rows and TensorBoard runs a killed

@@ -20,7 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from conftest import MICRO_MODEL, tiny_run_config
+from helpers import MICRO_MODEL, patient, tiny_run_config
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.guard import CheckpointSaveFailed, TrainingDiverged
@@ -72,6 +72,7 @@ def run_until(command, workdir: Path, step: int, sig: int, timeout: float = 240)
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
+    timeout = patient(timeout)
     deadline = time.time() + timeout
     while logged_step(workdir) < step:
         if proc.poll() is not None or time.time() > deadline:
@@ -181,7 +182,7 @@ def test_no_readable_checkpoint_starts_over_saying_so(finished_run, cache, tmp_p
         if path.is_file() and path.name != "_METADATA":
             path.write_bytes(b"")
     proc = subprocess.run(cli(workdir, cache, **{"train.steps": 6}), cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=patient(600))
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [line for line in proc.stderr.splitlines() if "readable" in line]
     assert len(warnings) == 2, proc.stderr[-3000:]
@@ -259,7 +260,7 @@ def test_finite_divergence_stops_on_one_line_and_keeps_the_last_good_checkpoint(
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
     proc = subprocess.run(cli(workdir, cache, **{"train.steps": 16, "train.learning_rate": 1000.0,
                                                   "train.checkpoint_every": 1}),
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=patient(600))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert "resuming from step 8 with changed optimizer settings: train.learning_rate 0.001 -> 1000.0" in proc.stderr

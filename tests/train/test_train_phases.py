@@ -16,28 +16,16 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from conftest import MICRO_MODEL, REPO_ROOT, SHARED_DATA, needs_torch, needs_transformers, tiny_run_config
 from configs import bert_staged
 from roformer import checkpoint_source
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.config import Phase, parse_phases
 from roformer.train.optim import make_schedule
 
+from helpers import REPO_ROOT, SHARED_DATA, needs_torch, needs_transformers
+from helpers.train import make_config
+
 PHASES = "4:32:8,4:64:4"
-
-OVERRIDES = {
-    **MICRO_MODEL,
-    "train.steps": 8, "train.batch_size": 8, "train.seq_len": 32, "train.warmup_steps": 2,
-    "train.log_every": 1, "train.eval_every": 1000, "train.eval_batches": 1,
-    "train.checkpoint_every": 2, "train.keep_checkpoints": 2, "train.progress_bar": False,
-    "train.async_checkpoints": False, "train.peak_flops_per_device": 1e11,
-    "mesh.num_devices": 1,
-}
-
-
-def make_config(cache: Path, **extra):
-    return tiny_run_config(cache, OVERRIDES, **extra)
-
 
 def params_at(workdir: Path, step: int) -> dict:
     with ocp.CheckpointManager(workdir / "checkpoints", item_names=("state",)) as manager:
@@ -62,6 +50,7 @@ def two_phase_run(tmp_path_factory, cache):
     return workdir, summary
 
 
+@pytest.mark.fast
 def test_parse_phases():
     config = make_config(Path("/unused"))
     assert parse_phases(config.train) == [Phase(8, 32, 8)]
@@ -297,6 +286,7 @@ def test_command_line_warm_start_checks_only_the_model_keys_it_gives(tmp_path, c
     assert (resolved["hidden_size"], resolved["intermediate_size"], resolved["num_layers"]) == (32, 48, 2)
 
 
+@pytest.mark.fast
 def test_learned_table_grows_only_when_asked(tmp_path):
     from flax import nnx
 

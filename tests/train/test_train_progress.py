@@ -9,6 +9,8 @@ from tqdm.auto import tqdm
 
 from roformer.train import progress
 
+pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
+
 
 class Clock:
     def __init__(self):

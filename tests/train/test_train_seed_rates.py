@@ -6,7 +6,7 @@ from roformer.errors import ConfigError
 from roformer.train import train_and_evaluate
 from roformer.train.seeds import check_seed_group, train_seeds_and_evaluate
 
-from test_train_seeds import losses_match, rows, seed_configs
+from helpers.train import losses_match, rows, seed_configs
 
 MEMBERS = ((0, 1e-3), (1, 3e-3))   # (seed, learning rate)
 

@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from roformer.errors import ConfigError
-from roformer.train import read_metrics, train_and_evaluate
+from roformer.train import train_and_evaluate
 from roformer.train import loop as train_loop
 from roformer.train import seeds as train_seeds
 from roformer.train.checkpoint import Checkpointer
@@ -21,26 +21,7 @@ from roformer.train.metrics import ThroughputTimer
 from roformer.train.seeds import check_seed_group, train_seeds_and_evaluate
 from roformer.workdir import PretrainWorkdir
 
-from test_train_phases import make_config
-
-SEEDS = (0, 1)
-# Evaluated at steps 4 and 8, checkpoints every 2 steps (two kept).
-EXTRA = {"train.phases": "", "train.steps": 8, "train.eval_every": 4}
-
-
-def seed_configs(cache, seeds=SEEDS, **extra):
-    return [make_config(cache, **EXTRA, **extra, **{"train.seed": seed}) for seed in seeds]
-
-
-def rows(workdir):
-    """(step, training loss or held-out loss) of every metrics row."""
-    return [(r["step"], r.get("loss", r.get("eval_loss"))) for r in read_metrics(workdir)]
-
-
-def losses_match(got, want):
-    assert [s for s, _ in got] == [s for s, _ in want]
-    # One program for K seeds may sum a product in another order than one seed's: float rounding.
-    assert [x for _, x in got] == pytest.approx([x for _, x in want], rel=1e-5, abs=1e-5)
+from helpers.train import SEEDS, losses_match, rows, seed_configs
 
 
 @pytest.fixture(scope="module")

@@ -12,33 +12,15 @@ from roformer.train import sharding
 from roformer.train.optim import make_optimizer
 from roformer.train.state import TrainSetup
 
-TINY = ModelConfig(vocab_size=128, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64,
-                   max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
+from helpers.train import TINY, synthetic_batch
+
 # num_layers == num_heads: a per-layer axis has the size of the head count, which is what
 # a size-based guess mistook for heads (Shaw's per-layer tables).
 LAYERS_EQ_HEADS = dict(vocab_size=128, hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128,
                        max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
 
 
-def synthetic_batch(seed: int, batch: int = 8, length: int = 32, preds: int = 6, vocab: int = 128):
-    """A packed MLM batch in the pipeline's format: two documents per row."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(5, vocab, (batch, length)).astype(np.int32)
-    split = length // 2
-    positions = np.concatenate([np.arange(split), np.arange(length - split)])[None].repeat(batch, 0)
-    segments = np.concatenate([np.ones(split), 2 * np.ones(length - split)])[None].repeat(batch, 0)
-    masked = np.sort(np.stack([rng.choice(length, preds, replace=False) for _ in range(batch)]), 1)
-    labels = np.take_along_axis(ids, masked, 1)
-    inputs = ids.copy()
-    np.put_along_axis(inputs, masked, 4, 1)
-    weights = np.ones((batch, preds), np.float32)
-    weights[:, -1] = 0.0                      # a padding slot
-    return {"input_ids": inputs, "token_type_ids": np.zeros_like(ids),
-            "positions": positions.astype(np.int32), "segment_ids": segments.astype(np.int32),
-            "masked_positions": masked.astype(np.int32), "masked_labels": labels.astype(np.int32),
-            "masked_weights": weights}
-
-
+@pytest.mark.fast
 def test_a_mesh_whose_batch_shards_span_processes_is_refused(monkeypatch):
     """Each process feeds its own rows: with 2 processes, batch axes of 1 (tensor takes every
     device) would take one process's rows as the whole batch, silently halving it and feeding
@@ -56,6 +38,7 @@ def test_a_mesh_whose_batch_shards_span_processes_is_refused(monkeypatch):
     assert _make_mesh({"data": 2, "fsdp": 1, "tensor": -1}, tc).shape["tensor"] == 4
 
 
+@pytest.mark.fast
 def test_mesh_shape_fills_minus_one_and_validates():
     assert sharding.mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == (4, 2, 1)
     assert sharding.mesh_shape({"data": 1, "fsdp": -1, "tensor": 2}, 8) == (1, 4, 2)
@@ -67,6 +50,7 @@ def test_mesh_shape_fills_minus_one_and_validates():
         sharding.mesh_shape({"data": -1, "fsdp": 3, "tensor": 1}, 8)
 
 
+@pytest.mark.fast
 def test_logical_axes_of_model_params_and_rules():
     axes = sharding.param_logical_axes(abstract_params(RoFormerForMaskedLM, TINY))
     layer = axes["roformer"]["encoder"]["layer"][0]
@@ -102,6 +86,7 @@ DISTINCT_SIZES = {"vocab_size": 100, "hidden_size": 48, "num_layers": 3, "num_he
                   "embedding_size": 40}
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("scheme", sorted(POSITION_SCHEMES))
 @pytest.mark.parametrize("overrides", [{}, {"embedding_size": 32, "pre_layer_norm": True}, DISTINCT_SIZES],
                          ids=["plain", "factorised-preln", "distinct-sizes"])
@@ -129,6 +114,7 @@ def test_every_parameter_declares_axes_that_name_its_dimensions(scheme, override
     assert mlm["cls"]["predictions"]["transform"]["dense"]["kernel"] == ("embed", "embedding")
 
 
+@pytest.mark.fast
 def test_mislabelled_parameters_of_the_size_guess_are_placed_by_their_names():
     cfg = ModelConfig(**{**LAYERS_EQ_HEADS, "position": "shaw"})
     params = abstract_params(RoFormerForMaskedLM, cfg)
@@ -141,6 +127,7 @@ def test_mislabelled_parameters_of_the_size_guess_are_placed_by_their_names():
     assert layer["attention"]["output"]["dense"]["kernel"].spec == P("tensor", "fsdp")
 
 
+@pytest.mark.fast
 def test_a_parameter_without_declared_axes_is_refused_by_path():
     class Scheme(nnx.Module):
         def __init__(self):
