@@ -241,7 +241,8 @@ def _train_phase(config, workdir: Path) -> dict:
     summary = bookkeeping.run_summary(workdir, final_step=step, start_step=start_step, preempted=preempted,
                                       train_log=train_log, last_eval=last_eval,
                                       wall_time_s=time.perf_counter() - wall_start, num_devices=mesh.devices.size,
-                                      num_processes=jax.process_count(), data=data)
+                                      num_processes=jax.process_count(), data=data,
+                                      stop_signal=stop.signal if preempted else None)
     if is_main:
         bookkeeping.write_summary(workdir, summary)
     return summary

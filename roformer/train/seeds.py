@@ -230,7 +230,7 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
         summary = bookkeeping.run_summary(seed.workdir, final_step=seed.step, start_step=seed.start_step,
                                           preempted=preempted, train_log=seed.log, last_eval=seed.last_eval,
                                           wall_time_s=wall, num_devices=1, num_processes=1, data=seed.data,
-                                          seeds_in_step=len(seeds))
+                                          seeds_in_step=len(seeds), stop_signal=stop.signal if preempted else None)
         bookkeeping.write_summary(seed.workdir, summary)
         results[seed.index] = summary
     return results
