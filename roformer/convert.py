@@ -445,13 +445,22 @@ def save_hf(model: AnyModel, config: ModelConfig | None, out_dir: str | Path,
 def exporting(out_dir: Path) -> Iterator[Path]:
     """Mark `out_dir` incomplete (EXPORT_INCOMPLETE) while the block writes it: an export
     killed mid-way (weights there, the tokenizer not yet) is refused by `from-hf` instead of
-    read as a model without its vocabulary. A regular file in its place is refused first."""
+    read as a model without its vocabulary. A regular file in its place is refused first; an
+    export refused before it wrote anything (a setting HF cannot express) leaves nothing."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"{out_dir} is a file, not a directory: give a directory to write the model into")
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     marker = out_dir / EXPORT_INCOMPLETE
     write_text_atomic(marker, "an export into this directory has not finished; run it again\n")
-    yield out_dir
+    try:
+        yield out_dir
+    except BaseException:
+        if [p.name for p in out_dir.iterdir()] == [EXPORT_INCOMPLETE]:   # nothing written yet
+            marker.unlink()
+            if created:
+                out_dir.rmdir()
+        raise
     marker.unlink()
 
 

@@ -142,7 +142,10 @@ TOKENIZER_KEYS = ("vocab_size", "lowercase")
 def check_same_tokenizer_settings(data_cfg: DataConfig, run: PretrainWorkdir) -> None:
     """Refuse, in one line, a resume that changes a setting of the tokenizer the run trained
     (TOKENIZER_KEYS), by the run's config.json."""
-    saved = {**dataclasses.asdict(DataConfig()), **(run.run_config().get("data") or {})}
+    section = run.run_config().get("data")
+    if not isinstance(section, dict):   # no config.json to compare with (it is written at start-up)
+        return
+    saved = {**dataclasses.asdict(DataConfig()), **section}
     changed = [f"data.{key}={getattr(data_cfg, key)!r} (the run's is {saved[key]!r})" for key in TOKENIZER_KEYS
                if saved[key] != getattr(data_cfg, key)]
     if changed:
