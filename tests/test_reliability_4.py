@@ -323,6 +323,9 @@ def test_a_batch_that_cannot_fit_is_refused_with_an_estimate(cache, tmp_path, mo
     assert snapshot(workdir) == {}
     memory.check_step_memory(make_model_config(), batch_size=8, seq_len=32, num_predictions=6, grad_accum=1,
                              num_devices=1)   # the tests' own batch fits
+    with pytest.raises(ConfigError, match=r"train.batch_size=100000 at train.seq_len=32 for 4 seeds cannot fit"):
+        memory.check_step_memory(make_model_config(), batch_size=100_000, seq_len=32, num_predictions=6, grad_accum=1,
+                                 num_devices=1, seeds=4)   # vmapped seeds: each its own batch and state
 
 
 def make_model_config():

@@ -63,12 +63,14 @@ def step_floor(model_cfg, *, batch_size: int, seq_len: int, num_predictions: int
 
 def check_step_memory(model_cfg, *, batch_size: int, seq_len: int, num_predictions: int, grad_accum: int,
                       num_devices: int, num_processes: int = 1, device: jax.Device | None = None,
-                      host_bytes: int | None = None) -> None:
+                      host_bytes: int | None = None, seeds: int = 1) -> None:
     """Refuse (ConfigError, one line) a step whose memory floor (`step_floor`) exceeds what the
-    host (`host_bytes`, default its available memory) or the device holds; see the module doc."""
+    host (`host_bytes`, default its available memory) or the device holds; see the module doc.
+    `seeds`: runs stepped together (roformer.train.seeds), each with its own batch and state."""
     device = device or jax.devices()[0]
-    floor = step_floor(model_cfg, batch_size=batch_size, seq_len=seq_len, num_predictions=num_predictions,
-                       grad_accum=grad_accum, num_devices=num_devices, num_processes=num_processes)
+    floor = {part: seeds * size for part, size in step_floor(
+        model_cfg, batch_size=batch_size, seq_len=seq_len, num_predictions=num_predictions, grad_accum=grad_accum,
+        num_devices=num_devices, num_processes=num_processes).items()}
     host = available_host_bytes() if host_bytes is None else host_bytes
     limit = device_bytes_limit(device)
     if limit is None:   # the devices are the host's CPU cores: all of it is host memory
@@ -83,7 +85,8 @@ def check_step_memory(model_cfg, *, batch_size: int, seq_len: int, num_predictio
     helps = ("lower train.batch_size" if where == "host memory" and limit is not None else
              "lower train.batch_size, or raise train.grad_accum (each step then runs in that many micro-batches)")
     raise ConfigError(
-        f"train.batch_size={batch_size} at train.seq_len={seq_len} cannot fit: one step needs at least "
+        f"train.batch_size={batch_size} at train.seq_len={seq_len}{f' for {seeds} seeds' if seeds > 1 else ''} "
+        f"cannot fit: one step needs at least "
         f"{need / GIB:,.1f} GiB of {where} ({_parts(floor)}), {math.ceil(need / have):,}x the "
         f"{have / GIB:,.1f} GiB available; {helps}")
 
