@@ -10,7 +10,8 @@
   error of absl (`app.UsageError`, `flags.Error`: an unknown flag, a config file whose
   `get_config` refused its argument), and `FileNotFoundError`, which names the missing
   input file, and a write that found the disk (or quota) full (an `OSError` whose errno
-  says so, roformer.files.is_disk_full), named with its file. Anything else (a
+  says so, roformer.files.is_disk_full), named with its file, or that met a name too long for
+  the file system or a read-only file system (`PATH_ERRNOS`). Anything else (a
   `ValueError` from numpy, say) is a bug and keeps its traceback;
   `ROFORMER_TRACEBACK=1` in the environment shows the traceback of user errors too.
   Ctrl-C prints `error: interrupted (Ctrl-C)` and exits 130 (pretraining instead saves a
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import functools
 import logging
 import os
@@ -54,11 +56,15 @@ class UsageError(UserError):
 
 # The user's to fix, by type (see the module doc).
 USER_ERRORS = (UserError, app.UsageError, flags.Error, FileNotFoundError)
+# A path the user gave that the file system cannot hold: a name too long (most allow 255
+# bytes a name), or a file system mounted read-only.
+PATH_ERRNOS = (errno.ENAMETOOLONG, errno.EROFS)
 
 
 def is_user_error(error: BaseException) -> bool:
     """Whether `error` is the user's to fix (see the module doc); False means a bug."""
-    return isinstance(error, USER_ERRORS) or (isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS)
+    return isinstance(error, USER_ERRORS) or (isinstance(error, OSError) and error.errno in (*DISK_FULL_ERRNOS,
+                                                                                             *PATH_ERRNOS))
 
 
 def error_line(error: BaseException) -> str:
@@ -68,6 +74,11 @@ def error_line(error: BaseException) -> str:
     if not isinstance(error, UserError) and isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
         return (f"could not write {error.filename or 'a file'}: {error.strerror or 'no space left on device'}; "
                 "free some space and run the same command again")
+    if not isinstance(error, UserError) and isinstance(error, OSError) and error.errno == errno.ENAMETOOLONG:
+        return (f"a name in {error.filename or 'a path'} is too long for the file system (most allow 255 bytes a "
+                "name): choose a shorter one")
+    if not isinstance(error, UserError) and isinstance(error, OSError) and error.errno == errno.EROFS:
+        return f"could not write {error.filename or 'a file'}: the file system is read-only; choose a writable place"
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     if any(line.startswith("Traceback (most recent call last)") for line in lines):
         # absl/ml_collections put the traceback of a failing get_config() into the

@@ -26,11 +26,12 @@ in eval mode (dropout off), ready for inference; call `.train()` to fine-tune it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import ml_dtypes  # noqa: F401  registers bfloat16 with numpy, so bf16 safetensors load
@@ -43,7 +44,7 @@ from tokenizers import Tokenizer
 from roformer import cli
 from roformer.data.tokenizer import CLS, MASK, PAD, SEP, UNK, normalizer_lowercases
 from roformer.errors import ConfigError
-from roformer.files import write_bytes_atomic, write_json_atomic
+from roformer.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 from roformer.model import (
     DTYPES,
     ModelConfig,
@@ -66,6 +67,9 @@ SINUSOID_KEY = "encoder.embed_positions.weight"
 OUR_CONFIG_FILE = "model_config.json"
 OUR_PARAMS_DIR = "params"
 FORMAT_NAME = "roformer-jax"
+# Lies in an output directory while a conversion writes it; a directory that still has it was
+# left by a conversion that was stopped, and is refused as input.
+EXPORT_INCOMPLETE = "EXPORT_INCOMPLETE"
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 AnyModel = RoFormerModel | RoFormerForMaskedLM | RoFormerForSequenceClassification
@@ -376,6 +380,9 @@ def _check_hf_dir(hf_dir: Path) -> None:
         raise ConfigError(f"{hf_dir} is a pretraining workdir (checkpoints/ and a config.json with a train "
                           f"section), not {HF_DIR_EXPECTED}. To export it use `python -m roformer.convert "
                           f"to-hf {hf_dir} OUT_DIR`; in Python, load_pretrain_workdir() reads it")
+    if (hf_dir / EXPORT_INCOMPLETE).exists():
+        raise ConfigError(f"{hf_dir} is an export that did not finish ({EXPORT_INCOMPLETE} is there: the command "
+                          "writing it was stopped); run that export again")
     if not config_path.is_file():
         raise ConfigError(f"no config.json in {hf_dir} (expected {HF_DIR_EXPECTED})")
 
@@ -426,11 +433,35 @@ def save_hf(model: AnyModel, config: ModelConfig | None, out_dir: str | Path,
     weights = params_to_hf_weights(model)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out_dir / "config.json", hf, indent=2, sort_keys=True)
     # Through the atomic helper: a file the umask makes readable (save_file's own is 0600 on
-    # Linux), and no half-written weights under the final name.
+    # Linux), and no half-written weights under the final name. config.json last: a directory
+    # an export killed mid-way left has none, which HF loaders refuse.
     write_bytes_atomic(out_dir / "model.safetensors", safetensors.numpy.save(weights, metadata={"format": "pt"}))
+    write_json_atomic(out_dir / "config.json", hf, indent=2, sort_keys=True)
     return out_dir
+
+
+@contextlib.contextmanager
+def exporting(out_dir: Path) -> Iterator[Path]:
+    """Mark `out_dir` incomplete (EXPORT_INCOMPLETE) while the block writes it: an export
+    killed mid-way (weights there, the tokenizer not yet) is refused by `from-hf` instead of
+    read as a model without its vocabulary. A regular file in its place is refused first; an
+    export refused before it wrote anything (a setting HF cannot express) leaves nothing."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"{out_dir} is a file, not a directory: give a directory to write the model into")
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    marker = out_dir / EXPORT_INCOMPLETE
+    write_text_atomic(marker, "an export into this directory has not finished; run it again\n")
+    try:
+        yield out_dir
+    except BaseException:
+        if [p.name for p in out_dir.iterdir()] == [EXPORT_INCOMPLETE]:   # nothing written yet
+            marker.unlink()
+            if created:
+                out_dir.rmdir()
+        raise
+    marker.unlink()
 
 
 def save_converted(model: AnyModel, out_dir: str | Path) -> Path:
@@ -439,10 +470,34 @@ def save_converted(model: AnyModel, out_dir: str | Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"format": FORMAT_NAME, "head": _model_head(model),
             "num_labels": getattr(model, "num_labels", None), "model": model.config.to_dict()}
-    (out_dir / OUR_CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(out_dir / OUR_PARAMS_DIR, nnx.state(model, nnx.Param), force=True)
+    # Last, and atomically: a save killed mid-way leaves no model_config.json (or the previous
+    # one), never an empty one beside parameters that are not there.
+    write_json_atomic(out_dir / OUR_CONFIG_FILE, meta, indent=2)
     return out_dir
+
+
+def read_converted_config(our_dir: Path) -> dict:
+    """model_config.json of a converted (or fine-tuned, saved) model, checked: a dict with a
+    known head and a ModelConfig the project can build; anything else is refused in one line
+    naming the directory (a damaged or hand-edited file)."""
+    path = our_dir / OUR_CONFIG_FILE
+    try:
+        meta = json.loads(path.read_bytes().decode("utf-8"))
+        if not isinstance(meta, dict) or meta.get("head") not in HEADS or not isinstance(meta.get("model"), dict):
+            raise ValueError("not a model_config.json of this project (head, model)")
+        num_labels = meta.get("num_labels")
+        if meta["head"] == "classification" and not (isinstance(num_labels, int) and num_labels >= 1):
+            raise ValueError(f"num_labels={num_labels!r}")
+        meta["config"] = ModelConfig.from_dict(ModelConfig.saved_fields(meta["model"]))
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError) as error:   # ConfigError is a ValueError
+        why = (str(error).splitlines() or [""])[0][:200]
+        raise ConfigError(f"{path} cannot be read ({type(error).__name__}: {why}): the model there is damaged; "
+                          "save or convert it again") from None
+    return meta
 
 
 def load_converted(our_dir: str | Path, **overrides) -> tuple[ModelConfig, AnyModel]:
@@ -450,15 +505,24 @@ def load_converted(our_dir: str | Path, **overrides) -> tuple[ModelConfig, AnyMo
     The model is returned in eval mode (dropout off); call `.train()` to fine-tune it."""
     our_dir = Path(our_dir).resolve()
     meta_path = our_dir / OUR_CONFIG_FILE
+    if (our_dir / EXPORT_INCOMPLETE).exists():
+        raise ConfigError(f"{our_dir} is a conversion that did not finish ({EXPORT_INCOMPLETE} is there: the "
+                          "command writing it was stopped); run that conversion again")
     if not meta_path.exists():
         raise ConfigError(f"no {OUR_CONFIG_FILE} in {our_dir}; expected a directory written by "
                           f"`python -m roformer.convert from-hf` or save_converted()")
-    meta = json.loads(meta_path.read_text())
+    meta = read_converted_config(our_dir)
     config = ModelConfig.from_dict({**ModelConfig.saved_fields(meta["model"]), **overrides})
     model = build_model(config, meta["head"], num_labels=meta.get("num_labels"))
     abstract = nnx.state(model, nnx.Param)
-    with ocp.StandardCheckpointer() as checkpointer:
-        restored = checkpointer.restore(our_dir / OUR_PARAMS_DIR, abstract)
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            restored = checkpointer.restore(our_dir / OUR_PARAMS_DIR, abstract)
+    except Exception as error:  # noqa: BLE001 - whatever orbax meets in a damaged directory
+        raise ConfigError(f"the parameters in {our_dir / OUR_PARAMS_DIR} cannot be read as the model "
+                          f"{OUR_CONFIG_FILE} describes ({type(error).__name__}: "
+                          f"{(str(error).splitlines() or [''])[0][:200]}): they are damaged or of another model; "
+                          "save or convert it again") from None
     nnx.update(model, restored)
     model.eval()
     return config, model
@@ -534,11 +598,15 @@ def main(argv: list[str] | None = None) -> None:
     to_hf.add_argument("--step", type=int, default=-1, help="pretraining step (default: newest)")
     args = parser.parse_args(argv)
 
+    out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():   # before the model is read
+        raise ConfigError(f"{out_dir} is a file, not a directory: give a directory to write the model into")
     if args.command == "from-hf":
         _check_hf_dir(Path(args.hf_dir))
         config, model = load_hf(args.hf_dir, rope_layout=args.rope_layout, dtype=args.dtype)
-        out = save_converted(model, args.out_dir)
-        _copy_tokenizer_files(Path(args.hf_dir), out)
+        with exporting(out_dir):
+            out = save_converted(model, out_dir)
+            _copy_tokenizer_files(Path(args.hf_dir), out)
         print(f"wrote {_model_head(model)} model ({config.num_layers} layers, hidden {config.hidden_size}) "
               f"to {out}")
         return
@@ -548,14 +616,15 @@ def main(argv: list[str] | None = None) -> None:
                              "workdir)")
     if (src / OUR_CONFIG_FILE).is_file():
         config, model = load_converted(src)
-        out = save_hf(model, config, args.out_dir)
-        _copy_tokenizer_files(src, out)
-        if not (out / "tokenizer_config.json").is_file() and any((out / n).is_file() for n in TOKENIZER_FILES):
-            # a vocabulary from an HF directory without one: BERT's default is uncased, and a
-            # tokenizer.json says for itself
-            fast = out / "tokenizer.json"
-            lowercase = normalizer_lowercases(Tokenizer.from_file(str(fast))) if fast.is_file() else True
-            write_hf_tokenizer_config(out, lowercase=lowercase, model_max_length=config.max_position_embeddings)
+        with exporting(out_dir):
+            out = save_hf(model, config, out_dir)
+            _copy_tokenizer_files(src, out)
+            if not (out / "tokenizer_config.json").is_file() and any((out / n).is_file() for n in TOKENIZER_FILES):
+                # a vocabulary from an HF directory without one: BERT's default is uncased, and a
+                # tokenizer.json says for itself
+                fast = out / "tokenizer.json"
+                lowercase = normalizer_lowercases(Tokenizer.from_file(str(fast))) if fast.is_file() else True
+                write_hf_tokenizer_config(out, lowercase=lowercase, model_max_length=config.max_position_embeddings)
     elif PretrainWorkdir.holds_run(src):
         config, model = load_pretrain_workdir(src, step=args.step)
         run = PretrainWorkdir(src)
@@ -565,9 +634,10 @@ def main(argv: list[str] | None = None) -> None:
             nnx.update(longer, nnx.state(model, nnx.Param))
             longer.eval()
             config, model = exported, longer
-        out = save_hf(model, config, args.out_dir)
-        if run.tokenizer_file.is_file():
-            save_hf_tokenizer(run.tokenizer(), out, model_max_length=config.max_position_embeddings)
+        with exporting(out_dir):
+            out = save_hf(model, config, out_dir)
+            if run.tokenizer_file.is_file():
+                save_hf_tokenizer(run.tokenizer(), out, model_max_length=config.max_position_embeddings)
     else:
         raise cli.UsageError(f"to-hf: {src} has neither {OUR_CONFIG_FILE} (from-hf output) nor {CHECKPOINTS}/ "
                              "(a pretraining workdir)")

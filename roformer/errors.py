@@ -18,6 +18,11 @@ class ConfigError(UserError, ValueError):
     callers that check values expect)."""
 
 
+class NotWritable(UserError, OSError):
+    """A directory a command must write into cannot be written (read-only, no permission),
+    found before the command computes what it would write (roformer.files.check_writable)."""
+
+
 class StorageError(UserError, OSError):
     """A file could not be written because the disk (or the user's quota) is full; the
     message names what was being written (roformer.files.writing)."""

@@ -5,7 +5,8 @@
 Restores the newest checkpoint (or --step's) of the workdir and scores the run's held-out
 batches as the training loop does (roformer.train.checkpoint_eval): loss, MLM accuracy and
 perplexity, written to WORKDIR/eval_<step>.json (or --out) beside what the run logged at
-that step. GLUE scores of fine-tuned models: `python -m roformer.glue --eval_only=...`.
+that step; a result file that cannot be written (a read-only workdir) is refused before the
+checkpoint is read. GLUE scores of fine-tuned models: `python -m roformer.glue --eval_only=...`.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from roformer import cli
-from roformer.files import write_json_atomic, writing
+from roformer.files import check_writable, write_json_atomic, writing
 
 
 def summary_line(result: dict) -> str:
@@ -38,8 +39,11 @@ def main(argv: list[str] | None = None) -> None:
     from roformer.train.checkpoint_eval import evaluate_checkpoint   # jax: after --help
     from roformer.workdir import PretrainWorkdir
 
-    result = evaluate_checkpoint(args.workdir, step=args.step, eval_batches=args.eval_batches)
-    out = Path(args.out) if args.out else PretrainWorkdir(result["workdir"]).eval_file(result["step"])
+    run = PretrainWorkdir(args.workdir)
+    step = run.resolve_step(args.step)
+    out = Path(args.out) if args.out else run.eval_file(step)
+    check_writable(out.parent, f"the held-out metrics {out.name}")   # before minutes of computing them
+    result = evaluate_checkpoint(run.path, step=step, eval_batches=args.eval_batches)
     with writing(f"the held-out metrics {out}"):
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out, result, indent=2)

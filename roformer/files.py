@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from roformer.errors import StorageError
+from roformer.errors import NotWritable, StorageError
 
 # No space left on device, disk quota exceeded, file too large for the file system.
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -54,6 +54,21 @@ def writing(what: str) -> Iterator[None]:
                             "the same command again")
         full.errno = errno.ENOSPC
         raise full from error
+
+
+def check_writable(directory: str | Path, what: str) -> None:
+    """Refuse in one line (NotWritable) a `directory` that `what` (e.g. 'the held-out metrics
+    eval_4.json') cannot be written into, by writing and removing a staging file there: before
+    a command spends minutes computing it. The directory is created if missing."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = staging_name(directory / ".write-check")
+        probe.touch(exist_ok=False)
+        probe.unlink()
+    except OSError as error:
+        raise NotWritable(f"cannot write {what} into {directory}: {error.strerror or error}; make it writable or "
+                          "choose another place") from None
 
 
 def staging_name(path: Path) -> Path:

@@ -17,6 +17,7 @@ from ml_collections import config_flags
 
 from roformer import cli
 from roformer.train import train_and_evaluate, warm_start
+from roformer.train.progress import stop_signal
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Pretraining config file (configs/*.py[:arg]).",
@@ -29,7 +30,7 @@ def next_steps(summary: dict, workdir: str) -> str:
     """One line: where the run's outputs are and what to run next (a command a shell takes
     as it is, whatever the workdir's name holds)."""
     if summary.get("preempted"):
-        return (f"stopped at step {summary['final_step']} (SIGTERM or Ctrl-C); run the same command again to "
+        return (f"stopped at step {summary['final_step']} ({stop_signal(summary)}); run the same command again to "
                 f"resume from {workdir}/checkpoints")
     glue_workdir = workdir.rstrip("/") + "_glue"
     # The smoke variant: minutes on a CPU, where the full protocol takes hours.

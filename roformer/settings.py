@@ -11,7 +11,8 @@ A rule is a short text:
   "choice linear cosine", "choice '' copy"                   one of the words ('' the empty text)
   "bool"
 Integers are not floats' halves: an `int` rule refuses 2.5 (and True: a bool is no number);
-a `float` rule takes an integer. NaN is in no range.
+a `float` rule takes an integer. NaN and the infinities are in no range: a setting is a
+finite number (`train.eps=inf` would train with no updates).
 """
 from __future__ import annotations
 
@@ -78,8 +79,11 @@ def is_allowed(value: Any, rule: str) -> bool:
         return False
     if kind == "int" and not isinstance(value, numbers.Integral):
         return False
-    value = float(value)
-    if math.isnan(value):
+    try:
+        value = float(value)
+    except OverflowError:   # an integer beyond any float
+        return False
+    if not math.isfinite(value):
         return False
     if op:
         return {">=": value >= bound, ">": value > bound, "<=": value <= bound, "<": value < bound}[op]
@@ -87,7 +91,7 @@ def is_allowed(value: Any, rule: str) -> bool:
         lo_bracket, lo, hi, hi_bracket = interval
         return ((value >= lo if lo_bracket == "[" else value > lo)
                 and (value <= hi if hi_bracket == "]" else value < hi))
-    return math.isfinite(value)
+    return True
 
 
 def refusal(key: str, value: Any, rule: str) -> str | None:

@@ -4,9 +4,12 @@ Pretraining, GLUE and the ablation take it for their whole run, so a second run 
 workdir in use stops at once, naming the holder's host and pid, instead of both
 writing the same checkpoints and metrics. A lock left by a process that died on this
 host (SIGKILL, OOM, a crash) is taken over with a warning, and so is an empty or
-unreadable lock file some seconds old (its writer failed, e.g. on a full disk); one held
-on another host cannot be checked from here and is refused. In a multi-host run only process 0 takes
-it: every process of that run shares the workdir. The same process may take it again
+unreadable lock file that stays so for some seconds (its writer failed, e.g. on a full disk;
+counted on this process's clock, since the file's mtime may lie, e.g. lie in the future), and
+a symbolic link to nothing; one held on another host cannot be checked from here and is
+refused. Taking the lock never waits silently nor more than a minute: a lock that keeps
+changing is refused. In a multi-host run only process 0 takes it: every process of that run
+shares the workdir. The same process may take it again
 (nested runs); it is released when the outermost `with` exits, and the directories the
 lock created are removed again if the run left them empty (e.g. refused a bad config).
 A workdir that cannot hold a run (a regular file, not creatable, not writable) is refused
@@ -33,6 +36,7 @@ log = logging.getLogger("roformer")
 
 LOCK_FILE = "workdir.lock"
 UNREADABLE_GRACE_S = 5.0
+GIVE_UP_S = 60.0   # a lock that keeps changing for this long is refused, never waited on forever
 
 _depth: dict[Path, int] = {}   # locks this process holds -> nesting depth
 
@@ -68,24 +72,44 @@ def _read(path: Path) -> dict | None:
 
 
 def _acquire(path: Path, me: dict) -> None:
+    # How long this process has seen the lock empty or torn, on its own clock: a file's mtime
+    # may lie (set in the future, or a clock that differs on a network file system).
+    unreadable_since = None
+    deadline = time.monotonic() + GIVE_UP_S
     while True:
+        if time.monotonic() > deadline:
+            raise WorkdirBusy(f"could not take {path} within {GIVE_UP_S:.0f}s: it keeps changing (another run "
+                              f"starting on this workdir?); wait for it or use another workdir (if no run uses "
+                              f"it, remove {path})")
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             holder = _read(path)
-            if holder is None:   # released meanwhile: try again
-                continue
+            if holder is None:
+                if path.is_symlink():   # a link to nothing: the project never makes one, it holds nothing
+                    log.warning("%s: removing %s, a symbolic link to nothing (%s), which no run holds",
+                                path.parent, path.name, os.readlink(path))
+                    path.unlink(missing_ok=True)
+                continue   # released meanwhile: try again
             if "unreadable" in holder:
                 # A taker writes its line right after creating the file: one still empty or torn
                 # after UNREADABLE_GRACE_S was left by a write that failed (a full disk) or a
                 # process killed in between, and holds nothing.
-                if holder["unreadable"] < UNREADABLE_GRACE_S:
+                now = time.monotonic()
+                if unreadable_since is None:
+                    unreadable_since = now - max(0.0, min(holder["unreadable"], UNREADABLE_GRACE_S))
+                    if now - unreadable_since < UNREADABLE_GRACE_S:
+                        log.info("%s: the lock file is empty; waiting up to %.0fs for the run creating it",
+                                 path.parent, UNREADABLE_GRACE_S)
+                if now - unreadable_since < UNREADABLE_GRACE_S:
                     time.sleep(0.05)
                     continue
                 log.warning("%s: taking over an empty or unreadable lock file (left by a run that could not "
                             "finish writing it)", path.parent)
                 path.unlink(missing_ok=True)
+                unreadable_since = None
                 continue
+            unreadable_since = None
             host, pid = holder.get("host"), holder.get("pid")
             if host == me["host"] and pid == me["pid"]:
                 return   # ours already (written by this process)

@@ -47,4 +47,6 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     assert stopped and "run the same command again to resume" in stopped[0]
     step = int(stopped[0].split()[3])
     assert step >= 3 and (workdir / "checkpoints" / str(step)).is_dir()
-    assert json.loads((workdir / "summary.json").read_text())["preempted"] is True
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["preempted"] is True and summary["stop_signal"] == "SIGINT"
+    assert f"stopped at step {step} (SIGINT)" in stopped[0] and "(stopped: SIGINT)" in output

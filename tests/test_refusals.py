@@ -9,32 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import MICRO_MODEL, tiny_run_config
+from helpers.refusals import make_config, refused_leaves_it_alone
 from roformer.errors import ConfigError
 from roformer.train import train_and_evaluate
 from roformer.workdir_lock import WorkdirBusy
 
 REPO = Path(__file__).resolve().parents[1]
-OVERRIDES = {
-    **MICRO_MODEL,
-    "train.steps": 4, "train.batch_size": 8, "train.seq_len": 32, "train.warmup_steps": 1,
-    "train.log_every": 2, "train.eval_every": 4, "train.eval_batches": 1, "train.eval_attention_stats": False,
-    "train.checkpoint_every": 4, "train.keep_checkpoints": 2, "train.progress_bar": False,
-    "mesh.num_devices": 1,
-}
-
-
-def make_config(cache: Path, **extra):
-    return tiny_run_config(cache, OVERRIDES, **extra)
-
-
-def snapshot(workdir: Path) -> dict[str, bytes | None]:
-    """Every file (its bytes) and directory (None) under `workdir`."""
-    if not workdir.exists():
-        return {}
-    return {str(p.relative_to(workdir)): (p.read_bytes() if p.is_file() else None) for p in sorted(workdir.rglob("*"))}
-
-
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("data_cache")
@@ -52,15 +32,6 @@ def run(finished, tmp_path):
     workdir = tmp_path / "run"
     shutil.copytree(finished, workdir)
     return workdir
-
-
-def refused_leaves_it_alone(workdir: Path, config, error, match: str) -> None:
-    before = snapshot(workdir)
-    with pytest.raises(error, match=match):
-        train_and_evaluate(config, workdir)
-    after = snapshot(workdir)
-    assert after.keys() == before.keys(), sorted(set(after) ^ set(before))
-    assert [name for name in before if before[name] != after[name]] == []
 
 
 def test_a_refused_setting_writes_nothing(run, cache, tmp_path):

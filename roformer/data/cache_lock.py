@@ -19,7 +19,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from roformer.errors import UserError
+
 log = logging.getLogger(__name__)
+
+
+class CacheUnwritable(UserError, OSError):
+    """A cache entry must be built, and the cache directory cannot be written (read-only, no
+    permission)."""
 
 
 @contextlib.contextmanager
@@ -29,14 +36,14 @@ def build_lock(target: Path) -> Iterator[None]:
     lock: the process it waited for has usually built it.
 
     flock, not a lock file's existence: the kernel releases it when the holder exits or is
-    killed, so a dead builder never blocks. The holder removes the file before it unlocks; a
+    killed, so a dead builder never blocks; the file it leaves (a build stopped by SIGTERM or
+    SIGKILL) is taken over, said in the log. The holder removes the file before it unlocks; a
     waiter that then gets the lock of the removed file takes the current one instead. Where
     the file system refuses flock, the block runs unlocked: correct, at worst built twice."""
     path = target.with_name(f".{target.name}.lock")
-    path.parent.mkdir(parents=True, exist_ok=True)
     told = False
     while True:
-        f = open(path, "a+")
+        f = _open(path, target)
         try:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -56,6 +63,11 @@ def build_lock(target: Path) -> Iterator[None]:
         except FileNotFoundError:
             current = False
         if current:
+            f.seek(0)
+            left = f.read().strip()
+            if left:   # its holder was killed (SIGTERM, SIGKILL) before it removed it: nothing holds it now
+                log.info("%s: taking over the lock left by a build that was stopped (%s); building it again",
+                         target, left)
             break
         f.close()   # the previous holder removed it: lock the file now at `path`
     if f is None:
@@ -70,6 +82,21 @@ def build_lock(target: Path) -> Iterator[None]:
             yield
         finally:
             path.unlink(missing_ok=True)
+
+
+def _open(path: Path, target: Path):
+    """The lock file `path` of entry `target`, opened (created) to lock it; a cache that cannot
+    be written is said in one line (CacheUnwritable)."""
+    try:
+        if path.is_symlink() and not path.exists():   # a link to nothing: no build made it, none holds it
+            log.info("removing %s, a symbolic link to nothing", path)
+            path.unlink()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return open(path, "a+")
+    except OSError as error:
+        raise CacheUnwritable(f"{target} must be built but the cache {path.parent} cannot be written "
+                              f"({error.strerror or error}); make it writable, or set data.cache_dir (or "
+                              "$ROFORMER_CACHE) to a directory that is") from None
 
 
 def find_each_other(parts_dir: Path, process_index: int, process_count: int, seconds: float) -> bool:

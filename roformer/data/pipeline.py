@@ -356,6 +356,10 @@ def make_pretrain_data(data: DataConfig, *, seq_len: int, batch_size: int, seed:
     its share (`process_index` of `process_count`) of every batch stream."""
     if seq_len < MIN_SEQ_LEN:
         raise ConfigError(f"seq_len={seq_len}: must be >= {MIN_SEQ_LEN}")
+    if data.max_predictions_per_seq > seq_len:   # before a batch of that many slots is allocated
+        raise ConfigError(f"data.max_predictions_per_seq={data.max_predictions_per_seq} is more than the "
+                          f"{seq_len} positions of a sequence (train.seq_len): at most one prediction per position; "
+                          "0 takes round(data.mask_rate * seq_len) + 1")
     tokenizer, corpus = prepare_corpus(data, process_index=process_index, process_count=process_count,
                                        show_progress=show_progress)
     max_predictions = data.max_predictions_per_seq or round(data.mask_rate * seq_len) + 1

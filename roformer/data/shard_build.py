@@ -33,7 +33,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from roformer.data import shards
-from roformer.data.cache_lock import build_lock, find_each_other
+from roformer.data.cache_lock import CacheUnwritable, build_lock, find_each_other
 from roformer.data.shards import (FORMAT_VERSION, Entry, TokenCorpus, cache_key, chunk_documents,
                                   crc32, default_cache_dir, move_into_place)
 from roformer.data.sources import TextSource
@@ -75,7 +75,12 @@ def load_or_build(source: TextSource, tokenizer: WordPieceTokenizer, cache_dir: 
         return corpus
     if entry.problem:
         log.warning("token shard cache %s is unusable (%s); rebuilding it", directory, entry.problem)
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CacheUnwritable(f"{directory} must be built but the cache {root} cannot be made "
+                              f"({error.strerror or error}); set data.cache_dir (or $ROFORMER_CACHE) to a writable "
+                              "directory") from None
     for stale in stale_staging(root):   # builds killed before they were renamed into place
         log.info("removing %s, left by a build that did not finish", stale)
         shutil.rmtree(stale, ignore_errors=True)

@@ -15,7 +15,8 @@ The key hashes the source fingerprint and the tokenizer hash, so a changed
 tokenizer or source gets a new entry. The shard files and the manifest depend only
 on the documents and the tokenizer: where a shard ends is fixed by the documents'
 lengths, so any number of processes or threads writes the same bytes. An entry whose
-files disagree with its manifest (size or CRC32) reads as unusable, and is rebuilt.
+files disagree with its manifest (size or CRC32), or holds a token id beyond its vocabulary,
+reads as unusable, and is rebuilt.
 """
 from __future__ import annotations
 
@@ -186,6 +187,10 @@ def open_shards(directory: Path, expected: dict) -> tuple[TokenCorpus | None, st
             if (len(arrays["tokens"]) != shard["num_tokens"] or len(offsets) != shard["num_docs"] + 1
                     or offsets[-1] != shard["num_tokens"] or len(arrays["hashes"]) != shard["num_docs"]):
                 return None, f"{shard['name']} arrays disagree with the manifest counts"
+            if len(arrays["tokens"]) and int(np.max(arrays["tokens"])) >= manifest["vocab_size"]:
+                # ids a model of that vocabulary has no embedding for: it would read garbage rows
+                return None, (f"{shard['files']['tokens']['file']} holds token id {int(np.max(arrays['tokens']))}, "
+                              f"beyond the vocabulary of {manifest['vocab_size']}")
             tokens.append(arrays["tokens"])
             doc_shard.append(np.full(shard["num_docs"], index, dtype=np.int32))
             doc_start.append(offsets[:-1])

@@ -17,6 +17,7 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from roformer.errors import ConfigError
+from roformer.files import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -152,9 +153,9 @@ class WordPieceTokenizer:
         directory.mkdir(parents=True, exist_ok=True)
         vocab = self.tokenizer.get_vocab(with_added_tokens=True)
         by_id = sorted(vocab.items(), key=lambda kv: kv[1])
-        (directory / "vocab.txt").write_text("".join(t + "\n" for t, _ in by_id), encoding="utf-8")
+        write_text_atomic(directory / "vocab.txt", "".join(t + "\n" for t, _ in by_id), encoding="utf-8")
         path = directory / "tokenizer.json"
-        self.tokenizer.save(str(path))
+        write_text_atomic(path, self.tokenizer.to_str(pretty=True), encoding="utf-8")
         return path
 
 

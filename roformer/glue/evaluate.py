@@ -27,7 +27,7 @@ from pathlib import Path
 import ml_collections
 
 from roformer.accelerator import enable_compilation_cache, startup_line
-from roformer.convert import OUR_CONFIG_FILE, load_converted
+from roformer.convert import OUR_CONFIG_FILE, load_converted, read_converted_config
 from roformer.data.tokenizer import load_tokenizer
 from roformer.errors import ConfigError
 from roformer.files import writing
@@ -119,9 +119,9 @@ class SavedRun:
         one with config.model's non-shape settings (dtype, attention_impl), refused where
         config.model names another size, vocab_size or position, or the head is not the task's."""
         model_dir = self.seeds[task][seed]
+        meta = read_converted_config(model_dir)   # a damaged file refused in one line naming it
         tokenizer = load_tokenizer(str(model_dir / "tokenizer.json"))
-        meta = json.loads((model_dir / OUR_CONFIG_FILE).read_text())
-        saved = ModelConfig.from_dict(ModelConfig.saved_fields(meta["model"]))
+        saved = meta["config"]
         model_config = resolve_model_config(config.model, InitSource("converted", str(model_dir), saved, None, None),
                                             tokenizer.vocab_size)
         spec = TASKS[task]

@@ -34,6 +34,7 @@ from roformer.glue.settings import check_config
 from roformer.glue.submission import finish_submission, write_predictions
 from roformer.glue.tasks import TASKS, TaskSpec, parse_task_list
 from roformer.model.attention import check_attention_impl
+from roformer.model.positions import POSITION_SCHEMES
 from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.glue")
@@ -275,8 +276,10 @@ def save_models(trained: dict[int, Classifier], chosen: int, task_dir: Path, tok
     for seed, classifier in trained.items():
         if every_seed or seed == chosen:
             model = classifier.model()
-            save_converted(model, task_dir / f"seed{seed}")
+            # model_config.json last (save_converted): a save killed mid-way leaves a directory
+            # --eval_only does not take for a model
             tokenizer.save(task_dir / f"seed{seed}")
+            save_converted(model, task_dir / f"seed{seed}")
             if seed == chosen:
                 try:
                     save_hf(model, None, task_dir / "hf")
@@ -387,6 +390,12 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     special = features_lib.tokenizer_special_ids(tokenizer)
     model_config = resolve_model_config(config.model, init, tokenizer.vocab_size)
     check_attention_impl(model_config)   # the checkpoint's attention_impl may not suit this device
+    longest = POSITION_SCHEMES[model_config.position].max_length(model_config)
+    for name in tasks:
+        if longest is not None and Protocol.from_config(config, name).max_seq_len > longest:
+            raise ConfigError(f"max_seq_len={Protocol.from_config(config, name).max_seq_len} of {name} is longer than "
+                              f"the {longest} positions the model's {model_config.position} position table holds: "
+                              f"lower --config.max_seq_len to at most {longest}")
     log.info("%s", startup_line(model_config))
     cache = enable_compilation_cache(config.get("compilation_cache_dir", ""))
     if cache:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from roformer.settings import check, check_all
 
+# GLUE's longest examples are a few hundred tokens; a row of this many is a typo, and would be
+# allocated for every padded batch before the first step.
+MAX_SEQ_LEN = 65_536
 # The fine-tuning protocol: global keys, each also settable per task (config.per_task.<task>.<key>).
 PROTOCOL_RULES = {
     "learning_rate": "float > 0", "batch_size": "int >= 1", "num_epochs": "float >= 0", "max_steps": "int >= 0",
-    "warmup_fraction": "float in [0, 1]", "weight_decay": "float >= 0", "max_seq_len": "int >= 8",
+    "warmup_fraction": "float in [0, 1]", "weight_decay": "float >= 0", "max_seq_len": f"int in [8, {MAX_SEQ_LEN}]",
     "max_train_examples": "int >= 0", "decay": "choice linear cosine", "b1": "float in [0, 1)",
     "b2": "float in [0, 1)", "eps": "float > 0", "clip_norm": "float >= 0",
 }

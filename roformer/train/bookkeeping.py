@@ -27,7 +27,7 @@ from roformer.train import progress, warm_start
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.config import OPTIMIZER_KEYS, TrainConfig, parse_phases, phase_schedule_factors
 from roformer.train.guard import DivergenceGuard
-from roformer.train.metrics import read_metrics
+from roformer.train.metrics import check_metrics_file, read_metrics
 from roformer.train.optim import make_optimizer
 from roformer.train.state import TrainSetup
 from roformer.workdir import CHECKPOINTS, PretrainWorkdir
@@ -75,6 +75,7 @@ def open_run(cleanup: contextlib.ExitStack, workdir: Path, tc: TrainConfig, mode
     architecture, and the summary of a run already finished (None otherwise; then a changed
     optimizer setting is said). Writes nothing: the run's files wait for `write_run_files`,
     after the restore has checked the corpus too."""
+    check_metrics_file(workdir)
     checkpointer = cleanup.enter_context(contextlib.closing(Checkpointer(
         workdir / CHECKPOINTS, max_to_keep=tc.keep_checkpoints, async_save=tc.async_checkpoints)))
     check_same_model_config(checkpointer.saved_model_config(), model_cfg.to_dict(), workdir)
@@ -133,6 +134,25 @@ def run_optimizer(tc: TrainConfig):
         phases=phase_schedule_factors(parse_phases(tc), tc.learning_rate))
 
 
+# The data settings that made the run's trained tokenizer: a resume keeps that tokenizer (the
+# workdir's copy), so a new value would change nothing but what config.json says.
+TOKENIZER_KEYS = ("vocab_size", "lowercase")
+
+
+def check_same_tokenizer_settings(data_cfg: DataConfig, run: PretrainWorkdir) -> None:
+    """Refuse, in one line, a resume that changes a setting of the tokenizer the run trained
+    (TOKENIZER_KEYS), by the run's config.json."""
+    section = run.run_config().get("data")
+    if not isinstance(section, dict):   # no config.json to compare with (it is written at start-up)
+        return
+    saved = {**dataclasses.asdict(DataConfig()), **section}
+    changed = [f"data.{key}={getattr(data_cfg, key)!r} (the run's is {saved[key]!r})" for key in TOKENIZER_KEYS
+               if saved[key] != getattr(data_cfg, key)]
+    if changed:
+        raise ConfigError(f"{run.path} resumes with the tokenizer it trained, which {' and '.join(changed)} would not "
+                          "change: drop the override, or train another tokenizer in a new --workdir")
+
+
 def run_data(data_cfg, tc: TrainConfig, init_source=None, workdir: Path | None = None):
     """The run's data (this process's share of each batch), with the tokenizer of the
     checkpoint a warm start comes from (`init_source`), or of the run in `workdir` when it
@@ -145,6 +165,7 @@ def run_data(data_cfg, tc: TrainConfig, init_source=None, workdir: Path | None =
         data_cfg = init_source.with_tokenizer(data_cfg)
     elif workdir is not None and not data_cfg.vocab and PretrainWorkdir.holds_run(workdir) \
             and PretrainWorkdir(workdir).tokenizer_file.is_file():
+        check_same_tokenizer_settings(data_cfg, PretrainWorkdir(workdir))
         data_cfg = dataclasses.replace(data_cfg, vocab=str(PretrainWorkdir(workdir).tokenizer_file))
     data = make_pretrain_data(data_cfg, seq_len=tc.seq_len, batch_size=tc.batch_size // jax.process_count(),
                               seed=tc.seed, process_index=jax.process_index(), process_count=jax.process_count())
@@ -176,6 +197,10 @@ def restore_or_init(setup: TrainSetup, checkpointer: Checkpointer, data, tc: Tra
     else:
         start_step, state, data_state = restored
         log.info("resumed from %s at step %d", checkpointer.directory, start_step)
+        if data_state is None:   # saved without it, or its item damaged (a step without checksums)
+            log.warning("the checkpoint at step %d holds no data-iterator state for process %d: the data order "
+                        "starts again at the corpus's first row, so the batches of steps 1-%d come again",
+                        start_step, jax.process_index(), start_step)
     train_iter = data.train_iterator()
     if data_state is not None and train_iter.resume(data_state):
         log.info("step %d: phase %d begins with seq_len %d, batch %d", start_step, train_iter.phase,

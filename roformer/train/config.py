@@ -19,13 +19,14 @@ from roformer.settings import check_all
 RETIRED_KEYS = {"dtype": "model.dtype"}
 # The optimizer's settings: a resume that changes one says so (roformer.train.loop).
 OPTIMIZER_KEYS = ("learning_rate", "warmup_steps", "decay", "weight_decay", "b1", "b2", "eps", "clip_norm")
+MAX_SEED = 2**32 - 1   # a 32-bit seed: what every random-number generator the run seeds takes
 # What each setting allows (roformer.settings): checked when a TrainConfig is made, so a bad
 # value stops a run before it writes anything.
 RULES = {
     "steps": "int >= 1", "batch_size": "int >= 1", "seq_len": f"int >= {MIN_SEQ_LEN}",
     "learning_rate": "float > 0", "warmup_steps": "int >= 0", "decay": "choice linear cosine",
     "decay_steps": "int >= 0", "weight_decay": "float >= 0", "b1": "float in [0, 1)", "b2": "float in [0, 1)",
-    "eps": "float > 0", "clip_norm": "float >= 0", "grad_accum": "int >= 1", "seed": "int >= 0",
+    "eps": "float > 0", "clip_norm": "float >= 0", "grad_accum": "int >= 1", "seed": f"int in [0, {MAX_SEED}]",
     "dropout_rng_impl": "choice threefry2x32 rbg unsafe_rbg", "init_step": "int >= -1",
     "init_grow_positions": "choice '' copy", "log_every": "int >= 1", "eval_every": "int >= 1",
     "eval_batches": "int >= 1", "eval_shuffled": "bool", "eval_attention_stats": "bool",

@@ -27,7 +27,7 @@ from roformer.errors import ConfigError
 from roformer.model import attention_stats
 from roformer.model import ModelConfig
 from roformer.model.attention import check_attention_impl
-from roformer.train import bookkeeping, flops, progress, sharding, steps, warm_start
+from roformer.train import bookkeeping, flops, memory, progress, sharding, steps, warm_start
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.config import TrainConfig, parse_phases
 from roformer.train.guard import DivergenceGuard, TrainingDiverged
@@ -146,6 +146,10 @@ def _train_phase(config, workdir: Path) -> dict:
         model_cfg = warm_start.resolve_model_config(config.model, init_source, vocab_size=data.vocab_size,
                                                     pad_token_id=data.pad_id, tokenizer_hash=data.tokenizer.hash)
         check_attention_impl(model_cfg)   # before anything is written to the workdir
+    # a batch that cannot fit: refused in one line now, not by the OOM killer after the workdir is written
+    memory.check_step_memory(model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
+                             num_predictions=data.masker.max_predictions, grad_accum=tc.grad_accum,
+                             num_devices=mesh.devices.size, num_processes=jax.process_count())
     if jax.process_index() == 0:
         log.info("%s", startup_line(model_cfg))
     init_params = None
@@ -241,7 +245,8 @@ def _train_phase(config, workdir: Path) -> dict:
     summary = bookkeeping.run_summary(workdir, final_step=step, start_step=start_step, preempted=preempted,
                                       train_log=train_log, last_eval=last_eval,
                                       wall_time_s=time.perf_counter() - wall_start, num_devices=mesh.devices.size,
-                                      num_processes=jax.process_count(), data=data)
+                                      num_processes=jax.process_count(), data=data,
+                                      stop_signal=stop.signal if preempted else None)
     if is_main:
         bookkeeping.write_summary(workdir, summary)
     return summary

@@ -47,6 +47,7 @@ class JsonlBackend:
     def __init__(self, workdir: Path, *, resume_step: int | None = None) -> None:
         self.path = workdir / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        check_metrics_file(workdir)
         if resume_step is not None:
             _drop_rows_after(self.path, resume_step)
         self._file = self.path.open("a")
@@ -239,25 +240,43 @@ def _drop_rows_after(path: Path, step: int) -> None:
     if not path.exists():
         return
     kept = "".join(json.dumps(row) + "\n" for row in read_metrics(path) if row.get("step", 0) <= step)
-    if kept != path.read_text():
+    if kept.encode() != path.read_bytes():
         write_text_atomic(path, kept)
+
+
+def check_metrics_file(workdir: Path) -> None:
+    """Refuse in one line a workdir whose metrics.jsonl is not a file the run can append to."""
+    if (workdir / "metrics.jsonl").is_dir():
+        raise ConfigError(f"{workdir / 'metrics.jsonl'} is a directory, not the run's metrics log: move it aside "
+                          "(the run writes its metrics there)")
 
 
 def read_metrics(path: str | Path) -> list[dict]:
     """All rows of a run's `metrics.jsonl` (`path` is the workdir or the file itself),
     for tests, notebooks and the ablation report.  A torn last line (run killed
-    mid-write) is skipped; a missing file gives no rows."""
+    mid-write) is skipped; a missing file gives no rows. A damaged line elsewhere (not
+    UTF-8 text, not a JSON object, a step that is no integer: bit rot, binary junk) is
+    skipped too, said in one warning; a directory in the file's place is refused in one line."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and path.name != "metrics.jsonl":
         path = path / "metrics.jsonl"
+    check_metrics_file(path.parent)
     if not path.exists():
         return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+    rows, damaged = [], []
+    lines = path.read_bytes().split(b"\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
             continue
-        if isinstance(row, dict):
+        try:
+            row = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("step", 0), int) and not isinstance(row.get("step"), bool):
             rows.append(row)
+        elif number < len(lines) - (lines[-1] == b""):   # not the torn last line of a killed run
+            damaged.append(number)
+    if damaged:
+        log.warning("%s: skipped %d damaged line(s) (line %s%s): not a JSON row of metrics", path, len(damaged),
+                    damaged[0], ", ..." if len(damaged) > 1 else "")
     return rows

@@ -131,13 +131,19 @@ class CompileNotice:
         return getattr(self._fn, name)
 
 
+def stop_signal(summary: Mapping[str, Any]) -> str:
+    """The signal that stopped a preempted run (SIGTERM, or SIGINT for Ctrl-C); a summary
+    written before runs recorded it says either."""
+    return summary.get("stop_signal") or "SIGTERM or Ctrl-C"
+
+
 def summary_line(summary: Mapping[str, Any]) -> str:
     """The run's summary (summary.json) as one short line."""
     if summary.get("start_step"):
         steps = f"steps {summary['start_step']:,}-{summary['final_step']:,}"
     else:
         steps = f"{summary['final_step']:,} steps"
-    parts = [steps + (" (stopped: SIGTERM)" if summary.get("preempted") else "")]
+    parts = [steps + (f" (stopped: {stop_signal(summary)})" if summary.get("preempted") else "")]
     if summary.get("first_loss") is not None and summary.get("final_loss") is not None:
         parts.append(f"train loss {summary['first_loss']:.3f} -> {summary['final_loss']:.3f}")
     if summary.get("eval_loss") is not None:

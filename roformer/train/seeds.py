@@ -35,7 +35,7 @@ from roformer.data.workers import StreamSpec, WorkerStreams
 from roformer.errors import ConfigError
 from roformer.machine import cores_available
 from roformer.model import attention_stats
-from roformer.train import bookkeeping, flops, optim, progress, sharding, steps
+from roformer.train import bookkeeping, flops, memory, optim, progress, sharding, steps
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.config import TrainConfig
 from roformer.train.guard import TrainingStopped
@@ -152,6 +152,9 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
     datas = [bookkeeping.run_data(c.data, t, workdir=w) for c, t, w in zip(configs, tcs, workdirs)]
     model_cfg = build_model_config(configs[0].model, vocab_size=datas[0].vocab_size, pad_token_id=datas[0].pad_id)
+    memory.check_step_memory(model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
+                             num_predictions=datas[0].masker.max_predictions, grad_accum=tc.grad_accum,
+                             num_devices=1, seeds=len(configs))   # before any workdir is written
     log.info("%s", startup_line(model_cfg))
     results: list = [None] * len(configs)
     wall_start = time.perf_counter()
@@ -230,7 +233,7 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
         summary = bookkeeping.run_summary(seed.workdir, final_step=seed.step, start_step=seed.start_step,
                                           preempted=preempted, train_log=seed.log, last_eval=seed.last_eval,
                                           wall_time_s=wall, num_devices=1, num_processes=1, data=seed.data,
-                                          seeds_in_step=len(seeds))
+                                          seeds_in_step=len(seeds), stop_signal=stop.signal if preempted else None)
         bookkeeping.write_summary(seed.workdir, summary)
         results[seed.index] = summary
     return results

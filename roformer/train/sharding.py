@@ -16,6 +16,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from roformer.errors import ConfigError
+from roformer.settings import check
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")   # the batch dimension is split over both
@@ -60,7 +61,8 @@ def make_mesh(mesh_cfg: Mapping[str, int], devices: Sequence[jax.Device] | None 
     (> 0; single-process only, e.g. to benchmark on part of a host)."""
     if devices is None:
         devices = jax.devices()
-        limit = int(mesh_cfg.get("num_devices", 0) or 0)
+        limit = mesh_cfg.get("num_devices", 0) or 0
+        check("mesh.num_devices", limit, "int >= 0")
         if limit > 0:
             if jax.process_count() > 1 or limit > len(devices):
                 raise ConfigError(f"mesh.num_devices={limit} needs a single process with at least that "

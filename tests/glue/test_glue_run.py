@@ -247,7 +247,7 @@ def test_refused_settings_leave_no_workdir(shared_data, tmp_path, vocab):
         return c
 
     for overrides, message in [
-            ({"max_seq_len": 4}, "config.max_seq_len=4 is not allowed: an integer >= 8"),
+            ({"max_seq_len": 4}, r"config.max_seq_len=4 is not allowed: an integer in \[8, 65536\]"),
             ({"batch_size": 0}, "config.batch_size=0 is not allowed: an integer >= 1"),
             ({"num_epochs": 0.0}, "GLUE protocol of wnli: no training steps: num_epochs=0.0, max_steps=0"),
             ({"decay": "step"}, "config.decay='step' is not allowed: one of 'linear', 'cosine'")]:

@@ -103,7 +103,7 @@ def test_resume_after_sigterm_and_sigkill_matches_uninterrupted_run(tmp_path, ca
     assert term.returncode == 0, term.output[-3000:]
     summary = json.loads((interrupted / "summary.json").read_text())
     assert summary["preempted"] and summary["final_step"] < STEPS
-    assert f"stopped at step {summary['final_step']} (SIGTERM or Ctrl-C); run the same command again" in term.output
+    assert f"stopped at step {summary['final_step']} (SIGTERM); run the same command again" in term.output
     assert latest_params(interrupted)[0] == summary["final_step"]   # saved at the stop step
 
     kill = run_until(cli(interrupted, cache, **slow), interrupted, summary["final_step"] + 6, signal.SIGKILL)

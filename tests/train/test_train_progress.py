@@ -83,7 +83,9 @@ def test_the_summary_is_one_short_line():
     assert line == ("summary: 250 steps; train loss 8.310 -> 5.205; held-out loss 5.311, accuracy 23.1%, "
                     "order gap +0.412; 20,061 tokens/s; 2m11s (all of it in runs/tiny/summary.json)")
     resumed = progress.summary_line({"final_step": 80, "start_step": 50, "preempted": True})
-    assert resumed == "summary: steps 50-80 (stopped: SIGTERM)"
+    assert resumed == "summary: steps 50-80 (stopped: SIGTERM or Ctrl-C)"   # written before runs said which
+    ctrl_c = progress.summary_line({"final_step": 80, "start_step": 50, "preempted": True, "stop_signal": "SIGINT"})
+    assert ctrl_c == "summary: steps 50-80 (stopped: SIGINT)"
 
 
 def test_the_rate_leaves_out_the_first_step_and_its_compilation(caplog):
