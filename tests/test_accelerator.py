@@ -8,7 +8,7 @@ import pytest
 
 from roformer.errors import ConfigError
 from roformer.model.attention import attention_summary
-from roformer.train.loop import build_model_config
+from roformer.train.config import build_model_config
 
 PRETRAINING_CONFIGS = ("absolute", "alibi", "bert_staged", "none", "relative", "rotary", "rotary_linear",
                        "sinusoidal", "t5", "tiny")

@@ -16,7 +16,7 @@ from roformer.ablation import plan, study_data
 from roformer.errors import ConfigError
 from roformer.model import ModelConfig, RoFormerForMaskedLM
 from roformer.train import optim
-from roformer.train.loop import build_model_config
+from roformer.train.config import build_model_config
 
 # ALiBi's slopes for n heads are 2^(-8/n), 2^(-16/n), ...: below 4 heads no head has a slope
 # of 1/4 or more, and none can prefer an adjacent token (docs/model.md).
