@@ -217,3 +217,39 @@ def check_attention_setting(model_section) -> None:
 
     check_attention_impl(build_model_config(model_section, vocab_size=ModelConfig.vocab_size))
 
+
+# A comparison's arms by name (roformer.ablation, roformer.study): the model keys each sets on
+# the shared pretraining config. A position scheme's registry name (learned, rope, ...) sets
+# model.position; rope_linear is RoPE with linear attention (RoFormer eq. 19); the names of the
+# per-scheme config files (configs/absolute.py, ...) name the same arms.
+ARM_MODEL_KEYS = {"rope_linear": {"position": "rope", "attention": "linear"}}
+ARM_ALIASES = {"absolute": "learned", "rotary": "rope", "relative": "shaw", "rotary_linear": "rope_linear"}
+
+
+def arm_model_keys(arm: str) -> dict:
+    """The model keys the comparison arm `arm` sets (ConfigError naming the arms when unknown)."""
+    from roformer.model.positions import POSITION_SCHEMES   # jax: when an arm is looked up
+
+    name = ARM_ALIASES.get(arm, arm)
+    if name in ARM_MODEL_KEYS:
+        return dict(ARM_MODEL_KEYS[name])
+    if name in POSITION_SCHEMES:
+        return {"position": name}
+    known = sorted(POSITION_SCHEMES) + sorted(ARM_MODEL_KEYS) + sorted(ARM_ALIASES)
+    raise ConfigError(f"unknown scheme {arm!r}; choose from {', '.join(known)}")
+
+
+def arm_pretrain_config(pretrain, arm: str, *, steps: int, seed: int = 0):
+    """The pretraining config of the comparison arm `arm`: a copy of the shared `pretrain`
+    section with the arm's model keys, the shared step budget and the seed. The learned table,
+    when unset, is sized to the pretraining length, so "beyond the table" is exactly "beyond
+    what was trained" in a length-extrapolation evaluation."""
+    import ml_collections
+
+    cfg = ml_collections.ConfigDict(pretrain.to_dict())
+    cfg.model.update(arm_model_keys(arm))
+    cfg.train.steps = int(steps)
+    cfg.train.seed = int(seed)
+    if cfg.model.get("max_position_embeddings") is None:
+        cfg.model.max_position_embeddings = cfg.train.seq_len
+    return cfg

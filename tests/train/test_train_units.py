@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from configs import SCHEME_FILES
 from roformer.model import ModelConfig, RoFormerForMaskedLM
-from roformer.model.positions import POSITION_SCHEMES
 from roformer.train import build_model_config, flops, read_metrics
 from roformer.train.bookkeeping import check_same_model_config
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
-from roformer.train.config import TrainConfig
+from roformer.train.config import TrainConfig, arm_model_keys
 from roformer.train.optim import decay_mask, make_optimizer, make_schedule
 from roformer.train.steps import DROPOUT_RNG_IMPLS, make_train_step, mlm_sums, reseeded
 
-# config file -> the scheme it selects: every scheme's own file, plus a variant
-SCHEMES = {scheme.config_file: name for name, scheme in POSITION_SCHEMES.items()} | {"rotary_linear": "rope"}
+# config file -> the position it selects: every arm's own file
+SCHEMES = {file: arm_model_keys(arm)["position"] for arm, file in SCHEME_FILES.items()}
 
 
 def load_config(name: str, arg: str | None = None):
