@@ -289,7 +289,7 @@ def load_pack(path, key: str) -> StudyData:
         if meta["key"] != key:
             raise ConfigError(f"study.data_pack={str(path)!r} was made with other data or split settings "
                               f"(key {meta['key']}, this config's {key}): make it again with "
-                              "`python -m roformer.study pack VARIANT PATH`")
+                              "`python -m roformer.study pack --config=configs/study.py:VARIANT PATH`")
         arrays = {name: pack[name] for name in pack.files if name != "meta"}
 
     def part(prefix: str) -> dict:

@@ -20,6 +20,7 @@ from roformer.study import data as study_data, stats as study_stats
 from roformer.study.plan import EVAL_IN_FLIGHT, Member, StudyPlan, parameter_count
 from roformer.model import ModelConfig, RoFormerForMaskedLM
 from roformer.train import optim, steps
+from roformer.train.evaluation import padded_chunks, row_sums
 
 log = logging.getLogger("roformer.study")
 
@@ -104,19 +105,6 @@ def member_inputs(group: list[Member]) -> dict[str, jax.Array]:
         "dropout_key": jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s), 2))(seeds),
         "rate": jnp.asarray([m.rate for m in group], jnp.float32),
     }
-
-
-def padded_chunks(rows: dict[str, np.ndarray], size: int):
-    """`rows` in chunks of `size` rows, the last padded with copies of its last row at weight 0;
-    yields (chunk, real rows)."""
-    total = len(rows["input_ids"])
-    for lo in range(0, total, size):
-        chunk = {k: v[lo:lo + size] for k, v in rows.items()}
-        pad = size - len(chunk["input_ids"])
-        if pad:
-            chunk = {k: np.concatenate([v, np.repeat(v[-1:], pad, 0) * (0 if k == "masked_weights" else 1)])
-                     for k, v in chunk.items()}
-        yield chunk, size - pad
 
 
 class SchemeRun:
@@ -252,18 +240,10 @@ class SchemeRun:
 
     def _rows(self, programs, params, rows: dict) -> dict[str, np.ndarray]:
         """Per member and row: loss and correct sums over `rows` (in eval_batch chunks, the last padded)."""
-        # A few chunks in flight before any is read back: the device does not wait on the host, and
-        # no more than that many chunks' logits are held at once.
-        pending, fetched = [], []
-        for chunk, keep in padded_chunks(rows, int(self.st.eval_batch)):
-            pending.append((programs.evaluate_rows(params, programs.rest, chunk), keep))
-            self.evaluated_rows += len(chunk["input_ids"])
-            if len(pending) == EVAL_IN_FLIGHT:
-                fetched += [(jax.device_get(sums), keep) for sums, keep in pending]
-                pending = []
-        fetched += [(jax.device_get(sums), keep) for sums, keep in pending]
-        return {k: np.concatenate([np.asarray(sums[k])[:, :keep] for sums, keep in fetched], axis=1)
-                for k in ("loss", "correct")}
+        sums, evaluated = row_sums(programs.evaluate_rows, params, programs.rest, rows, int(self.st.eval_batch),
+                                   in_flight=EVAL_IN_FLIGHT)
+        self.evaluated_rows += evaluated
+        return sums
 
     def _evaluate_trunk(self, programs, states, step: int, timing: dict) -> dict:
         t0 = time.perf_counter()

@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from roformer.config_files import fingerprint
+from roformer.config_files import fingerprint, split_list
 from roformer.study import data as study_data, stats as study_stats
 from roformer.study.records import (CONFIG_RECORD, DATA_MANIFEST, SCHEMES_DIR, open_records, save_scheme,
                                              take_finished)
@@ -322,20 +322,22 @@ def write_report(source: Path, into: Path | None = None) -> Path:
     workdir = open_records(source, into)
     config = ml_collections.ConfigDict(json.loads((workdir / CONFIG_RECORD).read_text()))
     manifest = json.loads((workdir / DATA_MANIFEST).read_text()) if (workdir / DATA_MANIFEST).is_file() else None
+    records = study_report.load(workdir)
+    schemes = split_list(config.study.schemes)
+    # Archives of calls that ran other schemes (a key that keeps finished ones) hold records
+    # the last archive's config does not list: planned too, to check their fingerprints.
+    config.study.schemes = ",".join(schemes + [scheme for scheme in records if scheme not in schemes])
     plan, runs = build_plan(config), {}
-    schemes = list(plan.schemes)
-    for scheme, run in study_report.load(workdir).items():
+    for scheme, run in records.items():
         if manifest is not None and run[0].get("fingerprint") != scheme_fingerprint(plan, scheme, manifest):
             print(f"{scheme}: its record was trained under other settings than {CONFIG_RECORD}'s: not reported")
         else:
             runs[scheme] = run
-    # Archives of calls that ran other schemes (a key that keeps finished ones) hold records
-    # the last archive's config does not list.
     unlisted = [scheme for scheme in runs if scheme not in schemes]
     if unlisted:
         print(f"{', '.join(unlisted)}: finished under these settings, not listed in study.schemes of the "
               f"{CONFIG_RECORD} read: reported after the listed ones")
-        config.study.schemes = ",".join(schemes + unlisted)
+    config.study.schemes = ",".join(schemes + unlisted)
     study_report.write(config, workdir, runs=runs)
     return workdir / study_report.REPORT_MD
 

@@ -1,6 +1,7 @@
 """Held-out evaluation, the same under every training driver: the held-out batches on the mesh,
 the sums of an evaluation step over them (one model, or vmapped members on a leading axis), the
-metrics row they make, and a row's attention statistics.
+metrics row they make, and a row's attention statistics; per-row sums over rows held on the
+host, in padded chunks with a few in flight (the study's groups).
 """
 from __future__ import annotations
 
@@ -56,3 +57,34 @@ def held_out_rows(eval_step, stats_step, params, rest, batches: dict[str, list],
         for i, row in enumerate(rows):
             row.update(attention_stats.as_metrics(jax.tree.map(lambda leaf: leaf[i], stats) if members else stats))
     return rows
+
+
+def padded_chunks(rows: dict[str, np.ndarray], size: int):
+    """`rows` in chunks of `size` rows, the last padded with copies of its last row at weight 0;
+    yields (chunk, real rows)."""
+    total = len(rows["input_ids"])
+    for lo in range(0, total, size):
+        chunk = {k: v[lo:lo + size] for k, v in rows.items()}
+        pad = size - len(chunk["input_ids"])
+        if pad:
+            chunk = {k: np.concatenate([v, np.repeat(v[-1:], pad, 0) * (0 if k == "masked_weights" else 1)])
+                     for k, v in chunk.items()}
+        yield chunk, size - pad
+
+
+def row_sums(evaluate_rows, params, rest, rows: dict[str, np.ndarray], size: int, *,
+             in_flight: int) -> tuple[dict[str, np.ndarray], int]:
+    """`evaluate_rows(params, rest, chunk)`'s per-row sums ([members, rows] each) over `rows`, in
+    chunks of `size` (the last padded, its padding dropped), and the rows evaluated per member
+    padding included. `in_flight` chunks are dispatched before any is read back: the device
+    does not wait on the host, and no more than that many chunks' outputs are held at once."""
+    pending, fetched, evaluated = [], [], 0
+    for chunk, keep in padded_chunks(rows, size):
+        pending.append((evaluate_rows(params, rest, chunk), keep))
+        evaluated += len(chunk["input_ids"])
+        if len(pending) == in_flight:
+            fetched += [(jax.device_get(sums), keep) for sums, keep in pending]
+            pending = []
+    fetched += [(jax.device_get(sums), keep) for sums, keep in pending]
+    keys = fetched[0][0].keys()
+    return {k: np.concatenate([np.asarray(sums[k])[:, :keep] for sums, keep in fetched], axis=1) for k in keys}, evaluated

@@ -987,8 +987,8 @@ class StandInRun:
     compiled_ahead = False
     wall_s = programs_s = 0.0
 
-    def __init__(self, config, scheme, data, aux, group=None):
-        self.scheme, self.budgets, self.key = scheme, study_plan.build_plan(config).budgets, (scheme, group is not None)
+    def __init__(self, plan, scheme, data, aux, group=None):
+        self.scheme, self.budgets, self.key = scheme, plan.budgets, (scheme, group is not None)
 
     def compile(self):
         return self
