@@ -50,6 +50,9 @@ from roformer.ablation.state import is_main_process
 def main(argv):
     if len(argv) > 1:
         raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
+    if "study" in flags.FLAGS.config:
+        raise cli.UsageError("a study config (it has a `study` section): run it with python -m roformer.study "
+                             "--config=configs/study.py:VARIANT --workdir=DIR")
     if flags.FLAGS.report_to:
         report_snapshot(flags.FLAGS.config, flags.FLAGS.workdir, flags.FLAGS.report_to)
         print((Path(flags.FLAGS.report_to) / REPORT_MD).read_text())
@@ -59,18 +62,6 @@ def main(argv):
     cache = compile_cache_dir(flags.FLAGS.config, Path(flags.FLAGS.workdir).resolve())
     if cache:   # this process's runs too (in turn, vmapped), before it compiles anything
         use_compile_cache(cache)
-    if "study" in flags.FLAGS.config:   # configs/ablation.py:gpu_*: the accelerator comparison
-        from roformer.ablation.study import PARTIAL_EXIT, run_study
-        from roformer.ablation.study_report import REPORT_MD as STUDY_MD, unfinished
-
-        result = run_study(flags.FLAGS.config, flags.FLAGS.workdir)
-        print((Path(flags.FLAGS.workdir) / STUDY_MD).read_text())
-        left = unfinished(flags.FLAGS.config, result)
-        if left:   # a distinct status, so a script or scheduler can tell "call again" from "done"
-            print(f"partial: {' and '.join(left)} not trained yet (study.time_limit_s); the same command resumes "
-                  f"with them (exit status {PARTIAL_EXIT})", flush=True)
-            sys.exit(PARTIAL_EXIT)
-        return
     result = run_ablation(flags.FLAGS.config, flags.FLAGS.workdir)
     if is_main_process():
         print((Path(flags.FLAGS.workdir) / REPORT_MD).read_text())

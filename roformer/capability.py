@@ -66,6 +66,7 @@ from roformer.errors import ConfigError
 from roformer.files import write_text_atomic
 from roformer.model import RoFormerForMaskedLM
 from roformer.workdir import PretrainWorkdir
+from roformer.train.config import arm_model_keys
 from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.capability")
@@ -283,8 +284,7 @@ def scheme_config(config: ml_collections.ConfigDict, scheme: str, vocab: Path, t
     """The pretraining config of one scheme: config.pretrain with the scheme's model keys and
     the synthetic corpus."""
     cfg = ml_collections.ConfigDict(config.pretrain.to_dict())
-    for key, value in plan.scheme_model_keys(scheme).items():
-        cfg.model[key] = value
+    cfg.model.update(arm_model_keys(scheme))
     if cfg.model.get("max_position_embeddings") is None:
         cfg.model.max_position_embeddings = cfg.train.seq_len
     cfg.train.seed = int(config.seed)
@@ -312,7 +312,7 @@ def validate(config: ml_collections.ConfigDict) -> list[str]:
         problems.append("config.schemes is empty")
     for scheme in schemes:
         try:
-            plan.scheme_config_file(scheme)
+            arm_model_keys(scheme)
         except ValueError as error:
             problems.append(str(error))
     for item in plan.split_list(config.expect_fail):

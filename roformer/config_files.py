@@ -1,5 +1,7 @@
 """Where the config files are, and how `--config=configs/<name>.py` finds one anywhere;
-where the shared data they name lives (`shared_data`).
+where the shared data they name lives (`shared_data`); how a list setting reads
+(`split_list`) and a config's stable hash (`fingerprint`), which the ablation and the study
+both key their records by.
 
 The repository keeps the config files at its top, in configs/; a wheel ships the same
 files as the package roformer.configs (setuptools maps the directory: pyproject.toml).
@@ -9,10 +11,13 @@ on sys.path; elsewhere `make_importable` provides it from `CONFIG_DIR`.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 # a wheel: roformer/configs; a checkout (editable install): configs/ beside roformer/
@@ -50,3 +55,17 @@ def make_importable() -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules["configs"] = module
     spec.loader.exec_module(module)
+
+
+def split_list(value: Any) -> list[str]:
+    """A list setting's items as text: a tuple or list (a config file's form; from the command
+    line `--config.schemes=rope,learned` arrives as the tuple ("rope,learned",)) or a comma
+    string; comma items are split, blanks dropped."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
+
+
+def fingerprint(*parts: Any) -> str:
+    """Stable hash of JSON-able parts (keys sorted; other values by their text)."""
+    text = json.dumps(list(parts), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

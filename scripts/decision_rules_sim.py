@@ -3,7 +3,7 @@ and how often the A/B finds a lever that does pay: simulations with the project'
 
     python scripts/decision_rules_sim.py [--trials N]
 
-1. The comparison's "all schemes (Holm)" column (roformer.ablation.study_stats.family_verdicts)
+1. The comparison's "all schemes (Holm)" column (roformer.study.stats.family_verdicts)
    with every true difference 0 and equivalence always shown: each comparison's difference
    test has a uniform p-value, its TOST p-value is 0. An error is a false "equivalent
    (nonzero)" that holds for the family. Beside it, the rule before 2026-11-29 (Holm over one
@@ -21,7 +21,7 @@ import argparse
 
 import numpy as np
 
-from roformer.ablation import study_stats
+from roformer.study import stats as study_stats
 from roformer.bench.common import ratio_stats
 from roformer.bench.levers import paid
 

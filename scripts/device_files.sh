@@ -47,7 +47,7 @@ fi
 if [[ $parts == *" pack "* ]]; then   # says "up to date" when the pack's key is this config's
   # the corpus the config reads is the shared data's: SHARED's, unless ROFORMER_SHARED_DATA says otherwise
   ROFORMER_SHARED_DATA="${ROFORMER_SHARED_DATA:-$(realpath "$shared")}" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" \
-    "$py" -m roformer.ablation.study pack gpu_tiny "$dir/study_data/wikipedia_en.npz"
+    "$py" -m roformer.study pack --config=configs/study.py:gpu_tiny "$dir/study_data/wikipedia_en.npz"
 fi
 
 size=$(du -sm "$dir" | cut -f1)

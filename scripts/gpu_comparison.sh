@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The position-scheme comparison of configs/ablation.py:VARIANT in one command (docs/study.md).
+# The position-scheme comparison of configs/study.py:VARIANT in one command (docs/study.md).
 # gpu_tiny, gpu_mini and gpu_small train every scheme's grid within the default time limits on
 # one H100 or H200; the rates beyond a grid's edge (study.extend_edges) may need the command
 # again. gpu_tiny_long (gpu_tiny to 41M tokens) takes several such runs, each resuming the
@@ -14,13 +14,13 @@
 # (several archives, space-separated: e.g. one per scheme, as a study spread over machines keeps them).
 # Per scheme the study takes the record whose settings are its own (the one with the most members
 # when several archives hold one) and says in a line what it took and what it left; a record of
-# other settings is never taken (roformer.ablation.study_records). A group still training at the
+# other settings is never taken (roformer.study.records). A group still training at the
 # stop is lost (records hold no checkpoints): the next run trains it again from its start.
 # OUTDIR and RESUME_FROM's paths are read from where the command is run.
 # A machine without the corpus reads the splits from a pack made where the corpus is, once (a
 # few minutes on a 2-core CPU; gpu_tiny, gpu_mini and gpu_small share it), by
 # scripts/device_files.sh with the other files a GPU machine needs (copy .device there):
-#   python -m roformer.ablation.study pack gpu_tiny .device/study_data/wikipedia_en.npz
+#   python -m roformer.study pack --config=configs/study.py:gpu_tiny .device/study_data/wikipedia_en.npz
 # Your time limit: the command stops itself at LIMIT_S seconds (530; set it to the time you
 # have), and no scheme starts that would end after the config's study.time_limit_s (set it a
 # little below LIMIT_S with --config.study.time_limit_s=...): what finished is
@@ -46,13 +46,13 @@ pack=${STUDY_DATA:-.device/study_data/wikipedia_en.npz}
 extra=()
 if [[ $variant != gpu_smoke ]]; then
   [[ -f $pack ]] || { echo "no data pack at $pack: make it where the corpus is with" \
-    "'python -m roformer.ablation.study pack $variant $pack' and copy it to this machine" >&2; exit 2; }
+    "'python -m roformer.study pack --config=configs/study.py:$variant $pack' and copy it to this machine" >&2; exit 2; }
   extra+=("--config.study.data_pack=$pack")
 fi
 work=${STUDY_WORKDIR:-/tmp/roformer-study/$variant}
 mkdir -p "$out" "$work"
 if [[ ${#resume[@]} -gt 0 ]]; then
-  "$py" -m roformer.ablation.study stage "$work" "${resume[@]}" || { echo "RESUME_FROM: not staged" >&2; exit 2; }
+  "$py" -m roformer.study stage "$work" "${resume[@]}" || { echo "RESUME_FROM: not staged" >&2; exit 2; }
 fi
 # Compiled programs outside OUTDIR, which keeps only the report, records and log; a rerun on
 # the same machine loads them.
@@ -61,7 +61,7 @@ export PYTHONUNBUFFERED=1 JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:
   "$py" -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"; } 2>&1 \
   | tee "$out/log.txt"
 start=$SECONDS
-timeout --signal=TERM "${LIMIT_S:-530}" "$py" -m roformer.ablate --config="configs/ablation.py:$variant" \
+timeout --signal=TERM "${LIMIT_S:-530}" "$py" -m roformer.study --config="configs/study.py:$variant" \
   --workdir="$work" "${extra[@]}" "$@" 2>&1 | tee -a "$out/log.txt"
 status=${PIPESTATUS[0]}
 # The records first: they are what a later run resumes from, and an outer limit that cuts the
@@ -75,7 +75,7 @@ cp "$work"/study.md "$work"/study.json "$work"/study_*.png "$out"/ 2>/dev/null
 # a group behind the records): written again from the records, without training, within 45 s.
 # Status 3 is the study's own stop at study.time_limit_s, after its last report.
 if [[ $status -ne 0 && $status -ne 3 && -f $work/study_config.json ]] && compgen -G "$work/schemes/*.json" >/dev/null; then
-  timeout 45 "$py" -m roformer.ablation.study report "$work" 2>&1 | tee -a "$out/log.txt"
+  timeout 45 "$py" -m roformer.study report "$work" 2>&1 | tee -a "$out/log.txt"
   cp "$work"/study.md "$work"/study.json "$work"/study_*.png "$out"/ 2>/dev/null
 fi
 case $status in

@@ -37,6 +37,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from configs import SCHEME_FILES  # noqa: E402
 from configs.ablation import SHARED_DATA  # noqa: E402
 from roformer.model import ModelConfig  # noqa: E402
 from roformer.model.positions import POSITION_SCHEMES  # noqa: E402
@@ -104,7 +105,7 @@ def overrides(variant: str) -> tuple[str, dict]:
     settings = {**BASE, **changes}
     if scheme.max_length(ModelConfig(position=position)) is not None:   # a table: exactly the trained length
         settings.setdefault("model.max_position_embeddings", settings["train.seq_len"])
-    return scheme.config_file, settings
+    return SCHEME_FILES[position], settings
 
 
 def run_variant(variant: str, workdir: Path) -> None:

@@ -59,7 +59,7 @@ def wiki_cache(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def fake_study(tmp_path_factory) -> Path:
-    """A study workdir of `configs/ablation.py:gpu_smoke` with fake records (random losses at the
+    """A study workdir of `configs/study.py:gpu_smoke` with fake records (random losses at the
     real shapes: every scheme's grid and a group beyond it) and its report, made by
     scripts/study_report_time.py. Read only: copy it to change it."""
     import runpy

@@ -8,7 +8,7 @@ import pytest
 
 from roformer.errors import ConfigError
 from roformer.model.attention import attention_summary
-from roformer.train.loop import build_model_config
+from roformer.train.config import build_model_config
 
 pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
 

@@ -69,6 +69,18 @@ def test_ablation_report_of_a_workdir_without_an_ablation_is_one_line(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_the_study_command_refuses_on_one_line_and_ablate_points_to_it(tmp_path):
+    """The study is its own command (roformer.study), with the shared error handling; a study
+    config given to the ablation names that command."""
+    assert one_error_line(run("roformer.study", "frobnicate")).startswith("error: unexpected arguments: ['frobnicate']")
+    assert one_error_line(run("roformer.study", "--config=configs/study.py:gpu_huge", f"--workdir={tmp_path}")
+                          ).endswith("unknown configs/study.py variant 'gpu_huge'; choose one of 'gpu_tiny', "
+                                     "'gpu_tiny_long', 'gpu_mini', 'gpu_small', 'gpu_smoke'")
+    line = one_error_line(run("roformer.ablate", "--config=configs/ablation.py:gpu_tiny", f"--workdir={tmp_path}"))
+    assert "python -m roformer.study --config=configs/study.py:gpu_tiny --workdir=DIR" in line
+    assert not any(tmp_path.iterdir())
+
+
 def test_flag_mistakes_and_a_missing_config_file_are_one_line(tmp_path):
     workdir = f"--workdir={tmp_path / 'run'}"
     assert one_error_line(run("roformer.pretrain", "--config=configs/tny.py", workdir)) == (
@@ -183,7 +195,8 @@ def test_every_command_module_imports_beside_the_others():
     roformer.pretrain defines its flags on import; the others define theirs when run, so no
     two --config flags meet."""
     modules = ["roformer.pretrain", "roformer.glue.__main__", "roformer.ablate", "roformer.capability",
-               "roformer.data.__main__", "roformer.evaluate", "roformer.convert", "roformer.bench.__main__"]
+               "roformer.data.__main__", "roformer.evaluate", "roformer.convert", "roformer.bench.__main__",
+               "roformer.study.__main__"]
     code = "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
     proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
                           capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=patient(300))

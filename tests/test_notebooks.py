@@ -162,7 +162,7 @@ def test_study_report_notebook_reads_a_device_calls_records(fake_study, tmp_path
     the study wrote, its four figures, the rate and seed figures and the margins table."""
     import tarfile
 
-    from roformer.ablation import study, study_report, study_stats
+    from roformer.study import session as study, report as study_report, stats as study_stats
 
     archive = tmp_path / "records.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
@@ -196,7 +196,7 @@ def test_study_report_notebook_runs_on_a_study_stopped_before_its_first_scheme(f
     there, without a figure."""
     import shutil
 
-    from roformer.ablation import study
+    from roformer.study import session as study
 
     workdir = tmp_path / "empty"
     (workdir / study.SCHEMES_DIR).mkdir(parents=True)

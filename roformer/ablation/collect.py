@@ -226,7 +226,7 @@ def _position_signals(plan: Plan) -> dict[str, dict]:
             return saved["ratios"]
     # flax and the model: only when the cache is stale.
     from roformer.model.position_signal import position_signals
-    from roformer.train.loop import build_model_config
+    from roformer.train.config import build_model_config
 
     # The ratios do not depend on which ids the vocabulary holds, only on the parameters.
     models = {s: build_model_config(c.model, vocab_size=config.pretrain.data.vocab_size) for s, c in configs.items()}

@@ -1,8 +1,9 @@
 """What an ablation runs: the plan, computed once from the config (`build_plan`).
 
 Every scheme of one seed gets the same `config.pretrain` (data, data order, masking,
-initialisation of the shared parameters, optimiser, budget); only the model keys of the
-scheme's config file are applied on top. A run is a `PlannedRun`: (scheme, seed) for the
+initialisation of the shared parameters, optimiser, budget); only the scheme's model keys
+(roformer.train.config.arm_model_keys: model.position, and attention for rope_linear) are
+applied on top. A run is a `PlannedRun`: (scheme, seed) for the
 comparison, (extension method, seed) for the context extension, with its configs, workdir
 and the fingerprints of its stages. The runner, the stages, the progress lines and the
 report's rows all read the one `Plan`; none goes back to the raw config for a derived
@@ -11,9 +12,7 @@ value. The settings are checked first, by roformer.ablation.validation. Nothing 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.util
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,10 @@ from typing import Any
 import ml_collections
 
 from roformer import config_files
-from roformer.config_files import CONFIG_DIR
+from roformer.config_files import CONFIG_DIR, split_list
 from roformer.errors import ConfigError
+from roformer.train.config import arm_pretrain_config
 
-# Ablation arms that are not a position scheme of their own: a config file's variant.
-VARIANT_CONFIG_FILES = {"rope_linear": "rotary_linear"}
 SCHEME_STAGES = ("pretrain", "extrapolation", "glue")   # config.stages when a config names none
 EXTENSION_STAGES = ("extension", "extension_eval")      # a context-extension run's
 # Context-extension methods: the model keys each sets for a run at `factor` x the length.
@@ -33,14 +31,6 @@ EXTENSION_METHODS = ("none", "linear", "ntk", "yarn", "base")
 
 
 # --------------------------------------------------------------------------- configs
-
-
-def split_list(value: Any) -> list[str]:
-    """A list setting's items as text: a tuple or list (a config file's form; from the command
-    line `--config.schemes=rope,learned` arrives as the tuple ("rope,learned",)) or a comma
-    string; comma items are split, blanks dropped."""
-    items = value if isinstance(value, (list, tuple)) else [value]
-    return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
 
 
 def load_config_file(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
@@ -61,29 +51,6 @@ def position_schemes() -> dict:
     from roformer.model.positions import POSITION_SCHEMES
 
     return POSITION_SCHEMES
-
-
-def scheme_config_file(scheme: str) -> str:
-    """The pretraining config file of an ablation arm: a position scheme's registry name
-    (learned, rope, ...), a variant (rope_linear) or a config file name (absolute, ...)."""
-    schemes = position_schemes()
-    if scheme in schemes:
-        return schemes[scheme].config_file
-    if scheme in VARIANT_CONFIG_FILES:
-        return VARIANT_CONFIG_FILES[scheme]
-    path = CONFIG_DIR / f"{scheme}.py"
-    if path.exists() and scheme not in ("base", "ablation", "glue"):
-        return scheme
-    known = sorted(schemes) + sorted(VARIANT_CONFIG_FILES)
-    raise ConfigError(f"unknown scheme {scheme!r}; choose from {', '.join(known)} "
-                      f"or a pretraining config file in {CONFIG_DIR}")
-
-
-def scheme_model_keys(scheme: str) -> dict[str, Any]:
-    """The model keys a scheme's config file sets differently from configs/base.py."""
-    base_model = load_config_file("base").model.to_dict()
-    scheme_model = load_config_file(scheme_config_file(scheme)).model.to_dict()
-    return {k: v for k, v in scheme_model.items() if k != "size" and base_model.get(k) != v}
 
 
 def pretrain_steps(config: ml_collections.ConfigDict) -> int:
@@ -117,18 +84,10 @@ def scheme_pretrain_config(config: ml_collections.ConfigDict, scheme: str, seed:
                            ) -> ml_collections.ConfigDict:
     """config.pretrain with the scheme's model keys and learning rate (config.scheme_learning_rates),
     the shared step budget and the seed."""
-    cfg = ml_collections.ConfigDict(config.pretrain.to_dict())
-    for key, value in scheme_model_keys(scheme).items():
-        cfg.model[key] = value
+    cfg = arm_pretrain_config(config.pretrain, scheme, steps=pretrain_steps(config), seed=seed)
     rates = parse_scheme_values(config.get("scheme_learning_rates", ""), "scheme_learning_rates", float)
     if scheme in rates:
         cfg.train.learning_rate = rates[scheme]
-    cfg.train.steps = pretrain_steps(config)
-    cfg.train.seed = int(seed)
-    if cfg.model.get("max_position_embeddings") is None:
-        # Size the learned table to the pretraining length, so "beyond the table"
-        # is exactly "beyond what was trained" in the extrapolation evaluation.
-        cfg.model.max_position_embeddings = cfg.train.seq_len
     return cfg
 
 
@@ -354,6 +313,6 @@ def _fingerprinted(part: Any) -> Any:
 
 
 def fingerprint(*parts: Any) -> str:
-    """Stable hash of JSON-able parts: a stage reruns when its inputs change."""
-    text = json.dumps([_fingerprinted(p) for p in parts], sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """Stable hash of JSON-able parts and config sections (less what only watches a run): a
+    stage reruns when its inputs change."""
+    return config_files.fingerprint(*[_fingerprinted(p) for p in parts])

@@ -13,7 +13,7 @@ from roformer.ablation.plan import (EXTENSION_METHODS, STAGES, glue_tasks, parse
 from roformer.errors import ConfigError
 from roformer.glue.tasks import parse_task_list
 from roformer.host_memory import cpu_only
-from roformer.train.loop import check_attention_setting
+from roformer.train.config import check_attention_setting
 
 
 def validate(config: ml_collections.ConfigDict) -> None:

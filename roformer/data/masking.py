@@ -101,3 +101,39 @@ class MlmMasker:
         word_chosen = np.zeros(B * (L + 1), dtype=bool)
         word_chosen[ordered_words[keep]] = True
         return candidate & word_chosen[word_key]
+
+
+def mask_rows_on_device(key, rows: dict, *, special, replacement_ids, mask_id: int, mask_rate: float,
+                        max_predictions: int) -> dict:
+    """Per row n = min(P, max(1, round(rate * candidates))) candidate tokens chosen uniformly
+    (ascending in their slots), each [MASK] with 0.8, a random non-special token with 0.1,
+    kept with 0.1: MlmMasker's rule, drawn with jax.random inside a traced step (a study's
+    members mask their rows on the device, so no host work paces a step). `rows`: input_ids,
+    positions and segment_ids [B, L]; `special`: bool [vocab]; `replacement_ids`: the
+    non-special ids a random replacement draws from."""
+    import jax   # jax: only where rows are masked on the device
+    import jax.numpy as jnp
+
+    ids = rows["input_ids"]
+    B, L = ids.shape
+    P = max_predictions
+    candidate = ~special[ids] & (rows["segment_ids"] != 0)
+    count = candidate.sum(axis=1)
+    n = jnp.where(count > 0, jnp.minimum(P, jnp.maximum(1, jnp.floor(count * mask_rate + 0.5))), 0)
+    k_choose, k_draw, k_token = jax.random.split(key, 3)
+    scores = jnp.where(candidate, jax.random.uniform(k_choose, (B, L)), -1.0)
+    _, picked = jax.lax.top_k(scores, P)
+    taken = jnp.arange(P)[None, :] < n[:, None]
+    slots = jnp.sort(jnp.where(taken, picked, L), axis=1)       # chosen ascending, the rest at L
+    weights = slots < L
+    positions = jnp.where(weights, slots, 0).astype(jnp.int32)
+    labels = jnp.where(weights, jnp.take_along_axis(ids, positions, axis=1), 0)
+    random_tokens = replacement_ids[jax.random.randint(k_token, (B, P), 0, replacement_ids.shape[0])]
+    draw = jax.random.uniform(k_draw, (B, P))
+    replaced = jnp.where(draw < MASK_PROB, mask_id, jnp.where(draw < MASK_PROB + RANDOM_PROB, random_tokens, labels))
+    row = jnp.broadcast_to(jnp.arange(B)[:, None], (B, P))
+    # Unused slots write the row's column L (out of bounds): dropped.
+    masked = ids.at[row, jnp.where(weights, positions, L)].set(replaced.astype(ids.dtype), mode="drop")
+    return {"input_ids": masked, "token_type_ids": jnp.zeros_like(ids), "positions": rows["positions"],
+            "segment_ids": rows["segment_ids"], "masked_positions": positions, "masked_labels": labels.astype(jnp.int32),
+            "masked_weights": weights.astype(jnp.float32)}

@@ -8,7 +8,7 @@ layer (the RoPE cis table, the T5 / ALiBi bias, Shaw's relative index).
 
 Adding a scheme = one class here + one entry in POSITION_SCHEMES (+ a config file
 and tests).  A scheme validates its own settings (`validate`) and states what it can
-do (`config_file`, `rope_scaling`, `max_length`), so the model, length extrapolation,
+do (`rope_scaling`, `max_length`), so the model, length extrapolation,
 benchmarks and the ablation ask the scheme instead of comparing names.  Schemes read
 their settings duck-typed from the ModelConfig.  Each parameter a scheme creates
 declares its logical axes (roformer.model.axes); training refuses to shard one that does not.
@@ -33,8 +33,6 @@ PositionContext = Any  # whatever a scheme's `prepare` returns; opaque to the mo
 class PositionScheme(nnx.Module):
     """Base class: no positional information at all (the `none` control)."""
 
-    # configs/<config_file>.py selects this scheme (the name users look for).
-    config_file: str = "none"
     # The scheme adds terms to keys and values (needs its own softmax attention path).
     relative_kv: bool = False
     # The scheme adds a logit bias.  Neither this nor relative_kv can be expressed by linear
@@ -110,7 +108,6 @@ class NoPositions(PositionScheme):
 class LearnedAbsolute(PositionScheme):
     """`learned`: BERT's trainable absolute position table added to the embeddings."""
 
-    config_file = "absolute"
 
     @classmethod
     def max_length(cls, config) -> int:
@@ -166,7 +163,6 @@ class SinusoidalAbsolute(PositionScheme):
                 few percent of the signal. Kept only as a named variant.
     """
 
-    config_file = "sinusoidal"
     SCALINGS = ("scaled", "cramming", "vaswani", "unscaled")
 
     @classmethod
@@ -207,7 +203,6 @@ class SinusoidalAbsolute(PositionScheme):
 class Rotary(PositionScheme):
     """`rope`: RoFormer's rotary embedding of q and k (and v with rotary_value)."""
 
-    config_file = "rotary"
     rope_scaling = True
 
     @classmethod
@@ -280,7 +275,6 @@ def t5_relative_bucket(relative_position: jax.Array, num_buckets: int = 32,
 class T5Bias(PositionScheme):
     """`t5`: bucketed relative bias (Raffel et al.), one [buckets, heads] table shared by all layers."""
 
-    config_file = "t5"
     has_bias = True
 
     @classmethod
@@ -336,7 +330,6 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 class ALiBi(PositionScheme):
     """`alibi`: symmetric encoder form, bias -slope_h * |i - j| (no parameters)."""
 
-    config_file = "alibi"
     has_bias = True
 
     def __init__(self, config, *, rngs: nnx.Rngs):
@@ -363,7 +356,6 @@ class ShawRelative(PositionScheme):
     [L, L, head_dim] tensor).
     """
 
-    config_file = "relative"
     relative_kv = True
 
     @classmethod

@@ -19,7 +19,7 @@ Curves are arrays loss [budgets, seeds, items] of test loss summed per item (a g
 rows, roformer.ablation.study_data) at each budget's chosen rate, with weight [items] (the
 predictions per item, the same at every budget); a scheme's seed i is paired with the
 reference's seed i (the same data order and masks). Intervals are the study's (seed x item
-bootstrap, point +- t(S-1) x the replicates' sd x sqrt(S/(S-1)): roformer.ablation.study_stats);
+bootstrap, point +- t(S-1) x the replicates' sd x sqrt(S/(S-1)): roformer.study.stats);
 the replicates of every budget share one draw of seeds and items, so a replicate is one
 coherent pair of curves.
 
@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from roformer.ablation.study_stats import bootstrap_means, interval, mean_loss
+from roformer.study.stats import bootstrap_means, interval, mean_loss
 from roformer.errors import ConfigError
 
 # The flat test reads the last quarter of the budgets' log-token range (`gap_slope`).
@@ -282,7 +282,7 @@ def end_state_verdict(comparison: Mapping, *, scheme: str, reference: str, flat:
                       edge_schemes: Sequence[str] = (), uses_order: Mapping[str, bool]) -> dict:
     """The end-state verdict of `scheme` against `reference` at the last budget.
 
-    comparison: roformer.ablation.study_stats.compare's dict there (its verdict read at the
+    comparison: roformer.study.stats.compare's dict there (its verdict read at the
     pre-registered margin). Rules, in order:
     - "not decided" when a chosen rate of either scheme is at its grid's edge (`edge_schemes`,
       from `rate_at_grid_edge` at any budget read): the difference would compare a scheme's

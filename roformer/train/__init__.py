@@ -6,7 +6,7 @@ optax and orbax (`python -m roformer.bench gpu`).
 """
 import importlib
 
-_EXPORTS = {"build_model_config": "roformer.train.loop", "train_and_evaluate": "roformer.train.loop",
+_EXPORTS = {"build_model_config": "roformer.train.config", "train_and_evaluate": "roformer.train.loop",
             "read_metrics": "roformer.train.metrics"}
 __all__ = sorted(_EXPORTS)
 

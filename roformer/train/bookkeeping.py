@@ -105,6 +105,15 @@ def optimizer_settings(tc: TrainConfig) -> dict:
     return {**{key: getattr(tc, key) for key in OPTIMIZER_KEYS}, "schedule_steps": tc.schedule_steps}
 
 
+def save_checkpoint(checkpointer: Checkpointer, step: int, state: dict, train_iter, model_cfg: ModelConfig,
+                    tc: TrainConfig, eval_loss: float | None = None) -> None:
+    """Save a run's checkpoint at `step`: its state, its data position, its model and optimizer
+    settings, and the held-out loss evaluated at that step (which keeps the best one)."""
+    checkpointer.save(step, state, train_iter.get_state(), model_cfg.to_dict(),
+                      metrics=None if eval_loss is None else {"eval_loss": eval_loss},
+                      optimizer=optimizer_settings(tc))
+
+
 def _say_changed_optimizer(checkpointer: Checkpointer, workdir: Path, tc: TrainConfig, step: int) -> None:
     """One warning line when a resume changes an optimizer or schedule setting the
     checkpoint was trained with (saved with it; for older checkpoints, config.json of the

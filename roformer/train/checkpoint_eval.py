@@ -20,8 +20,8 @@ import ml_collections
 from roformer.errors import ConfigError
 from roformer.model.attention import check_attention_impl
 from roformer.train import bookkeeping, sharding
-from roformer.train.config import TrainConfig, parse_phases
-from roformer.train.loop import eval_row, eval_totals, held_out_batches, phase_config
+from roformer.train.config import TrainConfig, parse_phases, phase_config
+from roformer.train.evaluation import eval_row, eval_totals, held_out_batches
 from roformer.train.metrics import read_metrics
 from roformer.train.state import TrainSetup
 from roformer.workdir import PretrainWorkdir

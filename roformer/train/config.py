@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 from roformer.data.config import MIN_SEQ_LEN
 from roformer.errors import ConfigError
 from roformer.settings import check_all
+
+if TYPE_CHECKING:
+    import ml_collections
+
+    from roformer.model import ModelConfig
 
 # Keys earlier versions had in the `train` section -> the key that replaced them. They stay
 # in the section as unset placeholders, so `--config.train.<old>=...` reaches the refusal.
@@ -177,3 +183,77 @@ def phase_schedule_factors(phases: list[Phase], learning_rate: float) -> list[tu
             factors.append((start, phase.end, scale, phase.warmup_steps))
         start = phase.end
     return factors
+
+
+def phase_config(config, phase, phases: list) -> ml_collections.ConfigDict:
+    """The config `phase` (one of `phases`, train.phases parsed) trains with: its steps, batch
+    shape and masked slots, with the learning-rate schedule over all phases."""
+    import ml_collections
+
+    phase_cfg = ml_collections.ConfigDict(config.to_dict())
+    phase_cfg.train.update(steps=phase.end, seq_len=phase.seq_len, batch_size=phase.batch_size,
+                           decay_steps=config.train.decay_steps or phases[-1].end)
+    if phase.max_predictions:
+        phase_cfg.data.max_predictions_per_seq = phase.max_predictions
+    return phase_cfg
+
+
+def build_model_config(model_section, *, vocab_size: int, pad_token_id: int = 0) -> ModelConfig:
+    """ModelConfig from the `model` config section: the size preset, then every
+    field that is set (None placeholders keep the preset's value). The vocabulary
+    and padding id come from the data's tokenizer."""
+    from roformer.model import ModelConfig   # jax: when a model is built, not when a config is read
+
+    fields = {k: v for k, v in model_section.to_dict().items() if k != "size" and v is not None}
+    return ModelConfig.from_preset(model_section.size, vocab_size=vocab_size, pad_token_id=pad_token_id,
+                                   **fields)
+
+
+def check_attention_setting(model_section) -> None:
+    """Refuse an attention_impl the model of this `model` config section cannot run on this
+    device (attention.check_attention_impl) from the config alone, so before any data is
+    tokenized or file written; the vocabulary, which the data decides, does not enter it."""
+    from roformer.model import ModelConfig
+    from roformer.model.attention import check_attention_impl
+
+    check_attention_impl(build_model_config(model_section, vocab_size=ModelConfig.vocab_size))
+
+
+# A comparison's arms by name (roformer.ablation, roformer.study): the model keys each sets on
+# the shared pretraining config. A position scheme's registry name (learned, rope, ...) sets
+# model.position; rope_linear is RoPE with linear attention (RoFormer eq. 19); the names of the
+# per-scheme config files (configs/absolute.py, ...) name the same arms.
+ARM_MODEL_KEYS = {"rope_linear": {"position": "rope", "attention": "linear"},
+                  # the published sinusoidal forms as arms of their own (docs/baselines.md)
+                  "sinusoidal_vaswani": {"position": "sinusoidal", "sinusoidal_scaling": "vaswani"},
+                  "sinusoidal_cramming": {"position": "sinusoidal", "sinusoidal_scaling": "cramming"}}
+ARM_ALIASES = {"absolute": "learned", "rotary": "rope", "relative": "shaw", "rotary_linear": "rope_linear"}
+
+
+def arm_model_keys(arm: str) -> dict:
+    """The model keys the comparison arm `arm` sets (ConfigError naming the arms when unknown)."""
+    from roformer.model.positions import POSITION_SCHEMES   # jax: when an arm is looked up
+
+    name = ARM_ALIASES.get(arm, arm)
+    if name in ARM_MODEL_KEYS:
+        return dict(ARM_MODEL_KEYS[name])
+    if name in POSITION_SCHEMES:
+        return {"position": name}
+    known = sorted(POSITION_SCHEMES) + sorted(ARM_MODEL_KEYS) + sorted(ARM_ALIASES)
+    raise ConfigError(f"unknown scheme {arm!r}; choose from {', '.join(known)}")
+
+
+def arm_pretrain_config(pretrain, arm: str, *, steps: int, seed: int = 0):
+    """The pretraining config of the comparison arm `arm`: a copy of the shared `pretrain`
+    section with the arm's model keys, the shared step budget and the seed. The learned table,
+    when unset, is sized to the pretraining length, so "beyond the table" is exactly "beyond
+    what was trained" in a length-extrapolation evaluation."""
+    import ml_collections
+
+    cfg = ml_collections.ConfigDict(pretrain.to_dict())
+    cfg.model.update(arm_model_keys(arm))
+    cfg.train.steps = int(steps)
+    cfg.train.seed = int(seed)
+    if cfg.model.get("max_position_embeddings") is None:
+        cfg.model.max_position_embeddings = cfg.train.seq_len
+    return cfg

@@ -34,14 +34,13 @@ from roformer.data import DataConfig
 from roformer.data.workers import StreamSpec, WorkerStreams
 from roformer.errors import ConfigError
 from roformer.machine import cores_available
-from roformer.model import attention_stats
 from roformer.train import bookkeeping, flops, memory, optim, progress, sharding, steps
 from roformer.train.checkpoint import Checkpointer
-from roformer.train.config import TrainConfig
+from roformer.train.config import TrainConfig, build_model_config, check_attention_setting
 from roformer.train.guard import TrainingStopped
-from roformer.train.loop import (StopFlag, TrainLog, build_model_config, check_attention_setting, eval_row,
-                                 eval_totals, held_out_batches)
+from roformer.train.evaluation import held_out_batches, held_out_rows
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
+from roformer.train.run_log import StopFlag, TrainLog, due
 from roformer.train.state import TrainSetup
 from roformer.workdir_lock import workdir_lock
 
@@ -139,9 +138,8 @@ class _Seed:
     error: TrainingStopped | None = None
 
     def save(self, state: dict, model_cfg) -> None:
-        metrics = {"eval_loss": self.evaluated[self.step]} if self.step in self.evaluated else None
-        self.checkpointer.save(self.step, state, self.train_iter.get_state(), model_cfg.to_dict(),
-                               metrics=metrics, optimizer=bookkeeping.optimizer_settings(self.tc))
+        bookkeeping.save_checkpoint(self.checkpointer, self.step, state, self.train_iter, model_cfg, self.tc,
+                                    self.evaluated.get(self.step))
 
 
 def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> list[dict | TrainingStopped]:
@@ -338,26 +336,25 @@ class _Group:
                 seed.log.timer.step(metrics)
             pending.append((step, metrics))
             bar.update(1)
-            checkpoint_due = step % tc.checkpoint_every == 0 or step == tc.steps
+            now = due(step, tc)
             preempted = stop.should_stop(step, tc.log_every)
-            if step % tc.log_every == 0 or checkpoint_due or preempted:
+            if now.log or now.checkpoint or preempted:
                 stopped |= self._flush(members, pending)
                 pending = []
             if preempted:
                 self._save(members, states)
                 log.warning("%s received: saved a checkpoint of every seed at step %d; exiting", stop.signal, step)
                 break
-            eval_due = step % tc.eval_every == 0 or step == tc.steps
-            if not (eval_due or checkpoint_due):
+            if not (now.eval or now.checkpoint):
                 continue
             jax.block_until_ready(states)   # the steps still running count as training, not pause
             with contextlib.ExitStack() as paused:
                 for seed in members:
                     paused.enter_context(seed.log.timer.paused())
-                if eval_due:
+                if now.eval:
                     stopped |= self.evaluate(members, states)
-                if checkpoint_due:
-                    self._save(members, states, postpone=step < tc.steps)
+                if now.checkpoint:
+                    self._save(members, states, final=step == tc.steps)
         # Steps not logged yet (the segment ended between two logged rows) wait in each seed's
         # log for its next row, which covers them as a run's alone would.
         self._queue(members, pending)
@@ -385,14 +382,8 @@ class _Group:
     def evaluate(self, members: list[_Seed], states) -> bool:
         """Every seed's held-out loss (and attention statistics) on the same batches; True
         when one stopped."""
-        totals = {name: eval_totals(self.eval_step, states["params"], self.rest, batches)
-                  for name, batches in self.eval_batches.items()}
-        rows = [eval_row({name: {k: v[i] for k, v in sums.items()} for name, sums in totals.items()})
-                for i in range(len(members))]
-        if self.stats_step is not None:
-            stats = jax.device_get(self.stats_step(states["params"], self.rest, self.eval_batches[""][0]))
-            for i, row in enumerate(rows):
-                row.update(attention_stats.as_metrics(jax.tree.map(lambda leaf: leaf[i], stats)))
+        rows = held_out_rows(self.eval_step, self.stats_step, states["params"], self.rest, self.eval_batches,
+                             members=len(members))
         stopped = False
         for seed, row in zip(members, rows):
             if seed.error is not None:
@@ -403,13 +394,9 @@ class _Group:
             stopped |= _guarded(seed, lambda: seed.log.check_eval(seed.step, row["eval_loss"]))
         return stopped
 
-    def _save(self, members: list[_Seed], states, *, postpone: bool = False) -> None:
+    def _save(self, members: list[_Seed], states, *, final: bool = True) -> None:
         for seed, state in zip(members, _unstack(states, len(members))):
-            if seed.error is not None:
-                continue
-            if postpone and seed.log.guard.suspicious:
-                log.warning("%s: step %d: checkpoint skipped while the training loss is out of range",
-                            seed.workdir, seed.step)
+            if seed.error is not None or not seed.log.may_save(seed.step, final=final, who=f"{seed.workdir}: "):
                 continue
             _guarded(seed, lambda: seed.save(state, self.model_cfg))
 

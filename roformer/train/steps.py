@@ -57,6 +57,18 @@ def mlm_sums(model, batch: Batch) -> dict[str, jax.Array]:
             "weight_sum": jnp.sum(weights)}
 
 
+def mlm_row_sums(model, batch: Batch) -> dict[str, jax.Array]:
+    """Per row: the summed MLM loss and correct predictions (`mlm_sums` by row), for a
+    measurement that resamples rows or groups of them (the study's bootstrap)."""
+    logits = model(batch["input_ids"], token_type_ids=batch["token_type_ids"], positions=batch["positions"],
+                   segment_ids=batch["segment_ids"], masked_positions=batch["masked_positions"]).astype(jnp.float32)
+    labels, weights = batch["masked_labels"], batch["masked_weights"]
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    label_logits = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    correct = (label_logits >= jnp.max(logits, axis=-1)).astype(jnp.float32)
+    return {"loss": jnp.sum(losses * weights, -1), "correct": jnp.sum(correct * weights, -1)}
+
+
 def reseeded(rest_state, key: jax.Array):
     """Fresh copy of the model's RNG state: the i-th stream (in the state's flattening order)
     keyed by fold_in(key, i), its count reset to 0.

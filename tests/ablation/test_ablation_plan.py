@@ -34,6 +34,25 @@ def test_schemes_share_everything_but_the_model_position():
         plan.scheme_pretrain_config(config, "rotery")
 
 
+def test_a_schemes_model_keys_are_the_librarys_and_its_config_file_sets_the_same():
+    """The library names what an arm changes (it loads no config file to learn it); each arm's
+    config file, the user's way to pretrain it alone, changes those keys of configs/base.py."""
+    import importlib
+
+    from configs import SCHEME_FILES
+    from roformer.train.config import ARM_ALIASES, arm_model_keys
+
+    base = importlib.import_module("configs.base").get_config().model.to_dict()
+    for arm, file in SCHEME_FILES.items():
+        model = importlib.import_module(f"configs.{file}").get_config().model.to_dict()
+        changed = {k: v for k, v in model.items() if base.get(k) != v}
+        keys = arm_model_keys(arm)
+        assert {k: v for k, v in keys.items() if base.get(k) != v} == changed, arm
+        assert {k: model[k] for k in keys} == keys, arm
+        assert arm_model_keys(file) == keys   # the file's name names the arm too
+    assert set(ARM_ALIASES) <= set(SCHEME_FILES.values())
+
+
 def test_scheme_seeds_and_learning_rates_are_per_scheme_exceptions():
     config = small_config("learned,rope,none", seeds=2)
     config.scheme_seeds = "rope=3,none=1"

@@ -4,17 +4,15 @@ import importlib
 
 import pytest
 
+from configs import SCHEME_FILES
 from roformer.model import ModelConfig
-from roformer.model.positions import POSITION_SCHEMES
 from roformer.train import build_model_config
-from roformer.train.config import TrainConfig
+from roformer.train.config import TrainConfig, arm_model_keys
 
 pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
 
-
-
-# config file -> the scheme it selects: every scheme's own file, plus a variant
-SCHEMES = {scheme.config_file: name for name, scheme in POSITION_SCHEMES.items()} | {"rotary_linear": "rope"}
+# config file -> the position it selects: every arm's own file
+SCHEMES = {file: arm_model_keys(arm)["position"] for arm, file in SCHEME_FILES.items()}
 
 
 def load_config(name: str, arg: str | None = None):

@@ -13,7 +13,7 @@ import pytest
 
 from roformer.errors import ConfigError
 from roformer.train import train_and_evaluate
-from roformer.train import loop as train_loop
+from roformer.train import run_log
 from roformer.train import seeds as train_seeds
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.guard import CheckpointSaveFailed, TrainingDiverged
@@ -74,7 +74,7 @@ def test_batches_made_in_worker_processes_train_the_same_floats(cache, together,
 def test_a_stopped_group_resumes_and_a_seed_behind_catches_up(cache, together, tmp_path, monkeypatch):
     dirs = [tmp_path / f"seed{s}" for s in SEEDS]
     stop_at = {"step": 3}   # SIGTERM saves at once; the evaluations at 4 and 8 still come
-    monkeypatch.setattr(train_loop.StopFlag, "should_stop", lambda self, step, every: step == stop_at["step"])
+    monkeypatch.setattr(run_log.StopFlag, "should_stop", lambda self, step, every: step == stop_at["step"])
     stopped = train_seeds_and_evaluate(seed_configs(cache), dirs)
     assert all(r["preempted"] and r["final_step"] == 3 for r in stopped)
     assert all(PretrainWorkdir(d).steps() == [2, 3] for d in dirs)
@@ -94,7 +94,7 @@ def test_a_seed_that_diverges_or_cannot_save_stops_alone(cache, alone, tmp_path,
     disk); seed 0 trains on to the end as it would alone."""
     seeds = (0, 1, 2)
     dirs = [tmp_path / f"seed{s}" for s in seeds]
-    flush, wait = train_loop.TrainLog.flush, Checkpointer.wait
+    flush, wait = run_log.TrainLog.flush, Checkpointer.wait
 
     def diverge_seed1(self, step):
         if self.writer.path.parent.resolve() == dirs[1].resolve() and step >= 5:
@@ -107,7 +107,7 @@ def test_a_seed_that_diverges_or_cannot_save_stops_alone(cache, alone, tmp_path,
             self._failed(OSError(28, "No space left on device"))
         wait(self)
 
-    monkeypatch.setattr(train_loop.TrainLog, "flush", diverge_seed1)
+    monkeypatch.setattr(run_log.TrainLog, "flush", diverge_seed1)
     monkeypatch.setattr(Checkpointer, "wait", fail_seed2_at_the_end)
     # The two seeds left after seed 1 stopped go on in a program of their own, whose first
     # step compiles: their throughput timers start again there, as at a run's first step.

@@ -1,4 +1,4 @@
-"""The accelerator comparison (roformer.ablation.study, study_plan, study_train): its checks,
+"""The accelerator comparison (roformer.study, study_plan, study_train): its checks,
 data, statistics and, at smoke size, the whole command (scripts/gpu_comparison.sh)."""
 import json
 import os
@@ -12,7 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from roformer.ablation import plan, study, study_data, study_plan, study_stats
+from roformer import config_files as plan
+from roformer.cli import load_config
+from roformer.data.masking import mask_rows_on_device
+from roformer.study import data as study_data, plan as study_plan, records as study_records, session as study
+from roformer.study import stats as study_stats
 from roformer.errors import ConfigError
 from roformer.train import optim
 
@@ -21,7 +25,7 @@ SCHEMES = ("rope", "shaw", "learned", "t5", "alibi", "sinusoidal", "none")
 
 
 def config(variant="gpu_smoke", **study_keys):
-    c = plan.load_config_file("ablation", variant)
+    c = load_config(f"{plan.CONFIG_DIR / 'study.py'}:{variant}")
     for key, value in study_keys.items():
         c.study[key] = value
     return c
@@ -30,18 +34,18 @@ def config(variant="gpu_smoke", **study_keys):
 @pytest.mark.parametrize("variant", ["gpu_tiny", "gpu_tiny_long", "gpu_mini", "gpu_small", "gpu_smoke"])
 def test_every_variant_is_valid_and_alibi_has_at_least_four_heads(variant):
     c = config(variant)
-    study_plan.validate(c)
+    study_plan.validate(study_plan.build_plan(c))
     if "alibi" in plan.split_list(c.study.schemes):
-        assert study_plan.scheme_model_config(c, "alibi").num_heads >= 4
-    assert len(study_plan.members(c)) == c.study.seeds * len(study_plan.rates(c))
+        assert study_plan.build_plan(c).model_config("alibi").num_heads >= 4
+    assert len(study_plan.build_plan(c).members()) == c.study.seeds * len(study_plan.build_plan(c).rates)
 
 
 def test_the_accelerator_variants_train_every_scheme_8_seeds_x_3_rates():
     for variant in ("gpu_tiny", "gpu_tiny_long", "gpu_mini", "gpu_small"):
         c = config(variant)
         assert set(plan.split_list(c.study.schemes)) == {"rope", "learned", "shaw", "t5", "alibi", "sinusoidal", "none"}
-        assert c.study.seeds >= 8 and len(study_plan.rates(c)) == 3 and c.study.min_test_predictions >= 200_000
-    mini = study_plan.scheme_model_config(config("gpu_mini"), "rope")
+        assert c.study.seeds >= 8 and len(study_plan.build_plan(c).rates) == 3 and c.study.min_test_predictions >= 200_000
+    mini = study_plan.build_plan(config("gpu_mini")).model_config("rope")
     assert (mini.num_layers, mini.hidden_size, mini.num_heads) == (4, 256, 4)
 
 
@@ -53,7 +57,7 @@ def test_the_accelerator_variants_train_every_scheme_8_seeds_x_3_rates():
     ({"compile_ahead": -1}, "study.compile_ahead=-1")])
 def test_bad_settings_are_one_line_before_anything_trains(keys, message):
     with pytest.raises(ConfigError, match=message) as error:
-        study_plan.validate(config(**keys))
+        study_plan.validate(study_plan.build_plan(config(**keys)))
     assert "\n" not in str(error.value)
 
 
@@ -61,42 +65,42 @@ def test_alibi_with_two_heads_is_refused():
     c = config()
     c.pretrain.model.num_heads = 2
     with pytest.raises(ConfigError, match="ALiBi with 2 heads"):
-        study_plan.validate(c)
+        study_plan.validate(study_plan.build_plan(c))
 
 
 def test_an_unknown_variant_is_one_line():
-    with pytest.raises(ConfigError, match="unknown configs/ablation.py variant 'gpu_huge'.*'gpu_tiny'"):
+    with pytest.raises(ConfigError, match="unknown configs/study.py variant 'gpu_huge'.*'gpu_tiny'"):
         config("gpu_huge")
 
 
 def test_the_memory_estimate_refuses_a_group_that_does_not_fit():
     c = config(memory_limit_gib=0.001)
-    data = study.study_splits(c)
+    data = study.study_splits(study_plan.build_plan(c))
     with pytest.raises(ConfigError, match=r"group of 'rope' needs about .* GiB, with 1 group\(s\) prepared ahead "
                        r"\(study.compile_ahead\), more than 90% of the device's") as error:
-        study_plan.check_memory(c, data)
+        study_plan.check_memory(study_plan.build_plan(c), data)
     assert "\n" not in str(error.value) and "0.0 GiB" not in str(error.value)   # small sizes still read
     c.study.memory_limit_gib = 64.0
-    assert set(study_plan.check_memory(c, data)) == set(plan.split_list(c.study.schemes))
+    assert set(study_plan.check_memory(study_plan.build_plan(c), data)) == set(plan.split_list(c.study.schemes))
 
 
 def test_the_memory_estimate_counts_the_initial_states_of_the_groups_prepared_ahead():
     """Each group prepared ahead holds its members' parameters and Adam moments on the device
     while another trains: the estimate adds compile_ahead times the largest scheme's."""
     c = config(memory_limit_gib=64.0, compile_ahead=0)
-    data = study.study_splits(c)
-    alone = study_plan.check_memory(c, data)
+    data = study.study_splits(study_plan.build_plan(c))
+    alone = study_plan.check_memory(study_plan.build_plan(c), data)
     c.study.compile_ahead = 2
-    ahead = study_plan.check_memory(c, data)
-    n = len(study_plan.members(c))
-    largest = max(study_plan.initial_state_bytes(study_plan.scheme_model_config(c, s, data.vocab_size, data.pad_id), n)
+    ahead = study_plan.check_memory(study_plan.build_plan(c), data)
+    n = len(study_plan.build_plan(c).members())
+    largest = max(study_plan.initial_state_bytes(study_plan.build_plan(c).model_config(s, data.vocab_size, data.pad_id), n)
                   for s in plan.split_list(c.study.schemes))
     assert largest > 0 and {s: ahead[s] - alone[s] for s in alone} == {s: 2 * largest for s in alone}
 
 
 def test_memory_estimate_grows_with_members_and_width():
-    base = study_plan.scheme_model_config(config("gpu_tiny"), "rope")
-    mini = study_plan.scheme_model_config(config("gpu_mini"), "rope")
+    base = study_plan.build_plan(config("gpu_tiny")).model_config("rope")
+    mini = study_plan.build_plan(config("gpu_mini")).model_config("rope")
     est = lambda m, n: study_plan.memory_estimate(m, members_=n, batch_size=16, seq_len=128, max_predictions=20,  # noqa: E731
                                              data_bytes=0)
     assert est(base, 24) == 2 * est(base, 12) and est(mini, 24) > est(base, 24)
@@ -130,8 +134,8 @@ def test_member_optimizer_takes_each_members_rate():
 def test_a_member_reads_its_own_seeds_order_and_keys_whatever_its_group_holds():
     """A group of seed 1 alone reads seed 1's row of the pass orders (it read seed 0's when its
     index was its place among the group's seeds), and no step's dropout key is a masking key."""
-    from roformer.ablation.study_plan import Member
-    from roformer.ablation.study_train import member_inputs
+    from roformer.study.plan import Member
+    from roformer.study.groups import member_inputs
 
     alone = member_inputs([Member(0, 1, 4e-3)])
     full = member_inputs([Member(0, 0, 4e-3), Member(1, 1, 4e-3)])
@@ -152,7 +156,7 @@ def test_device_masking_follows_the_pipelines_rule():
     ids[:, 0], ids[:, -1] = 2, 3          # [CLS], [SEP]
     segments = np.ones_like(ids)
     segments[:, 30:] = 0                  # padding
-    out = study_data.mask_rows(jax.random.key(0), {"input_ids": jnp.asarray(ids), "positions": jnp.zeros_like(ids),
+    out = mask_rows_on_device(jax.random.key(0), {"input_ids": jnp.asarray(ids), "positions": jnp.zeros_like(ids),
                                                    "segment_ids": jnp.asarray(segments)},
                                special=jnp.asarray(special), replacement_ids=jnp.arange(5, 50), mask_id=4,
                                mask_rate=0.15, max_predictions=7)
@@ -216,18 +220,17 @@ def test_order_variants_count_windows_within_each_packed_piece():
 
 def test_a_pack_made_with_other_settings_is_made_again_and_one_up_to_date_is_kept(tmp_path, capsys, monkeypatch):
     path = tmp_path / "pack.npz"
-    config = plan.load_config_file("ablation", "gpu_smoke")
+    config = load_config(f"{plan.CONFIG_DIR / 'study.py'}:gpu_smoke")
     made = []
     monkeypatch.setattr(study, "study_splits", lambda config: made.append(1) or SimpleNamespace(manifest={}))
     monkeypatch.setattr(study_data, "save_pack", lambda data, where, key: np.savez(
         where, meta=np.asarray(json.dumps({"key": key}))))
     assert study_data.pack_key(path) is None
-    assert study.main(["pack", "gpu_smoke", str(path)]) == 0 and made == [1]
+    assert "up to date" not in study.make_pack(config, path) and made == [1]
     assert study_data.pack_key(path) == study.data_key(config)
-    assert study.main(["pack", "gpu_smoke", str(path)]) == 0 and made == [1]
-    assert "up to date" in capsys.readouterr().out
+    assert "up to date" in study.make_pack(config, path) and made == [1]
     np.savez(path, meta=np.asarray(json.dumps({"key": "made before the order variants changed"})))
-    assert study.main(["pack", "gpu_smoke", str(path)]) == 0 and made == [1, 1]
+    assert "up to date" not in study.make_pack(config, path) and made == [1, 1]
 
 
 def test_splits_are_disjoint_documents():
@@ -251,7 +254,7 @@ def test_a_test_item_is_a_document_with_the_rows_most_of_whose_tokens_are_its():
         assert plan.length[pieces][plan.doc[pieces] == doc].max() == plan.length[pieces].max()
     assert list(main).count(0) >= 2 and list(main).count(3) >= 3   # the long documents span rows
     c = config()
-    data = study.study_splits(c)
+    data = study.study_splits(study_plan.build_plan(c))
     rows = data.manifest["test_rows"]
     items = data.test_items.reshape(c.study.test_mask_draws, rows)
     assert (items == items[0]).all()                                 # every draw of a row: one item
@@ -339,11 +342,11 @@ def test_the_report_is_written_again_from_records_archives(fake_study, tmp_path)
     with tarfile.open(archive, "w:gz") as tar:   # as scripts/gpu_comparison.sh packs them
         for name in (study.SCHEMES_DIR, study.DATA_MANIFEST, study.CONFIG_RECORD):
             tar.add(fake_study / name, arcname=name)
-    study.split_records(archive, tmp_path / "records")
+    study_records.split_records(archive, tmp_path / "records")
     expected = (fake_study / "study.md").read_text()
     assert study.open_records(fake_study) == fake_study
     assert study.write_report(archive, tmp_path / "one").read_text() == expected
-    assert study.main(["report", str(tmp_path / "records"), str(tmp_path / "per_scheme")]) == 0
+    study.write_report(tmp_path / "records", tmp_path / "per_scheme")
     assert (tmp_path / "per_scheme" / "study.md").read_text() == expected
     assert sorted(p.name for p in (tmp_path / "per_scheme" / "schemes").iterdir()) == sorted(
         p.name for p in (fake_study / "schemes").iterdir())
@@ -400,7 +403,7 @@ def test_a_resumed_study_takes_per_scheme_the_record_of_its_own_settings(fake_st
     import logging
     import shutil
 
-    from roformer.ablation import study_records
+    from roformer.study import records as study_records
 
     workdir = tmp_path / "work"
     shutil.copytree(fake_study, workdir)
@@ -417,8 +420,8 @@ def test_a_resumed_study_takes_per_scheme_the_record_of_its_own_settings(fake_st
         _records_archive(tmp_path / "a.tar.gz", fake_study, ["alibi"], members=4),        # partial (grid only)
         _records_archive(tmp_path / "b.tar.gz", fake_study, ["rope", "alibi"]),           # complete
         _records_archive(tmp_path / "c.tar.gz", fake_study, ["sinusoidal"], fingerprint="older settings")]
-    assert study.main(["stage", str(workdir), *map(str, archives)]) == 0
-    with caplog.at_level(logging.INFO, logger="roformer.ablate"):
+    assert len(study_records.stage_archives(workdir, list(map(str, archives)))) == len(archives)
+    with caplog.at_level(logging.INFO, logger="roformer.study"):
         finished = study_records.take_finished(workdir, fingerprints)
     assert finished == ["rope", "alibi"]
     for scheme in ("rope", "alibi"):
@@ -466,10 +469,10 @@ def test_a_schemes_fingerprint_does_not_depend_on_where_the_data_lie():
     here, there = config("gpu_tiny"), config("gpu_tiny")
     here.pretrain.data.files, there.pretrain.data.files = "/one/place/wiki_*", "/another/place/wiki_*"
     there.pretrain.data.cache_dir = "/elsewhere/cache"
-    assert study.scheme_fingerprint(here, "rope", manifest) == study.scheme_fingerprint(there, "rope", manifest)
-    assert study.scheme_fingerprint(here, "rope", manifest) == study.scheme_fingerprint(here, "rope", {"num_docs": 3})
+    assert study.scheme_fingerprint(study_plan.build_plan(here), "rope", manifest) == study.scheme_fingerprint(study_plan.build_plan(there), "rope", manifest)
+    assert study.scheme_fingerprint(study_plan.build_plan(here), "rope", manifest) == study.scheme_fingerprint(study_plan.build_plan(here), "rope", {"num_docs": 3})
     there.pretrain.data.files = "/one/place/other_*"
-    assert study.scheme_fingerprint(here, "rope", manifest) != study.scheme_fingerprint(there, "rope", manifest)
+    assert study.scheme_fingerprint(study_plan.build_plan(here), "rope", manifest) != study.scheme_fingerprint(study_plan.build_plan(there), "rope", manifest)
 
 
 def test_a_study_refused_at_its_start_leaves_the_config_its_records_were_trained_under(tmp_path):
@@ -674,7 +677,7 @@ def test_the_device_script_at_smoke_size(tmp_path):
     assert study.write_report(tmp_path / "work").read_text() == text
     # On a fresh machine: the records of the first call put back from one archive per scheme
     # (as a study spread over sessions keeps them), nothing trains again.
-    kept = study.split_records(out / "records.tar.gz", tmp_path / "kept")
+    kept = study_records.split_records(out / "records.tar.gz", tmp_path / "kept")
     assert [p.name for p in kept] == sorted(f"records-{s}.tar.gz" for s in SCHEMES)
     env = {**env, "STUDY_WORKDIR": str(tmp_path / "fresh"), "RESUME_FROM": " ".join(map(str, kept))}
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -686,13 +689,13 @@ def test_a_group_compiled_on_a_worker_thread_trains_alike_without_compiling_agai
     """SchemeRun.compile on CompileAhead's worker thread: the group's training, evaluation and
     signal programs are ready before it runs (nothing compiles while it trains), and the
     group computes what it computes when its first calls compile them."""
-    from roformer.ablation.study_train import CompileAhead, SchemeRun
+    from roformer.study.groups import CompileAhead, SchemeRun
 
     c = config(schemes="rope", seeds=2, learning_rates="2e-3", budget_steps="2,4")
-    data = study.study_splits(c)
-    aux = study.device_arrays(c, data)
-    plain, plain_loss = SchemeRun(c, "rope", data, aux).run()
-    ahead = CompileAhead(lambda scheme: SchemeRun(c, scheme, data, aux).compile(), groups=1)
+    data = study.study_splits(study_plan.build_plan(c))
+    aux = study.device_arrays(study_plan.build_plan(c), data)
+    plain, plain_loss = SchemeRun(study_plan.build_plan(c), "rope", data, aux).run()
+    ahead = CompileAhead(lambda scheme: SchemeRun(study_plan.build_plan(c), scheme, data, aux).compile(), groups=1)
     ahead.submit("rope", "rope")
     run = ahead.take("rope", "rope")
     ahead.close()
@@ -735,7 +738,7 @@ def test_records_split_into_one_archive_per_scheme(tmp_path):
     with tarfile.open(tmp_path / "records.tar.gz", "w:gz") as archive:
         for name in names + [stray]:
             archive.add(work / name, arcname=name)
-    kept = study.split_records(tmp_path / "records.tar.gz", tmp_path / "kept")
+    kept = study_records.split_records(tmp_path / "records.tar.gz", tmp_path / "kept")
     assert [p.name for p in kept] == ["records-rope.tar.gz", "records-t5.tar.gz"]
     for path, scheme in zip(kept, ("rope", "t5")):
         with tarfile.open(path) as archive:
@@ -758,7 +761,7 @@ def test_the_device_script_writes_the_report_again_from_the_records_after_a_stop
     stub.write_text(f"""#!/bin/sh
 echo "$@" >> {tmp_path / "calls"}
 case "$*" in
-  *"roformer.ablate"*) mkdir -p {tmp_path / "work" / "schemes"}; echo {{}} > {tmp_path / "work" / "study_config.json"}
+  *"roformer.study --config"*) mkdir -p {tmp_path / "work" / "schemes"}; echo {{}} > {tmp_path / "work" / "study_config.json"}
                       echo {{}} > {tmp_path / "work" / "schemes" / "rope.json"}; exit ${{STUDY_EXIT:-0}} ;;
 esac
 """)
@@ -774,19 +777,19 @@ esac
         assert result.returncode == study_exit, result.stderr
         return [c.split(" ")[1] for c in (tmp_path / "calls").read_text().splitlines() if c.startswith("-m ")]
 
-    assert calls(124) == ["roformer.ablate", "roformer.ablation.study"]
-    assert f"-m roformer.ablation.study report {tmp_path / 'work'}" in (tmp_path / "calls").read_text()
-    assert calls(0) == ["roformer.ablate"]
+    assert calls(124) == ["roformer.study", "roformer.study"]
+    assert f"-m roformer.study report {tmp_path / 'work'}" in (tmp_path / "calls").read_text()
+    assert calls(0) == ["roformer.study"]
     # the study's own stop at study.time_limit_s wrote its last report itself
-    assert calls(3) == ["roformer.ablate"]
+    assert calls(3) == ["roformer.study"]
     assert "(partial: records.tar.gz holds what finished" in (tmp_path / "out" / "log.txt").read_text()
 
 
 def test_a_study_stopped_by_its_time_limit_exits_with_its_own_status(tmp_path):
-    """`python -m roformer.ablate` on a gpu_smoke study whose time limit leaves schemes untrained
+    """`python -m roformer.study` on a gpu_smoke study whose time limit leaves schemes untrained
     exits 3 (PARTIAL_EXIT) with a line naming them; the same command with room for the rest
     exits 0. The first scheme sets the forecast, so the limit stops the study after it."""
-    command = [sys.executable, "-m", "roformer.ablate", "--config=configs/ablation.py:gpu_smoke",
+    command = [sys.executable, "-m", "roformer.study", "--config=configs/study.py:gpu_smoke",
                f"--workdir={tmp_path}", "--config.study.schemes=rope,none", "--config.study.seeds=1",
                "--config.study.learning_rates=2e-3", "--config.study.compile_ahead=0",
                "--config.study.extend_edges=False"]
@@ -807,11 +810,11 @@ def test_the_report_command_refuses_a_folder_that_is_not_a_study_workdir(tmp_pat
 
 def test_a_pack_gives_back_the_splits_it_was_made_from(tmp_path):
     c = config()
-    data = study.study_splits(c)
+    data = study.study_splits(study_plan.build_plan(c))
     path = tmp_path / "study_data" / "pack.npz"   # a folder not made yet, as on a fresh checkout
     study_data.save_pack(data, path, study.data_key(c))
     c.study.data_pack = str(path)
-    back = study.study_splits(c)
+    back = study.study_splits(study_plan.build_plan(c))
     assert list(back.variants) == list(data.variants) and back.manifest == data.manifest
     for split in ("train", "validation", "test"):
         for key, value in getattr(data, split).items():
@@ -819,11 +822,11 @@ def test_a_pack_gives_back_the_splits_it_was_made_from(tmp_path):
     np.testing.assert_array_equal(back.test_items, data.test_items)
     c.study.test_fraction = 0.3   # other split settings: refused in one line
     with pytest.raises(ConfigError, match="was made with other data or split settings"):
-        study.study_splits(c)
+        study.study_splits(study_plan.build_plan(c))
 
 
 def test_the_rate_is_chosen_on_validation_and_never_one_that_diverged():
-    from roformer.ablation.study_report import choose_rate
+    from roformer.study.report import choose_rate
 
     members = [{"seed": s, "rate": r} for r in (1e-3, 2e-3, 4e-3) for s in range(2)]
     budget = {"steps": 100, "validation_loss": [5.0, 5.2, 4.0, 4.2, 3.0, float("nan")],
@@ -846,12 +849,12 @@ def test_each_budget_counts_the_divergences_of_its_own_model():
     diverges in the trunk after the fork, or in another budget's branch, has not diverged for
     it. A member whose last update is not finite (the training loss is taken before each
     update) is marked by its validation loss at the budget's end."""
-    from roformer.ablation.study_train import SchemeRun
+    from roformer.study.groups import SchemeRun
 
     c = config(schemes="rope", seeds=2, learning_rates="1e-3,2e-3", budget_steps="4,8", eval_every=1,
                warmup_steps=1, cooldown_fraction=0.5)
-    data = study.study_splits(c)
-    run = SchemeRun(c, "rope", data, study.device_arrays(c, data)).compile()
+    data = study.study_splits(study_plan.build_plan(c))
+    run = SchemeRun(study_plan.build_plan(c), "rope", data, study.device_arrays(study_plan.build_plan(c), data)).compile()
     train_chunk, trunk = run.programs.train_chunk, (4, 8)   # budget 4's branch runs (2, 4)
     poison = lambda states, m: {**states, "params": jax.tree.map(lambda p: p.at[m].set(jnp.nan),  # noqa: E731
                                                                  states["params"])}
@@ -870,7 +873,7 @@ def test_each_budget_counts_the_divergences_of_its_own_model():
 
 
 def test_the_report_says_what_it_does_not_show():
-    from roformer.ablation.study_report import limits
+    from roformer.study.report import limits
 
     c = config(schemes="rope,alibi,sinusoidal")    # sinusoidal has not finished
     rows = {"rope": {"rate_at_edge": True, "diverged": []},
@@ -915,12 +918,12 @@ def test_rates_beyond_the_grid_continue_it_geometrically_at_each_chosen_edge():
     assert study_plan.edge_rates(grid, [1, 2]) == pytest.approx([5.6e-3])
     assert study_plan.edge_rates([1e-3], [0]) == []
     c = config()
-    extra = study_plan.members(c, [3.5e-4], first_index=4)
+    extra = study_plan.build_plan(c).members([3.5e-4], first_index=4)
     assert [(m.index, m.seed, m.rate) for m in extra] == [(4, 0, 3.5e-4), (5, 1, 3.5e-4)]
 
 
 def test_a_group_beyond_the_grid_joins_its_schemes_record_member_by_member():
-    from roformer.ablation.study_train import merge_groups
+    from roformer.study.groups import merge_groups
 
     def group(rates, offset):
         members = [{"index": offset + i, "seed": i % 2, "rate": r} for i, r in enumerate(rates)]
@@ -947,7 +950,7 @@ def test_a_group_beyond_the_grid_joins_its_schemes_record_member_by_member():
     assert merged["budgets"][0]["test_loss"] == [0, 1, 2, 3, 4, 5] and merged["diverged_at"] == [None] * 6
     np.testing.assert_array_equal(arrays["budget10"][:, 0], np.arange(6))
     np.testing.assert_array_equal(arrays["test_weight"], np.ones(3))
-    from roformer.ablation.study_report import choose_rate
+    from roformer.study.report import choose_rate
     assert sorted({m["rate"] for m in merged["members"]})[choose_rate(merged, merged["budgets"][0])] == 1e-3
     # Each budget's own divergences join too, where both records kept them; else neither counts.
     main["budgets"][0]["diverged_at"], extra["budgets"][0]["diverged_at"] = [None] * 4, [None, 7]
@@ -961,7 +964,7 @@ def test_a_group_beyond_the_grid_joins_its_schemes_record_member_by_member():
 def test_the_report_names_the_figures_it_wrote(tmp_path):
     """A call that finished only schemes with nothing to follow (rope, first by its time limit)
     writes no signal figure, and its study.md does not name one."""
-    from roformer.ablation import study_figures
+    from roformer.study import figures as study_figures
 
     band = {"median": [1.0, 0.5], "lo": [0.9, 0.4], "hi": [1.1, 0.6]}
 
@@ -984,8 +987,8 @@ class StandInRun:
     compiled_ahead = False
     wall_s = programs_s = 0.0
 
-    def __init__(self, config, scheme, data, aux, group=None):
-        self.scheme, self.budgets, self.key = scheme, study_plan.budgets(config), (scheme, group is not None)
+    def __init__(self, plan, scheme, data, aux, group=None):
+        self.scheme, self.budgets, self.key = scheme, plan.budgets, (scheme, group is not None)
 
     def compile(self):
         return self
@@ -1000,7 +1003,7 @@ class StandInRun:
 def test_a_study_stopped_by_its_time_limit_resumes_with_the_rest(tmp_path, monkeypatch, caplog):
     """A scheme that would end past study.time_limit_s is not started; the same command (here
     without the limit) trains only the schemes that have no record yet."""
-    from roformer.ablation import study_report
+    from roformer.study import report as study_report
 
     trained = []
 
@@ -1014,7 +1017,7 @@ def test_a_study_stopped_by_its_time_limit_resumes_with_the_rest(tmp_path, monke
     monkeypatch.setattr(study, "SchemeRun", FakeRun)
     monkeypatch.setattr(study_report, "write", lambda config, workdir, runs=None: {})
     c = config(time_limit_s=60.0, extend_edges=False)
-    with caplog.at_level("WARNING", logger="roformer.ablate"):
+    with caplog.at_level("WARNING", logger="roformer.study"):
         study.run_study(c, tmp_path)
     assert trained == ["rope"] and "alibi and what follows not started" in caplog.text
     c.study.time_limit_s = 0.0
@@ -1031,7 +1034,7 @@ def test_the_time_limit_counts_a_compilation_only_for_a_group_not_compiled_yet(t
     under a 100 s limit, compiling in turn stops after the first scheme, compiling ahead does not."""
     import threading
 
-    from roformer.ablation import study_report
+    from roformer.study import report as study_report
 
     trained, compiled = [], {scheme: threading.Event() for scheme in ("rope", "alibi", "sinusoidal")}
 
@@ -1051,7 +1054,7 @@ def test_the_time_limit_counts_a_compilation_only_for_a_group_not_compiled_yet(t
 
     monkeypatch.setattr(study, "SchemeRun", FakeRun)
     monkeypatch.setattr(study_report, "write", lambda config, workdir, runs=None: {})
-    with caplog.at_level("WARNING", logger="roformer.ablate"):
+    with caplog.at_level("WARNING", logger="roformer.study"):
         study.run_study(config(time_limit_s=100.0, extend_edges=False, compile_ahead=groups), tmp_path)
     if groups:
         assert trained == ["rope", "alibi", "sinusoidal"] and "time limit" not in caplog.text
@@ -1068,7 +1071,7 @@ def test_groups_are_compiled_on_worker_threads_at_most_compile_ahead_groups_earl
     while the last grids train."""
     import threading
 
-    from roformer.ablation import study_report
+    from roformer.study import report as study_report
 
     trained, prepared = [], {}
 
@@ -1106,7 +1109,7 @@ def test_the_report_is_written_on_a_worker_thread_while_the_next_group_trains(tm
     only when it failed does the calling thread write it again."""
     import threading
 
-    from roformer.ablation import study_report
+    from roformer.study import report as study_report
 
     writes, begun = [], {scheme: threading.Event() for scheme in ("rope", "alibi", "sinusoidal")}
 
@@ -1128,7 +1131,7 @@ def test_the_report_is_written_on_a_worker_thread_while_the_next_group_trains(tm
 
     monkeypatch.setattr(study, "SchemeRun", FakeRun)
     monkeypatch.setattr(study_report, "write", write)
-    with caplog.at_level("WARNING", logger="roformer.ablate"):
+    with caplog.at_level("WARNING", logger="roformer.study"):
         result = study.run_study(config(time_limit_s=0.0, extend_edges=False), tmp_path)
     assert writes[0] == (writes[0][0], ["rope"]) and writes[0][0].startswith("report")
     assert "writing the report on its worker thread failed" in caplog.text and "a failed write" in caplog.text
@@ -1144,7 +1147,7 @@ def test_the_report_is_written_on_a_worker_thread_while_the_next_group_trains(tm
 def test_a_group_whose_compiling_ahead_failed_is_compiled_in_its_turn(caplog):
     import threading
 
-    from roformer.ablation.study_train import CompileAhead
+    from roformer.study.groups import CompileAhead
 
     class Prepared:
         compiled_ahead = False
@@ -1156,7 +1159,7 @@ def test_a_group_whose_compiling_ahead_failed_is_compiled_in_its_turn(caplog):
 
     ahead = CompileAhead(prepare, groups=1)
     ahead.submit("rope", "rope")
-    with caplog.at_level("WARNING", logger="roformer.ablate"):
+    with caplog.at_level("WARNING", logger="roformer.study"):
         run = ahead.take("rope", "rope")
     ahead.close()
     assert isinstance(run, Prepared) and not run.compiled_ahead
@@ -1175,9 +1178,9 @@ def test_the_pack_key_does_not_depend_on_where_the_corpus_lies(monkeypatch):
 
 def test_a_finished_scheme_is_kept_when_only_how_the_study_is_read_changes():
     c = config()
-    fp = study.scheme_fingerprint(c, "rope", {"tokens": 1})
+    fp = study.scheme_fingerprint(study_plan.build_plan(c), "rope", {"tokens": 1})
     c.study.margin, c.study.time_limit_s, c.study.data_pack, c.study.schemes = 0.05, 100.0, "x.npz", "rope"
     c.study.extend_edges, c.study.compile_ahead = not c.study.extend_edges, 0
-    assert study.scheme_fingerprint(c, "rope", {"tokens": 1}) == fp
+    assert study.scheme_fingerprint(study_plan.build_plan(c), "rope", {"tokens": 1}) == fp
     c.study.learning_rates = "1e-3,3e-3"
-    assert study.scheme_fingerprint(c, "rope", {"tokens": 1}) != fp
+    assert study.scheme_fingerprint(study_plan.build_plan(c), "rope", {"tokens": 1}) != fp

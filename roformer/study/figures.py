@@ -1,5 +1,5 @@
 """The GPU comparison's figures, each a matplotlib Figure drawn from the report's summary
-(roformer.ablation.study_report.summarize): the four the report writes beside study.md
+(roformer.study.report.summarize): the four the report writes beside study.md
 (`FIGURES`, `figures`) and two more a notebook shows (notebooks/study_report.ipynb): the
 validation loss at every rate behind each choice, and every seed's curve.
 

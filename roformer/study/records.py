@@ -26,7 +26,7 @@ import numpy as np
 from roformer.errors import ConfigError
 from roformer.files import write_bytes_atomic, write_json_atomic
 
-log = logging.getLogger("roformer.ablate")
+log = logging.getLogger("roformer.study")
 
 SCHEMES_DIR = "schemes"
 CONFIG_RECORD = "study_config.json"
@@ -37,7 +37,7 @@ STALE_DIR = f"{SCHEMES_DIR}/stale"   # a workdir's records of other settings, se
 
 def save_scheme(workdir: Path, scheme: str, record: dict, arrays: dict[str, np.ndarray]) -> None:
     """A scheme's test sums, then its record: a record on disk always has its sums (the sums
-    may run ahead of a record that did not land; roformer.ablation.study_train.merge_groups
+    may run ahead of a record that did not land; roformer.study.groups.merge_groups
     reads only the record's members from them)."""
     buffer = io.BytesIO()
     np.savez_compressed(buffer, **arrays)

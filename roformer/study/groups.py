@@ -1,4 +1,4 @@
-"""One scheme's group of the accelerator comparison (roformer.ablation.study) trained: its
+"""One scheme's group of the accelerator comparison (roformer.study) trained: its
 compiled programs (the vmapped members' training chunk, evaluation and position signal) and
 the run that trains the trunk and its cooldown branches, evaluates them and records the
 scheme (the JSON record and the test sums the report's bootstrap resamples).
@@ -14,36 +14,25 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
-from roformer.ablation import study_data, study_stats
-from roformer.ablation.study_plan import EVAL_IN_FLIGHT, Member, budgets, members, parameter_count, scheme_model_config
+from roformer.study import data as study_data, stats as study_stats
+from roformer.study.plan import EVAL_IN_FLIGHT, Member, StudyPlan, parameter_count
 from roformer.model import ModelConfig, RoFormerForMaskedLM
 from roformer.train import optim, steps
+from roformer.train.evaluation import padded_chunks, row_sums
 
-log = logging.getLogger("roformer.ablate")
+log = logging.getLogger("roformer.study")
 
 
 # --------------------------------------------------------------------------- the programs
 
 
-def row_sums(model, batch) -> dict[str, jax.Array]:
-    """Per row: summed MLM loss, correct predictions and predictions (steps.mlm_sums by row)."""
-    logits = model(batch["input_ids"], token_type_ids=batch["token_type_ids"], positions=batch["positions"],
-                   segment_ids=batch["segment_ids"], masked_positions=batch["masked_positions"]).astype(jnp.float32)
-    labels, weights = batch["masked_labels"], batch["masked_weights"]
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    label_logits = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
-    correct = (label_logits >= jnp.max(logits, axis=-1)).astype(jnp.float32)
-    return {"loss": jnp.sum(losses * weights, -1), "correct": jnp.sum(correct * weights, -1)}
-
-
 class Programs:
     """The compiled programs of one scheme's group."""
 
-    def __init__(self, model_cfg: ModelConfig, config, data: study_data.StudyData):
-        st, train = config.study, config.pretrain.train
+    def __init__(self, model_cfg: ModelConfig, plan: StudyPlan, data: study_data.StudyData):
+        st, train = plan.study, plan.train
         self.tx = optim.make_member_optimizer(weight_decay=train.weight_decay, b1=train.b1, b2=train.b2,
                                               eps=train.eps, clip_norm=train.clip_norm)
         abstract = nnx.eval_shape(lambda: RoFormerForMaskedLM(model_cfg, rngs=nnx.Rngs(0)))
@@ -84,7 +73,7 @@ class Programs:
             def one(p):
                 model = nnx.merge(self.graphdef, nnx.State(p), steps.reseeded(rest, jax.random.key(0)))
                 model.eval()
-                return row_sums(model, rows)
+                return steps.mlm_row_sums(model, rows)
             return jax.vmap(one)(params)
 
         self.evaluate_rows = jax.jit(evaluate)
@@ -118,28 +107,15 @@ def member_inputs(group: list[Member]) -> dict[str, jax.Array]:
     }
 
 
-def padded_chunks(rows: dict[str, np.ndarray], size: int):
-    """`rows` in chunks of `size` rows, the last padded with copies of its last row at weight 0;
-    yields (chunk, real rows)."""
-    total = len(rows["input_ids"])
-    for lo in range(0, total, size):
-        chunk = {k: v[lo:lo + size] for k, v in rows.items()}
-        pad = size - len(chunk["input_ids"])
-        if pad:
-            chunk = {k: np.concatenate([v, np.repeat(v[-1:], pad, 0) * (0 if k == "masked_weights" else 1)])
-                     for k, v in chunk.items()}
-        yield chunk, size - pad
-
-
 class SchemeRun:
     """Train one scheme's group and collect its record (the JSON) and test sums (the arrays)."""
 
-    def __init__(self, config, scheme: str, data: study_data.StudyData, device_data: dict,
+    def __init__(self, plan: StudyPlan, scheme: str, data: study_data.StudyData, device_data: dict,
                  group: list[Member] | None = None):
-        self.config, self.scheme, self.data, self.aux = config, scheme, data, device_data
-        self.st, self.train_cfg = config.study, config.pretrain.train
-        self.group = members(config) if group is None else group
-        self.model_cfg = scheme_model_config(config, scheme, data.vocab_size, data.pad_id)
+        self.plan, self.scheme, self.data, self.aux = plan, scheme, data, device_data
+        self.st, self.train_cfg = plan.study, plan.train
+        self.group = plan.members() if group is None else group
+        self.model_cfg = plan.model_config(scheme, data.vocab_size, data.pad_id)
         self.tokens_per_step = int(self.train_cfg.batch_size) * int(self.train_cfg.seq_len)
         eval_sets = [("validation", data.validation)] + [(name, batch) for name, batch in data.variants.items()]
         self.eval_names = [name for name, _ in eval_sets]
@@ -160,10 +136,10 @@ class SchemeRun:
         group trains (CompileAhead); the initial states then wait on the device for their turn
         (study_plan.check_memory counts them)."""
         t0 = time.perf_counter()
-        programs = Programs(self.model_cfg, self.config, self.data)
+        programs = Programs(self.model_cfg, self.plan, self.data)
         n = len(self.group)
         states = jax.eval_shape(lambda key: _stack([programs.init(key)] * n), jax.random.key(0))
-        trunk_decay = optim.cooldown_branches(budgets(self.config), self.st.cooldown_fraction)[-1]
+        trunk_decay = optim.cooldown_branches(list(self.plan.budgets), self.st.cooldown_fraction)[-1]
         programs.train_chunk.lower(states, self.aux, programs.rest, member_inputs(self.group), *trunk_decay).compile()
         size = int(self.st.eval_batch)
         for rows in (self.eval_rows, self.data.test):
@@ -187,7 +163,7 @@ class SchemeRun:
         programs = self.programs
         states, self.states = self.states, None   # donated to the first chunk
         inputs = member_inputs(group)
-        ends = budgets(self.config)
+        ends = list(self.plan.budgets)
         branches = optim.cooldown_branches(ends, st.cooldown_fraction)
         trunk_decay = branches[-1]
         evals, budget_records, test_loss = [], [], {}
@@ -264,18 +240,10 @@ class SchemeRun:
 
     def _rows(self, programs, params, rows: dict) -> dict[str, np.ndarray]:
         """Per member and row: loss and correct sums over `rows` (in eval_batch chunks, the last padded)."""
-        # A few chunks in flight before any is read back: the device does not wait on the host, and
-        # no more than that many chunks' logits are held at once.
-        pending, fetched = [], []
-        for chunk, keep in padded_chunks(rows, int(self.st.eval_batch)):
-            pending.append((programs.evaluate_rows(params, programs.rest, chunk), keep))
-            self.evaluated_rows += len(chunk["input_ids"])
-            if len(pending) == EVAL_IN_FLIGHT:
-                fetched += [(jax.device_get(sums), keep) for sums, keep in pending]
-                pending = []
-        fetched += [(jax.device_get(sums), keep) for sums, keep in pending]
-        return {k: np.concatenate([np.asarray(sums[k])[:, :keep] for sums, keep in fetched], axis=1)
-                for k in ("loss", "correct")}
+        sums, evaluated = row_sums(programs.evaluate_rows, params, programs.rest, rows, int(self.st.eval_batch),
+                                   in_flight=EVAL_IN_FLIGHT)
+        self.evaluated_rows += evaluated
+        return sums
 
     def _evaluate_trunk(self, programs, states, step: int, timing: dict) -> dict:
         t0 = time.perf_counter()
@@ -374,7 +342,7 @@ def merge_groups(record: dict, arrays: dict[str, np.ndarray], extra: dict,
                 for a, b in zip(record["budgets"], extra["budgets"], strict=True)]
     for merged_budget, a, b in zip(budgets_, record["budgets"], extra["budgets"]):
         # A record written before budgets kept their own divergences has none: the report then
-        # reads the trunk's (roformer.ablation.study_report.budget_divergence).
+        # reads the trunk's (roformer.study.report.budget_divergence).
         merged_budget.pop("diverged_at", None)
         if "diverged_at" in a and "diverged_at" in b:
             merged_budget["diverged_at"] = a["diverged_at"] + b["diverged_at"]

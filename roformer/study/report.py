@@ -1,6 +1,6 @@
 """The GPU comparison's report: DIR/study.md, DIR/study.json and figures, from the schemes'
-records (roformer.ablation.study), the statistics of roformer.ablation.study_stats and the
-figures of roformer.ablation.study_figures.
+records (roformer.study), the statistics of roformer.study.stats and the
+figures of roformer.study.figures.
 
 Per budget and scheme: the learning rate chosen on the validation split (lowest mean over
 seeds; a rate with a diverged member only when every rate has one), the test loss at that rate with its
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from roformer.ablation import plan, study_figures, study_stats
+from roformer import config_files as plan
+from roformer.study import figures as study_figures, stats as study_stats
 from roformer.files import write_json_atomic, write_text_atomic
 
 REPORT_MD, REPORT_JSON = "study.md", "study.json"
@@ -250,7 +251,7 @@ def limits(config, result: dict, manifest: dict) -> list[str]:
 
 def markdown(config, result: dict, manifest: dict) -> str:
     st, train = config.study, config.pretrain.train
-    lines = ["# Position schemes compared (`configs/ablation.py` study)", ""]
+    lines = ["# Position schemes compared (`configs/study.py`)", ""]
     if not result["schemes"]:
         return "\n".join(lines + ["No scheme has finished yet."]) + "\n"
     info = result["schemes_info"]

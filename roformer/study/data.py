@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from roformer.data import DataConfig, prepare_corpus
-from roformer.data.masking import MASK_PROB, RANDOM_PROB, MlmMasker
+from roformer.data.masking import MlmMasker, mask_rows_on_device
 from roformer.data.packing import build_rows, plan_rows
 from roformer.data.pipeline import EVAL_SEED
 from roformer.errors import ConfigError
@@ -234,38 +234,8 @@ def device_batch(train: dict, orders: jax.Array, seed_index, seed_key: jax.Array
     passes = orders.shape[1]
     index = orders[seed_index, (k // num_rows) % passes, k % num_rows]
     rows = {name: train[name][index] for name in ROW_KEYS}
-    return mask_rows(jax.random.fold_in(seed_key, step), rows, special=special, replacement_ids=replacement_ids,
+    return mask_rows_on_device(jax.random.fold_in(seed_key, step), rows, special=special, replacement_ids=replacement_ids,
                      mask_id=mask_id, mask_rate=mask_rate, max_predictions=max_predictions)
-
-
-def mask_rows(key: jax.Array, rows: dict, *, special: jax.Array, replacement_ids: jax.Array, mask_id: int,
-              mask_rate: float, max_predictions: int) -> dict:
-    """Per row n = min(P, max(1, round(rate * candidates))) candidate tokens chosen uniformly
-    (ascending in their slots), each [MASK] with 0.8, a random non-special token with 0.1,
-    kept with 0.1: roformer.data.masking's rule, drawn with jax.random."""
-    ids = rows["input_ids"]
-    B, L = ids.shape
-    P = max_predictions
-    candidate = ~special[ids] & (rows["segment_ids"] != 0)
-    count = candidate.sum(axis=1)
-    n = jnp.where(count > 0, jnp.minimum(P, jnp.maximum(1, jnp.floor(count * mask_rate + 0.5))), 0)
-    k_choose, k_draw, k_token = jax.random.split(key, 3)
-    scores = jnp.where(candidate, jax.random.uniform(k_choose, (B, L)), -1.0)
-    _, picked = jax.lax.top_k(scores, P)
-    taken = jnp.arange(P)[None, :] < n[:, None]
-    slots = jnp.sort(jnp.where(taken, picked, L), axis=1)       # chosen ascending, the rest at L
-    weights = slots < L
-    positions = jnp.where(weights, slots, 0).astype(jnp.int32)
-    labels = jnp.where(weights, jnp.take_along_axis(ids, positions, axis=1), 0)
-    random_tokens = replacement_ids[jax.random.randint(k_token, (B, P), 0, replacement_ids.shape[0])]
-    draw = jax.random.uniform(k_draw, (B, P))
-    replaced = jnp.where(draw < MASK_PROB, mask_id, jnp.where(draw < MASK_PROB + RANDOM_PROB, random_tokens, labels))
-    row = jnp.broadcast_to(jnp.arange(B)[:, None], (B, P))
-    # Unused slots write the row's column L (out of bounds): dropped.
-    masked = ids.at[row, jnp.where(weights, positions, L)].set(replaced.astype(ids.dtype), mode="drop")
-    return {"input_ids": masked, "token_type_ids": jnp.zeros_like(ids), "positions": rows["positions"],
-            "segment_ids": rows["segment_ids"], "masked_positions": positions, "masked_labels": labels.astype(jnp.int32),
-            "masked_weights": weights.astype(jnp.float32)}
 
 
 # --------------------------------------------------------------------------- a pack of the splits
@@ -273,9 +243,8 @@ def mask_rows(key: jax.Array, rows: dict, *, special: jax.Array, replacement_ids
 
 def save_pack(data: StudyData, path, key: str) -> None:
     """Every array of `data` in one compressed .npz (token ids as uint16 where they fit), with
-    `key` (the settings that made it, roformer.ablation.study.data_key): a machine without the
-    corpus (a GPU machine without the shared data) reads the splits from it instead of
-    tokenizing text it lacks."""
+    `key` (the settings that made it, roformer.study.session.data_key): a machine without the
+    corpus (a GPU machine without the shared data) reads the splits from it instead of tokenizing text it lacks."""
     import io
     import json
 
@@ -320,7 +289,7 @@ def load_pack(path, key: str) -> StudyData:
         if meta["key"] != key:
             raise ConfigError(f"study.data_pack={str(path)!r} was made with other data or split settings "
                               f"(key {meta['key']}, this config's {key}): make it again with "
-                              "`python -m roformer.ablation.study pack VARIANT PATH`")
+                              "`python -m roformer.study pack --config=configs/study.py:VARIANT PATH`")
         arrays = {name: pack[name] for name in pack.files if name != "meta"}
 
     def part(prefix: str) -> dict:

@@ -1,4 +1,4 @@
-"""The position-scheme comparison sized for one GPU and a time limit (`configs/ablation.py:gpu_*`).
+"""The position-scheme comparison sized for one GPU and a time limit (`configs/study.py:gpu_*`).
 
 Per scheme, one compiled program trains every member at once: `study.seeds` seeds x
 `study.learning_rates` rates, stacked on a leading axis and vmapped, each member with its
@@ -7,7 +7,7 @@ same batches) and its own learning rate (an optimizer-state hyperparameter,
 roformer.train.optim.make_member_optimizer). The schedule is warmup-stable-decay: the trunk
 trains at the peak rate, and at each budget's cooldown start its state is copied and decayed
 to 0 (a branch), so one run gives the end-of-schedule loss of every budget. The data live on
-the device (roformer.ablation.study_data), so no host work paces a step.
+the device (roformer.study.data), so no host work paces a step.
 
 Evaluated at every `eval_every` steps of the trunk: validation loss, the order-horizon
 spectrum (loss increase under shuffles within windows and under reversal) and each scheme's
@@ -18,9 +18,9 @@ step's, is recorded as diverged, per budget for the model that budget scores (it
 the fork, then its branch).
 
 Resumable by scheme: a scheme whose record (DIR/schemes/<scheme>.json, or one in records
-archives staged in DIR/incoming: roformer.ablation.study_records) has the config's
+archives staged in DIR/incoming: roformer.study.records) has the config's
 fingerprint is not trained again, and a record of other settings is set aside, never mixed
-with these; the report (roformer.ablation.study_report) is rewritten
+with these; the report (roformer.study.report) is rewritten
 after every group, on a worker thread while the next group trains (ReportInBackground); the
 last of those writes is the final report (the caller writes it only when that one failed or
 nothing trained).
@@ -35,9 +35,9 @@ while the device trains the current group (study_train.CompileAhead), so the dev
 wait for each scheme's compilation in turn; a group beyond a grid's edge is known once its
 scheme's grid has trained, so it compiles while the last grids train.
 
-The settings, their validation and the memory estimate are roformer.ablation.study_plan's,
-one scheme's programs and training roformer.ablation.study_train's, the records on disk
-roformer.ablation.study_records'; here: the splits, the loop over the schemes (`run_study`)
+The settings, their validation and the memory estimate are roformer.study.plan's,
+one scheme's programs and training roformer.study.groups's, the records on disk
+roformer.study.records'; here: the splits, the loop over the schemes (`run_study`)
 and the commands (`pack`, `stage`, `split`, `report`).
 """
 from __future__ import annotations
@@ -54,16 +54,17 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from roformer.ablation import plan, study_data, study_stats
-from roformer.ablation.study_records import (CONFIG_RECORD, DATA_MANIFEST, SCHEMES_DIR, open_records, save_scheme,
-                                             split_records, stage_archives, take_finished)
-from roformer.ablation.study_plan import budgets, check_memory, edge_rates, members, validate, windows
-from roformer.ablation.study_train import CompileAhead, SchemeRun, merge_groups
+from roformer.config_files import fingerprint, split_list
+from roformer.study import data as study_data, stats as study_stats
+from roformer.study.records import (CONFIG_RECORD, DATA_MANIFEST, SCHEMES_DIR, open_records, save_scheme,
+                                             take_finished)
+from roformer.study.plan import StudyPlan, build_plan, check_memory, edge_rates, validate
+from roformer.study.groups import CompileAhead, SchemeRun, merge_groups
 from roformer.data import DataConfig
 from roformer.errors import ConfigError
 from roformer.files import write_json_atomic, write_text_atomic
 
-log = logging.getLogger("roformer.ablate")
+log = logging.getLogger("roformer.study")
 
 # --------------------------------------------------------------------------- the study
 
@@ -74,14 +75,14 @@ REPORT_ONLY_KEYS = ("schemes", "reference", "margin", "order_threshold", "bootst
                     "time_limit_s", "data_pack", "extend_edges", "compile_ahead")
 
 
-def scheme_fingerprint(config, scheme: str, manifest: dict) -> str:
+def scheme_fingerprint(plan: StudyPlan, scheme: str, manifest: dict) -> str:
     """What a scheme's record depends on: its pretraining config (data files by name, not
     where they lie), the study keys that change what it computes, and the data manifest."""
-    study = {k: v for k, v in config.study.to_dict().items() if k not in REPORT_ONLY_KEYS}
-    pretrain = plan.scheme_pretrain_config(config, scheme).to_dict()
+    study = {k: v for k, v in plan.study.to_dict().items() if k not in REPORT_ONLY_KEYS}
+    pretrain = plan.pretrain[scheme].to_dict()
     pretrain["data"] = portable_data(pretrain["data"])
     manifest = {k: v for k, v in manifest.items() if k != "setup_s"}
-    return plan.fingerprint(pretrain, study, manifest)
+    return fingerprint(pretrain, study, manifest)
 
 
 def portable_data(data: dict) -> dict:
@@ -95,12 +96,11 @@ def portable_data(data: dict) -> dict:
     return data
 
 
-def device_arrays(config, data: study_data.StudyData) -> dict:
+def device_arrays(plan: StudyPlan, data: study_data.StudyData) -> dict:
     """The training data and masking tables on the device, shared by every scheme."""
-    train = config.pretrain.train
-    seeds = list(range(int(config.study.seeds)))
+    seeds = list(range(int(plan.study.seeds)))
     num_rows = data.train["input_ids"].shape[0]
-    orders = study_data.pass_orders(seeds, num_rows, study_data.passes_needed(budgets(config)[-1], train.batch_size,
+    orders = study_data.pass_orders(seeds, num_rows, study_data.passes_needed(plan.budgets[-1], plan.train.batch_size,
                                                                                num_rows))
     return {"train": {k: jnp.asarray(v) for k, v in data.train.items()}, "orders": jnp.asarray(orders),
             "special": jnp.asarray(data.special), "replacement_ids": jnp.asarray(np.flatnonzero(~data.special),
@@ -112,23 +112,23 @@ def data_key(config) -> str:
     Where the files lie is not part of it (the pack is made on one machine and read on
     another, whose checkout sits elsewhere), only their names; nor is the cache."""
     st = config.study
-    return plan.fingerprint(portable_data(config.pretrain.data.to_dict()), int(config.pretrain.train.seq_len),
+    return fingerprint(portable_data(config.pretrain.data.to_dict()), int(config.pretrain.train.seq_len),
                             {k: st[k] for k in ("test_fraction", "validation_fraction", "validation_rows",
                                                 "variant_rows", "windows", "test_mask_draws", "max_test_rows")},
                             study_data.ORDER_VARIANTS, study_data.TEST_ITEM)
 
 
-def study_splits(config) -> study_data.StudyData:
+def study_splits(plan: StudyPlan) -> study_data.StudyData:
     """The splits: from study.data_pack when given, else built from config.pretrain.data."""
-    st = config.study
+    config, st = plan.config, plan.study
     if st.get("data_pack"):
         if not Path(st.data_pack).is_file():
             raise ConfigError(f"study.data_pack={st.data_pack!r} is not a file: make it with "
-                              "`python -m roformer.ablation.study pack VARIANT PATH` where the corpus is")
+                              "`python -m roformer.study pack --config=configs/study.py:VARIANT PATH` where the corpus is")
         return study_data.load_pack(st.data_pack, data_key(config))
     return study_data.build(DataConfig.from_mapping(config.pretrain.data), seq_len=int(config.pretrain.train.seq_len),
                             test_fraction=st.test_fraction, validation_fraction=st.validation_fraction,
-                            validation_rows=st.validation_rows, variant_rows=st.variant_rows, windows=windows(config),
+                            validation_rows=st.validation_rows, variant_rows=st.variant_rows, windows=list(plan.windows),
                             test_mask_draws=st.test_mask_draws, max_test_rows=st.max_test_rows)
 
 
@@ -148,7 +148,7 @@ class ReportInBackground:
         self.latest: dict | None = None
 
     def _write(self) -> None:
-        from roformer.ablation import study_report
+        from roformer.study import report as study_report
         self.latest = None
         try:
             with self.lock:
@@ -168,26 +168,27 @@ class ReportInBackground:
         return self.latest
 
 
-# The exit status of `python -m roformer.ablate` when study.time_limit_s stopped the study before
+# The exit status of `python -m roformer.study` when study.time_limit_s stopped the study before
 # its last group: the report covers what finished, and the same command trains the rest.
 PARTIAL_EXIT = 3
 
 
 def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """Train (or resume) every scheme of config.study in `workdir` and write the report; returns it."""
-    from roformer.ablation import study_report   # matplotlib and scipy: when a report is written
+    from roformer.study import report as study_report  # matplotlib and scipy: when a report is written
 
-    validate(config)
+    plan = build_plan(config)
+    validate(plan)
     workdir = Path(workdir).resolve()
     (workdir / SCHEMES_DIR).mkdir(parents=True, exist_ok=True)
-    st = config.study
+    st = plan.study
     t0 = time.perf_counter()
-    data = study_splits(config)
+    data = study_splits(plan)
     if data.test_predictions < st.min_test_predictions:
         raise ConfigError(f"the test split holds {data.test_predictions} masked predictions, fewer than "
                           f"study.min_test_predictions={st.min_test_predictions}: raise study.test_fraction or "
                           "study.test_mask_draws")
-    estimates = check_memory(config, data)
+    estimates = check_memory(plan, data)
     log.info("data ready in %.0f s: %s; memory estimate per group %s", time.perf_counter() - t0,
              json.dumps(data.manifest), {k: f"{v / 2**30:.2f} GiB" for k, v in estimates.items()})
     # Recorded once the settings passed every check, so a run refused at its start leaves the
@@ -212,18 +213,18 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             return True
         return False
 
-    schemes = plan.split_list(st.schemes)
-    fingerprints = {scheme: scheme_fingerprint(config, scheme, data.manifest) for scheme in schemes}
+    schemes = plan.schemes
+    fingerprints = {scheme: scheme_fingerprint(plan, scheme, data.manifest) for scheme in schemes}
     finished = take_finished(workdir, fingerprints)
     todo = [scheme for scheme in schemes if scheme not in finished]
     aux: dict = {}   # the data on the device: put there by this thread, once a group needs it
 
     def device_data() -> None:
         if not aux:
-            aux.update(device_arrays(config, data))
+            aux.update(device_arrays(plan, data))
 
     def prepare(scheme: str, group=None) -> SchemeRun:
-        return SchemeRun(config, scheme, data, aux, group).compile()
+        return SchemeRun(plan, scheme, data, aux, group).compile()
 
     def submit(key, *args) -> None:
         device_data()
@@ -264,7 +265,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         trained = sorted({m["rate"] for m in record["members"]})
         extra = edge_rates(trained, [study_report.choose_rate(record, b) for b in record["budgets"]])
         if "edges" not in record and extra:
-            edges.append((scheme, (record, arrays), extra, members(config, extra, first_index=len(record["members"]))))
+            edges.append((scheme, (record, arrays), extra, plan.members(extra, first_index=len(record["members"]))))
 
     for scheme in schemes:
         if scheme not in todo:
@@ -313,7 +314,7 @@ def write_report(source: Path, into: Path | None = None) -> Path:
     or where only the records were kept. `source` is a study workdir (the report is written
     there) or records archives (`open_records`; the report is written in `into`). Returns the
     report's path."""
-    from roformer.ablation import study_report
+    from roformer.study import report as study_report
 
     if not (source / CONFIG_RECORD).is_file() and into is None:
         raise ConfigError(f"{source} has no {CONFIG_RECORD}: not a study workdir; for records archives (such as "
@@ -321,9 +322,14 @@ def write_report(source: Path, into: Path | None = None) -> Path:
     workdir = open_records(source, into)
     config = ml_collections.ConfigDict(json.loads((workdir / CONFIG_RECORD).read_text()))
     manifest = json.loads((workdir / DATA_MANIFEST).read_text()) if (workdir / DATA_MANIFEST).is_file() else None
-    schemes, runs = plan.split_list(config.study.schemes), {}
-    for scheme, run in study_report.load(workdir).items():
-        if manifest is not None and run[0].get("fingerprint") != scheme_fingerprint(config, scheme, manifest):
+    records = study_report.load(workdir)
+    schemes = split_list(config.study.schemes)
+    # Archives of calls that ran other schemes (a key that keeps finished ones) hold records
+    # the last archive's config does not list: planned too, to check their fingerprints.
+    config.study.schemes = ",".join(schemes + [scheme for scheme in records if scheme not in schemes])
+    plan, runs = build_plan(config), {}
+    for scheme, run in records.items():
+        if manifest is not None and run[0].get("fingerprint") != scheme_fingerprint(plan, scheme, manifest):
             print(f"{scheme}: its record was trained under other settings than {CONFIG_RECORD}'s: not reported")
         else:
             runs[scheme] = run
@@ -333,64 +339,21 @@ def write_report(source: Path, into: Path | None = None) -> Path:
     if unlisted:
         print(f"{', '.join(unlisted)}: finished under these settings, not listed in study.schemes of the "
               f"{CONFIG_RECORD} read: reported after the listed ones")
-        config.study.schemes = ",".join(schemes + unlisted)
+    config.study.schemes = ",".join(schemes + unlisted)
     study_report.write(config, workdir, runs=runs)
     return workdir / study_report.REPORT_MD
 
 
-def main(argv: list[str]) -> int:
-    """`python -m roformer.ablation.study pack VARIANT PATH [KEY=VALUE ...]`: the splits of
-    configs/ablation.py:VARIANT (study.* / pretrain.* keys as overrides) into a pack for a
-    machine without the corpus (scripts/gpu_comparison.sh reads .device/study_data/wikipedia_en.npz,
-    which scripts/device_files.sh makes).
-    `python -m roformer.ablation.study split RECORDS DIR`: split_records.
-    `python -m roformer.ablation.study stage WORKDIR RECORDS...`: stage_archives (the next run in
-    WORKDIR takes their finished schemes).
-    `python -m roformer.ablation.study report WORKDIR | RECORDS [DIR]`: write_report."""
-    if len(argv) >= 3 and argv[0] == "stage":
-        for folder in stage_archives(Path(argv[1]), argv[2:]):
-            print(f"{(folder / 'SOURCE').read_text().strip()}: staged in {folder}")
-        return 0
-    if len(argv) == 3 and argv[0] == "split":
-        for path in split_records(Path(argv[1]), Path(argv[2])):
-            print(f"{path}: {path.stat().st_size:,} bytes")
-        return 0
-    if len(argv) in (2, 3) and argv[0] == "report":
-        path = write_report(Path(argv[1]), Path(argv[2]) if len(argv) == 3 else None)
-        print(f"{path}: the report of its finished schemes")
-        return 0
-    if len(argv) < 3 or argv[0] != "pack":
-        print("usage: python -m roformer.ablation.study pack VARIANT PATH [section.key=value ...]\n"
-              "       python -m roformer.ablation.study split RECORDS.tar.gz DIR\n"
-              "       python -m roformer.ablation.study stage WORKDIR RECORDS.tar.gz...\n"
-              "       python -m roformer.ablation.study report WORKDIR\n"
-              "       python -m roformer.ablation.study report RECORDS.tar.gz|RECORDS_DIR DIR")
-        return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    config = plan.load_config_file("ablation", argv[1])
-    for item in argv[3:]:
-        name, _, value = item.partition("=")
-        section, _, key = name.rpartition(".")
-        target = config
-        for part in section.split(".") if section else []:
-            target = target[part]
-        target[key] = type(target[key])(value) if target[key] is not None else value
-    validate(config)
+def make_pack(config: ml_collections.ConfigDict, path: str | Path) -> str:
+    """The splits of `config` into a pack at `path` for a machine without the corpus
+    (scripts/gpu_comparison.sh reads .device/study_data/wikipedia_en.npz, which
+    scripts/device_files.sh makes); left as it is when it was made with the same settings.
+    Returns what was done, in a line."""
+    plan = build_plan(config)
+    validate(plan)
     config.study.data_pack = ""
-    if study_data.pack_key(argv[2]) == data_key(config):
-        print(f"{argv[2]}: up to date (made with this config's data and split settings)")
-        return 0
-    data = study_splits(config)
-    study_data.save_pack(data, argv[2], data_key(config))
-    print(f"{argv[2]}: {json.dumps(data.manifest)}")
-    return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except ConfigError as error:   # one line, no traceback
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    if study_data.pack_key(path) == data_key(config):
+        return f"{path}: up to date (made with this config's data and split settings)"
+    data = study_splits(plan)
+    study_data.save_pack(data, path, data_key(config))
+    return f"{path}: {json.dumps(data.manifest)}"

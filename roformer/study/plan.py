@@ -1,6 +1,7 @@
-"""What the accelerator comparison (roformer.ablation.study) trains, and whether it fits:
-the settings read from `config.study`, their validation (every problem in one error), the
-members of a scheme's group (rate x seed) and the group's memory estimate on the device.
+"""What the position-scheme study (roformer.study) trains, and whether it fits: the plan
+built once from the config (`build_plan`: each scheme's pretraining config, the rates, budgets
+and windows, the members of a scheme's group, rate x seed), its validation (every problem in
+one error) and a group's memory estimate on the device.
 """
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import math
 import os
 
 import jax
+import ml_collections
 import numpy as np
 from flax import nnx
 
-from roformer.ablation import plan, study_data
+from roformer.config_files import split_list
 from roformer.errors import ConfigError
 from roformer.model import ModelConfig, RoFormerForMaskedLM
+from roformer.study import data as study_data
 from roformer.train import optim
-from roformer.train.loop import build_model_config
+from roformer.train.config import arm_pretrain_config, build_model_config
 
 # ALiBi's slopes for n heads are 2^(-8/n), 2^(-16/n), ...: below 4 heads no head has a slope
 # of 1/4 or more, and none can prefer an adjacent token (docs/model.md).
@@ -24,51 +27,100 @@ ALIBI_MIN_HEADS = 4
 EVAL_IN_FLIGHT = 4   # evaluation chunks dispatched before the first is read back
 
 
-# --------------------------------------------------------------------------- the config
+# --------------------------------------------------------------------------- the plan
 
 
-def rates(config) -> list[float]:
-    return [float(r) for r in plan.split_list(config.study.learning_rates)]
+@dataclasses.dataclass(frozen=True)
+class Member:
+    index: int
+    seed: int
+    rate: float
 
 
-def budgets(config) -> list[int]:
-    return sorted(int(b) for b in plan.split_list(config.study.budget_steps))
+@dataclasses.dataclass(frozen=True, eq=False)
+class StudyPlan:
+    """What the study trains, derived once from its config (`build_plan`): every later stage
+    (validation, the memory check, fingerprints, the groups, the report's order) reads it."""
+    config: ml_collections.ConfigDict   # as given: recorded with the records; its study.* scalars
+    schemes: tuple[str, ...]
+    rates: tuple[float, ...]
+    budgets: tuple[int, ...]            # ascending: each a budget's end
+    windows: tuple[int, ...]
+    pretrain: dict                      # scheme -> the pretraining config its group trains
+    problems: tuple[str, ...] = ()      # settings that could not be read (validate reports them)
+
+    @property
+    def study(self) -> ml_collections.ConfigDict:
+        return self.config.study
+
+    @property
+    def train(self) -> ml_collections.ConfigDict:
+        """The train section every scheme shares (batch, length, optimizer settings)."""
+        return self.config.pretrain.train
+
+    def model_config(self, scheme: str, vocab_size: int = 8000, pad_token_id: int = 0) -> ModelConfig:
+        """The scheme's model (at the data's vocabulary)."""
+        return build_model_config(self.pretrain[scheme].model, vocab_size=vocab_size, pad_token_id=pad_token_id)
+
+    def members(self, rates_: list[float] | None = None, first_index: int = 0) -> list[Member]:
+        """Every (rate, seed) of a scheme's group, rate-major: member first_index + r * seeds + s.
+        `rates_`: the study's rates (default) or those of a group trained beside them."""
+        seeds, grid = int(self.study.seeds), list(self.rates) if rates_ is None else rates_
+        return [Member(first_index + r * seeds + s, s, rate) for r, rate in enumerate(grid) for s in range(seeds)]
 
 
-def windows(config) -> list[int]:
-    return [int(w) for w in plan.split_list(config.study.windows)]
+def pretrain_steps(config) -> int:
+    """The pretraining section's step count as the scheme's configs record it (a config recorded
+    before the study had a config file of its own gives it as budget_tokens)."""
+    train = config.pretrain.train
+    if config.get("budget_tokens", 0) > 0:
+        return math.ceil(config.budget_tokens / (train.batch_size * train.seq_len))
+    return int(train.steps)
 
 
-def scheme_model_config(config, scheme: str, vocab_size: int = 8000, pad_token_id: int = 0) -> ModelConfig:
-    """The scheme's model: config.pretrain's model section with the scheme's config-file keys."""
-    cfg = plan.scheme_pretrain_config(config, scheme)
-    return build_model_config(cfg.model, vocab_size=vocab_size, pad_token_id=pad_token_id)
+def build_plan(config) -> StudyPlan:
+    """The plan of `config`. A setting that cannot be read is left out and named in the plan's
+    `problems`, so `validate` reports it with every other problem in one error."""
+    st, problems = config.study, []
+
+    def parsed(key: str, kind, rule: str) -> tuple:
+        try:
+            return tuple(kind(item) for item in split_list(st[key]))
+        except ValueError:
+            problems.append(f"study.{key}={st[key]!r}: {rule}")
+            return ()
+
+    schemes = tuple(split_list(st.schemes))
+    pretrain = {}
+    for scheme in schemes:
+        try:
+            pretrain[scheme] = arm_pretrain_config(config.pretrain, scheme, steps=pretrain_steps(config))
+        except ValueError as error:
+            problems.append(f"scheme {scheme!r}: {error}")
+    rates = parsed("learning_rates", float, "a comma list of distinct rates, each > 0")
+    budgets = tuple(sorted(parsed("budget_steps", int, f"distinct positive multiples of study.eval_every={st.eval_every}")))
+    windows = parsed("windows", int, "a comma list of window lengths >= 2")
+    return StudyPlan(config, schemes, rates, budgets, windows, pretrain, tuple(problems))
 
 
-def validate(config) -> None:
+def validate(plan: StudyPlan) -> None:
     """Every setting the study depends on, before anything is read or trained: one ConfigError
     naming every problem."""
-    st, problems = config.study, []
-    schemes = plan.split_list(st.schemes)
+    st, problems = plan.study, list(plan.problems)
+    schemes = list(plan.schemes)
     if not schemes or len(set(schemes)) != len(schemes):
         problems.append(f"study.schemes={st.schemes!r}: list each scheme once")
     if st.reference not in schemes:
         problems.append(f"study.reference={st.reference!r} is not one of study.schemes {schemes}")
-    for scheme in schemes:
-        try:
-            model = scheme_model_config(config, scheme)
-        except ValueError as error:
-            problems.append(f"scheme {scheme!r}: {error}")
-            continue
+    for scheme in plan.pretrain:
+        model = plan.model_config(scheme)
         if model.position == "alibi" and model.num_heads < ALIBI_MIN_HEADS:
             problems.append(f"scheme {scheme!r}: ALiBi with {model.num_heads} heads has no slope >= 1/4 (no head can "
                             f"prefer an adjacent token); give the model >= {ALIBI_MIN_HEADS} heads "
                             "(pretrain.model.num_heads)")
-    try:
-        values = rates(config)
-        if not values or any(not math.isfinite(r) or r <= 0 for r in values) or len(set(values)) != len(values):
-            raise ValueError
-    except ValueError:
+    values = plan.rates
+    if "learning_rates" not in " ".join(plan.problems) and (
+            not values or any(not math.isfinite(r) or r <= 0 for r in values) or len(set(values)) != len(values)):
         problems.append(f"study.learning_rates={st.learning_rates!r}: a comma list of distinct rates, each > 0")
     if not (isinstance(st.compile_ahead, int) and not isinstance(st.compile_ahead, bool) and st.compile_ahead >= 0):
         problems.append(f"study.compile_ahead={st.compile_ahead!r}: the number of groups compiled ahead (>= 0; 0: "
@@ -79,23 +131,18 @@ def validate(config) -> None:
         problems.append(f"study.margin={st.margin!r}: the equivalence margin in nats must be > 0")
     if not 0 < st.cooldown_fraction <= 1:
         problems.append(f"study.cooldown_fraction={st.cooldown_fraction!r}: must be in (0, 1]")
-    try:
-        ends = budgets(config)
+    ends = plan.budgets
+    if "budget_steps" not in " ".join(plan.problems):
         if not ends or ends[0] <= 0 or any(b % st.eval_every for b in ends) or len(set(ends)) != len(ends):
-            raise ValueError
-        starts = [start for start, _ in optim.cooldown_branches(ends, st.cooldown_fraction)]
-        if any(s % st.eval_every for s in starts) or starts[0] < st.warmup_steps:
-            problems.append(f"study.budget_steps={st.budget_steps!r}: each budget's cooldown start "
-                            f"({starts}) must be a multiple of study.eval_every={st.eval_every} and come after "
-                            f"study.warmup_steps={st.warmup_steps}")
-    except ValueError:
-        problems.append(f"study.budget_steps={st.budget_steps!r}: distinct positive multiples of "
-                        f"study.eval_every={st.eval_every}")
-    try:
-        ws = windows(config)
-        if not ws or any(w < 2 for w in ws):
-            raise ValueError
-    except ValueError:
+            problems.append(f"study.budget_steps={st.budget_steps!r}: distinct positive multiples of "
+                            f"study.eval_every={st.eval_every}")
+        elif 0 < st.cooldown_fraction <= 1:
+            starts = [start for start, _ in optim.cooldown_branches(list(ends), st.cooldown_fraction)]
+            if any(s % st.eval_every for s in starts) or starts[0] < st.warmup_steps:
+                problems.append(f"study.budget_steps={st.budget_steps!r}: each budget's cooldown start "
+                                f"({starts}) must be a multiple of study.eval_every={st.eval_every} and come after "
+                                f"study.warmup_steps={st.warmup_steps}")
+    if "windows" not in " ".join(plan.problems) and (not plan.windows or any(w < 2 for w in plan.windows)):
         problems.append(f"study.windows={st.windows!r}: a comma list of window lengths >= 2")
     for key in ("validation_rows", "variant_rows", "test_mask_draws", "eval_batch", "bootstrap"):
         if not (isinstance(st[key], int) and st[key] >= 1):
@@ -108,20 +155,6 @@ def validate(config) -> None:
         problems.append(f"study.memory_limit_gib={st.memory_limit_gib!r}: must be >= 0 (0: the device's)")
     if problems:
         raise ConfigError("study config: " + "; ".join(problems))
-
-
-@dataclasses.dataclass(frozen=True)
-class Member:
-    index: int
-    seed: int
-    rate: float
-
-
-def members(config, rates_: list[float] | None = None, first_index: int = 0) -> list[Member]:
-    """Every (rate, seed) of a scheme's group, rate-major: member first_index + r * seeds + s.
-    `rates_`: the study's rates (default) or those of a group trained beside them."""
-    seeds, grid = int(config.study.seeds), rates(config) if rates_ is None else rates_
-    return [Member(first_index + r * seeds + s, s, rate) for r, rate in enumerate(grid) for s in range(seeds)]
 
 
 def edge_rates(trained: list[float], chosen: list[int]) -> list[float]:
@@ -182,21 +215,21 @@ def _gib(size: int) -> str:
     return f"{size / 2**30:.3g}"
 
 
-def check_memory(config, data: study_data.StudyData) -> dict[str, int]:
+def check_memory(plan: StudyPlan, data: study_data.StudyData) -> dict[str, int]:
     """Each scheme's estimate while its group trains, with the initial states of the
     `study.compile_ahead` groups prepared meanwhile (the largest scheme's, each); ConfigError
     (one line) when one exceeds 90% of the device's."""
-    train = config.pretrain.train
-    data_bytes = sum(v.nbytes for v in data.train.values()) + 4 * config.study.seeds * data.train["input_ids"].shape[0] * \
-        study_data.passes_needed(budgets(config)[-1], train.batch_size, data.train["input_ids"].shape[0])
-    available = device_memory_bytes(config.study.memory_limit_gib)
-    n, ahead = len(members(config)), int(config.study.compile_ahead)
+    train = plan.train
+    data_bytes = sum(v.nbytes for v in data.train.values()) + 4 * plan.study.seeds * data.train["input_ids"].shape[0] * \
+        study_data.passes_needed(plan.budgets[-1], train.batch_size, data.train["input_ids"].shape[0])
+    available = device_memory_bytes(plan.study.memory_limit_gib)
+    n, ahead = len(plan.members()), int(plan.study.compile_ahead)
     estimates, states = {}, {}
-    for scheme in plan.split_list(config.study.schemes):
-        model_cfg = scheme_model_config(config, scheme, data.vocab_size, data.pad_id)
+    for scheme in plan.schemes:
+        model_cfg = plan.model_config(scheme, data.vocab_size, data.pad_id)
         estimates[scheme] = memory_estimate(model_cfg, members_=n, batch_size=train.batch_size,
                                             seq_len=train.seq_len, max_predictions=data.max_predictions,
-                                            data_bytes=data_bytes, eval_batch=int(config.study.eval_batch))
+                                            data_bytes=data_bytes, eval_batch=int(plan.study.eval_batch))
         states[scheme] = initial_state_bytes(model_cfg, n)
     estimates = {scheme: size + ahead * max(states.values()) for scheme, size in estimates.items()}
     worst = max(estimates, key=estimates.get)

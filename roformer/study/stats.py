@@ -3,7 +3,7 @@
 - Intervals resample seeds and test items together (a seed x item bootstrap): the seed
   spread (initialisation, data order) and the finite test set both enter, and a paired
   difference keeps the pairing of both (the same seeds, the same items). A test item is a
-  group of test rows (one document's, roformer.ablation.study_data), not a row: rows of one
+  group of test rows (one document's, roformer.study.data), not a row: rows of one
   document are not independent.
 - With few seeds the bootstrap's spread understates the seed part of the error (by a factor
   (S-1)/S in variance) and its percentiles the tails (a normal, not Student's t with S-1

@@ -1,0 +1,152 @@
+"""The position-scheme study: `python -m roformer.study --config=configs/study.py:VARIANT --workdir=DIR`.
+
+Per scheme, one vmapped program trains every seed x learning rate of the scheme at once, on
+the device-held splits of one corpus, with a warmup-stable-decay schedule whose cooldowns give
+every budget's loss from one run; the report compares the schemes on a test split (how it
+works: roformer/study/session.py; what it found: docs/ablation.md). The `pretrain` section is
+configs/ablation.py:reference's (the reference recipe: tiny model, trained vocabulary); the
+`study` section is the study's own. Variants (each the keys it changes in `VARIANTS`):
+  gpu_tiny, gpu_mini, gpu_small   the comparison sized for a GPU in under 9 minutes each
+  gpu_tiny_long                   gpu_tiny to 41M tokens per member, resumed over several calls
+  gpu_smoke                       the pipeline at CPU-test size, on the embedded corpus
+Any key can be changed on the command line, e.g. `--config.study.schemes=rope,learned`.
+"""
+import math
+
+import ml_collections
+
+from configs import ablation
+from roformer.errors import ConfigError
+
+
+def get_config(arg=None):
+    arg = arg or "gpu_tiny"
+    if arg not in VARIANTS:
+        raise ConfigError(f"unknown configs/study.py variant {arg!r}; choose one of "
+                          f"{', '.join(repr(v) for v in VARIANTS)}")
+    c = ml_collections.ConfigDict()
+    reference = ablation.get_config("reference")
+    c.pretrain = reference.pretrain
+    c.study = ml_collections.ConfigDict(STUDY)
+    for key, value in variant_keys(arg).items():
+        *sections, name = key.split(".")
+        node = c
+        for section in sections:
+            node = node[section]
+        node[name] = value
+    # Not what the study trains (study.budget_steps is): part of each scheme's record
+    # fingerprint, so it keeps the value the records made before the study had a config file of
+    # its own were made with (the reference's token budget at this batch shape).
+    train = c.pretrain.train
+    c.pretrain.train.steps = math.ceil(reference.budget_tokens / (train.batch_size * train.seq_len))
+    return c
+
+
+def variant_keys(arg):
+    """The keys a variant changes in the defaults, those of the variant it builds on first."""
+    builds_on, keys = VARIANTS[arg]
+    return {**(variant_keys(builds_on) if builds_on else {}), **keys}
+
+
+# The accelerator comparison (roformer.study): every scheme, 8 seeds x 3 learning
+# rates per scheme in one vmapped program, the rate chosen on a validation split,
+# warmup-stable-decay with cooldowns at three budgets, a test split of >= 200k masked
+# predictions. Each size's budgets fit `time_limit_s` on one H100 or H200 (docs/study.md);
+# `time_limit_s`, your time limit, stops before a scheme that would not finish in time (the
+# command resumes there). The splits come from a pack (study.data_pack), so the device does
+# no text work.
+STUDY = {
+    # rope first: the reference, so a comparison exists as soon as a second scheme finishes.
+    "schemes": "rope,shaw,learned,t5,alibi,sinusoidal,none",
+    "reference": "rope",
+    "seeds": 8,
+    "learning_rates": "7e-4,1.4e-3,2.8e-3",   # a factor 2 apart around the reference sweep's best
+    # After every scheme's grid: a scheme whose rate is at the grid's edge at some budget trains
+    # its seeds one step beyond that edge too, so the grid brackets each optimum (or says it does not).
+    "extend_edges": True,
+    "budget_steps": "500,1000,2000",          # each a budget's end
+    "cooldown_fraction": 0.2,                 # each budget decays over its last 20% (Hägele et al. 2024)
+    "warmup_steps": 200,
+    "eval_every": 100,                        # trunk evaluations; budgets and cooldown starts are multiples
+    "validation_fraction": 0.02,              # documents, by content hash, disjoint from the test split
+    "test_fraction": 0.08,
+    "validation_rows": 256,
+    "variant_rows": 64,                       # validation rows the order-horizon variants are made of
+    "windows": "2,4,8,16,32,64,128",
+    "test_mask_draws": 2,                     # each test row masked twice: >= 200k predictions
+    "min_test_predictions": 200_000,
+    "max_test_rows": 0,                       # 0: every test row
+    "eval_batch": 64,                         # rows per evaluation call, per member (their logits: vocab x 20 each)
+    "margin": 0.02,                           # nats: |difference| below this is "equivalent" (TOST)
+    "order_threshold": 0.1,
+    "bootstrap": 2000,
+    "memory_limit_gib": 0.0,                  # 0: the device's own
+    # The splits as one file (python -m roformer.study pack --config=configs/study.py:VARIANT PATH), for a machine
+    # without the corpus; "": made from pretrain.data here.
+    "data_pack": "",
+    "time_limit_s": 480.0,                    # no scheme starts that would end after this (0: none)
+    # The next groups' programs compiled on worker threads (one each) while the device trains
+    # this one; 2 keeps the device fed while a group compiles in up to twice its training time.
+    "compile_ahead": 2,
+}
+
+
+# Each variant: the variant it builds on (None: the defaults) and the keys it changes, by
+# their dotted paths.
+VARIANTS = {
+    "gpu_tiny": (None, {
+        "pretrain.model.num_heads": 4,        # ALiBi needs >= 4 heads (roformer.study.plan.ALIBI_MIN_HEADS)
+        "pretrain.train.weight_decay": 0.01,
+    }),
+    # gpu_tiny to the onset study's 41M tokens, where learned and T5 positions use order
+    # (gpu_tiny's 4.1M is before they start): 2-3 schemes within `time_limit_s`, the rest resumed.
+    "gpu_tiny_long": ("gpu_tiny", {
+        "study.budget_steps": "5000,10000,20000",
+        "study.eval_every": 500,
+    }),
+    "gpu_mini": ("gpu_tiny", {
+        "pretrain.model.size": "mini",
+        "study.learning_rates": "5e-4,1e-3,2e-3",
+        "study.budget_steps": "240,480,960",
+        "study.eval_every": 48,
+        "study.warmup_steps": 96,
+    }),
+    "gpu_small": ("gpu_tiny", {                  # the stretch: 4 x 512, 8 heads
+        "pretrain.model.size": "small",
+        "pretrain.model.num_heads": 8,
+        "study.learning_rates": "2.5e-4,5e-4,1e-3",
+        "study.budget_steps": "120,240,480",
+        "study.eval_every": 24,
+        "study.warmup_steps": 48,
+    }),
+    "gpu_smoke": ("gpu_tiny", {                  # the pipeline at CPU-test size, on the embedded corpus
+        "study.schemes": "rope,alibi,sinusoidal",
+        "study.seeds": 2,
+        "study.learning_rates": "1e-3,2e-3",
+        "study.budget_steps": "10,20",
+        "study.eval_every": 2,
+        "study.warmup_steps": 2,
+        "study.validation_fraction": 0.2,
+        "study.test_fraction": 0.2,
+        "study.validation_rows": 8,
+        "study.variant_rows": 4,
+        "study.windows": "2,8,32",
+        "study.min_test_predictions": 100,
+        "study.max_test_rows": 16,
+        "study.eval_batch": 8,
+        "study.bootstrap": 200,
+        "study.time_limit_s": 0.0,
+        # On a CPU the device is the host's own cores, so compiling ahead competes with training:
+        # one group ahead runs the path at the least cost.
+        "study.compile_ahead": 1,
+        "pretrain.model.hidden_size": 32,
+        "pretrain.model.intermediate_size": 64,
+        "pretrain.model.num_layers": 1,
+        "pretrain.data.source": "embedded",
+        "pretrain.data.files": "",
+        "pretrain.data.file_format": "auto",
+        "pretrain.data.vocab_size": 1000,
+        "pretrain.train.seq_len": 32,
+        "pretrain.train.batch_size": 4,
+    }),
+}

@@ -1,0 +1,81 @@
+"""The position-scheme study in one command, resumable, with a report.
+
+    python -m roformer.study --config=configs/study.py:gpu_tiny --workdir=DIR
+    python -m roformer.study pack --config=configs/study.py:gpu_tiny PATH
+    python -m roformer.study split RECORDS.tar.gz DIR
+    python -m roformer.study stage WORKDIR RECORDS.tar.gz...
+    python -m roformer.study report WORKDIR | RECORDS.tar.gz|RECORDS_DIR DIR
+
+The first trains (or resumes) every scheme's group in DIR and writes DIR/study.md; it exits
+with status 3 when study.time_limit_s stopped it before its last group (the same command
+resumes). `pack` writes the splits for a machine without the corpus (study.data_pack reads
+them), `split` cuts a records archive into one archive per scheme, `stage` puts records
+archives where the next run in WORKDIR takes their finished schemes, and `report` writes the
+report of finished schemes from a workdir or records archives without training.
+"""
+import sys
+from pathlib import Path
+
+from absl import flags
+
+from roformer import cli
+
+COMMANDS = {"pack": (1, 1), "split": (2, 2), "stage": (2, None), "report": (1, 2)}   # positional counts
+
+
+def main(argv):
+    from roformer.study import records, session
+
+    command, args = (argv[1], argv[2:]) if len(argv) > 1 else ("", [])
+    if not command:
+        train(session)
+        return
+    if command not in COMMANDS:
+        raise cli.UsageError(f"unexpected arguments: {argv[1:]}; see --help")
+    low, high = COMMANDS[command]
+    if len(args) < low or (high is not None and len(args) > high):
+        raise cli.UsageError(f"{command}: wrong number of arguments {args}; see --help")
+    if command == "pack":
+        if flags.FLAGS.config is None:
+            raise cli.UsageError("pack: give --config=configs/study.py:VARIANT")
+        print(session.make_pack(flags.FLAGS.config, args[0]), flush=True)
+    elif command == "split":
+        for path in records.split_records(Path(args[0]), Path(args[1])):
+            print(f"{path}: {path.stat().st_size:,} bytes")
+    elif command == "stage":
+        for folder in records.stage_archives(Path(args[0]), args[1:]):
+            print(f"{(folder / 'SOURCE').read_text().strip()}: staged in {folder}")
+    else:
+        path = session.write_report(Path(args[0]), Path(args[1]) if len(args) == 2 else None)
+        print(f"{path}: the report of its finished schemes")
+
+
+def train(session) -> None:
+    from roformer.ablation.parallel import use_compile_cache
+    from roformer.ablation.runner import COMPILE_CACHE_DIR
+    from roformer.study.report import REPORT_MD, unfinished
+
+    if flags.FLAGS.config is None or flags.FLAGS.workdir is None:
+        raise cli.UsageError("give --config=configs/study.py:VARIANT and --workdir=DIR (or a command: "
+                             f"{', '.join(COMMANDS)}; see --help)")
+    # Programs a call compiled, loaded by the next (a resumed study) instead of compiled again.
+    use_compile_cache(Path(flags.FLAGS.workdir).resolve() / COMPILE_CACHE_DIR)
+    result = session.run_study(flags.FLAGS.config, flags.FLAGS.workdir)
+    print((Path(flags.FLAGS.workdir) / REPORT_MD).read_text())
+    left = unfinished(flags.FLAGS.config, result)
+    if left:   # a distinct status, so a script or scheduler can tell "call again" from "done"
+        print(f"partial: {' and '.join(left)} not trained yet (study.time_limit_s); the same command resumes "
+              f"with them (exit status {session.PARTIAL_EXIT})", flush=True)
+        sys.exit(session.PARTIAL_EXIT)
+    print(f"done: report in {flags.FLAGS.workdir}/{REPORT_MD} (figures beside it), the schemes' records in "
+          f"{flags.FLAGS.workdir}/schemes", flush=True)
+
+
+if __name__ == "__main__":
+    # Flags are defined only when run as a program: this module must stay importable next
+    # to roformer.pretrain, which defines its own --config.
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, "study config file (configs/study.py:VARIANT)")
+    flags.DEFINE_string("workdir", None, "directory for the schemes' records and the report")
+    cli.run(main, doc=__doc__, help_config=cli.CONFIG_DIR / "study.py")
