@@ -350,13 +350,12 @@ MAX_FUNCTION_LINES = 80
 # The functions over it, each with why it is not split yet. The list only shrinks: a function
 # split (or gone) leaves it, and nothing joins it.
 LONG_FUNCTIONS: dict[str, str] = {
-    "roformer.ablation.study.run_study": "the study's driver, rewritten as the study package's plan and group "
-                                         "training (issue 63, items 1 and 3)",
-    "roformer.ablation.study_report.markdown": "the study's report page, moving with the study to its own package "
-                                               "(issue 63, item 1), to be split there by section",
-    "roformer.train.loop._train_phase": "pretraining's loop: its logging, stop, evaluation and saving move to the one "
-                                        "training core (issue 63, item 2)",
-    "roformer.train.seeds._train_group": "the vmapped seeds' loop, built on that same training core (issue 63, item 2)",
+    "roformer.study.session.run_study": "the study's driver: the splits, the loop over the groups, resume and the "
+                                        "report in one pass, to be split by step",
+    "roformer.study.report.markdown": "the study's report page, to be split by section",
+    "roformer.train.loop._train_phase": "pretraining's loop: its step and hooks, to be split as the hooks take the "
+                                        "run log's calls",
+    "roformer.train.seeds._train_group": "the vmapped seeds' loop, to be split with pretraining's",
 }
 
 
