@@ -34,6 +34,7 @@ from roformer.train.guard import DivergenceGuard, TrainingDiverged
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.state import TrainSetup
 from roformer.workdir import PretrainWorkdir
+from roformer import workdir_kind
 from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.train")
@@ -104,6 +105,7 @@ def train_and_evaluate(config, workdir: str | Path) -> dict:
     initialize_distributed(config.distributed)   # first: the lock is process 0's
     workdir = Path(workdir).resolve()
     with workdir_lock(workdir):
+        workdir_kind.claim(workdir, workdir_kind.PRETRAINING)   # before anything is written
         if not str(config.train.phases or "").strip():
             return _train_phase(config, workdir)
         phases = parse_phases(config.train)

@@ -43,6 +43,7 @@ from roformer.train.loop import (StopFlag, TrainLog, build_model_config, check_a
                                  eval_totals, held_out_batches)
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.state import TrainSetup
+from roformer import workdir_kind
 from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.train")
@@ -117,6 +118,7 @@ def train_seeds_and_evaluate(configs, workdirs, *, data_workers: int | None = No
     with contextlib.ExitStack() as locks:
         for workdir in workdirs:
             locks.enter_context(workdir_lock(workdir))
+            workdir_kind.claim(workdir, workdir_kind.PRETRAINING)
         return _train_group(configs, workdirs, data_workers)
 
 
