@@ -28,7 +28,7 @@ from roformer import checksums, orbax_logs
 from roformer.distributed import allgather_json
 from roformer.errors import ConfigError
 from roformer.train.guard import CheckpointSaveFailed
-from roformer.workdir import ITEMS
+from roformer.workdir import ITEMS, damage_read_at_open
 
 # What orbax says when a checkpoint's state has another tree than the one restored into.
 STRUCTURE_MISMATCH = "tree structures do not match"
@@ -81,6 +81,7 @@ class Checkpointer:
             preservation_policy=retention, best_fn=_eval_loss, best_mode="min",   # best_fn: metrics are saved
             create=True, enable_async_checkpointing=async_save)
         orbax_logs.quiet_unrequested_items(ITEMS)   # saved_model_config and restore_latest each read some of the items
+        self._set_aside_unopenable()
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
         self._closed = False
         self._pending: dict | None = None   # the save in flight: step, bytes, free space
@@ -232,20 +233,45 @@ class Checkpointer:
             checksums.verify(self.directory / str(step))
             self._verified.add(step)
 
+    def _set_aside_unopenable(self) -> None:
+        """Move aside the steps whose metadata orbax reads when it opens the directory, before
+        it does: one damaged byte there would fail the open, and so every restore
+        (roformer.workdir.damage_read_at_open)."""
+        if not self.directory.is_dir():
+            return
+        steps = sorted((int(p.name) for p in self.directory.iterdir() if p.name.isdigit() and p.is_dir()),
+                       reverse=True)
+        damaged = {step: why for step in steps if (why := damage_read_at_open(self.directory / str(step)))}
+        if jax.process_count() > 1:   # every process has looked before any step moves
+            multihost_utils.sync_global_devices("roformer_checkpoints_screened")
+        for step, why in damaged.items():
+            older = [s for s in steps if s < step and s not in damaged]
+            self._warn_aside(step, f"it {why}", next_step=older[0] if older else None)
+        if damaged:
+            self._move_to(sorted(damaged), "corrupt_checkpoints")
+
     def _move_aside(self, step: int, error: Exception, *, next_step: int | None) -> None:
-        aside = self.directory.parent / "corrupt_checkpoints" / str(step)
         if isinstance(error, checksums.ChecksumMismatch):
             why = f"it does not match the checksums saved with it ({error})"
         else:
             why = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-        log.warning("checkpoint at step %d in %s is unreadable: %s; moving it to %s%s", step, self.directory, why,
-                    aside, "" if next_step is None else f" and trying step {next_step}")
+        self._warn_aside(step, why, next_step=next_step)
         self.set_aside([step], "corrupt_checkpoints")
         self._verified.discard(step)
+
+    def _warn_aside(self, step: int, why: str, *, next_step: int | None) -> None:
+        aside = self.directory.parent / "corrupt_checkpoints" / str(step)
+        log.warning("checkpoint at step %d in %s is unreadable: %s; moving it to %s%s", step, self.directory, why,
+                    aside, "" if next_step is None else f" and trying step {next_step}")
 
     def set_aside(self, steps: list[int], folder: str) -> Path:
         """Move the checkpoints of `steps` to `workdir/<folder>/<step>` (collective), so the
         next run resumes from an earlier one; returns that folder."""
+        aside = self._move_to(steps, folder)
+        self.manager.reload()
+        return aside
+
+    def _move_to(self, steps: list[int], folder: str) -> Path:
         aside = self.directory.parent / folder
         if jax.process_index() == 0:
             for step in steps:
@@ -255,7 +281,6 @@ class Checkpointer:
                 shutil.move(str(self.directory / str(step)), str(aside / str(step)))
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"roformer_set_aside_{folder}_{'_'.join(map(str, steps))}")
-        self.manager.reload()
         return aside
 
     def steps_after(self, step: int) -> list[int]:
