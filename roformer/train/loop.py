@@ -30,7 +30,7 @@ from roformer.model.attention import check_attention_impl
 from roformer.train import bookkeeping, flops, progress, sharding, steps, warm_start
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.config import TrainConfig, parse_phases
-from roformer.train.guard import DivergenceGuard, TrainingDiverged
+from roformer.train.guard import DivergenceGuard, TrainingDiverged, stop_reason_kept
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.state import TrainSetup
 from roformer.workdir import PretrainWorkdir
@@ -156,7 +156,8 @@ def _train_phase(config, workdir: Path) -> dict:
                                                   data.tokenizer.hash, grow_positions=tc.init_grow_positions)
     is_main = jax.process_index() == 0
 
-    with contextlib.ExitStack() as cleanup:   # closes the progress bar, signal handler, logs, checkpoints
+    # closes the progress bar, signal handler, logs, checkpoints; a stop's own line outlives what closing them meets
+    with stop_reason_kept(), contextlib.ExitStack() as cleanup:
         checkpointer, finished = bookkeeping.open_run(cleanup, workdir, tc, model_cfg, is_main=is_main)
         if finished is not None:
             return finished
