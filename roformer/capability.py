@@ -59,7 +59,7 @@ import numpy as np
 from absl import flags
 from flax import nnx
 
-from roformer import cli, train
+from roformer import cli, train, workdir_kind
 from roformer.ablation import plan
 from roformer.data.tokenizer import SPECIAL_TOKENS
 from roformer.errors import ConfigError
@@ -343,6 +343,8 @@ def run_capability(config: ml_collections.ConfigDict, workdir: str | Path) -> di
     schemes = validate(config)
     workdir = Path(workdir).resolve()
     with workdir_lock(workdir):
+        workdir_kind.claim(workdir, workdir_kind.CAPABILITY)   # before anything is written
+        workdir_kind.record(workdir, workdir_kind.CAPABILITY)
         vocab, text = write_corpus(config, workdir / "corpus")
         previous = _load_previous(workdir)
         rows = []

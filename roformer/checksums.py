@@ -33,10 +33,10 @@ def write(step_dir: str | Path) -> None:
     write_json_atomic(step_dir / CHECKSUMS, {"format": FORMAT, "algorithm": "crc32", "files": files}, indent=None)
 
 
-def verify(step_dir: str | Path) -> bool:
-    """True when every file recorded for `step_dir` is there with its size and CRC32; False
-    when the step has no checksums (restored unverified); ChecksumMismatch naming the first
-    file that differs otherwise."""
+def verify(step_dir: str | Path, names: tuple[str, ...] | None = None) -> bool:
+    """True when every file recorded for `step_dir` (or those of `names` it recorded) is there
+    with its size and CRC32; False when the step has no checksums (restored unverified);
+    ChecksumMismatch naming the first file that differs otherwise."""
     step_dir = Path(step_dir)
     path = step_dir / CHECKSUMS
     if not path.is_file():
@@ -47,6 +47,8 @@ def verify(step_dir: str | Path) -> bool:
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ChecksumMismatch(f"its {CHECKSUMS} is unreadable ({error})") from None
     for name, (size, crc) in sorted(files.items()):
+        if names is not None and name not in names:
+            continue
         file = step_dir / name
         try:
             actual = file.stat().st_size

@@ -12,7 +12,9 @@ flooding a run's log. Each filter is installed once per process.
   unraisable 'Event loop is closed' and asyncio logs each orphaned task's error: hundreds
   of tracebacks after one corrupt checkpoint.
 - `save_errors()`: orbax's own ERROR tracebacks from its background threads while a save
-  of ours is pending (the Checkpointer reports that save's failure itself, on one line).
+  of ours is pending (the Checkpointer reports that save's failure itself, on one line), and
+  asyncio's 'never retrieved' for the writes a failed save abandoned (one per array file
+  it was writing on a full disk).
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ import threading
 from collections.abc import Iterable
 
 NOT_RESTORED = "was found in the checkpoint, but could not be restored"   # orbax's warning
-NEVER_RETRIEVED = ("Task exception was never retrieved", "Future exception was never retrieved")   # asyncio's
+NEVER_RETRIEVED = ("Task exception was never retrieved", "Future exception was never retrieved",   # asyncio's
+                   "_GatheringFuture exception was never retrieved")
 CLOSED_LOOP = "Event loop is closed"   # asyncio's RuntimeError
 ORBAX_PATH = "orbax/checkpoint"   # in the path of every orbax-checkpoint source file
 
@@ -108,10 +111,8 @@ def quiet_failed_restores() -> None:
     """Silence the echo of a failed restore (install before the first restore): exactly
     the closed-loop callbacks and abandoned orbax tasks are dropped; every other
     unraisable exception goes to the previous hook."""
-    asyncio_log = logging.getLogger("asyncio")
+    _quiet_abandoned_tasks()
     with _LOCK:
-        if not any(isinstance(f, AbandonedOrbaxTasks) for f in asyncio_log.filters):
-            asyncio_log.addFilter(AbandonedOrbaxTasks())
         if getattr(sys.unraisablehook, "drops_closed_loop_callbacks", False):
             return
         previous = sys.unraisablehook
@@ -124,9 +125,17 @@ def quiet_failed_restores() -> None:
         sys.unraisablehook = hook
 
 
+def _quiet_abandoned_tasks() -> None:
+    asyncio_log = logging.getLogger("asyncio")
+    with _LOCK:
+        if not any(isinstance(f, AbandonedOrbaxTasks) for f in asyncio_log.filters):
+            asyncio_log.addFilter(AbandonedOrbaxTasks())
+
+
 def save_errors() -> PendingSaveErrors:
     """The process's one PendingSaveErrors filter, installed on orbax's logger: a saver
     adds 1 to its `pending` while a save is in flight and takes it back after."""
+    _quiet_abandoned_tasks()
     with _LOCK:
         if _SAVE_ERRORS not in _absl_log().filters:
             _absl_log().addFilter(_SAVE_ERRORS)

@@ -13,6 +13,7 @@ Below train/, convert and checkpoint_source, which all read it through this modu
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,31 @@ from roformer.model import ModelConfig, RoFormerForMaskedLM
 
 ITEMS = ("state", "data", "model_config")   # a checkpoint step's orbax items
 CHECKPOINTS = "checkpoints"   # a pretraining workdir's checkpoint directory
+# What orbax's CheckpointManager reads of every step when it opens a checkpoint directory
+# (each step's metadata and retention metrics): one damaged file there fails the open.
+READ_AT_OPEN = ("_CHECKPOINT_METADATA", "metrics/metrics")
+
+log = logging.getLogger("roformer")
+
+
+def damage_read_at_open(step_dir: Path) -> str | None:
+    """Why orbax could not open a checkpoint directory holding the step `step_dir`, or None:
+    a file it reads at open (READ_AT_OPEN) differs from its checksum (roformer.checksums), or,
+    in a step saved without checksums, fails to parse as orbax parses it. Checked before a
+    CheckpointManager opens the directory, so that one damaged step is set aside (training) or
+    passed over (readers) like any other damage, instead of failing every step's restore."""
+    try:
+        checksums.verify(step_dir, READ_AT_OPEN)
+    except checksums.ChecksumMismatch as error:
+        return f"does not match the checksums saved with it ({error})"
+    try:
+        ocp.path.step.Metadata(step=int(step_dir.name), path=step_dir).commit_timestamp_nsecs   # parses the metadata
+        metrics = step_dir / "metrics" / "metrics"
+        if metrics.is_file():
+            json.loads(metrics.read_bytes())
+    except Exception as error:  # noqa: BLE001 - whatever orbax would fail on at open
+        return f"has unreadable step metadata ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+    return None
 
 
 class PretrainWorkdir:
@@ -55,31 +81,54 @@ class PretrainWorkdir:
         return sorted(int(p.name) for p in self.checkpoints.iterdir() if p.name.isdigit())
 
     def resolve_step(self, step: int = -1) -> int:
-        """`step`, or the newest one when step < 0; a step without a checkpoint is refused."""
+        """`step`, or when step < 0 the newest intact one (a damaged newer step is passed over
+        with a warning line and left where it is: a reader changes nothing); a step without a
+        checkpoint, or a workdir with none intact, is refused."""
         steps = self.steps()
         if not steps:
             raise ConfigError(f"{self.path} has no checkpoint yet (checkpoints/ is empty)")
-        if step < 0:
-            return steps[-1]
-        if step not in steps:
-            raise ConfigError(f"{self.path} has no checkpoint at step {step} (it has steps {steps})")
-        return step
+        if step >= 0:
+            if step not in steps:
+                raise ConfigError(f"{self.path} has no checkpoint at step {step} (it has steps {steps})")
+            return step
+        for index in range(len(steps) - 1, -1, -1):
+            why = self._damage(steps[index])
+            if why is None:
+                return steps[index]
+            if index == 0:
+                raise ConfigError(f"{self.path} has no intact checkpoint: the oldest, step {steps[0]}, {why}")
+            log.warning("%s: the checkpoint at step %d %s; using step %d, the newest before it",
+                        self.path, steps[index], why, steps[index - 1])
+        raise AssertionError("unreachable")
 
     def verify(self, step: int) -> None:
         """Refuse a checkpoint step whose files differ from the checksums saved with them
-        (roformer.checksums), in one line: it would load silently changed values."""
+        (roformer.checksums), or whose step metadata orbax cannot read, in one line: it would
+        load silently changed values, or fail."""
+        why = self._damage(step)
+        if why is not None:
+            raise ConfigError(f"{self.path}: the checkpoint at step {step} {why}; it is damaged: choose another step")
+
+    def _damage(self, step: int) -> str | None:
+        """Why checkpoint `step` cannot be trusted, or None (checked once per step)."""
         if step in self._verified:
-            return
+            return None
+        step_dir = self.checkpoints / str(step)
         try:
-            checksums.verify(self.checkpoints / str(step))
+            checksums.verify(step_dir)
         except checksums.ChecksumMismatch as error:
-            raise ConfigError(f"{self.path}: the checkpoint at step {step} does not match the checksums saved with "
-                              f"it ({error}); it is damaged: choose another step") from None
-        self._verified.add(step)
+            return f"does not match the checksums saved with it ({error})"
+        why = damage_read_at_open(step_dir)
+        if why is None:
+            self._verified.add(step)
+        return why
 
     def _manager(self) -> ocp.CheckpointManager:
         orbax_logs.quiet_unrequested_items(ITEMS)   # model_config and params each read some of the items
-        return ocp.CheckpointManager(self.checkpoints, item_names=ITEMS)
+        # Without reading every step's metadata at open: a damaged step other
+        # than the one restored (verify) cannot fail the restore.
+        options = ocp.CheckpointManagerOptions(create=False, lightweight_initialize=True)
+        return ocp.CheckpointManager(self.checkpoints, item_names=ITEMS, options=options)
 
     def model_config(self, step: int = -1):
         step = self.resolve_step(step)

@@ -1,6 +1,7 @@
 """Nothing restored silently wrong: a checkpoint whose arrays or metadata changed on disk is
 moved aside like an unreadable one and the run falls back to the previous one; a divergence
 right after a resume names a checkpoint before the one resumed from."""
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -123,3 +124,67 @@ def test_a_damaged_checkpoint_is_refused_by_its_readers_in_one_line(trained, tmp
                                           r"\(state/.* does not match the CRC32 saved with it\); it is damaged"):
         run.params(8)
     assert run.params(4)[1]   # the other step still loads
+
+
+def flip_step_metadata(step_dir: Path) -> None:
+    """One flipped bit in orbax's step metadata, which its CheckpointManager parses when it
+    opens the directory: "item_handlers" becomes "item_hanflers", valid JSON orbax refuses."""
+    path = step_dir / "_CHECKPOINT_METADATA"
+    data = bytearray(path.read_bytes())
+    data[data.index(b"item_handlers") + 8] ^= 0x02   # d -> f
+    path.write_bytes(bytes(data))
+    assert b"item_hanflers" in path.read_bytes()
+
+
+@pytest.mark.parametrize("damaged, checksummed", [(8, True), (8, False), (4, True)])
+def test_a_flipped_bit_in_a_steps_metadata_moves_that_step_aside_on_resume(trained, tmp_path, caplog, damaged,
+                                                                          checksummed):
+    """orbax reads every step's metadata when it opens the checkpoints: one damaged step must
+    not fail the open, so it is found first (by its checksums, or as orbax parses it in a step
+    saved without them) and moved aside; the run resumes from the newest intact step."""
+    from roformer.train import train_and_evaluate
+
+    finished, cache = trained
+    workdir = tmp_path / "run"
+    shutil.copytree(finished, workdir)
+    flip_step_metadata(workdir / "checkpoints" / str(damaged))
+    if not checksummed:
+        (workdir / "checkpoints" / str(damaged) / "checksums.json").unlink()
+    with caplog.at_level(logging.WARNING, logger="roformer.train"):
+        summary = train_and_evaluate(make_config(cache, **{"train.steps": 10}), workdir)
+    assert summary["start_step"] == (4 if damaged == 8 else 8) and summary["final_step"] == 10
+    assert (workdir / "corrupt_checkpoints" / str(damaged) / "_CHECKPOINT_METADATA").is_file()
+    said = [r.getMessage() for r in caplog.records if f"checkpoint at step {damaged} in" in r.getMessage()]
+    assert len(said) == 1 and "is unreadable: it " in said[0], said
+    assert ("CRC32" if checksummed else "unknown key item_hanflers") in said[0]
+
+
+def test_readers_fall_back_from_a_step_with_damaged_metadata_to_the_one_before(trained, tmp_path, caplog):
+    """roformer.evaluate, convert to-hf and GLUE init take the newest intact step, with a
+    warning line, and leave the damaged one where it is; a named step is read whatever
+    another step's metadata holds."""
+    from roformer import convert, evaluate
+    from roformer.errors import ConfigError
+    from roformer.glue.init import load_init
+    from roformer.workdir import PretrainWorkdir
+
+    finished, _ = trained
+    workdir = tmp_path / "run"
+    shutil.copytree(finished, workdir)
+    flip_step_metadata(workdir / "checkpoints" / "8")
+    with caplog.at_level(logging.WARNING, logger="roformer"):
+        evaluate.main(["--workdir", str(workdir)])
+        assert (workdir / "eval_4.json").is_file() and not (workdir / "eval_8.json").exists()
+        convert.main(["to-hf", str(workdir), str(tmp_path / "hf")])
+        assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "roformer"
+        init = load_init(str(workdir))
+        assert init.step == 4 and init.encoder_params
+    said = [r.getMessage() for r in caplog.records if "the checkpoint at step 8" in r.getMessage()]
+    assert len(said) == 3 and all(line.endswith("; using step 4, the newest before it") for line in said), said
+    assert (workdir / "checkpoints" / "8").is_dir()   # a reader moves nothing
+    with pytest.raises(ConfigError, match="the checkpoint at step 8 does not match the checksums saved with it "
+                                          r"\(_CHECKPOINT_METADATA does not match the CRC32"):
+        PretrainWorkdir(workdir).params(8)   # named: refused, not replaced by another
+    shutil.copytree(finished / "checkpoints" / "8", workdir / "checkpoints" / "8", dirs_exist_ok=True)
+    flip_step_metadata(workdir / "checkpoints" / "4")
+    assert PretrainWorkdir(workdir).params(8)[1]   # another step's damage does not fail this one

@@ -40,6 +40,7 @@ from roformer.ablation.state import PINNED_TOKENIZER, AblationState, is_main_pro
 from roformer.ablation.validation import validate
 from roformer.errors import ConfigError
 from roformer.files import write_json_atomic, write_text_atomic
+from roformer import workdir_kind
 from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.ablate")
@@ -60,6 +61,7 @@ def run_ablation(config: ml_collections.ConfigDict, workdir: str | Path) -> dict
     own runs lock their sub-workdirs."""
     validate(config)
     with workdir_lock(workdir):
+        workdir_kind.claim(workdir, workdir_kind.ABLATION)   # before anything is written
         return _run_ablation(config, Path(workdir).resolve())
 
 
@@ -67,6 +69,7 @@ def _run_ablation(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     state = AblationState(workdir)
     if is_main_process():
+        workdir_kind.record(workdir, workdir_kind.ABLATION)
         write_text_atomic(workdir / CONFIG_RECORD, config.to_json_best_effort(indent=2) + "\n")
 
     started = time.time()

@@ -44,6 +44,7 @@ from roformer.glue.submission import finish_submission, write_predictions
 from roformer.glue.tasks import TASKS, parse_task_list
 from roformer.model import ModelConfig
 from roformer.model.attention import check_attention_impl
+from roformer import workdir_kind
 from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.glue")
@@ -154,6 +155,7 @@ def evaluate_glue(config: ml_collections.ConfigDict, saved: str | Path, workdir:
         for seed in run.seeds[name]:
             run.model_config(config, name, seed)
     with workdir_lock(workdir), writing(f"the GLUE outputs in {workdir}"):
+        workdir_kind.claim(workdir, workdir_kind.GLUE)   # before anything is written
         workdir.mkdir(parents=True, exist_ok=True)
         return _evaluate(config, run, tasks, protocols, workdir)
 

@@ -13,9 +13,17 @@ keeps the executable jax serializes (`jax.experimental.serialize_executable`):
   platform version, device kinds and count, XLA_FLAGS, the model's backend forms, and a
   digest of the source of every module of the roformer package, so any code change misses.
 
-Entries are written atomically. One that cannot be read or loaded (cut short, written by
-another build) is logged in one line, deleted and compiled again. Loading an entry runs
-what it holds, as unpickling does: the store is meant for the user's own cache directory.
+Entries are written atomically. A program is run once on zeros of its inputs' shapes
+(`trial_run`) before it is stored and again when it is loaded: an executable jax took from
+its persistent cache may serialize without the functions it calls (XLA:CPU), and then loads
+but fails when run. One that cannot be read, loaded or run (cut short, written by another
+build, such an executable) is logged in one line, deleted and compiled again.
+
+A stored program is code: its executable runs as it is, and its entry is unpickled (as jax
+serializes executables). So the store, like jax's persistent cache beside it, must be the
+user's own, as config files are (Python, run as they are): entries are loaded only from a
+folder, and files, owned by the user and not writable by other users (`trusted`); elsewhere
+the store is not used, said once.
 """
 from __future__ import annotations
 
@@ -26,11 +34,13 @@ import logging
 import os
 import pickle
 import re
+import stat
 from pathlib import Path
 
 import flax
 import jax
 import jaxlib
+import numpy as np
 import optax
 from jax.experimental import serialize_executable
 
@@ -79,12 +89,39 @@ def tree_text(tree) -> str:
     return f"{structure} {[(str(leaf.dtype), tuple(leaf.shape)) for leaf in leaves]}"
 
 
+def trial_run(compiled: jax.stages.Compiled) -> None:
+    """Run `compiled` once on zeros of its inputs' shapes and wait for it; raises what running
+    it raises. (Its inputs are made for the run: a program that donates them consumes them.)"""
+    def zeros(info, sharding):
+        if jax.dtypes.issubdtype(info.dtype, jax.dtypes.prng_key):
+            value = jax.numpy.broadcast_to(jax.random.key(0), info.shape)
+            if value.dtype != info.dtype:
+                raise ValueError(f"no trial input for a key array of {info.dtype}")
+        else:
+            value = np.zeros(info.shape, info.dtype)
+        return jax.device_put(value, sharding)
+
+    args, kwargs = jax.tree.map(zeros, compiled.args_info, compiled.input_shardings)
+    jax.block_until_ready(compiled(*args, **kwargs))
+
+
+def trusted(path: Path) -> bool:
+    """Whether `path` (a store folder or entry) is the user's own: owned by this user and not
+    writable by other users. What is loaded from it is run as it is."""
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    return info.st_uid == os.getuid() and not info.st_mode & stat.S_IWOTH
+
+
 class ProgramStore:
     """Compiled programs in `directory`, one file each, named by the digest of their key."""
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
         self._swept = False
+        self._untrusted_said = False
 
     @classmethod
     def under(cls, cache_dir: str | None) -> "ProgramStore | None":
@@ -101,7 +138,7 @@ class ProgramStore:
         """The stored program of `description`, or None when there is none or it cannot be loaded."""
         key = self.key(description)
         path = self.path(key)
-        if not path.exists():
+        if not path.exists() or not self._trusted(path):
             return None
         try:
             with open(path, "rb") as file:
@@ -109,13 +146,26 @@ class ProgramStore:
             if entry["key"] != key:
                 raise ValueError("its key differs from the program's")
             devices = {d.id: d for d in jax.devices()}
-            return serialize_executable.deserialize_and_load(entry["executable"], entry["in_tree"], entry["out_tree"],
-                                                             execution_devices=[devices[entry["device"]]])
-        except Exception as error:  # noqa: BLE001 - any unloadable entry is compiled again
-            log.warning("program store: %s could not be loaded (%s: %s); deleting it and compiling the program",
+            program = serialize_executable.deserialize_and_load(
+                entry["executable"], entry["in_tree"], entry["out_tree"], execution_devices=[devices[entry["device"]]])
+            trial_run(program)
+            return program
+        except Exception as error:  # noqa: BLE001 - any entry that does not load and run is compiled again
+            log.warning("program store: %s could not be loaded or run (%s: %s); deleting it and compiling the program",
                         path, type(error).__name__, str(error).split("\n")[0])
             path.unlink(missing_ok=True)
             return None
+
+    def _trusted(self, path: Path) -> bool:
+        """Whether the store's folder and `path` are the user's own (`trusted`); said once when not."""
+        if trusted(self.directory) and (path == self.directory or trusted(path)):
+            return True
+        if not self._untrusted_said:
+            self._untrusted_said = True
+            log.warning("program store: %s is not the user's own (another user owns it or may write to it), so "
+                        "its programs are not loaded: a stored program runs as it is. Compiling instead; give "
+                        "config.compilation_cache_dir a directory of your own", self.directory)
+        return False
 
     def save(self, description: dict, compiled: jax.stages.Compiled) -> bool:
         """Keep `compiled` for later runs; False (logged) where it cannot be serialized or written."""
@@ -126,9 +176,18 @@ class ProgramStore:
             if len(devices) != 1:
                 raise ValueError(f"it runs on {len(devices)} devices; the store keeps one-device programs")
             executable, in_tree, out_tree = serialize_executable.serialize(compiled)
+            device = devices.pop()
+            try:   # as the next run will load it: a program that does not run then is not kept
+                trial_run(serialize_executable.deserialize_and_load(
+                    executable, in_tree, out_tree, execution_devices=[d for d in jax.devices() if d.id == device]))
+            except Exception as error:  # noqa: BLE001
+                raise ValueError(f"once loaded again it does not run ({type(error).__name__}: "
+                                 f"{str(error).splitlines()[0][:200]})") from None
             data = pickle.dumps({"key": key, "executable": executable, "in_tree": in_tree, "out_tree": out_tree,
-                                 "device": devices.pop()})
+                                 "device": device})
             self.directory.mkdir(parents=True, exist_ok=True)
+            if not self._trusted(self.directory):   # its programs would not be loaded
+                return False
             if not self._swept:   # staging files a killed run left
                 self._swept = True
                 for staging in stale_staging(self.directory):

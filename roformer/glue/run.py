@@ -34,6 +34,7 @@ from roformer.glue.settings import check_config
 from roformer.glue.submission import finish_submission, write_predictions
 from roformer.glue.tasks import TASKS, TaskSpec, parse_task_list
 from roformer.model.attention import check_attention_impl
+from roformer import workdir_kind
 from roformer.model.positions import POSITION_SCHEMES
 from roformer.workdir_lock import workdir_lock
 
@@ -63,6 +64,7 @@ class RunLog:
     def write(self, task: str, seed: int, step: int, scalars: dict) -> None:
         with writing(f"the GLUE metrics in {self._workdir}"):
             if self._file is None:
+                workdir_kind.record(self._workdir, workdir_kind.GLUE)
                 write_json_atomic(self._workdir / "config.json", self._run_config, indent=2, default=str)
             if task not in self._tasks:
                 self._replace_earlier(task)
@@ -367,6 +369,7 @@ def run_glue(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     also written to `glue_results.json`. A workdir another live run is using is refused
     (roformer.workdir_lock)."""
     with workdir_lock(workdir), writing(f"the GLUE outputs in {workdir}"):
+        workdir_kind.claim(workdir, workdir_kind.GLUE)   # before anything is written
         return _run_glue(config, Path(workdir))
 
 

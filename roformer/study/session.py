@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from roformer import workdir_kind
 from roformer.config_files import fingerprint, split_list
 from roformer.study import data as study_data, stats as study_stats
 from roformer.study.records import (CONFIG_RECORD, DATA_MANIFEST, SCHEMES_DIR, open_records, save_scheme,
@@ -180,6 +181,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     plan = build_plan(config)
     validate(plan)
     workdir = Path(workdir).resolve()
+    workdir_kind.claim(workdir, workdir_kind.STUDY)   # before anything is written
     (workdir / SCHEMES_DIR).mkdir(parents=True, exist_ok=True)
     st = plan.study
     t0 = time.perf_counter()
@@ -193,6 +195,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
              json.dumps(data.manifest), {k: f"{v / 2**30:.2f} GiB" for k, v in estimates.items()})
     # Recorded once the settings passed every check, so a run refused at its start leaves the
     # config its records were trained under.
+    workdir_kind.record(workdir, workdir_kind.STUDY)
     write_text_atomic(workdir / CONFIG_RECORD, config.to_json_best_effort(indent=2) + "\n")
     write_json_atomic(workdir / DATA_MANIFEST, {**data.manifest, "setup_s": time.perf_counter() - t0})
     test_weight = study_stats.item_sums(np.zeros((1, len(data.test_items))), data.test["masked_weights"].sum(-1),

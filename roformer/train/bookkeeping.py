@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jax
 
+from roformer import workdir_kind
 from roformer.checkpoint_source import may_differ
 from roformer.data import DataConfig, make_pretrain_data
 from roformer.distributed import allgather_json
@@ -95,6 +96,7 @@ def write_run_files(workdir: Path, config, model_cfg: ModelConfig, tokenizer) ->
     the run can no longer be refused, so a refused run leaves the files of the checkpoints
     beside them."""
     workdir.mkdir(parents=True, exist_ok=True)
+    workdir_kind.record(workdir, workdir_kind.PRETRAINING)
     write_json_atomic(workdir / "config.json", {**config.to_dict(), "resolved_model": model_cfg.to_dict()},
                       indent=2, default=str)
     tokenizer.save(workdir)

@@ -4,7 +4,10 @@ Layout: `workdir/checkpoints/<step>/{state,data,model_config[,metrics]}` (read b
 roformer.workdir). Saves are async and keep the last K, plus the one with the lowest
 held-out loss (`metrics`, saved with a checkpoint taken right after an evaluation), so a
 run that diverged cannot rotate its best checkpoint away. A save that fails (a full disk) stops the run at that save, or
-at the first log row after it, with one line; its partial step directory is removed.
+at the first log row after it, with one line; orbax's own errors of that save are not echoed
+(its writer threads may report theirs after the first has failed the save: they are waited
+for when the Checkpointer closes), and its partial step directory is removed, again at close
+and, for a run killed meanwhile, when the next run opens the directory.
 Once a save is complete its files' checksums are recorded beside them (roformer.checksums)
 and checked before any restore, so damage that still decodes (a flipped bit) is found too.
 Restore walks back from the newest step, so a corrupt, partial or damaged newest checkpoint
@@ -17,6 +20,8 @@ import errno
 import logging
 import math
 import shutil
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +33,7 @@ from roformer import checksums, orbax_logs
 from roformer.distributed import allgather_json
 from roformer.errors import ConfigError
 from roformer.train.guard import CheckpointSaveFailed
-from roformer.workdir import ITEMS
+from roformer.workdir import ITEMS, damage_read_at_open
 
 # What orbax says when a checkpoint's state has another tree than the one restored into.
 STRUCTURE_MISMATCH = "tree structures do not match"
@@ -69,6 +74,8 @@ class Checkpointer:
     # A save with less free space than this many times its size is waited for, so that a
     # full disk stops the run at the save that hit it.
     NEARLY_FULL = 2.0
+    # How long close() waits for orbax's writer threads of a failed save to end.
+    FAILED_SAVE_WAIT_S = 30.0
 
     def __init__(self, directory: str | Path, *, max_to_keep: int, async_save: bool = True):
         self.directory = Path(directory).resolve()
@@ -81,8 +88,11 @@ class Checkpointer:
             preservation_policy=retention, best_fn=_eval_loss, best_mode="min",   # best_fn: metrics are saved
             create=True, enable_async_checkpointing=async_save)
         orbax_logs.quiet_unrequested_items(ITEMS)   # saved_model_config and restore_latest each read some of the items
+        self._set_aside_unopenable()
+        self._remove_partial(None)   # what a save in flight when a run was killed left
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
         self._closed = False
+        self._failed_step: int | None = None   # the step whose save failed (CheckpointSaveFailed raised)
         self._pending: dict | None = None   # the save in flight: step, bytes, free space
         self._verified: set[int] = set()      # steps whose files matched their checksums
         self._save_errors = orbax_logs.save_errors()
@@ -157,9 +167,12 @@ class Checkpointer:
             self._save_errors.pending -= 1
 
     def _failed(self, error: Exception) -> None:
+        # orbax's errors stay quiet (save_errors) until close(): its other writer threads of
+        # this save may still be running, and report their own failures when they end.
         pending, self._pending = self._pending or {}, None
-        self._save_errors.pending -= 1 if pending else 0
         step = pending.get("step")
+        if pending:
+            self._failed_step = step
         self._remove_partial(step)
         latest, why = self.latest_step(), _why(error)
         fix = "free some space" if why == "no space left on device" else "fix that"
@@ -171,12 +184,15 @@ class Checkpointer:
         ) from error
 
     def _remove_partial(self, step: int | None) -> None:
-        """Remove what the failed save of `step` left (orbax's temporary directory), so the
-        next run neither trips on it nor counts it as a checkpoint."""
-        if step is None or jax.process_index() != 0:
+        """Remove what the failed save of `step` (None: of any step, before the manager opens)
+        left: orbax's temporary directory, so the next run neither trips on it nor counts it
+        as a checkpoint."""
+        if jax.process_index() != 0 or not self.directory.is_dir():
             return
-        for path in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+        for path in self.directory.glob(f"{'*' if step is None else step}.orbax-checkpoint-tmp*"):
             shutil.rmtree(path, ignore_errors=True)
+        if step is None:
+            return
         finished = self.directory / str(step)
         if finished.exists() and step not in self.manager.all_steps():
             shutil.rmtree(finished, ignore_errors=True)
@@ -232,20 +248,45 @@ class Checkpointer:
             checksums.verify(self.directory / str(step))
             self._verified.add(step)
 
+    def _set_aside_unopenable(self) -> None:
+        """Move aside the steps whose metadata orbax reads when it opens the directory, before
+        it does: one damaged byte there would fail the open, and so every restore
+        (roformer.workdir.damage_read_at_open)."""
+        if not self.directory.is_dir():
+            return
+        steps = sorted((int(p.name) for p in self.directory.iterdir() if p.name.isdigit() and p.is_dir()),
+                       reverse=True)
+        damaged = {step: why for step in steps if (why := damage_read_at_open(self.directory / str(step)))}
+        if jax.process_count() > 1:   # every process has looked before any step moves
+            multihost_utils.sync_global_devices("roformer_checkpoints_screened")
+        for step, why in damaged.items():
+            older = [s for s in steps if s < step and s not in damaged]
+            self._warn_aside(step, f"it {why}", next_step=older[0] if older else None)
+        if damaged:
+            self._move_to(sorted(damaged), "corrupt_checkpoints")
+
     def _move_aside(self, step: int, error: Exception, *, next_step: int | None) -> None:
-        aside = self.directory.parent / "corrupt_checkpoints" / str(step)
         if isinstance(error, checksums.ChecksumMismatch):
             why = f"it does not match the checksums saved with it ({error})"
         else:
             why = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-        log.warning("checkpoint at step %d in %s is unreadable: %s; moving it to %s%s", step, self.directory, why,
-                    aside, "" if next_step is None else f" and trying step {next_step}")
+        self._warn_aside(step, why, next_step=next_step)
         self.set_aside([step], "corrupt_checkpoints")
         self._verified.discard(step)
+
+    def _warn_aside(self, step: int, why: str, *, next_step: int | None) -> None:
+        aside = self.directory.parent / "corrupt_checkpoints" / str(step)
+        log.warning("checkpoint at step %d in %s is unreadable: %s; moving it to %s%s", step, self.directory, why,
+                    aside, "" if next_step is None else f" and trying step {next_step}")
 
     def set_aside(self, steps: list[int], folder: str) -> Path:
         """Move the checkpoints of `steps` to `workdir/<folder>/<step>` (collective), so the
         next run resumes from an earlier one; returns that folder."""
+        aside = self._move_to(steps, folder)
+        self.manager.reload()
+        return aside
+
+    def _move_to(self, steps: list[int], folder: str) -> Path:
         aside = self.directory.parent / folder
         if jax.process_index() == 0:
             for step in steps:
@@ -255,7 +296,6 @@ class Checkpointer:
                 shutil.move(str(self.directory / str(step)), str(aside / str(step)))
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"roformer_set_aside_{folder}_{'_'.join(map(str, steps))}")
-        self.manager.reload()
         return aside
 
     def steps_after(self, step: int) -> list[int]:
@@ -264,7 +304,12 @@ class Checkpointer:
     def wait(self) -> None:
         """Wait for the save in flight; CheckpointSaveFailed if it failed."""
         if self._pending is None:
-            self.manager.wait_until_finished()
+            try:
+                self.manager.wait_until_finished()
+            except Exception:
+                if self._failed_step is None:
+                    raise
+                # the failed save's error again: it was reported (CheckpointSaveFailed) once
             return
         try:
             self.manager.wait_until_finished()
@@ -281,4 +326,22 @@ class Checkpointer:
         try:
             self.wait()
         finally:
-            self.manager.close()
+            try:
+                self.manager.close()
+            except Exception:
+                if self._failed_step is None:
+                    raise
+            finally:
+                if self._failed_step is not None:
+                    self._after_failed_save()
+
+    def _after_failed_save(self) -> None:
+        """Once the failed save's writer threads have ended (or FAILED_SAVE_WAIT_S passed):
+        remove what they wrote meanwhile, and let orbax's errors show again."""
+        deadline = time.monotonic() + self.FAILED_SAVE_WAIT_S
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and type(thread).__module__.startswith("orbax."):
+                thread.join(max(0.0, deadline - time.monotonic()))
+        self._remove_partial(None)
+        self._save_errors.pending -= 1
+        self._failed_step = None

@@ -8,11 +8,16 @@ without loading jax.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import logging
 import math
 import statistics
+from collections.abc import Iterator
 
 from roformer.errors import ConfigError, UserError
+
+log = logging.getLogger("roformer.train")
 
 
 class TrainingStopped(UserError):
@@ -26,6 +31,24 @@ class TrainingDiverged(TrainingStopped, FloatingPointError):
 
 class CheckpointSaveFailed(TrainingStopped, OSError):
     """A checkpoint could not be written (a full disk, say); earlier ones are intact."""
+
+
+@contextlib.contextmanager
+def stop_reason_kept() -> Iterator[None]:
+    """A run that stopped itself (TrainingStopped) ends with that line, whatever its cleanup
+    meets afterwards: closing the metrics on the disk that just filled up fails too, and that
+    error, which would replace the one that says what happened, is said in a warning line."""
+    try:
+        yield
+    except Exception as error:
+        stopped, seen = error.__context__, {id(error)}
+        while stopped is not None and not isinstance(stopped, TrainingStopped) and id(stopped) not in seen:
+            seen.add(id(stopped))
+            stopped = stopped.__context__
+        if isinstance(error, TrainingStopped) or not isinstance(stopped, TrainingStopped):
+            raise
+        log.warning("while stopping: %s: %s", type(error).__name__, (str(error).splitlines() or [""])[0][:300])
+        raise stopped.with_traceback(stopped.__traceback__) from stopped.__cause__
 
 
 # Losses are compared with at least this many nats: a nearly solved task's losses are

@@ -25,10 +25,12 @@ from roformer.train import bookkeeping, flops, memory, progress, sharding, warm_
 from roformer.train.config import (TrainConfig, build_model_config, check_attention_setting, parse_phases,
                                    phase_config)
 from roformer.train.evaluation import held_out_batches, held_out_rows
+from roformer.train.guard import stop_reason_kept
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.run_log import StopFlag, TrainLog, due
 from roformer.train.state import TrainSetup
 from roformer.workdir import PretrainWorkdir
+from roformer import workdir_kind
 from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.train")
@@ -45,6 +47,7 @@ def train_and_evaluate(config, workdir: str | Path) -> dict:
     initialize_distributed(config.distributed)   # first: the lock is process 0's
     workdir = Path(workdir).resolve()
     with workdir_lock(workdir):
+        workdir_kind.claim(workdir, workdir_kind.PRETRAINING)   # before anything is written
         if not str(config.train.phases or "").strip():
             return _train_phase(config, workdir)
         phases = parse_phases(config.train)
@@ -88,7 +91,8 @@ def _train_phase(config, workdir: Path) -> dict:
                                                   data.tokenizer.hash, grow_positions=tc.init_grow_positions)
     is_main = jax.process_index() == 0
 
-    with contextlib.ExitStack() as cleanup:   # closes the progress bar, signal handler, logs, checkpoints
+    # closes the progress bar, signal handler, logs, checkpoints; a stop's own line outlives what closing them meets
+    with stop_reason_kept(), contextlib.ExitStack() as cleanup:
         checkpointer, finished = bookkeeping.open_run(cleanup, workdir, tc, model_cfg, is_main=is_main)
         if finished is not None:
             return finished

@@ -42,6 +42,7 @@ from roformer.train.evaluation import held_out_batches, held_out_rows
 from roformer.train.metrics import MetricsWriter, ThroughputTimer
 from roformer.train.run_log import StopFlag, TrainLog, due
 from roformer.train.state import TrainSetup
+from roformer import workdir_kind
 from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.train")
@@ -116,6 +117,7 @@ def train_seeds_and_evaluate(configs, workdirs, *, data_workers: int | None = No
     with contextlib.ExitStack() as locks:
         for workdir in workdirs:
             locks.enter_context(workdir_lock(workdir))
+            workdir_kind.claim(workdir, workdir_kind.PRETRAINING)
         return _train_group(configs, workdirs, data_workers)
 
 

@@ -333,6 +333,65 @@ def test_full_disk_stops_at_the_failing_save_on_one_line(tmp_path, cache, monkey
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR and "orbax" in r.pathname]
 
 
+def test_a_full_disk_mid_save_ends_on_the_projects_line_alone_and_leaves_no_partial_save(
+        tmp_path, cache, monkeypatch, caplog):
+    """The final save (step 8) meets a full disk: its first array write fails at once, the
+    others end later (what orbax's writer threads do on a real full disk: they report their
+    own errors, and write into the save's temporary directory, after the save has failed),
+    and closing the metrics meets the full disk too. The run ends on the project's one line,
+    not on the metrics' error; orbax's and asyncio's echoes of the abandoned writes are not
+    shown; no 8.orbax-checkpoint-tmp is left. A temporary directory left by a run killed
+    mid-save is removed when the next run opens the checkpoints."""
+    import asyncio
+
+    from orbax.checkpoint._src.serialization import serialization
+
+    from roformer.train import metrics as metrics_lib
+
+    real_write, writes = serialization.async_serialize_from_host, []
+    workdir = tmp_path / "run"
+
+    async def full_disk(rslices, tensorstore_spec, **kwargs):
+        if "/8.orbax-checkpoint-tmp" in json.dumps(tensorstore_spec, default=str):
+            writes.append(tensorstore_spec)
+            if len(writes) > 1:   # a write still going when the first failed
+                await asyncio.sleep(0.3)
+                late = workdir / "checkpoints" / "8.orbax-checkpoint-tmp" / "state.orbax-checkpoint-tmp"
+                late.mkdir(parents=True, exist_ok=True)
+                (late / f"late{len(writes)}").write_bytes(b"x")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return await real_write(rslices, tensorstore_spec, **kwargs)
+
+    real_close = metrics_lib.MetricsWriter.close
+
+    def close_on_a_full_disk(self):
+        real_close(self)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(serialization, "async_serialize_from_host", full_disk)
+    monkeypatch.setattr(metrics_lib.MetricsWriter, "close", close_on_a_full_disk)
+    real_usage = shutil.disk_usage   # nearly full: the save is waited for, its failure met at once
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real_usage(path)._replace(free=100_000))
+    with caplog.at_level(logging.INFO), pytest.raises(CheckpointSaveFailed) as error:
+        train_and_evaluate(make_config(cache, **{"train.steps": 8, "train.keep_checkpoints": 5}), workdir)
+    time.sleep(1.0)   # the abandoned writes have ended
+    import gc
+    gc.collect()      # asyncio reports a never-retrieved error when its future is collected
+    assert str(error.value).startswith(f"could not save the checkpoint at step 8 in {workdir}/checkpoints: "
+                                       "no space left on device"), str(error.value)
+    assert len(writes) > 1
+    echoes = [r for r in caplog.records if r.levelno >= logging.ERROR
+              and ("orbax" in r.pathname or "never retrieved" in r.getMessage())]
+    assert not echoes, [r.getMessage()[:300] for r in echoes]
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["4"]
+    monkeypatch.undo()
+    left = workdir / "checkpoints" / "12.orbax-checkpoint-tmp" / "state"   # a run killed mid-save
+    left.mkdir(parents=True)
+    summary = train_and_evaluate(make_config(cache, **{"train.steps": 8, "train.keep_checkpoints": 5}), workdir)
+    assert summary["start_step"] == 4 and summary["final_step"] == 8
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["4", "8"]
+
+
 def test_a_run_on_a_trained_vocabulary_resumes_after_its_corpus_files_are_touched(tmp_path, monkeypatch):
     """With data.vocab empty the tokenizer is trained on the corpus and cached under a key of
     the files' paths and times: a copied or touched corpus gets a new cache entry, and training
