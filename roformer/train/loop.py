@@ -155,6 +155,7 @@ def _train_phase(config, workdir: Path) -> dict:
     is_main = jax.process_index() == 0
 
     with contextlib.ExitStack() as cleanup:   # closes the progress bar, signal handler, logs, checkpoints
+        cleanup.callback(data.close)   # a cache still building for this run stops with it
         checkpointer, finished = bookkeeping.open_run(cleanup, workdir, tc, model_cfg, is_main=is_main)
         if finished is not None:
             return finished
