@@ -387,7 +387,7 @@ def make_pretrain_data(data: DataConfig, *, seq_len: int, batch_size: int, seed:
     its share (`process_index` of `process_count`) of every batch stream."""
     if seq_len < MIN_SEQ_LEN:
         raise ConfigError(f"seq_len={seq_len}: must be >= {MIN_SEQ_LEN}")
-    if data.trains_while_building:
+    if isinstance(data, DataConfig) and data.trains_while_building:   # (prepare_corpus refuses a raw section)
         from roformer.data import streaming   # imported here: it builds on this module
 
         return streaming.make_streamed_data(data, seq_len=seq_len, batch_size=batch_size, seed=seed,

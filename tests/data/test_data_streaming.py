@@ -198,3 +198,32 @@ def test_the_switch():
     assert not DataConfig(source="hf", hf_streaming=True, train_while_building="off").trains_while_building
     with pytest.raises(ConfigError, match="train_while_building"):
         DataConfig(train_while_building="yes")
+
+
+@pytest.mark.slow
+def test_a_run_trains_and_resumes_in_the_streamed_order(tmp_path):
+    """The training loop on a cache it builds as it trains: stopped at step 3 and resumed, it
+    ends with the parameters of an uninterrupted run, and says the order in its summary."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    from conftest import MICRO_MODEL, tiny_run_config
+    from roformer.train import train_and_evaluate
+
+    overrides = {**MICRO_MODEL, "data.train_while_building": "on", "train.batch_size": 8, "train.seq_len": 32,
+                 "train.warmup_steps": 2, "train.eval_every": 3, "train.eval_batches": 1,
+                 "train.checkpoint_every": 3, "train.log_every": 1, "train.progress_bar": False}
+    cache = tmp_path / "cache"
+    reference = train_and_evaluate(tiny_run_config(cache, overrides, **{"train.steps": 6}), tmp_path / "ref")
+    assert reference["data"]["order"] == "streamed" and reference["data"]["complete"]
+    train_and_evaluate(tiny_run_config(cache, overrides, **{"train.steps": 3}), tmp_path / "run")
+    resumed = train_and_evaluate(tiny_run_config(cache, overrides, **{"train.steps": 6}), tmp_path / "run")
+    assert resumed["start_step"] == 3 and resumed["final_step"] == 6
+
+    def params(workdir):
+        with ocp.CheckpointManager(workdir / "checkpoints", item_names=("state",)) as manager:
+            assert manager.latest_step() == 6
+            return manager.restore(6, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]["params"]
+
+    for a, b in zip(jax.tree.leaves(params(tmp_path / "ref")), jax.tree.leaves(params(tmp_path / "run"))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
