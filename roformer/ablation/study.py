@@ -60,6 +60,7 @@ from roformer.ablation.study_records import (CONFIG_RECORD, DATA_MANIFEST, SCHEM
 from roformer.ablation.study_plan import budgets, check_memory, edge_rates, members, validate, windows
 from roformer.ablation.study_train import CompileAhead, SchemeRun, merge_groups
 from roformer.data import DataConfig
+from roformer.data.config import without_neutral_settings
 from roformer.errors import ConfigError
 from roformer.files import write_json_atomic, write_text_atomic
 
@@ -87,7 +88,7 @@ def scheme_fingerprint(config, scheme: str, manifest: dict) -> str:
 def portable_data(data: dict) -> dict:
     """The data settings without where the files lie (a pack or a record made on one machine is
     read on another, whose checkout sits elsewhere), only their names; nor the cache."""
-    data = dict(data)
+    data = without_neutral_settings(data)
     for key in ("files", "vocab", "hf_path", "tfds_data_dir"):
         data[key] = os.path.basename(str(data.get(key) or ""))
     for key in ("cache_dir", "num_workers"):

@@ -77,3 +77,13 @@ class DataConfig:
                 key, known, n=1)) else "") for key in unknown]
             raise ConfigError(f"unknown data setting(s): {', '.join(hints)}; the data settings are {known}")
         return cls(**items)
+
+
+def without_neutral_settings(section: Mapping[str, Any]) -> dict:
+    """A data section (as a dict) less the settings added after runs were recorded that, at
+    their value in it, leave a run computing what it did before they existed: fingerprints of
+    recorded runs (ablation stages, study arms) leave them out, so those runs stay current."""
+    section = dict(section)
+    if not DataConfig.from_mapping(section).trains_while_building:   # the order of a built cache
+        section.pop("train_while_building", None)
+    return section

@@ -1,8 +1,6 @@
 """Training while the token cache builds (`data.train_while_building`): a background build
-writes the cache entry's shards, a ledger lists the finished ones, and the training stream
-reads them in an order that depends only on the documents, never on how fast they were
-tokenized. levanter's cache is the model: finished shards recorded as they land, readers
-that wait for the piece they need.
+writes the cache entry's shards, a ledger lists the finished ones (levanter's cache is the
+model), and training reads them in an order that depends only on the documents.
 
 The streamed order. The corpus's documents, in source order, fall into blocks: block k holds
 the documents that start in tokens [k * B, (k + 1) * B) of the corpus (B = BLOCK_TOKENS), so
@@ -10,10 +8,9 @@ the blocks depend on the documents' lengths only, not on the shard files or the 
 speed. Epoch 0 reads blocks 0, 1, 2, ... in order, each block's training documents in a
 permutation drawn from (seed, block); the reader waits for block k when it needs it (it is
 known once the finished shards reach token (k + 1) * B, or the build ends). Epochs from 1 on
-need the whole corpus and read it as a built cache is read: a permutation drawn from
-(seed, epoch) of all training documents. The iterator's state is (epoch, block, row, step),
-so a run stopped mid-build resumes exactly, whether the build is still running, starts over
-or has finished. A cache entry already complete is read in the same order.
+need the whole corpus and read it as a built cache is read. The iterator's state is (epoch,
+block, row, step): a run stopped mid-build resumes exactly, whether the build is running,
+starts over or has finished; a complete entry is read in the same order.
 
 Held-out data: a document is held out when its content hash falls below
 data.heldout_fraction (each decided alone, as it arrives). The evaluation batches are the
@@ -54,8 +51,7 @@ LOG_EVERY_SECONDS = 30.0
 
 
 class _Growing:
-    """A numpy array appended to in amortised constant time; `view()` is the filled part
-    (a view taken earlier keeps its values: appending never writes into it)."""
+    """A numpy array appended to in amortised constant time; `view()` is the filled part."""
 
     def __init__(self, dtype) -> None:
         self._array = np.zeros(1024, dtype)
@@ -95,10 +91,8 @@ class ShardLedger:
         self._snapshot: TokenCorpus | None = None
         self._started = self._logged = time.monotonic()
 
-    # ------------------------------------------------------------ the build's side
     def add(self, staging: Path, shard: dict) -> None:
-        """A shard the build has just written (memory-mapped now, while its files are where
-        the build wrote them)."""
+        """A shard the build has just written (mapped now, while its files are in `staging`)."""
         arrays = {kind: np.load(staging / shard["files"][kind]["file"], mmap_mode="r") for kind in FILES}
         offsets = np.asarray(arrays["offsets"], dtype=np.int64)
         with self._changed:
@@ -142,7 +136,6 @@ class ShardLedger:
             self.error = error
             self._changed.notify_all()
 
-    # ------------------------------------------------------------ the reader's side
     @property
     def complete(self) -> bool:
         return self.corpus is not None
@@ -218,9 +211,6 @@ class _StoppableSource(TextSource):
 
     def describe(self) -> dict:
         return self._source.describe()
-
-    def fingerprint(self) -> str:
-        return self._source.fingerprint()
 
     def progress(self) -> float | None:
         return self._source.progress()
@@ -328,7 +318,7 @@ class StreamedPretrainData(PretrainData):
 
     def _whole_corpus(self) -> TokenCorpus:
         self.ledger.wait(lambda: False, "the whole corpus")
-        return self.ledger.snapshot()
+        return self.corpus
 
     @property
     def train_docs(self) -> np.ndarray:

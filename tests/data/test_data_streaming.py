@@ -227,3 +227,27 @@ def test_a_run_trains_and_resumes_in_the_streamed_order(tmp_path):
 
     for a, b in zip(jax.tree.leaves(params(tmp_path / "ref")), jax.tree.leaves(params(tmp_path / "run"))):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_recorded_runs_keep_their_fingerprints():
+    """A data section where the setting leaves the order as before fingerprints as before it
+    existed (ablation and study records stay current); where it changes the order, it counts."""
+    import dataclasses
+
+    import ml_collections
+
+    from roformer.ablation import plan
+    from roformer.data.config import without_neutral_settings
+
+    section = dataclasses.asdict(DataConfig(source="files", files="x"))
+    before = {k: v for k, v in section.items() if k != "train_while_building"}
+    assert without_neutral_settings(section) == before
+    assert without_neutral_settings({**section, "train_while_building": "off"}) == before
+    config = ml_collections.ConfigDict
+
+    assert plan.fingerprint(config({"data": section})) == plan.fingerprint(config({"data": before}))
+    assert plan.fingerprint(config(section)) == plan.fingerprint(config(before))   # a data section alone
+    assert plan.fingerprint(config({"data": section})) != plan.fingerprint(
+        config({"data": {**section, "train_while_building": "on"}}))
+    streaming_hf = {**section, "source": "hf", "hf_path": "x", "hf_streaming": True}
+    assert without_neutral_settings(streaming_hf) == streaming_hf
