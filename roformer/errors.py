@@ -26,3 +26,8 @@ class NotWritable(UserError, OSError):
 class StorageError(UserError, OSError):
     """A file could not be written because the disk (or the user's quota) is full; the
     message names what was being written (roformer.files.writing)."""
+
+
+class DataBuildError(UserError):
+    """The token cache of a corpus could not be built (a source that failed while it was read
+    or tokenized); the message names the cache entry and the cause."""

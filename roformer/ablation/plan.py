@@ -21,6 +21,7 @@ import ml_collections
 
 from roformer import config_files
 from roformer.config_files import CONFIG_DIR, split_list
+from roformer.data.config import without_neutral_settings
 from roformer.errors import ConfigError
 from roformer.train.config import arm_pretrain_config
 
@@ -305,6 +306,10 @@ def _fingerprinted(part: Any) -> Any:
     if "per_task" in data:   # a GLUE section (configs/glue.py)
         data = {k: v for k, v in data.items() if k not in WATCH_ONLY_GLUE_KEYS}
         data["model"] = {k: v for k, v in data["model"].items() if k not in KERNEL_ONLY_MODEL_KEYS}
+    if "packing" in data and "source" in data:   # a data section
+        data = without_neutral_settings(data)
+    if isinstance(data.get("data"), dict):
+        data["data"] = without_neutral_settings(data["data"])
     train = data.get("train")
     if isinstance(train, dict):
         data["train"] = {k: v for k, v in train.items()

@@ -18,7 +18,7 @@ MIN_SEQ_LEN = 8   # the shortest row the pipeline packs ([CLS], [SEP] and a few 
 RULES = {
     "vocab_size": "int >= 1", "mask_rate": "float in (0, 1)", "max_predictions_per_seq": "int >= 0",
     "heldout_fraction": "float in [0, 1)", "num_workers": "int >= 0", "lowercase": "bool",
-    "hf_streaming": "bool", "whole_word_masking": "bool",
+    "hf_streaming": "bool", "whole_word_masking": "bool", "train_while_building": "choice auto on off",
 }
 
 
@@ -48,6 +48,15 @@ class DataConfig:
     heldout_fraction: float = 0.02
     num_workers: int = 0            # encoding threads per process (0 = every core); the Rust encoder
                                     # also spreads each chunk over the cores (RAYON_NUM_THREADS caps it)
+    train_while_building: str = "auto"  # on: train on the token cache's finished shards while the rest
+                                    # tokenize (roformer.data.streaming); auto: on for a streaming source
+
+    @property
+    def trains_while_building(self) -> bool:
+        """Whether a run reads its corpus in the streamed order while the cache builds."""
+        if self.train_while_building == "auto":
+            return self.source == "hf" and self.hf_streaming
+        return self.train_while_building == "on"
 
     def __post_init__(self) -> None:
         check_all("data.", self, RULES)
@@ -68,3 +77,13 @@ class DataConfig:
                 key, known, n=1)) else "") for key in unknown]
             raise ConfigError(f"unknown data setting(s): {', '.join(hints)}; the data settings are {known}")
         return cls(**items)
+
+
+def without_neutral_settings(section: Mapping[str, Any]) -> dict:
+    """A data section (as a dict) less the settings added after runs were recorded that, at
+    their value in it, leave a run computing what it did before they existed: fingerprints of
+    recorded runs (ablation stages, study arms) leave them out, so those runs stay current."""
+    section = dict(section)
+    if not DataConfig.from_mapping(section).trains_while_building:   # the order of a built cache
+        section.pop("train_while_building", None)
+    return section

@@ -40,13 +40,37 @@ def heldout_documents(doc_hash: np.ndarray, fraction: float) -> np.ndarray:
     Identical texts share a hash, so a duplicated document never lands on both
     sides. With fraction > 0 at least one document is held out.
     """
-    if not 0.0 <= fraction < 1.0:
-        raise ConfigError(f"data.heldout_fraction={fraction}: must be in [0, 1)")
-    unit = (doc_hash >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    held = unit < fraction
+    held = heldout_by_hash(doc_hash, fraction)
     if fraction > 0 and not held.any() and len(held) > 1:
+        unit = _hash_unit(doc_hash)
         held[unit == unit.min()] = True
     return held
+
+
+def _hash_unit(doc_hash: np.ndarray) -> np.ndarray:
+    """Each content hash as a number in [0, 1)."""
+    return (doc_hash >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def heldout_by_hash(doc_hash: np.ndarray, fraction: float) -> np.ndarray:
+    """Boolean [num_docs]: documents whose content hash falls below `fraction`, each decided
+    alone (a stream of documents is split as it arrives: roformer.data.streaming)."""
+    if not 0.0 <= fraction < 1.0:
+        raise ConfigError(f"data.heldout_fraction={fraction}: must be in [0, 1)")
+    return _hash_unit(doc_hash) < fraction
+
+
+def check_stream_settings(*, seq_len: int, batch_size: int, packing: str, process_index: int,
+                          process_count: int) -> None:
+    """The batch stream's settings, refused in one line when out of range."""
+    if seq_len < MIN_SEQ_LEN:
+        raise ConfigError(f"seq_len={seq_len}: must be >= {MIN_SEQ_LEN}")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size}: must be >= 1")
+    if packing not in PACKINGS:
+        raise ConfigError(f"data.packing={packing!r}: expected one of {PACKINGS}")
+    if not 0 <= process_index < process_count:
+        raise ConfigError(f"process_index={process_index} must be in [0, process_count={process_count})")
 
 
 class PretrainData:
@@ -55,14 +79,8 @@ class PretrainData:
     def __init__(self, corpus: shards_lib.TokenCorpus, tokenizer: WordPieceTokenizer, masker: MlmMasker, *,
                  seq_len: int, batch_size: int, packing: str, heldout_fraction: float, seed: int,
                  process_index: int = 0, process_count: int = 1) -> None:
-        if seq_len < MIN_SEQ_LEN:
-            raise ConfigError(f"seq_len={seq_len}: must be >= {MIN_SEQ_LEN}")
-        if batch_size < 1:
-            raise ConfigError(f"batch_size={batch_size}: must be >= 1")
-        if packing not in PACKINGS:
-            raise ConfigError(f"data.packing={packing!r}: expected one of {PACKINGS}")
-        if not 0 <= process_index < process_count:
-            raise ConfigError(f"process_index={process_index} must be in [0, process_count={process_count})")
+        check_stream_settings(seq_len=seq_len, batch_size=batch_size, packing=packing,
+                              process_index=process_index, process_count=process_count)
         self.corpus, self.tokenizer, self.masker = corpus, tokenizer, masker
         self.seq_len, self.batch_size, self.packing, self.seed = seq_len, batch_size, packing, int(seed)
         self.heldout_fraction = heldout_fraction
@@ -121,6 +139,9 @@ class PretrainData:
     def train_iterator(self) -> "BatchIterator":
         return BatchIterator(self)
 
+    def close(self) -> None:
+        """Nothing to end here (a corpus still being built stops its build: roformer.data.streaming)."""
+
     def epoch_plan(self, epoch: int) -> PackPlan:
         """This process's rows for one pass over its share of the training documents."""
         order = np.random.default_rng([self.seed, epoch]).permutation(self.train_docs)
@@ -169,17 +190,22 @@ class PretrainData:
         slots = np.take_along_axis(moved_to.reshape(B, L), batch["masked_positions"].astype(np.int64), axis=1)
         return {**batch, "input_ids": new_ids.reshape(B, L), "masked_positions": slots.astype(np.int32)}
 
+    def eval_documents(self, rows: int) -> np.ndarray:
+        """This process's held-out documents, in corpus order, from which the first `rows`
+        held-out rows are packed (all of them here)."""
+        return self.heldout_docs[self.process_index::self.process_count]
+
     def eval_batches(self, num_batches: int, *, shuffled: bool = False) -> list[dict]:
         """The first num_batches held-out batches (cycling if the held-out set is smaller), fixed masks;
         `shuffled`: the same batches with each piece's tokens permuted (`shuffle_within_pieces`)."""
-        mine = self.heldout_docs[self.process_index::self.process_count]
+        needed = num_batches * self.batch_size
+        mine = self.eval_documents(needed)
         if len(mine) == 0:
             held = len(self.heldout_docs)
             raise ConfigError(f"data.heldout_fraction={self.heldout_fraction} holds out {held} of the corpus's "
                               f"{self.corpus.num_docs} documents, none for process {self.process_index} of "
                               f"{self.process_count}: raise data.heldout_fraction")
         plan = plan_rows(mine, self.corpus.doc_len, self.seq_len, self.packing)
-        needed = num_batches * self.batch_size
         rows = self.rows(plan, 0, min(plan.num_rows, needed))
         batches = []
         for b in range(num_batches):
@@ -210,6 +236,10 @@ class BatchIterator:
             self._plan, self._plan_epoch = self._data.epoch_plan(self.epoch), self.epoch
         return self._plan
 
+    def _next_plan(self) -> None:
+        """Past the end of the current plan: an epoch boundary, continue with the next permutation."""
+        self.epoch, self.row = self.epoch + 1, 0
+
     def __next__(self) -> dict[str, np.ndarray]:
         data = self._data
         parts = []
@@ -217,11 +247,12 @@ class BatchIterator:
         while needed:
             plan = self._current_plan()
             take = min(needed, plan.num_rows - self.row)
-            parts.append(data.rows(plan, self.row, self.row + take))
+            if take:
+                parts.append(data.rows(plan, self.row, self.row + take))
             self.row += take
             needed -= take
-            if self.row == plan.num_rows:   # epoch boundary: continue with the next permutation
-                self.epoch, self.row = self.epoch + 1, 0
+            if self.row == plan.num_rows:
+                self._next_plan()
         rows = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         batch = data.make_batch(rows, np.random.default_rng([data.seed, data.process_index, self.step]))
         self.step += 1
@@ -360,12 +391,23 @@ def make_pretrain_data(data: DataConfig, *, seq_len: int, batch_size: int, seed:
         raise ConfigError(f"data.max_predictions_per_seq={data.max_predictions_per_seq} is more than the "
                           f"{seq_len} positions of a sequence (train.seq_len): at most one prediction per position; "
                           "0 takes round(data.mask_rate * seq_len) + 1")
+    if isinstance(data, DataConfig) and data.trains_while_building:   # (prepare_corpus refuses a raw section)
+        from roformer.data import streaming   # imported here: it builds on this module
+
+        return streaming.make_streamed_data(data, seq_len=seq_len, batch_size=batch_size, seed=seed,
+                                            process_index=process_index, process_count=process_count,
+                                            show_progress=show_progress)
     tokenizer, corpus = prepare_corpus(data, process_index=process_index, process_count=process_count,
                                        show_progress=show_progress)
-    max_predictions = data.max_predictions_per_seq or round(data.mask_rate * seq_len) + 1
-    masker = MlmMasker(is_special=tokenizer.is_special, is_continuation=tokenizer.is_continuation,
-                       mask_id=tokenizer.mask_id, mask_rate=data.mask_rate, max_predictions=max_predictions,
-                       whole_word=data.whole_word_masking)
+    masker = make_masker(data, tokenizer, seq_len)
     return PretrainData(corpus, tokenizer, masker, seq_len=seq_len, batch_size=batch_size, packing=data.packing,
                         heldout_fraction=data.heldout_fraction, seed=seed,
                         process_index=process_index, process_count=process_count)
+
+
+def make_masker(data: DataConfig, tokenizer: WordPieceTokenizer, seq_len: int) -> MlmMasker:
+    """The MLM masker of data's settings for rows of `seq_len`."""
+    max_predictions = data.max_predictions_per_seq or round(data.mask_rate * seq_len) + 1
+    return MlmMasker(is_special=tokenizer.is_special, is_continuation=tokenizer.is_continuation,
+                     mask_id=tokenizer.mask_id, mask_rate=data.mask_rate, max_predictions=max_predictions,
+                     whole_word=data.whole_word_masking)

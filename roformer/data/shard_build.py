@@ -55,14 +55,17 @@ WAIT_SECONDS = 3600.0
 def load_or_build(source: TextSource, tokenizer: WordPieceTokenizer, cache_dir: str | os.PathLike = "",
                   *, process_index: int = 0, process_count: int = 1, num_workers: int = 0,
                   shard_tokens: int = SHARD_TOKENS, handshake_seconds: float = HANDSHAKE_SECONDS,
-                  wait_seconds: float = WAIT_SECONDS, show_progress: bool = True) -> TokenCorpus:
+                  wait_seconds: float = WAIT_SECONDS, show_progress: bool = True,
+                  on_shard: Callable[[Path, dict], None] | None = None) -> TokenCorpus:
     """The source's token shards for this tokenizer: reused if intact, else (re)built.
 
     In a job of `process_count` processes, process `process_index` tokenizes only its share
     of the source's parts when the processes find each other in the cache directory within
     `handshake_seconds`; otherwise (a cache on each host's own disk) it builds the whole entry.
     A wait with no progress from the other processes for `wait_seconds` is an error naming the
-    missing shares."""
+    missing shares. `on_shard(directory, shard)` is called as each shard file set of a build
+    is written (its manifest record; the directory is the build's staging directory), so a
+    reader can use the finished shards before the entry is complete (roformer.data.streaming)."""
     if not 0 <= process_index < process_count:
         raise ConfigError(f"process_index={process_index} must be in [0, process_count={process_count})")
     fingerprint = source.fingerprint()
@@ -84,7 +87,8 @@ def load_or_build(source: TextSource, tokenizer: WordPieceTokenizer, cache_dir: 
     for stale in stale_staging(root):   # builds killed before they were renamed into place
         log.info("removing %s, left by a build that did not finish", stale)
         shutil.rmtree(stale, ignore_errors=True)
-    build = _Build(source, tokenizer, entry, fingerprint, num_workers or cores_available(), shard_tokens, show_progress)
+    build = _Build(source, tokenizer, entry, fingerprint, num_workers or cores_available(), shard_tokens, show_progress,
+                   on_shard)
     with writing(f"the token shard cache entry {directory}"):
         if process_count == 1 or not find_each_other(build.parts_dir, process_index, process_count,
                                                        handshake_seconds):
@@ -166,8 +170,9 @@ class _ShardWriter:
     CHUNK_CHARS chunk (counted over the whole corpus, as chunk_documents groups it) that
     brings it to `shard_tokens` tokens, however the documents were encoded."""
 
-    def __init__(self, directory: Path, dtype, shard_tokens: int) -> None:
-        self.directory, self.dtype, self.shard_tokens = directory, dtype, shard_tokens
+    def __init__(self, directory: Path, dtype, shard_tokens: int,
+                 on_shard: Callable[[Path, dict], None] | None = None) -> None:
+        self.directory, self.dtype, self.shard_tokens, self.on_shard = directory, dtype, shard_tokens, on_shard
         self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.buffered = 0
         self.chunk_chars = 0     # characters of the corpus chunk still open
@@ -216,6 +221,8 @@ class _ShardWriter:
             files[kind] = {"file": path.name, "bytes": path.stat().st_size, "crc32": crc32(path)}
         self.shards.append({"name": name, "num_docs": len(lengths), "num_tokens": len(tokens), "files": files})
         self.parts, self.buffered = [], 0
+        if self.on_shard is not None:
+            self.on_shard(self.directory, self.shards[-1])
 
     def finish(self, header: dict) -> dict:
         self._flush()
@@ -237,8 +244,9 @@ class _Build:
     """Builds one cache entry, alone or as one process of several."""
 
     def __init__(self, source: TextSource, tokenizer: WordPieceTokenizer, entry: Entry, fingerprint: str,
-                 workers: int, shard_tokens: int, show_progress: bool) -> None:
-        self.source, self.tokenizer, self.entry = source, tokenizer, entry
+                 workers: int, shard_tokens: int, show_progress: bool,
+                 on_shard: Callable[[Path, dict], None] | None = None) -> None:
+        self.source, self.tokenizer, self.entry, self.on_shard = source, tokenizer, entry, on_shard
         self.workers, self.shard_tokens, self.show_progress = workers, shard_tokens, show_progress
         self.dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
         self.parts = source.parts()
@@ -260,7 +268,7 @@ class _Build:
     def _alone(self, processes: int) -> None:
         staging = self._staging()
         try:
-            writer = _ShardWriter(staging, self.dtype, self.shard_tokens)
+            writer = _ShardWriter(staging, self.dtype, self.shard_tokens, self.on_shard)
             parts = range(len(self.parts))
             for _, encoded in self._encode(parts, f"tokenizing {self.source.name}"):
                 writer.add(encoded)
@@ -376,7 +384,7 @@ class _Build:
         """Process 0: every part, in order, into the shard files a single process writes."""
         staging = self._staging()
         try:
-            writer = _ShardWriter(staging, self.dtype, self.shard_tokens)
+            writer = _ShardWriter(staging, self.dtype, self.shard_tokens, self.on_shard)
             shares: dict[int, dict] = {}
             for index in range(len(self.parts)):
                 with np.load(self._part_path(index)) as saved:

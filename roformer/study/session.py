@@ -62,6 +62,7 @@ from roformer.study.records import (CONFIG_RECORD, DATA_MANIFEST, SCHEMES_DIR, o
 from roformer.study.plan import StudyPlan, build_plan, check_memory, edge_rates, validate
 from roformer.study.groups import CompileAhead, SchemeRun, merge_groups
 from roformer.data import DataConfig
+from roformer.data.config import without_neutral_settings
 from roformer.errors import ConfigError
 from roformer.files import write_json_atomic, write_text_atomic
 
@@ -89,7 +90,7 @@ def scheme_fingerprint(plan: StudyPlan, scheme: str, manifest: dict) -> str:
 def portable_data(data: dict) -> dict:
     """The data settings without where the files lie (a pack or a record made on one machine is
     read on another, whose checkout sits elsewhere), only their names; nor the cache."""
-    data = dict(data)
+    data = without_neutral_settings(data)
     for key in ("files", "vocab", "hf_path", "tfds_data_dir"):
         data[key] = os.path.basename(str(data.get(key) or ""))
     for key in ("cache_dir", "num_workers"):

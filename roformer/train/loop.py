@@ -93,6 +93,7 @@ def _train_phase(config, workdir: Path) -> dict:
 
     # closes the progress bar, signal handler, logs, checkpoints; a stop's own line outlives what closing them meets
     with stop_reason_kept(), contextlib.ExitStack() as cleanup:
+        cleanup.callback(data.close)   # a cache still building for this run stops with it
         checkpointer, finished = bookkeeping.open_run(cleanup, workdir, tc, model_cfg, is_main=is_main)
         if finished is not None:
             return finished
