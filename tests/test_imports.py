@@ -122,7 +122,7 @@ HOUSE = (
     ("train",),
     ("glue",),
     ("ablation",),
-    ("bench",),
+    ("bench", "deviceless"),   # deviceless: the train step compiled for a GPU this host lacks
     ("commands",),           # pretrain, ablate, capability, every __main__
 )
 COMMANDS = ("pretrain", "ablate", "capability", "evaluate", "console_scripts")
