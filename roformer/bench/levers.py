@@ -25,6 +25,9 @@ variants under the same load:
                     way (Triton; in interpret mode on a CPU, which is slow)
   rbg_dropout       dropout keys of jax's rbg implementation (XLA's RngBitGenerator)
   all_batch_x2      `all` at twice the shape's batch
+  fused_mlm_loss    the MLM loss with its own backward (no float32 copy of the logits, no scatter)
+  gpu_default       the GPU's default forms (backend.DEFAULT_FORMS["gpu"]): what `accel=gpu` runs,
+                    against the baseline's none (scripts/bench_accelerator.sh's `confirm` step)
 
 Then the levers that paid alone at the first shape (median `x_tokens` at least
 `--adopt-above`, every round above 1, the first step's loss within bf16 rounding of the
@@ -97,11 +100,13 @@ VARIANTS = {
     "pallas_residual_norm": Variant(forms=("pallas_residual_norm",)),
     "rbg_dropout": Variant(dropout_rng_impl="rbg"),
     "all_batch_x2": Variant(forms=ALL_FORMS, dropout_rng_impl="rbg", batch_factor=2),
+    "fused_mlm_loss": Variant(forms=("fused_mlm_loss",)),
+    "gpu_default": Variant(forms=tuple(sorted(backend.DEFAULT_FORMS["gpu"]))),
 }
 BASELINE = "baseline"
 ADOPTED = "adopted"   # the levers that paid alone at the first shape, together (adopted_variant)
 LEVERS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "bias_grad_in_gemm", "pallas_residual_norm",
-          "rbg_dropout")
+          "rbg_dropout", "fused_mlm_loss")
 TABLE_COLUMNS = ("stage", "size", "seq", "batch", "variant", "xla_flags", "ms_step", "tokens_s", "mfu", "x_tokens",
                  "x_tokens_min", "x_tokens_max", "loss_step1", "dloss_step1", "dgrad_step1", "program", "failed")
 

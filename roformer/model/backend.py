@@ -68,6 +68,14 @@ side by side in one process):
                       log-sum-exp in float32 (roformer.train.steps.mlm_sums upcasts inside the
                       reduction), so only the logits' rounding changes.
 
+  fused_mlm_loss      The MLM loss (cross-entropy at the masked positions, and whether the label
+                      is the top logit) with its own backward (`label_losses`): the logits are
+                      read in their dtype in each pass, the label's logit picked by an iota
+                      compare, and the gradient written in one pass as softmax - one-hot. The
+                      plain form (optax's loss and take_along_axis) has XLA write the logits as
+                      float32 and scatter the label's gradient into a zero [predictions, vocab]
+                      array.
+
   bias_grad_in_gemm   A dense layer's bias gradient (a sum over every token of the output's
                       gradient, a pass over [tokens, out]) taken inside its weight-gradient
                       GEMM instead: the input gets a ones column (and zeros up to 8 columns)
@@ -139,7 +147,8 @@ def on_cpu() -> bool:
 
 # ---- Forms switched per process (the accelerator levers) ------------------------------
 
-FORMS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "bias_grad_in_gemm", "pallas_residual_norm")
+FORMS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "bias_grad_in_gemm", "pallas_residual_norm",
+         "fused_mlm_loss")
 # The forms that run a hand-written kernel, which may fail to lower where the XLA forms do not.
 KERNEL_FORMS = ("pallas_residual_norm",)
 # The forms each platform runs by default: a form joins its platform's set once a measurement
@@ -213,6 +222,52 @@ def residual_layer_norm(x, y, y_bias, keep, scale, bias, *, keep_prob: float, ep
 
     return pallas_norm.residual_layer_norm(x, y, y_bias, keep, scale, bias, keep_prob=keep_prob,
                                            epsilon=epsilon, interpret=target == "cpu")
+
+
+def fused_mlm_loss() -> bool:
+    return "fused_mlm_loss" in active_forms()
+
+
+def label_losses(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(cross-entropy, correct) per prediction of logits [..., V] (any float dtype) and integer
+    labels [...], as roformer.train.steps.mlm_sums defines them (correct: the label's logit is
+    the maximum): the fused_mlm_loss form. The logits are read in their own dtype and taken to
+    float32 inside each pass; the label's logit is picked by comparing an iota with the label,
+    and the backward is one elementwise pass, softmax - one-hot, times the loss's cotangent:
+    no float32 copy of the logits, no scatter (take_along_axis's transpose)."""
+    losses, correct, _ = _label_losses(logits, labels)
+    return losses, correct
+
+
+def _label_terms(logits, labels):
+    x = logits.astype(jnp.float32)
+    top = jnp.max(x, axis=-1)
+    log_sum = top + jnp.log(jnp.sum(jnp.exp(x - top[..., None]), axis=-1))
+    hit = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1) == labels[..., None]
+    label_logit = jnp.sum(jnp.where(hit, x, 0.0), axis=-1)
+    return log_sum - label_logit, (label_logit >= top).astype(jnp.float32), log_sum
+
+
+@jax.custom_vjp
+def _label_losses(logits, labels):
+    return _label_terms(logits, labels)
+
+
+def _label_losses_fwd(logits, labels):
+    losses, correct, log_sum = _label_terms(logits, labels)
+    return (losses, correct, log_sum), (logits, labels, log_sum)
+
+
+def _label_losses_bwd(residuals, cotangents):
+    logits, labels, log_sum = residuals
+    d_losses = cotangents[0]   # correct and log_sum are not differentiated
+    hit = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == labels[..., None]
+    probs = jnp.exp(logits.astype(jnp.float32) - log_sum[..., None])
+    d_logits = (probs - hit.astype(jnp.float32)) * d_losses[..., None]
+    return d_logits.astype(logits.dtype), None
+
+
+_label_losses.defvjp(_label_losses_fwd, _label_losses_bwd)
 
 
 def mlm_logits_dtype(compute_dtype) -> jnp.dtype:
