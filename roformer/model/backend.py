@@ -46,7 +46,8 @@ docs/results/, which also say how they were measured):
                       (2026-11-25-train-step-profile-cpu.md)
 
 Forms for accelerators, each on only where a backend's default set (`DEFAULT_FORMS`)
-names it: none yet, as no GPU measurement has shown one pays (the CPU checks:
+names it: on a GPU bf16_mlm_logits and fused_mlm_loss, which the GPU cost model predicts pay
+and no GPU measurement has shown to lose (2026-12-07-gpu-cost-model.md; the CPU checks:
 2026-11-27-levers-cpu.md). Each is switched per process
 by ROFORMER_BACKEND_FORMS (the names, comma-separated, replacing the default set) or, while a
 step is traced, by `using_forms` (what `python -m roformer.bench levers` does to time them
@@ -153,7 +154,10 @@ FORMS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "bias_grad_in_gemm",
 KERNEL_FORMS = ("pallas_residual_norm",)
 # The forms each platform runs by default: a form joins its platform's set once a measurement
 # there shows it pays (a dated page in docs/results/).
-DEFAULT_FORMS: dict[str, frozenset[str]] = {"cpu": frozenset(), "gpu": frozenset(), "tpu": frozenset()}
+# On a GPU: the MLM loss's two forms, which the cost model (python -m roformer.bench cost)
+# predicts pay and no GPU measurement has shown to lose (docs/results/2026-12-07-gpu-cost-model.md).
+DEFAULT_FORMS: dict[str, frozenset[str]] = {"cpu": frozenset(), "gpu": frozenset({"bf16_mlm_logits", "fused_mlm_loss"}),
+                                            "tpu": frozenset()}
 FORMS_ENV = "ROFORMER_BACKEND_FORMS"
 _forced: list[frozenset[str]] = []   # using_forms' stack
 
