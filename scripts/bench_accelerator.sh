@@ -163,7 +163,7 @@ print(adopted.dropout_rng_impl if adopted else 'threefry2x32', ','.join(adopted.
 
 confirm() {   # the GPU default forms against none (levers), the default profiled, and the peers
   # shellcheck disable=SC2086
-  bench confirm_levers 300 levers --shapes base/512/64 base/128/256 --variants baseline gpu_default rope_half_pairs \
+  bench confirm_levers 300 levers --shapes base/512/64 base/128/256 --variants baseline gpu_default rope_half_pairs fused_qkv \
     --other-variants baseline gpu_default --budget-s 260 --rounds 3 --iters 5 ${AB_ARGS:-}
   bench confirm_profile 120 profile --size base --seq-len 512 --batch 64 --scheme rope --dtype bfloat16 \
     --attention-impl cudnn --attention-dropout 0 --top 40 --trace-dir "$out/confirm_trace"
