@@ -85,7 +85,7 @@ _INNERMOST = (   # the first of a chain's functions (innermost first) that one o
     ("RoPE", re.compile(r"^(apply_rope|rope_|Rotary\.|complex_product|_rotation_tangent|rotate_pairs|shared_table)")),
     ("residual+dropout+LayerNorm", re.compile(r"^(LayerNorm\.|_compute_stats|_normalize|RoFormerOutput\.add_and_norm|"
                                               r"residual_layer_norm)")),
-    ("bias+GELU", re.compile(r"^(Dense\.|token_matmul|biased_product|gelu|RoFormerIntermediate)")),
+    ("bias+GELU", re.compile(r"^(Dense\.|token_matmul|gelu|RoFormerIntermediate)")),
     ("attention layout", re.compile(r"^(softmax_attention|RoFormerSelfAttention|dot_product_attention)")),
     ("dropout bits", re.compile(r"^(Dropout\.|RngStream|reseeded|bernoulli|_bernoulli|random_bits|threefry|_uniform)")),
 )

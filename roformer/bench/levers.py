@@ -19,7 +19,6 @@ variants under the same load:
   rope_half_pairs   RoPE's pairs as split halves (q/k kernel columns permuted per head)
   fused_qkv         q, k and v from one product
   bf16_mlm_logits   bf16 MLM logits, the loss's log-sum-exp in float32
-  bias_grad_in_gemm dense layers' bias gradients inside their weight-gradient products
   pallas_residual_norm
                     dropout + residual add + LayerNorm (post-LN) as one Pallas kernel each
                     way (Triton; in interpret mode on a CPU, which is slow)
@@ -96,7 +95,6 @@ VARIANTS = {
     "rope_half_pairs": Variant(forms=("rope_half_pairs",)),
     "fused_qkv": Variant(forms=("fused_qkv",)),
     "bf16_mlm_logits": Variant(forms=("bf16_mlm_logits",)),
-    "bias_grad_in_gemm": Variant(forms=("bias_grad_in_gemm",)),
     "pallas_residual_norm": Variant(forms=("pallas_residual_norm",)),
     "rbg_dropout": Variant(dropout_rng_impl="rbg"),
     "all_batch_x2": Variant(forms=ALL_FORMS, dropout_rng_impl="rbg", batch_factor=2),
@@ -105,7 +103,7 @@ VARIANTS = {
 }
 BASELINE = "baseline"
 ADOPTED = "adopted"   # the levers that paid alone at the first shape, together (adopted_variant)
-LEVERS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "bias_grad_in_gemm", "pallas_residual_norm",
+LEVERS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "pallas_residual_norm",
           "rbg_dropout", "fused_mlm_loss")
 TABLE_COLUMNS = ("stage", "size", "seq", "batch", "variant", "xla_flags", "ms_step", "tokens_s", "mfu", "x_tokens",
                  "x_tokens_min", "x_tokens_max", "loss_step1", "dloss_step1", "dgrad_step1", "program", "failed")

@@ -77,14 +77,6 @@ side by side in one process):
                       float32 and scatter the label's gradient into a zero [predictions, vocab]
                       array.
 
-  bias_grad_in_gemm   A dense layer's bias gradient (a sum over every token of the output's
-                      gradient, a pass over [tokens, out]) taken inside its weight-gradient
-                      GEMM instead: the input gets a ones column (and zeros up to 8 columns)
-                      in the backward, and that row of [x, 1, 0...]^T @ dy is the sum. Only
-                      for layers whose input is no wider than their output (q, k, v and the
-                      feed-forward's first layer), where the copy of the input with its ones
-                      column moves fewer bytes than the sum reads (`biased_product`).
-
   pallas_residual_norm
                       The post-LN block's tail, LayerNorm(x + dropout(dense(h))), after
                       attention and after the MLP: the dense layer's product without its
@@ -148,8 +140,7 @@ def on_cpu() -> bool:
 
 # ---- Forms switched per process (the accelerator levers) ------------------------------
 
-FORMS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "bias_grad_in_gemm", "pallas_residual_norm",
-         "fused_mlm_loss")
+FORMS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "pallas_residual_norm", "fused_mlm_loss")
 # The forms that run a hand-written kernel, which may fail to lower where the XLA forms do not.
 KERNEL_FORMS = ("pallas_residual_norm",)
 # The forms each platform runs by default: a form joins its platform's set once a measurement
@@ -199,12 +190,6 @@ def rope_half_pairs() -> bool:
 
 def fused_qkv() -> bool:
     return "fused_qkv" in active_forms()
-
-
-def bias_grad_in_gemm(in_features: int, out_features: int) -> bool:
-    """Whether a dense layer [in, out] takes `biased_product` (the form on, and the input no
-    wider than the output: the ones column it copies costs less than the sum it replaces)."""
-    return "bias_grad_in_gemm" in active_forms() and in_features <= out_features
 
 
 def pallas_residual_norm() -> bool:
@@ -432,40 +417,6 @@ def token_matmul(lhs, rhs, dimension_numbers, precision=None, preferred_element_
     out = jax.lax.dot_general(lhs.reshape(-1, lhs.shape[-1]), rhs, (((1,), (0,)), ((), ())),
                               precision, preferred_element_type)
     return out.reshape(*lhs.shape[:-1], rhs.shape[-1])
-
-
-# Columns appended to a dense layer's input for its weight gradient: ones (the bias's row),
-# then zeros, so that an input width that is a multiple of 8 stays one (GEMM alignment).
-_BIAS_COLUMNS = 8
-
-
-@jax.custom_vjp
-def biased_product(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
-    """x [..., K] @ kernel [K, F] + bias [F], as roformer.model.dense.Dense computes it (the
-    bias broadcast in its own dtype, then cast to the product's), whose backward takes the
-    bias gradient inside the weight-gradient product: [x, 1, 0...]^T @ dy gives the kernel's
-    rows and, in the ones column's row, the sum over tokens of dy, so no separate reduction
-    reads dy. The values are autodiff's up to the order of that sum."""
-    return _biased_product_fwd(x, kernel, bias)[0]
-
-
-def _biased_product_fwd(x, kernel, bias):
-    y = token_matmul(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
-    return y + jnp.broadcast_to(bias, y.shape).astype(y.dtype), (x, kernel, bias)
-
-
-def _biased_product_bwd(residuals, d_y):
-    x, kernel, bias = residuals
-    rows, inputs = d_y.reshape(-1, d_y.shape[-1]), x.reshape(-1, x.shape[-1])
-    d_x = jax.lax.dot_general(rows, kernel, (((1,), (1,)), ((), ())))
-    extra = (jax.lax.broadcasted_iota(jnp.int32, (inputs.shape[0], _BIAS_COLUMNS), 1) == 0).astype(inputs.dtype)
-    both = jax.lax.dot_general(jnp.concatenate([inputs, extra], axis=1), rows.astype(inputs.dtype),
-                               (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-    return (d_x.reshape(x.shape).astype(x.dtype), both[:kernel.shape[0]].astype(kernel.dtype),
-            both[kernel.shape[0]].astype(bias.dtype))
-
-
-biased_product.defvjp(_biased_product_fwd, _biased_product_bwd)
 
 
 def tied_decoder(x: jax.Array, table: jax.Array, bias: jax.Array) -> jax.Array:
