@@ -28,6 +28,13 @@
 #                       baseline of its shape, and the ratio to torch.compile after the levers and
 #                       before them (divided by the levers' own x_tokens of adopted). The ab step
 #                       alone: STEPS=ab scripts/bench_accelerator.sh OUTDIR (its limits add up to 525 s)
+#   confirm_*.json      the GPU default forms against none, as the cost model predicted them
+#                       (docs/cost-model.md): confirm_levers.json, bench levers' baseline (no form)
+#                       and gpu_default (backend.DEFAULT_FORMS["gpu"]) at base/512/64 and
+#                       base/128/256 in alternating rounds; confirm_profile.json and
+#                       confirm_trace/, the default step profiled; confirm_hf.json, ours (the
+#                       default) against transformers eager, torch.compile and torch.compile with a
+#                       masked-position head at base/512/64. STEPS=confirm (about 9 minutes)
 #   log.txt             everything the commands printed, with each compilation's time
 # Each step has its own time limit and its own file, so a slow one costs only itself.
 # STEPS picks and orders them (default: all, in the order above). Their limits add up to
@@ -38,7 +45,7 @@
 set -u
 out=${1:?usage: scripts/bench_accelerator.sh OUTDIR}
 py=${PYTHON:-python3}
-known=" profile gpu runs_tiny runs_mini runs64_tiny runs64_mini ablation_vmap flags ab "
+known=" profile gpu runs_tiny runs_mini runs64_tiny runs64_mini ablation_vmap flags ab confirm "
 steps=${STEPS:-$known}
 for step in $steps; do   # a misspelt step stops the script before any benchmark runs
   [[ $known == *" $step "* ]] || { echo "unknown step '$step'; choose from:$known" >&2; exit 2; }
@@ -154,6 +161,19 @@ print(adopted.dropout_rng_impl if adopted else 'threefry2x32', ','.join(adopted.
     --dropout-rng-impl "${rng:-threefry2x32}" --rounds 3 --iters 3 ${AB_HF_ARGS:-}
 }
 
+confirm() {   # the GPU default forms against none (levers), the default profiled, and the peers
+  # shellcheck disable=SC2086
+  bench confirm_levers 300 levers --shapes base/512/64 base/128/256 --variants baseline gpu_default rope_half_pairs fused_qkv \
+    --other-variants baseline gpu_default --budget-s 260 --rounds 3 --iters 5 ${AB_ARGS:-}
+  bench confirm_profile 120 profile --size base --seq-len 512 --batch 64 --scheme rope --dtype bfloat16 \
+    --attention-impl cudnn --attention-dropout 0 --top 40 --trace-dir "$out/confirm_trace"
+  keep_trace "$out/confirm_trace"
+  # shellcheck disable=SC2086
+  XLA_PYTHON_CLIENT_PREALLOCATE=false bench confirm_hf 160 hf --shapes "${AB_HF_SHAPE:-base/512/64}" \
+    --peers hf_torch hf_torch_compile hf_torch_compile_masked_head --dtype bfloat16 --attention-dropout 0 \
+    --rounds 3 --iters 3 ${AB_HF_ARGS:-}
+}
+
 run_step() {
   case $1 in
     profile) bench profile 120 profile --size base --seq-len 512 --batch 64 --scheme rope --dtype bfloat16 \
@@ -168,6 +188,7 @@ run_step() {
     flags) bench flags 500 flags --timeout-s 80 --combine-below 0.99 --step-args "--sizes base --seq-lens 512 --batch 64 --schemes rope \
              --dtype bfloat16 --attention-impl cudnn --attention-dropout 0 --rounds 3 --iters 5" ;;
     ab) ab ;;
+    confirm) confirm ;;
   esac
 }
 for step in $steps; do

@@ -129,7 +129,7 @@ HOUSE = (
     ("train",),
     ("glue",),
     ("ablation", "study"),    # two programs side by side: neither imports the other (SIBLINGS)
-    ("bench",),
+    ("bench", "deviceless"),   # deviceless: the train step compiled for a GPU this host lacks
     ("commands",),           # pretrain, ablate, capability, every __main__
 )
 COMMANDS = ("pretrain", "ablate", "capability", "evaluate", "console_scripts")

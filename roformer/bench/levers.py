@@ -19,12 +19,14 @@ variants under the same load:
   rope_half_pairs   RoPE's pairs as split halves (q/k kernel columns permuted per head)
   fused_qkv         q, k and v from one product
   bf16_mlm_logits   bf16 MLM logits, the loss's log-sum-exp in float32
-  bias_grad_in_gemm dense layers' bias gradients inside their weight-gradient products
   pallas_residual_norm
                     dropout + residual add + LayerNorm (post-LN) as one Pallas kernel each
                     way (Triton; in interpret mode on a CPU, which is slow)
   rbg_dropout       dropout keys of jax's rbg implementation (XLA's RngBitGenerator)
   all_batch_x2      `all` at twice the shape's batch
+  fused_mlm_loss    the MLM loss with its own backward (no float32 copy of the logits, no scatter)
+  gpu_default       the GPU's default forms (backend.DEFAULT_FORMS["gpu"]): what `accel=gpu` runs,
+                    against the baseline's none (scripts/bench_accelerator.sh's `confirm` step)
 
 Then the levers that paid alone at the first shape (median `x_tokens` at least
 `--adopt-above`, every round above 1, the first step's loss within bf16 rounding of the
@@ -93,15 +95,16 @@ VARIANTS = {
     "rope_half_pairs": Variant(forms=("rope_half_pairs",)),
     "fused_qkv": Variant(forms=("fused_qkv",)),
     "bf16_mlm_logits": Variant(forms=("bf16_mlm_logits",)),
-    "bias_grad_in_gemm": Variant(forms=("bias_grad_in_gemm",)),
     "pallas_residual_norm": Variant(forms=("pallas_residual_norm",)),
     "rbg_dropout": Variant(dropout_rng_impl="rbg"),
     "all_batch_x2": Variant(forms=ALL_FORMS, dropout_rng_impl="rbg", batch_factor=2),
+    "fused_mlm_loss": Variant(forms=("fused_mlm_loss",)),
+    "gpu_default": Variant(forms=tuple(sorted(backend.DEFAULT_FORMS["gpu"]))),
 }
 BASELINE = "baseline"
 ADOPTED = "adopted"   # the levers that paid alone at the first shape, together (adopted_variant)
-LEVERS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "bias_grad_in_gemm", "pallas_residual_norm",
-          "rbg_dropout")
+LEVERS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "pallas_residual_norm",
+          "rbg_dropout", "fused_mlm_loss")
 TABLE_COLUMNS = ("stage", "size", "seq", "batch", "variant", "xla_flags", "ms_step", "tokens_s", "mfu", "x_tokens",
                  "x_tokens_min", "x_tokens_max", "loss_step1", "dloss_step1", "dgrad_step1", "program", "failed")
 

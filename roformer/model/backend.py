@@ -46,7 +46,8 @@ docs/results/, which also say how they were measured):
                       (archive/2026-11-25-train-step-profile-cpu.md)
 
 Forms for accelerators, each on only where a backend's default set (`DEFAULT_FORMS`)
-names it: none yet, as no GPU measurement has shown one pays (the CPU checks:
+names it: on a GPU bf16_mlm_logits and fused_mlm_loss, which the GPU cost model predicts pay
+and no GPU measurement has shown to lose (2026-12-07-gpu-cost-model.md; the CPU checks:
 2026-11-27-levers-cpu.md). Each is switched per process
 by ROFORMER_BACKEND_FORMS (the names, comma-separated, replacing the default set) or, while a
 step is traced, by `using_forms` (what `python -m roformer.bench levers` does to time them
@@ -68,13 +69,13 @@ side by side in one process):
                       log-sum-exp in float32 (roformer.train.steps.mlm_sums upcasts inside the
                       reduction), so only the logits' rounding changes.
 
-  bias_grad_in_gemm   A dense layer's bias gradient (a sum over every token of the output's
-                      gradient, a pass over [tokens, out]) taken inside its weight-gradient
-                      GEMM instead: the input gets a ones column (and zeros up to 8 columns)
-                      in the backward, and that row of [x, 1, 0...]^T @ dy is the sum. Only
-                      for layers whose input is no wider than their output (q, k, v and the
-                      feed-forward's first layer), where the copy of the input with its ones
-                      column moves fewer bytes than the sum reads (`biased_product`).
+  fused_mlm_loss      The MLM loss (cross-entropy at the masked positions, and whether the label
+                      is the top logit) with its own backward (`label_losses`): the logits are
+                      read in their dtype in each pass, the label's logit picked by an iota
+                      compare, and the gradient written in one pass as softmax - one-hot. The
+                      plain form (optax's loss and take_along_axis) has XLA write the logits as
+                      float32 and scatter the label's gradient into a zero [predictions, vocab]
+                      array.
 
   pallas_residual_norm
                       The post-LN block's tail, LayerNorm(x + dropout(dense(h))), after
@@ -112,18 +113,42 @@ from jax.custom_derivatives import SymbolicZero
 from roformer.errors import ConfigError
 
 
+_targets: list[str] = []   # targeting's stack
+
+
+def target_platform() -> str:
+    """The platform the step traced now is for: jax's default backend, or the one `targeting`
+    names while it is open (a step compiled on this host for another kind of device)."""
+    return _targets[-1] if _targets else jax.default_backend()
+
+
+@contextlib.contextmanager
+def targeting(name: str) -> Iterator[str]:
+    """Trace for platform `name` ("gpu", "tpu", "cpu") whatever this host runs: every choice
+    of this seam (forms, attention path, the default set) is then that platform's
+    (roformer.deviceless compiles a GPU's step on a CPU-only host this way)."""
+    _targets.append(name)
+    try:
+        yield name
+    finally:
+        _targets.pop()
+
+
 def on_cpu() -> bool:
-    return jax.default_backend() == "cpu"
+    return target_platform() == "cpu"
 
 
 # ---- Forms switched per process (the accelerator levers) ------------------------------
 
-FORMS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "bias_grad_in_gemm", "pallas_residual_norm")
+FORMS = ("rope_half_pairs", "fused_qkv", "bf16_mlm_logits", "pallas_residual_norm", "fused_mlm_loss")
 # The forms that run a hand-written kernel, which may fail to lower where the XLA forms do not.
 KERNEL_FORMS = ("pallas_residual_norm",)
 # The forms each platform runs by default: a form joins its platform's set once a measurement
 # there shows it pays (a dated page in docs/results/).
-DEFAULT_FORMS: dict[str, frozenset[str]] = {"cpu": frozenset(), "gpu": frozenset(), "tpu": frozenset()}
+# On a GPU: the MLM loss's two forms, which the cost model (python -m roformer.bench cost)
+# predicts pay and no GPU measurement has shown to lose (docs/results/2026-12-07-gpu-cost-model.md).
+DEFAULT_FORMS: dict[str, frozenset[str]] = {"cpu": frozenset(), "gpu": frozenset({"bf16_mlm_logits", "fused_mlm_loss"}),
+                                            "tpu": frozenset()}
 FORMS_ENV = "ROFORMER_BACKEND_FORMS"
 _forced: list[frozenset[str]] = []   # using_forms' stack
 
@@ -144,7 +169,7 @@ def active_forms() -> frozenset[str]:
         return _forced[-1]
     if FORMS_ENV in os.environ:
         return parse_forms(os.environ[FORMS_ENV])
-    return DEFAULT_FORMS.get(jax.default_backend(), frozenset())
+    return DEFAULT_FORMS.get(target_platform(), frozenset())
 
 
 @contextlib.contextmanager
@@ -167,12 +192,6 @@ def fused_qkv() -> bool:
     return "fused_qkv" in active_forms()
 
 
-def bias_grad_in_gemm(in_features: int, out_features: int) -> bool:
-    """Whether a dense layer [in, out] takes `biased_product` (the form on, and the input no
-    wider than the output: the ones column it copies costs less than the sum it replaces)."""
-    return "bias_grad_in_gemm" in active_forms() and in_features <= out_features
-
-
 def pallas_residual_norm() -> bool:
     return "pallas_residual_norm" in active_forms()
 
@@ -181,17 +200,63 @@ def residual_layer_norm(x, y, y_bias, keep, scale, bias, *, keep_prob: float, ep
     """LayerNorm(x + where(keep, (y + y_bias) / keep_prob, 0)) by pallas_norm's kernels: compiled on a
     GPU, interpreted on the CPU; other platforms and meshes of several devices are refused (a
     ConfigError: XLA would gather the kernel's operands onto every device)."""
-    platform, mesh = jax.default_backend(), jax.sharding.get_abstract_mesh()
-    if platform not in ("gpu", "cpu"):
+    target, mesh = target_platform(), jax.sharding.get_abstract_mesh()
+    if target not in ("gpu", "cpu"):
         raise ConfigError(f"backend form pallas_residual_norm runs on GPUs (or interpreted on the CPU), "
-                          f"not on {platform}; leave it out of {FORMS_ENV}")
+                          f"not on {target}; leave it out of {FORMS_ENV}")
     if not mesh.empty and mesh.size > 1:
         raise ConfigError(f"backend form pallas_residual_norm runs on one device, not on a mesh of "
                           f"{mesh.size}; leave it out of {FORMS_ENV}")
     from roformer.model import pallas_norm   # jax's Pallas is imported only where the form runs
 
     return pallas_norm.residual_layer_norm(x, y, y_bias, keep, scale, bias, keep_prob=keep_prob,
-                                           epsilon=epsilon, interpret=platform == "cpu")
+                                           epsilon=epsilon, interpret=target == "cpu")
+
+
+def fused_mlm_loss() -> bool:
+    return "fused_mlm_loss" in active_forms()
+
+
+def label_losses(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(cross-entropy, correct) per prediction of logits [..., V] (any float dtype) and integer
+    labels [...], as roformer.train.steps.mlm_sums defines them (correct: the label's logit is
+    the maximum): the fused_mlm_loss form. The logits are read in their own dtype and taken to
+    float32 inside each pass; the label's logit is picked by comparing an iota with the label,
+    and the backward is one elementwise pass, softmax - one-hot, times the loss's cotangent:
+    no float32 copy of the logits, no scatter (take_along_axis's transpose)."""
+    losses, correct, _ = _label_losses(logits, labels)
+    return losses, correct
+
+
+def _label_terms(logits, labels):
+    x = logits.astype(jnp.float32)
+    top = jnp.max(x, axis=-1)
+    log_sum = top + jnp.log(jnp.sum(jnp.exp(x - top[..., None]), axis=-1))
+    hit = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1) == labels[..., None]
+    label_logit = jnp.sum(jnp.where(hit, x, 0.0), axis=-1)
+    return log_sum - label_logit, (label_logit >= top).astype(jnp.float32), log_sum
+
+
+@jax.custom_vjp
+def _label_losses(logits, labels):
+    return _label_terms(logits, labels)
+
+
+def _label_losses_fwd(logits, labels):
+    losses, correct, log_sum = _label_terms(logits, labels)
+    return (losses, correct, log_sum), (logits, labels, log_sum)
+
+
+def _label_losses_bwd(residuals, cotangents):
+    logits, labels, log_sum = residuals
+    d_losses = cotangents[0]   # correct and log_sum are not differentiated
+    hit = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == labels[..., None]
+    probs = jnp.exp(logits.astype(jnp.float32) - log_sum[..., None])
+    d_logits = (probs - hit.astype(jnp.float32)) * d_losses[..., None]
+    return d_logits.astype(logits.dtype), None
+
+
+_label_losses.defvjp(_label_losses_fwd, _label_losses_bwd)
 
 
 def mlm_logits_dtype(compute_dtype) -> jnp.dtype:
@@ -307,7 +372,7 @@ def attention_path(implementation: str, *, dtype, head_dim: int, dropout_active:
     kernel on other accelerators, and on XLA:CPU the written-out form with head-major
     operands, whose batched dots its dot library runs faster (archive/2026-11-25-attention-dots-cpu.md).
     """
-    platform = platform or jax.default_backend()
+    platform = platform or target_platform()
     if relative_kv:
         return "explicit", "written out (Shaw relative keys and values: no kernel takes them)"
     if dropout_active:
@@ -352,40 +417,6 @@ def token_matmul(lhs, rhs, dimension_numbers, precision=None, preferred_element_
     out = jax.lax.dot_general(lhs.reshape(-1, lhs.shape[-1]), rhs, (((1,), (0,)), ((), ())),
                               precision, preferred_element_type)
     return out.reshape(*lhs.shape[:-1], rhs.shape[-1])
-
-
-# Columns appended to a dense layer's input for its weight gradient: ones (the bias's row),
-# then zeros, so that an input width that is a multiple of 8 stays one (GEMM alignment).
-_BIAS_COLUMNS = 8
-
-
-@jax.custom_vjp
-def biased_product(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
-    """x [..., K] @ kernel [K, F] + bias [F], as roformer.model.dense.Dense computes it (the
-    bias broadcast in its own dtype, then cast to the product's), whose backward takes the
-    bias gradient inside the weight-gradient product: [x, 1, 0...]^T @ dy gives the kernel's
-    rows and, in the ones column's row, the sum over tokens of dy, so no separate reduction
-    reads dy. The values are autodiff's up to the order of that sum."""
-    return _biased_product_fwd(x, kernel, bias)[0]
-
-
-def _biased_product_fwd(x, kernel, bias):
-    y = token_matmul(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
-    return y + jnp.broadcast_to(bias, y.shape).astype(y.dtype), (x, kernel, bias)
-
-
-def _biased_product_bwd(residuals, d_y):
-    x, kernel, bias = residuals
-    rows, inputs = d_y.reshape(-1, d_y.shape[-1]), x.reshape(-1, x.shape[-1])
-    d_x = jax.lax.dot_general(rows, kernel, (((1,), (1,)), ((), ())))
-    extra = (jax.lax.broadcasted_iota(jnp.int32, (inputs.shape[0], _BIAS_COLUMNS), 1) == 0).astype(inputs.dtype)
-    both = jax.lax.dot_general(jnp.concatenate([inputs, extra], axis=1), rows.astype(inputs.dtype),
-                               (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-    return (d_x.reshape(x.shape).astype(x.dtype), both[:kernel.shape[0]].astype(kernel.dtype),
-            both[kernel.shape[0]].astype(bias.dtype))
-
-
-biased_product.defvjp(_biased_product_fwd, _biased_product_bwd)
 
 
 def tied_decoder(x: jax.Array, table: jax.Array, bias: jax.Array) -> jax.Array:

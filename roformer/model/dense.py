@@ -24,8 +24,6 @@ class Dense(nnx.Linear):
     def project(self, inputs, kernel, bias):
         """This layer's product with another kernel [in, out'] and bias [out'] (e.g. its own
         with columns permuted, or several layers' concatenated), in its dtype and dot."""
-        if inputs.ndim >= 2 and backend.bias_grad_in_gemm(*kernel.shape):
-            return backend.biased_product(*self.promote_dtype((inputs, kernel), dtype=self.dtype), bias)
         y = self.product(inputs, kernel)
         return y + jnp.broadcast_to(bias, y.shape).astype(y.dtype)
 

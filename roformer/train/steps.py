@@ -16,6 +16,7 @@ import optax
 from flax import nnx
 
 from roformer.errors import ConfigError
+from roformer.model import backend
 from roformer.model.attention_stats import attention_stats
 
 TrainState = dict[str, Any]
@@ -46,13 +47,16 @@ def mlm_sums(model, batch: Batch) -> dict[str, jax.Array]:
                    **padding_inputs(batch))
     labels = batch["masked_labels"]
     weights = batch["masked_weights"].astype(jnp.float32)
-    logits = logits.astype(jnp.float32)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    # A label is predicted when its logit is the maximum (argmax == label, except that a tie
-    # with the maximum counts): XLA shares this max with the loss's, where an argmax is a
-    # second, variadic reduction over the vocabulary (4% of a mini train step on CPU).
-    label_logits = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
-    correct = (label_logits >= jnp.max(logits, axis=-1)).astype(jnp.float32)
+    if backend.fused_mlm_loss():
+        losses, correct = backend.label_losses(logits, labels)
+    else:
+        logits = logits.astype(jnp.float32)
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+        # A label is predicted when its logit is the maximum (argmax == label, except that a tie
+        # with the maximum counts): XLA shares this max with the loss's, where an argmax is a
+        # second, variadic reduction over the vocabulary (4% of a mini train step on CPU).
+        label_logits = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+        correct = (label_logits >= jnp.max(logits, axis=-1)).astype(jnp.float32)
     return {"loss_sum": jnp.sum(losses * weights), "correct_sum": jnp.sum(correct * weights),
             "weight_sum": jnp.sum(weights)}
 

@@ -110,11 +110,11 @@ def test_adopted_are_the_levers_that_paid_in_every_round_together():
     rows = [{**row("baseline", 1, 1), "program": "p0"},
             {**row("fused_qkv", 1.1, 1.05), "dloss_step1": 0.3, "program": "p1"},
             {**row("rbg_dropout", 1.03, 1.01), "dloss_step1": -0.0073, "program": "p2"},
-            {**row("bias_grad_in_gemm", 1.02, 1.01), "dloss_step1": 0.0, "program": "p0"},
+            {**row("fused_mlm_loss", 1.02, 1.01), "dloss_step1": 0.0, "program": "p0"},
             {"variant": "pallas_residual_norm", "failed": "LoweringError"}]
     verdicts = levers.lever_verdicts(rows, 1.005)
     assert verdicts["fused_qkv"].startswith("first-step loss +0.3 off") and verdicts["rbg_dropout"] == "paid"
-    assert verdicts["bias_grad_in_gemm"] == "the baseline's own program"
+    assert verdicts["fused_mlm_loss"] == "the baseline's own program"
     assert verdicts["pallas_residual_norm"] == "failed (LoweringError)"
     assert levers.adopted_variant(rows, 1.005)[1] == ["rbg_dropout"]
     # Nor one whose backward is off where its forward is right (the first-step loss is taken
@@ -122,12 +122,12 @@ def test_adopted_are_the_levers_that_paid_in_every_round_together():
     # whose first step is not: NaN compares false with every tolerance.
     fast = {"x_tokens": 1.1, "x_tokens_min": 1.05, "program": "p9", "loss_step1": 6.26}
     rows = [{**row("baseline", 1, 1), "program": "p0", "loss_step1": 6.26},
-            {**fast, "variant": "bias_grad_in_gemm", "dloss_step1": 0.0, "dgrad_step1": -0.13},
+            {**fast, "variant": "fused_mlm_loss", "dloss_step1": 0.0, "dgrad_step1": -0.13},
             {**fast, "variant": "fused_qkv", "dloss_step1": 1e-5, "dgrad_step1": 4e-4},
             {**fast, "variant": "rope_half_pairs", "loss_step1": float("nan"), "dloss_step1": float("nan")},
             {**fast, "variant": "rbg_dropout", "loss_step1": float("inf"), "dloss_step1": float("inf")}]
     verdicts = levers.lever_verdicts(rows, 1.005)
-    assert verdicts["bias_grad_in_gemm"] == "first-step gradient norm -0.13 (relative) off the baseline's"
+    assert verdicts["fused_mlm_loss"] == "first-step gradient norm -0.13 (relative) off the baseline's"
     assert verdicts["fused_qkv"] == "paid"
     assert verdicts["rope_half_pairs"] == "first-step loss nan" and verdicts["rbg_dropout"] == "first-step loss inf"
     nan_base = [{**rows[2], "dloss_step1": float("nan"), "dgrad_step1": float("nan")}]

@@ -9,7 +9,6 @@ from flax import nnx
 
 from roformer.errors import ConfigError
 from roformer.model import ModelConfig, RoFormerForMaskedLM, backend, rope
-from roformer.model.dense import dense
 from roformer.train.steps import mlm_sums
 
 TINY = dict(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64,
@@ -66,8 +65,7 @@ def loss_and_grads(config, forms, data):
 
 
 @pytest.mark.parametrize("overrides, form_sets", [
-    ({}, (["rope_half_pairs"], ["fused_qkv"], ["bias_grad_in_gemm"],
-          ["rope_half_pairs", "fused_qkv", "bias_grad_in_gemm"])),
+    ({}, (["rope_half_pairs"], ["fused_qkv"], ["rope_half_pairs", "fused_qkv"])),
     ({"rotary_dim": 4}, (["rope_half_pairs", "fused_qkv"],)),     # partial rotary
     ({"rotary_value": True}, (["rope_half_pairs", "fused_qkv"],)),  # not permuted: v rotates too
 ])
@@ -118,28 +116,6 @@ def test_bf16_logits_form_leaves_float32_models_alone():
     assert got == want
 
 
-@pytest.mark.parametrize("dtype, tolerance", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
-def test_bias_gradient_in_the_weight_gradient_product_is_autodiffs(dtype, tolerance):
-    layer = dense(16, 24, (None, None), dtype=dtype, initializer_range=0.5, rngs=nnx.Rngs(0))
-    layer.bias[...] = jax.random.normal(jax.random.key(1), (24,))
-    x = jax.random.normal(jax.random.key(2), (3, 5, 16))
-    weights = jax.random.normal(jax.random.key(3), (3, 5, 24))
-
-    def grads(forms):
-        def loss(kernel, bias, x):
-            return jnp.sum(layer.project(x, kernel, bias).astype(jnp.float32) * weights)
-        with backend.using_forms(forms):
-            return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(layer.kernel[...], layer.bias[...], x)
-
-    (want, want_grads), (got, got_grads) = grads([]), grads(["bias_grad_in_gemm"])
-    np.testing.assert_allclose(got, want, rtol=tolerance)
-    for g, w in zip(got_grads, want_grads):
-        assert g.dtype == w.dtype
-        np.testing.assert_allclose(g, w, rtol=tolerance, atol=tolerance * float(jnp.max(jnp.abs(w))))
-    with backend.using_forms(["bias_grad_in_gemm"]):   # a layer wider in than out keeps the sum
-        assert not backend.bias_grad_in_gemm(24, 16) and backend.bias_grad_in_gemm(16, 24)
-
-
 def test_a_run_names_the_forms_it_runs_in_its_start_up_line(monkeypatch):
     from roformer.accelerator import startup_line
 
@@ -148,3 +124,33 @@ def test_a_run_names_the_forms_it_runs_in_its_start_up_line(monkeypatch):
     assert "backend forms" not in startup_line(config)
     monkeypatch.setenv(backend.FORMS_ENV, "fused_qkv,rope_half_pairs")
     assert startup_line(config).endswith("; backend forms: fused_qkv, rope_half_pairs")
+
+
+@pytest.mark.parametrize("dtype, forms, tolerance", [
+    ("float32", ["fused_mlm_loss"], 1e-5),
+    ("bfloat16", ["fused_mlm_loss", "bf16_mlm_logits"], None),   # against bf16 logits without the form
+])
+def test_fused_mlm_loss_is_the_plain_losses_accuracy_and_gradients(dtype, forms, tolerance):
+    config = ModelConfig(**TINY, dtype=dtype)
+    data = batch(config, size=4, length=16)
+    plain = [form for form in forms if form != "fused_mlm_loss"]
+    want, want_grads = loss_and_grads(config, plain, data)
+    got, grads = loss_and_grads(config, forms, data)
+    np.testing.assert_allclose(got, want, rtol=tolerance or 1e-2)
+    for (path, g), (_, w) in zip(grads, want_grads):
+        assert g[...].dtype == w[...].dtype, path
+        scale = float(jnp.max(jnp.abs(w[...]))) + 1e-6
+        np.testing.assert_allclose(g[...] / scale, w[...] / scale, atol=tolerance or 2e-2, err_msg=str(path))
+
+
+def test_fused_mlm_loss_counts_a_tie_with_the_top_logit_as_correct():
+    logits = jnp.array([[1.0, 3.0, 3.0, 0.0], [2.0, 0.5, 0.0, -1.0]], jnp.bfloat16)
+    labels = jnp.array([2, 1])
+    losses, correct = backend.label_losses(logits, labels)
+    want = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1) - jnp.array([3.0, 0.5])
+    np.testing.assert_allclose(losses, want, rtol=1e-6)
+    np.testing.assert_array_equal(correct, [1.0, 0.0])
+    d_logits = jax.grad(lambda x: jnp.sum(backend.label_losses(x, labels)[0] * jnp.array([1.0, 2.0])))(logits)
+    assert d_logits.dtype == jnp.bfloat16
+    want_d = (jax.nn.softmax(logits.astype(jnp.float32)) - jax.nn.one_hot(labels, 4)) * jnp.array([[1.0], [2.0]])
+    np.testing.assert_allclose(d_logits.astype(jnp.float32), want_d, atol=1e-2)
