@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from conftest import MICRO_MODEL, tiny_run_config
-from test_glue_finetune import tiny_config as tiny_glue_config
+from helpers import MICRO_MODEL, tiny_run_config
+from helpers.glue import tiny_config as tiny_glue_config
 
 PRETRAIN = {**MICRO_MODEL, "train.steps": 2, "train.batch_size": 4, "train.seq_len": 32, "train.warmup_steps": 1,
             "train.log_every": 1, "train.eval_every": 2, "train.eval_batches": 1, "train.eval_attention_stats": False,

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import wiki_cfg
+from helpers import wiki_cfg
 from roformer.data import make_pretrain_data, prepare_corpus, streaming
 from roformer.data.config import DataConfig
 from roformer.data.sources import TextSource, make_source
