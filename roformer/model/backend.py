@@ -112,8 +112,29 @@ from jax.custom_derivatives import SymbolicZero
 from roformer.errors import ConfigError
 
 
+_targets: list[str] = []   # targeting's stack
+
+
+def target_platform() -> str:
+    """The platform the step traced now is for: jax's default backend, or the one `targeting`
+    names while it is open (a step compiled on this host for another kind of device)."""
+    return _targets[-1] if _targets else jax.default_backend()
+
+
+@contextlib.contextmanager
+def targeting(name: str) -> Iterator[str]:
+    """Trace for platform `name` ("gpu", "tpu", "cpu") whatever this host runs: every choice
+    of this seam (forms, attention path, the default set) is then that platform's
+    (roformer.deviceless compiles a GPU's step on a CPU-only host this way)."""
+    _targets.append(name)
+    try:
+        yield name
+    finally:
+        _targets.pop()
+
+
 def on_cpu() -> bool:
-    return jax.default_backend() == "cpu"
+    return target_platform() == "cpu"
 
 
 # ---- Forms switched per process (the accelerator levers) ------------------------------
@@ -144,7 +165,7 @@ def active_forms() -> frozenset[str]:
         return _forced[-1]
     if FORMS_ENV in os.environ:
         return parse_forms(os.environ[FORMS_ENV])
-    return DEFAULT_FORMS.get(jax.default_backend(), frozenset())
+    return DEFAULT_FORMS.get(target_platform(), frozenset())
 
 
 @contextlib.contextmanager
@@ -181,17 +202,17 @@ def residual_layer_norm(x, y, y_bias, keep, scale, bias, *, keep_prob: float, ep
     """LayerNorm(x + where(keep, (y + y_bias) / keep_prob, 0)) by pallas_norm's kernels: compiled on a
     GPU, interpreted on the CPU; other platforms and meshes of several devices are refused (a
     ConfigError: XLA would gather the kernel's operands onto every device)."""
-    platform, mesh = jax.default_backend(), jax.sharding.get_abstract_mesh()
-    if platform not in ("gpu", "cpu"):
+    target, mesh = target_platform(), jax.sharding.get_abstract_mesh()
+    if target not in ("gpu", "cpu"):
         raise ConfigError(f"backend form pallas_residual_norm runs on GPUs (or interpreted on the CPU), "
-                          f"not on {platform}; leave it out of {FORMS_ENV}")
+                          f"not on {target}; leave it out of {FORMS_ENV}")
     if not mesh.empty and mesh.size > 1:
         raise ConfigError(f"backend form pallas_residual_norm runs on one device, not on a mesh of "
                           f"{mesh.size}; leave it out of {FORMS_ENV}")
     from roformer.model import pallas_norm   # jax's Pallas is imported only where the form runs
 
     return pallas_norm.residual_layer_norm(x, y, y_bias, keep, scale, bias, keep_prob=keep_prob,
-                                           epsilon=epsilon, interpret=platform == "cpu")
+                                           epsilon=epsilon, interpret=target == "cpu")
 
 
 def mlm_logits_dtype(compute_dtype) -> jnp.dtype:
@@ -307,7 +328,7 @@ def attention_path(implementation: str, *, dtype, head_dim: int, dropout_active:
     kernel on other accelerators, and on XLA:CPU the written-out form with head-major
     operands, whose batched dots its dot library runs faster (archive/2026-11-25-attention-dots-cpu.md).
     """
-    platform = platform or jax.default_backend()
+    platform = platform or target_platform()
     if relative_kv:
         return "explicit", "written out (Shaw relative keys and values: no kernel takes them)"
     if dropout_active:

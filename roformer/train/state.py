@@ -71,6 +71,13 @@ class TrainSetup:
         return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             self.abstract_state, self.state_shardings)
 
+    def sharded_abstract_rest(self):
+        """The model's non-parameter state (its RNG streams) as shapes, dtypes and shardings:
+        what a step compiled ahead of its devices takes (roformer.deviceless)."""
+        abstract = jax.eval_shape(lambda: _init_rest(self.model_cfg, jax.random.key(self.seed)))
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            abstract, self.rest_shardings)
+
     # The key is an argument of the jitted initialisers, not a constant inside them: a program
     # without inputs is all constants, and XLA's GPU pipeline then tries to constant-fold the
     # random initialisers at compile time (the same values, far slower to compile).
