@@ -123,6 +123,7 @@ HOUSE = (
     ("glue",),
     ("ablation",),
     ("bench",),
+    ("launch_check",),       # a run's steps compiled for a target ahead of its hardware
     ("commands",),           # pretrain, ablate, capability, every __main__
 )
 COMMANDS = ("pretrain", "ablate", "capability", "evaluate", "console_scripts")

@@ -11,7 +11,7 @@ import pytest
 from configs import tiny
 from roformer import launch_check
 from roformer.errors import ConfigError
-from roformer.train import sharding
+from roformer.train import compiled, sharding
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 needs_libtpu = pytest.mark.skipif(not launch_check.libtpu_available(),
@@ -49,7 +49,7 @@ HLO = """
 
 
 def test_collectives_are_counted_with_the_bytes_they_move():
-    found = launch_check.collectives(HLO)
+    found = compiled.collectives(HLO)
     assert set(found) == {"all-gather", "all-reduce", "reduce-scatter", "collective-permute"}
     gather = found["all-gather"]
     assert (gather.count, gather.array_bytes, gather.sent_bytes) == (1, 2 * 2**20, 2 * 2**20 * 3 / 4)
@@ -62,14 +62,14 @@ def test_collectives_are_counted_with_the_bytes_they_move():
 
 
 def test_a_step_that_does_not_fit_is_refused_in_one_line_naming_the_knob():
-    gib = launch_check.GIB
-    assert launch_check.unfit_message(10 * gib, 16 * gib, where="x", state_bytes=gib, temp_bytes=gib, fsdp=1) is None
-    message = launch_check.unfit_message(20 * gib, 16 * gib, where="v5e:4x4 (v5e)", state_bytes=3 * gib,
+    gib = compiled.GIB
+    assert compiled.unfit_message(10 * gib, 16 * gib, where="x", state_bytes=gib, temp_bytes=gib, fsdp=1) is None
+    message = compiled.unfit_message(20 * gib, 16 * gib, where="v5e:4x4 (v5e)", state_bytes=3 * gib,
                                          temp_bytes=15 * gib, fsdp=1)
     assert "\n" not in message
     assert message.startswith("does not fit: the train step needs 20.00 GiB per device on v5e:4x4 (v5e), which has "
                               "16.00 GiB (4.00 GiB over); lower train.batch_size")
-    state_heavy = launch_check.unfit_message(20 * gib, 16 * gib, where="x", state_bytes=12 * gib,
+    state_heavy = compiled.unfit_message(20 * gib, 16 * gib, where="x", state_bytes=12 * gib,
                                              temp_bytes=2 * gib, fsdp=2)
     assert "over); raise mesh.fsdp (now 2;" in state_heavy
 
@@ -106,8 +106,8 @@ def test_a_real_launch_refuses_a_step_its_device_cannot_hold_and_runs_the_progra
     setup = TrainSetup(build_model_config(config.model, vocab_size=512), *bookkeeping.run_optimizer(tc), mesh)
     step = setup.jit_train_step()
     structs = setup.sharded_abstract_state()
-    args = (structs, setup.sharded_abstract_rest(), launch_check.step_batch(config.data, 32, 16, mesh))
-    state_bytes = launch_check.device_bytes(structs)
+    args = (structs, setup.sharded_abstract_rest(), compiled.step_batch(config.data, 32, 16, mesh))
+    state_bytes = compiled.device_bytes(structs)
     compiles = []
     listener = lambda event, duration, **_: compiles.append(event)   # noqa: E731
     jax.monitoring.register_event_duration_secs_listener(listener)
@@ -115,8 +115,8 @@ def test_a_real_launch_refuses_a_step_its_device_cannot_hold_and_runs_the_progra
         with jax.set_mesh(mesh):
             with pytest.raises(ConfigError, match=r"^does not fit: the train step needs [^\n]* per device on this "
                                                   r"cpu, which has 1.0 MiB \([^\n]* over\); [^\n]*$"):
-                launch_check.refuse_unfit_step(step, args, fsdp=1, state_bytes=state_bytes, limit=2**20)
-            assert launch_check.refuse_unfit_step(step, args, fsdp=1, state_bytes=state_bytes, limit=2**40)
+                compiled.refuse_unfit_step(step, args, fsdp=1, state_bytes=state_bytes, limit=2**20)
+            assert compiled.refuse_unfit_step(step, args, fsdp=1, state_bytes=state_bytes, limit=2**40)
             assert BACKEND_COMPILE in compiles   # the check compiled the step
             state, rest = setup.init_state(), setup.init_rest()
             batch = {k: np.zeros(v.shape, v.dtype) for k, v in args[2].items()}
@@ -134,7 +134,7 @@ def test_a_real_launch_refuses_a_step_its_device_cannot_hold_and_runs_the_progra
 def test_compile_only_for_a_small_tpu_slice_reports_memory_sharding_and_collectives():
     report = launch_check.compile_run(micro_config(data=-1, fsdp=2), launch_check.parse_target("v5e:2x2"))
     assert report.mesh == {"data": 2, "fsdp": 2, "tensor": 1}
-    assert report.device_bytes == 16 * launch_check.GIB
+    assert report.device_bytes == 16 * compiled.GIB
     train, evaluation = report.steps
     assert train.memory["temp_size_in_bytes"] > 0 and train.peak_bytes >= report.param_bytes + report.opt_bytes
     assert "all-gather" in train.collectives and "all-reduce" in train.collectives   # FSDP gathers, DP reduces

@@ -122,9 +122,9 @@ def test_a_kernel_the_model_cannot_run_is_refused_before_the_data_is_prepared(tm
 def test_a_step_the_device_cannot_hold_is_refused_before_the_state_is_made(cache, tmp_path, monkeypatch):
     """On a device that reports its memory, the compiled train step that exceeds it is refused in
     one line, before the state is initialised and before the run's files are written."""
-    from roformer import launch_check
+    from roformer.train import compiled
 
-    monkeypatch.setattr(launch_check, "device_memory_limit", lambda: 2**20)
+    monkeypatch.setattr(compiled, "device_memory_limit", lambda: 2**20)
     workdir = tmp_path / "run"
     with pytest.raises(ConfigError, match=r"^does not fit: the train step needs [^\n]* per device on this cpu, "
                                           r"which has 1.0 MiB [^\n]*train.batch_size[^\n]*$"):

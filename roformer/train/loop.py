@@ -21,13 +21,12 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from roformer import launch_check
 from roformer.accelerator import startup_line
 from roformer.distributed import allgather_json, initialize_distributed
 from roformer.model import attention_stats
 from roformer.model import ModelConfig
 from roformer.model.attention import check_attention_impl
-from roformer.train import bookkeeping, flops, progress, sharding, steps, warm_start
+from roformer.train import bookkeeping, compiled, flops, progress, sharding, steps, warm_start
 from roformer.train.checkpoint import Checkpointer
 from roformer.train.config import TrainConfig, parse_phases
 from roformer.train.guard import DivergenceGuard, TrainingDiverged
@@ -167,10 +166,10 @@ def _train_phase(config, workdir: Path) -> dict:
         # On a device that reports its memory, a step that cannot fit is refused in one line before the
         # state is made; the program compiled for the check is the one the loop runs.
         state_structs = setup.sharded_abstract_state()
-        launch_check.refuse_unfit_step(
+        compiled.refuse_unfit_step(
             train_jit, (state_structs, setup.sharded_abstract_rest(),
-                        launch_check.step_batch(config.data, tc.seq_len, tc.batch_size, mesh)),
-            fsdp=mesh.shape["fsdp"], state_bytes=launch_check.device_bytes(state_structs))
+                        compiled.step_batch(config.data, tc.seq_len, tc.batch_size, mesh)),
+            fsdp=mesh.shape["fsdp"], state_bytes=compiled.device_bytes(state_structs))
         rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step
         state, start_step, train_iter = bookkeeping.restore_or_init(
             setup, checkpointer, data, tc, init_source=init_source, init_params=init_params)
