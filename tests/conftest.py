@@ -54,7 +54,7 @@ for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
 # The fast lane (`python -m pytest tests -m fast`, docs/testing.md): the unit tests of every
 # package, no training run and no command in a process of its own. A module joins when its
 # tests take seconds.
-FAST_LANE = frozenset({"test_accelerator", "test_ablation_plan", "test_ablation_progress",
+FAST_LANE = frozenset({"test_accelerator", "test_gpu_cost", "test_deviceless", "test_ablation_plan", "test_ablation_progress",
     "test_ablation_report", "test_ablation_state", "test_ablation_stats", "test_attention",
     "test_attention_stats", "test_backend",
     "test_checkpoint_source", "test_data_masking", "test_data_sources", "test_data_tokenizer",

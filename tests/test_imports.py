@@ -122,7 +122,7 @@ HOUSE = (
     ("train",),
     ("glue",),
     ("ablation",),
-    ("bench",),
+    ("bench", "deviceless"),   # deviceless: the train step compiled for a GPU this host lacks
     ("launch_check",),       # a run's steps compiled for a target ahead of its hardware
     ("commands",),           # pretrain, ablate, capability, every __main__
 )

@@ -1,4 +1,4 @@
-"""python -m roformer.bench <rope|step|profile|hf|scaling|input|gpu|runs|flags|levers|glue_loop> [options] [--json OUT]
+"""python -m roformer.bench <rope|step|profile|hf|scaling|input|gpu|runs|flags|levers|glue_loop|cost> [options] [--json OUT]
 
 Each benchmark is a module roformer/bench/<name>.py exposing add_args(parser) and
 run(args) -> dict with a "rows" list, plus anything else worth keeping: the
@@ -22,7 +22,7 @@ from roformer.bench.common import format_table, write_json
 from roformer.host_memory import retain_host_memory
 from roformer.machine import machine_info
 
-BENCHMARKS = ("rope", "step", "profile", "hf", "scaling", "input", "gpu", "runs", "flags", "levers", "glue_loop")
+BENCHMARKS = ("rope", "step", "profile", "hf", "scaling", "input", "gpu", "runs", "flags", "levers", "glue_loop", "cost")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -102,7 +102,7 @@ def check_attention_impl(config, platform: str | None = None) -> None:
     attention dropout, for schemes whose attention is plain softmax with at most a bias."""
     if config.attention_impl != "cudnn":
         return
-    refused = backend.fused_kernel_refusal(platform=platform or jax.default_backend(), dtype=config.dtype,
+    refused = backend.fused_kernel_refusal(platform=platform or backend.target_platform(), dtype=config.dtype,
                                            head_dim=config.head_dim)
     why = None
     if refused:
