@@ -105,15 +105,23 @@ def target_devices(target: Target) -> list:
         except Exception as error:  # noqa: BLE001 - libtpu's own message, on one line
             raise ConfigError(f"libtpu cannot describe {target.name}: "
                               f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+    from roformer import deviceless
+
     try:
-        from roformer import deviceless
-    except ImportError:
-        raise ConfigError(f"--compile_only={target.name}: compiling for a GPU needs roformer.deviceless, which this "
-                          "version lacks; TPU targets (v5e:4x4, ...) work") from None
-    if target.hosts > 1:
-        raise ConfigError(f"--compile_only={target.name}: GPUs of several hosts are not described here yet; "
-                          f"check one host's {target.per_host} ({target.kind}:{target.per_host})")
-    return list(deviceless.target_devices(target.kind, target.per_host))
+        if target.hosts == 1:
+            return list(deviceless.target_devices(target.kind, target.per_host))
+        deviceless.target_devices(target.kind)   # the kind and the plugin, each refused in one line
+        from jax.experimental import topologies
+
+        return list(topologies.get_topology_desc("gpu", "cuda", target_config=deviceless.gpu_kind(target.kind)
+                                                 .target_config(), topology=f"1x{target.hosts}x{target.per_host}")
+                    .devices)
+    except (ConfigError, RuntimeError, NotImplementedError) as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        hint = ("; on a host without CUDA's libraries, run with JAX_PLATFORMS=cpu"
+                if "not implemented for cuda" in first else "")
+        raise ConfigError(f"{first}{hint}" if isinstance(error, ConfigError)
+                          else f"cannot describe {target.name} to the CUDA plugin: {first}{hint}") from None
 
 
 def device_memory_bytes(target: Target, devices: list) -> int:
@@ -123,7 +131,9 @@ def device_memory_bytes(target: Target, devices: list) -> int:
         return TPU_CHIP_HBM[target.kind] * chips // len(devices)
     from roformer import deviceless
 
-    return deviceless.gpu_kind(target.kind).device_memory_size
+    # what jax's GPU allocator lets a process use: XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75
+    fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75"))
+    return int(deviceless.gpu_kind(target.kind).device_memory_size * fraction)
 
 
 # ---- compiling the run's steps -----------------------------------------------------------
@@ -151,6 +161,7 @@ class LaunchReport:
     steps: list[StepReport]
     model: str
     batch: str
+    predicted: str | None = None         # the step time a cost model predicts, where one covers the target
 
     @property
     def peak_bytes(self) -> int:
@@ -212,13 +223,37 @@ def compile_run(config, target: Target, *, eval_step: bool = True) -> LaunchRepo
                 reports.append(compile_step(evaluation, state["params"], rest, batch, name="eval step",
                                             compiler_options=compiler_options)[1])
     logical = sharding.param_logical_axes(nnx_params(setup))
+    predicted = None
+    if target.platform == "gpu":
+        from roformer.data import DataConfig
+        from roformer.data.pipeline import max_predictions
+        from roformer.train import flops
+
+        step_flops = flops.train_flops_per_step(
+            model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len, segmented=config.data.packing == "packed",
+            num_predictions=max_predictions(DataConfig.from_mapping(config.data), tc.seq_len))
+        predicted = predicted_gpu_step(reports[0].hlo_text, target.kind, step_flops / len(devices), len(devices))
     return LaunchReport(
         target=target, mesh=dict(mesh.shape), layout=layout, device_bytes=device_memory_bytes(target, devices),
         param_bytes=device_bytes(state["params"]), opt_bytes=device_bytes(state["opt_state"]),
         groups=param_groups(state["params"], logical), checkpoint_bytes=sharding.checkpoint_bytes_per_process(state),
-        steps=reports, model=f"{config.model.size} ({_count(state['params']) / 1e6:.0f}M parameters, "
+        steps=reports, predicted=predicted, model=f"{config.model.size} ({_count(state['params']) / 1e6:.0f}M parameters, "
                              f"{model_cfg.dtype} compute)",
         batch=f"{tc.batch_size} x {tc.seq_len}" + (f", grad_accum {tc.grad_accum}" if tc.grad_accum > 1 else ""))
+
+
+def predicted_gpu_step(hlo_text: str, kind: str, flops_per_device: float, devices: int) -> str | None:
+    """The step time roformer.bench.gpu_cost predicts for one device's program on GPU `kind`
+    (None where it has no calibration), with the MFU it implies."""
+    from roformer.bench import gpu_cost
+
+    calibration = gpu_cost.CALIBRATIONS.get(kind)
+    if calibration is None:
+        return None
+    prediction = gpu_cost.predict(gpu_cost.kernels(gpu_cost.Program.parse(hlo_text)), calibration)
+    text = (f"{prediction.step_s * 1e3:.1f} ms, MFU {prediction.mfu(flops_per_device, calibration.peak_flops):.0%} "
+            f"(roformer.bench.gpu_cost: one device's kernels at the rates an {kind} trace calibrated")
+    return text + ("; its collectives are not modelled, so a lower bound)" if devices > 1 else ")")
 
 
 def _count(tree) -> int:
@@ -249,7 +284,7 @@ def check_fits(report: LaunchReport) -> None:
         raise ConfigError(message + f" [compiled: {train.name} {size_text(train.peak_bytes)}]")
 
 
-def format_report(report: LaunchReport, *, predicted: str | None = None) -> str:
+def format_report(report: LaunchReport) -> str:
     """The report as the command prints it."""
     t, layout = report.target, report.layout
     lines = [f"target {t.name}: {layout.num_processes * layout.devices_per_process} "
@@ -281,7 +316,7 @@ def format_report(report: LaunchReport, *, predicted: str | None = None) -> str:
             lines.append("  none")
         for c in step.collectives.values():
             lines.append(f"  {c.kind:<18} {c.count:>4} ops, arrays {size_text(c.array_bytes)}, sent {size_text(c.sent_bytes)}")
-    lines.append(f"predicted step time: {predicted or 'not covered (no cost model for ' + t.name + ')'}")
+    lines.append(f"predicted step time: {report.predicted or 'not covered (no cost model for ' + t.name + ')'}")
     return "\n".join(lines)
 
 

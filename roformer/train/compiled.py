@@ -82,6 +82,7 @@ class StepReport:
     memory: dict[str, int]            # XLA's memory_analysis, bytes per device
     collectives: dict[str, Collective]
     compile_s: float
+    hlo_text: str = dataclasses.field(default="", repr=False)   # the optimised program
 
     @property
     def peak_bytes(self) -> int:
@@ -122,7 +123,8 @@ def step_batch(data_cfg, seq_len: int, batch_size: int, mesh) -> dict:
 def compile_step(jitted, *args, name: str, compiler_options: dict | None = None) -> tuple[object, StepReport]:
     started = time.perf_counter()
     compiled = jitted.lower(*args).compile(compiler_options=compiler_options)
-    report = StepReport(name, memory_analysis(compiled), collectives(compiled.as_text()), time.perf_counter() - started)
+    text = compiled.as_text()
+    report = StepReport(name, memory_analysis(compiled), collectives(text), time.perf_counter() - started, text)
     return compiled, report
 
 
