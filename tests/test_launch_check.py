@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from roformer import launch_check
+from roformer import deviceless, launch_check
 from roformer.errors import ConfigError
 from roformer.train import compiled, sharding
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+needs_plugin = pytest.mark.skipif(not deviceless.plugin_available(),
+                                  reason="compiling for a GPU needs the CUDA plugin (the [cuda13] extra)")
 needs_libtpu = pytest.mark.skipif(not launch_check.libtpu_available(),
                                   reason="compiling for a TPU needs libtpu (the [tpu] extra)")
 
@@ -74,15 +76,11 @@ def test_a_step_that_does_not_fit_is_refused_in_one_line_naming_the_knob():
     assert "over); raise mesh.fsdp (now 2;" in state_heavy
 
 
-def test_a_gpu_target_without_its_compiler_is_refused_in_one_line():
-    try:
-        from roformer import deviceless
-    except ImportError:
-        deviceless = None
-    if deviceless is not None and deviceless.plugin_available():
-        pytest.skip("the CUDA plugin is installed: the GPU target compiles here")
-    with pytest.raises(ConfigError, match="^[^\n]*(CUDA plugin|roformer.deviceless)[^\n]*$"):
-        launch_check.target_devices(launch_check.parse_target("h100:8"))
+def test_a_gpu_target_without_its_compiler_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr(deviceless, "plugin_available", lambda: False)
+    for target in ("h100:8", "h100:8x2"):
+        with pytest.raises(ConfigError, match=r"^[^\n]*needs the CUDA plugin[^\n]*$"):
+            launch_check.target_devices(launch_check.parse_target(target))
 
 
 def test_a_tpu_target_without_libtpu_is_refused_in_one_line(monkeypatch):
@@ -200,3 +198,14 @@ def test_a_mesh_a_multi_host_slice_cannot_feed_is_refused():
         sharding.process_layout(sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": -1}, devices=devices), 16)
     with pytest.raises(ConfigError, match="must divide over 4 processes"):
         sharding.process_layout(sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, devices=devices), 18)
+
+
+@pytest.mark.slow
+@needs_plugin
+def test_compile_only_for_gpus_of_two_hosts_reports_layout_and_a_predicted_step():
+    report = launch_check.compile_run(micro_config(data=-1, fsdp=2), launch_check.parse_target("h100:2x2"))
+    assert report.mesh == {"data": 2, "fsdp": 2, "tensor": 1}
+    assert (report.layout.num_processes, report.layout.rows_per_process) == (2, 8)
+    assert report.device_bytes == int(0.75 * 84_978_434_048)   # the allocator's default share
+    assert report.steps[0].collectives and report.predicted.endswith("so a lower bound)")
+    assert "predicted step time: " + report.predicted in launch_check.format_report(report)
