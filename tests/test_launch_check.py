@@ -47,17 +47,20 @@ HLO = """
   %ard = f32[64]{0} all-reduce-done(%ars)
   %rs = f32[32]{0} reduce-scatter(%y), replica_groups=[2,8]<=[16], dimensions={0}, to_apply=%add
   %cp = s32[10]{0} collective-permute(%z), source_target_pairs={{0,1},{1,0}}
+  %combined = (f32[100]{0}, bf16[50,2]{1,0}) all-reduce(%a, %b), replica_groups=[1,16]<=[16], to_apply=%add
+  %ags = (bf16[8,4]{1,0}, bf16[32,4]{1,0}, u32[], u32[]) all-gather-start(%c), replica_groups=[4,4]<=[16], dimensions={0}
 """
 
 
 def test_collectives_are_counted_with_the_bytes_they_move():
     found = compiled.collectives(HLO)
     assert set(found) == {"all-gather", "all-reduce", "reduce-scatter", "collective-permute"}
-    gather = found["all-gather"]
-    assert (gather.count, gather.array_bytes, gather.sent_bytes) == (1, 2 * 2**20, 2 * 2**20 * 3 / 4)
-    reduce = found["all-reduce"]   # the plain one over 16 devices, the async pair once over 2
-    assert (reduce.count, reduce.array_bytes) == (2, 1024 + 256)
-    assert reduce.sent_bytes == 2 * 1024 * 15 / 16 + 2 * 256 * 1 / 2
+    gather = found["all-gather"]   # the plain one, and the async one by its result (not its operand)
+    assert (gather.count, gather.array_bytes) == (2, 2 * 2**20 + 256)
+    assert gather.sent_bytes == (2 * 2**20 + 256) * 3 / 4
+    reduce = found["all-reduce"]   # a plain and a combined one over 16 devices, a combined async one over 2
+    assert (reduce.count, reduce.array_bytes) == (3, 1024 + 600 + 512)
+    assert reduce.sent_bytes == 2 * (1024 + 600) * 15 / 16 + 2 * 512 * 1 / 2
     scatter = found["reduce-scatter"]   # its input is 8 results of 128 bytes
     assert (scatter.array_bytes, scatter.sent_bytes) == (1024, 1024 * 7 / 8)
     assert found["collective-permute"].sent_bytes == 40

@@ -60,11 +60,15 @@ def collectives(hlo_text: str) -> dict[str, Collective]:
         match = _INSTRUCTION.search(line)
         if not match:
             continue
-        kind, shapes = match[2], [math.prod(int(d) for d in dims.split(",") if d) * _DTYPE_BYTES[dtype]
-                                  for dtype, dims in _ARRAY.findall(match[1])]
+        # a combined op moves a tuple of arrays; an async all-gather's or permute's start holds its
+        # operands, then its results (then scalar contexts, left out)
+        kind, shapes = match[2], [math.prod(int(d) for d in dims.split(",")) * _DTYPE_BYTES[dtype]
+                                  for dtype, dims in _ARRAY.findall(match[1]) if dims]
         if not shapes:
             continue
-        result, n = max(shapes), _group_size(line)
+        if match[3] and kind in ("all-gather", "collective-permute"):
+            shapes = shapes[len(shapes) // 2:]
+        result, n = sum(shapes), _group_size(line)
         if kind == "reduce-scatter" and not match[3]:
             result *= n   # its result is one device's part of the input
         sent = {"all-reduce": 2 * result * (n - 1) / n, "all-gather": result * (n - 1) / n,
