@@ -6,6 +6,7 @@ checked for hardware it does not run on uses the same pieces (roformer.launch_ch
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
 import time
@@ -14,6 +15,8 @@ import jax
 import numpy as np
 
 from roformer.errors import ConfigError
+
+log = logging.getLogger("roformer.train")
 
 GIB = 2 ** 30
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -165,7 +168,9 @@ def refuse_unfit_step(jitted, args: tuple, *, fsdp: int, state_bytes: int, limit
     limit = device_memory_limit() if limit is None else limit
     if not limit:
         return None
+    log.info("compiling the train step to check it fits this device's %s ...", size_text(int(limit)))
     compiled, report = compile_step(jitted, *args, name="train step")
+    log.info("compiled the train step in %.1fs: it needs %s per device", report.compile_s, size_text(report.peak_bytes))
     message = unfit_message(report.peak_bytes, int(limit), where=f"this {jax.local_devices()[0].device_kind}",
                             state_bytes=state_bytes, temp_bytes=report.memory["temp_size_in_bytes"], fsdp=fsdp)
     if message:
