@@ -4,6 +4,11 @@
     python -m roformer.pretrain --config=configs/rotary.py:size=base --workdir=runs/base \\
         --config.train.steps=1000
 
+Before renting the hardware, check a config for it (compiles the train and eval steps for
+the target on this host; reads no data, writes nothing; roformer.launch_check):
+
+    python -m roformer.pretrain --config=configs/rotary.py:size=base,accel=tpu --compile_only=v5e:4x4
+
 Re-running with the same --workdir resumes from its latest checkpoint. A warm start
 (--config.train.init_from) takes the architecture from its checkpoint: only the
 --config.model.* keys given on this command line (and size= in --config=FILE:size=...)
@@ -15,7 +20,7 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from roformer import cli
+from roformer import cli, launch_check
 from roformer.train import train_and_evaluate, warm_start
 from roformer.train.progress import stop_signal
 
@@ -23,7 +28,9 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Pretraining config file (configs/*.py[:arg]).",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Run directory: config, metrics, TensorBoard, checkpoints.")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.DEFINE_string("compile_only", None, "Compile the steps for a target (a TPU slice such as v5e:4x4, or GPUs "
+                    "as h100:8x2), print memory, sharding and collectives, and exit; no --workdir.")
+flags.mark_flags_as_required(["config"])
 
 
 def next_steps(summary: dict, workdir: str) -> str:
@@ -55,6 +62,11 @@ def given_model_keys() -> set[str]:
 def main(argv):
     if len(argv) > 1:
         raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.compile_only:
+        print(launch_check.check_target(FLAGS.config, FLAGS.compile_only), flush=True)
+        return
+    if not FLAGS.workdir:
+        raise cli.UsageError("--workdir is required (or --compile_only=TARGET to check a config for a target)")
     if FLAGS.config.train.init_from:
         warm_start.unset_architecture(FLAGS.config.model, given_model_keys())
     summary = train_and_evaluate(FLAGS.config, FLAGS.workdir)

@@ -5,6 +5,8 @@
 #   sbatch --nodes=2 scripts/launch_slurm.sh /shared/runs/base configs/rotary.py:size=base \
 #       --config.train.batch_size=512 --config.mesh.fsdp=8
 #
+# Check the config for the nodes first, on any host (no GPU; docs/scale.md):
+#   python -m roformer.pretrain --config=configs/rotary.py:size=base,accel=gpu --compile_only=h100:8
 # WORKDIR must be on a filesystem all nodes share (each node writes its checkpoint
 # shards). jax.distributed reads the SLURM environment (coordinator = first node,
 # process id = task rank), so only --config.distributed.enabled=True is needed.
@@ -19,7 +21,7 @@
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then
-  sed -n '2,13p' "$0"; exit 2
+  sed -n '2,15p' "$0"; exit 2
 fi
 WORKDIR=$1; shift
 CONFIG=configs/rotary.py:size=base

@@ -5,6 +5,8 @@
 #   scripts/launch_tpu_pod.sh my-v4-32 us-central2-b /mnt/bucket/runs/base \
 #       configs/rotary.py:size=base --config.train.batch_size=512 --config.mesh.fsdp=4
 #
+# Check the config for the slice first, on any host (no TPU; docs/scale.md):
+#   python -m roformer.pretrain --config=configs/rotary.py:size=base,accel=tpu --compile_only=v4:2x2x4
 # WORKDIR must be storage every worker sees at the same path (a gcsfuse-mounted
 # bucket or Filestore): each host writes its own shards of the orbax checkpoints,
 # process 0 writes the logs. The code is copied to ~/roformer-jax on every worker,
@@ -14,7 +16,7 @@
 set -euo pipefail
 
 if [[ $# -lt 3 ]]; then
-  sed -n '2,15p' "$0"; exit 2
+  sed -n '2,17p' "$0"; exit 2
 fi
 TPU_NAME=$1; ZONE=$2; WORKDIR=$3; shift 3
 CONFIG=configs/rotary.py:size=base

@@ -130,6 +130,7 @@ HOUSE = (
     ("glue",),
     ("ablation", "study"),    # two programs side by side: neither imports the other (SIBLINGS)
     ("bench", "deviceless"),   # deviceless: the train step compiled for a GPU this host lacks
+    ("launch_check",),       # a run's steps compiled for a target ahead of its hardware
     ("commands",),           # pretrain, ablate, capability, every __main__
 )
 COMMANDS = ("pretrain", "ablate", "capability", "evaluate", "console_scripts")

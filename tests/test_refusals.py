@@ -88,3 +88,16 @@ def test_a_kernel_the_model_cannot_run_is_refused_before_the_data_is_prepared(tm
     with pytest.raises(ConfigError, match=r"^model.attention_impl='cudnn' cannot be used: [^\n]*$"):
         train_seeds_and_evaluate(seeds, [tmp_path / "seed0", tmp_path / "seed1"])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_step_the_device_cannot_hold_is_refused_before_the_state_is_made(cache, tmp_path, monkeypatch):
+    """On a device that reports its memory, the compiled train step that exceeds it is refused in
+    one line, before the state is initialised and before the run's files are written."""
+    from roformer.train import compiled
+
+    monkeypatch.setattr(compiled, "device_memory_limit", lambda: 2**20)
+    workdir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"^does not fit: the train step needs [^\n]* per device on this cpu, "
+                                          r"which has 1.0 MiB [^\n]*train.batch_size[^\n]*$"):
+        train_and_evaluate(make_config(cache), workdir)
+    assert [p.name for p in workdir.rglob("*") if p.is_file() and not p.name.startswith(".")] == []

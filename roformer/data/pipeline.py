@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from roformer.data import shard_build
@@ -378,6 +379,26 @@ def prepare_corpus(data: DataConfig, *, process_index: int = 0, process_count: i
                                       process_count=process_count, num_workers=data.num_workers,
                                       show_progress=show_progress)
     return tokenizer, corpus
+
+
+def max_predictions(data: DataConfig, seq_len: int) -> int:
+    """Masked slots per row: data.max_predictions_per_seq, or round(mask_rate * seq_len) + 1."""
+    return data.max_predictions_per_seq or round(data.mask_rate * seq_len) + 1
+
+
+def batch_format(data: DataConfig, *, seq_len: int, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """The shape and dtype of every array of a `batch_size`-row batch `PretrainData.make_batch`
+    makes, known from the config alone: a step can be compiled for it before any data exists
+    (roformer.launch_check)."""
+    slots = max_predictions(data, seq_len)
+    rows, masked = (batch_size, seq_len), (batch_size, slots)
+    spec = {"input_ids": rows, "token_type_ids": rows, "positions": rows, "segment_ids": rows,
+            "masked_positions": masked, "masked_labels": masked}
+    out = {name: jax.ShapeDtypeStruct(shape, np.int32) for name, shape in spec.items()}
+    out["masked_weights"] = jax.ShapeDtypeStruct(masked, np.float32)
+    if data.packing == "document":
+        out["lengths"] = jax.ShapeDtypeStruct((batch_size,), np.int32)
+    return out
 
 
 def make_pretrain_data(data: DataConfig, *, seq_len: int, batch_size: int, seed: int,

@@ -19,9 +19,8 @@ import jax
 
 from roformer.accelerator import startup_line
 from roformer.distributed import allgather_json, initialize_distributed
-from roformer.errors import ConfigError
 from roformer.model.attention import check_attention_impl
-from roformer.train import bookkeeping, flops, memory, progress, sharding, warm_start
+from roformer.train import bookkeeping, compiled, flops, memory, progress, sharding, warm_start
 from roformer.train.config import (TrainConfig, build_model_config, check_attention_setting, parse_phases,
                                    phase_config)
 from roformer.train.evaluation import held_out_batches, held_out_rows
@@ -102,6 +101,14 @@ def _train_phase(config, workdir: Path) -> dict:
         setup = TrainSetup(model_cfg, *bookkeeping.run_optimizer(tc), mesh, seed=tc.seed,
                            dropout_rng_impl=tc.dropout_rng_impl)
         cleanup.enter_context(jax.set_mesh(mesh))
+        train_jit = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
+        # On a device that reports its memory, a step that cannot fit is refused in one line before the
+        # state is made; the program compiled for the check is the one the loop runs.
+        state_structs = setup.sharded_abstract_state()
+        compiled.refuse_unfit_step(
+            train_jit, (state_structs, setup.sharded_abstract_rest(),
+                        compiled.step_batch(config.data, tc.seq_len, tc.batch_size, mesh)),
+            fsdp=mesh.shape["fsdp"], state_bytes=compiled.device_bytes(state_structs))
         rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step
         state, start_step, train_iter = bookkeeping.restore_or_init(
             setup, checkpointer, data, tc, init_source=init_source, init_params=init_params)
@@ -110,9 +117,7 @@ def _train_phase(config, workdir: Path) -> dict:
             bookkeeping.write_run_files(workdir, config, model_cfg, data.tokenizer)
         eval_batches = held_out_batches(data, tc, mesh)
         # the first call of each compiles it: announced, with its time (progress.announce_compile)
-        train_step = progress.announce_compile(
-            setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step), "the train step",
-            enabled=is_main)
+        train_step = progress.announce_compile(train_jit, "the train step", enabled=is_main)
         eval_step = progress.announce_compile(setup.jit_eval_step(), "the evaluation step", enabled=is_main)
         # Linear attention forms no probabilities to measure.
         stats_step = (progress.announce_compile(setup.jit_attention_stats_step(), "the attention-statistics step",
@@ -180,19 +185,10 @@ def _train_phase(config, workdir: Path) -> dict:
 
 
 def _make_mesh(mesh_cfg, tc: TrainConfig):
-    if tc.batch_size % jax.process_count():
-        raise ConfigError(f"train.batch_size={tc.batch_size} must divide over {jax.process_count()} processes")
     mesh = sharding.make_mesh(mesh_cfg)
-    batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    if batch_shards % jax.process_count():
-        # Each process feeds its own rows (batch_size / processes of them): a batch shard
-        # spanning processes would take one process's rows as the whole batch, silently.
-        raise ConfigError(f"mesh data*fsdp={batch_shards} must be a multiple of the {jax.process_count()} "
-                          f"processes, which each feed their own rows of the batch (got mesh {dict(mesh.shape)}); "
-                          "give the batch axes more of the devices, e.g. mesh.data=-1")
-    if tc.batch_size % (batch_shards * tc.grad_accum):
-        raise ConfigError(f"train.batch_size={tc.batch_size} must be divisible by mesh data*fsdp="
-                          f"{batch_shards} times train.grad_accum={tc.grad_accum}")
+    layout = sharding.process_layout(mesh, tc.batch_size, tc.grad_accum, processes=jax.process_count())
+    if jax.process_count() > 1 and jax.process_index() == 0:
+        log.info("%s", layout.describe())
     return mesh
 
 

@@ -7,6 +7,7 @@ by changing only the `mesh` config.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Mapping, Sequence
 
@@ -145,3 +146,87 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str,
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v),
                                                       (np.shape(v)[0] * processes, *np.shape(v)[1:]))
             for k, v in local_batch.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessLayout:
+    """How a global batch and the training state split over the processes of a job on `mesh`:
+    what each process feeds, and what it writes of a checkpoint. Computed from the mesh's
+    devices and their process indices alone, so the same function describes a real launch and
+    a target compiled for ahead of the hardware (roformer.launch_check)."""
+    num_processes: int
+    devices_per_process: int
+    batch_size: int                      # global
+    rows_per_process: int                # what each process's input pipeline makes per step
+    # process -> the [start, stop) blocks of the global batch its devices hold, in order: its
+    # rows fill them one after the other (jax.make_array_from_process_local_data)
+    rows: tuple[tuple[tuple[int, int], ...], ...]
+
+    def describe(self) -> str:
+        return (f"{self.num_processes} process(es) x {self.devices_per_process} device(s); each process feeds "
+                f"{self.rows_per_process} of the {self.batch_size} rows of a step")
+
+
+def mesh_process_count(mesh: Mesh) -> int:
+    return len({d.process_index for d in mesh.devices.flat})
+
+
+def process_layout(mesh: Mesh, batch_size: int, grad_accum: int = 1, processes: int | None = None) -> ProcessLayout:
+    """The per-process split of a `batch_size` batch on `mesh` (ProcessLayout), after refusing
+    a batch or a mesh that cannot be fed that way (ConfigError): every process's devices must
+    hold the same number of distinct rows, since each makes its own rows (`global_batch`), and a
+    batch shard spanning processes would take one process's rows as the whole batch, silently. `processes`: the job's process count (a real launch's
+    jax.process_count()), default the processes the mesh's devices name; where they name fewer
+    (one process standing in for several, in a test) only the counts are checked."""
+    named = mesh_process_count(mesh)
+    processes = named if processes is None else processes
+    batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    if batch_size % processes:
+        raise ConfigError(f"train.batch_size={batch_size} must divide over {processes} processes")
+    if batch_shards % processes:
+        raise ConfigError(f"mesh data*fsdp={batch_shards} must be a multiple of the {processes} "
+                          f"processes, which each feed their own rows of the batch (got mesh {dict(mesh.shape)}); "
+                          "give the batch axes more of the devices, e.g. mesh.data=-1")
+    if batch_size % (batch_shards * grad_accum):
+        raise ConfigError(f"train.batch_size={batch_size} must be divisible by mesh data*fsdp="
+                          f"{batch_shards} times train.grad_accum={grad_accum}")
+    per_process = batch_size // processes
+    if named != processes:
+        return ProcessLayout(processes, mesh.devices.size // processes, batch_size, per_process,
+                             tuple(((p * per_process, (p + 1) * per_process),) for p in range(processes)))
+    addressed: dict[int, set[int]] = {}
+    for device, index in batch_sharding(mesh).devices_indices_map((batch_size,)).items():
+        rows = range(*index[0].indices(batch_size))
+        addressed.setdefault(device.process_index, set()).update(rows)
+    blocks = []
+    for process in sorted(addressed):
+        rows = sorted(addressed[process])
+        if len(rows) != per_process:
+            raise ConfigError(f"mesh {dict(mesh.shape)}: process {process}'s devices hold {len(rows)} rows of the "
+                              f"batch, where each of the {processes} processes feeds {per_process}; give the "
+                              "batch axes (data, fsdp) the devices of every process, e.g. mesh.data=-1")
+        starts = [r for i, r in enumerate(rows) if i == 0 or rows[i - 1] != r - 1]
+        stops = [r + 1 for i, r in enumerate(rows) if i == len(rows) - 1 or rows[i + 1] != r + 1]
+        blocks.append(tuple(zip(starts, stops)))
+    devices_per_process = mesh.devices.size // processes
+    return ProcessLayout(processes, devices_per_process, batch_size, per_process, tuple(blocks))
+
+
+def checkpoint_bytes_per_process(sharded_state) -> list[int]:
+    """Bytes of a checkpoint of `sharded_state` (ShapeDtypeStructs or arrays with shardings)
+    each process writes: orbax writes every distinct shard once, from the first device that
+    holds it (replica 0), so a replicated array is written by process 0's device."""
+    written: dict[int, int] = {}
+    for leaf in jax.tree.leaves(sharded_state):
+        itemsize = np.dtype(leaf.dtype).itemsize
+        seen = set()
+        for device, index in leaf.sharding.devices_indices_map(tuple(leaf.shape)).items():
+            key = tuple((s.start, s.stop) for s in index)
+            if key in seen:
+                continue
+            seen.add(key)
+            size = math.prod(len(range(*s.indices(d))) for s, d in zip(index, leaf.shape)) * itemsize
+            written[device.process_index] = written.get(device.process_index, 0) + size
+        for device in leaf.sharding.device_set:
+            written.setdefault(device.process_index, 0)
+    return [written[p] for p in sorted(written)]

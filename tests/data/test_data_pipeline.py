@@ -7,6 +7,7 @@ import pytest
 from helpers import wiki_cfg
 from roformer.data import DataConfig, make_pretrain_data
 from roformer.data.packing import plan_rows
+from roformer.data.pipeline import batch_format
 
 SEQ_LEN, BATCH = 128, 16
 
@@ -94,6 +95,18 @@ def test_document_mode_one_document_per_row(shared_data, wiki_cache):
     plan = data.epoch_plan(0)
     assert len(np.unique(plan.row)) == len(plan.row)       # one piece per row
     assert plan.length.max() == 62
+
+
+def test_batch_format_is_what_the_pipeline_makes(data, shared_data, wiki_cache):
+    """The config-only format a step is compiled for ahead of the data (roformer.launch_check)
+    is the real batches': names, shapes and dtypes, packed and one document per row."""
+    def described(batch):
+        return {k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in batch.items()}
+    expected = batch_format(wiki_cfg(shared_data, wiki_cache), seq_len=SEQ_LEN, batch_size=BATCH)
+    assert described(next(data.train_iterator())) == described(expected)
+    document = wiki_cfg(shared_data, wiki_cache, packing="document", max_predictions_per_seq=7)
+    rows = make_pretrain_data(document, seq_len=64, batch_size=8, seed=0, show_progress=False)
+    assert described(rows.eval_batches(1)[0]) == described(batch_format(document, seq_len=64, batch_size=8))
 
 
 def test_plan_splits_long_documents_and_packs_short_ones():
