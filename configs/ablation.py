@@ -26,7 +26,7 @@ extension.methods) takes a comma list there, or the flag once per item.
 """
 import ml_collections
 
-from configs import base, glue
+from roformer.configs import base, glue
 from roformer.config_files import shared_data
 from roformer.errors import ConfigError
 

@@ -2,7 +2,7 @@
 "scaled sinusoidal" form (the table times a learnable scalar initialised to 1/sqrt(d));
 `--config.model.sinusoidal_scaling=vaswani` multiplies the word embeddings by sqrt(d)
 instead, `unscaled` adds the bare table (docs/model.md#position-schemes)."""
-from configs import base
+from roformer.configs import base
 
 
 def get_config(arg=None):

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from configs import glue as glue_config
+from roformer.configs import glue as glue_config
 from roformer.data.config import DataConfig
 from roformer.errors import ConfigError
 from roformer.model import ModelConfig

@@ -20,7 +20,6 @@ from typing import Any
 
 import ml_collections
 
-from roformer import config_files
 from roformer.config_files import CONFIG_DIR
 from roformer.errors import ConfigError
 
@@ -44,13 +43,12 @@ def split_list(value: Any) -> list[str]:
 
 
 def load_config_file(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
-    """`get_config(arg)` of configs/<name>.py (files such as configs/ablation.py import
-    `configs.base`: roformer.config_files.make_importable)."""
+    """`get_config(arg)` of configs/<name>.py, run afresh (a file may read the environment
+    when it runs: configs/ablation.py's shared data)."""
     path = CONFIG_DIR / f"{name}.py"
     if not path.exists():
         raise ConfigError(f"no config file {path}")
-    config_files.make_importable()
-    spec = importlib.util.spec_from_file_location(f"configs.{name}", path)
+    spec = importlib.util.spec_from_file_location(f"roformer.configs.{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config(arg)

@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from conftest import LEGACY_FUSION_EMITTERS, cudnn_layout_errors
-from configs import glue as glue_config
+from roformer.configs import glue as glue_config
 from roformer.glue import finetune as finetune_lib
 from roformer.glue import run as glue_run
 from roformer.train.optim import decay_mask

@@ -14,7 +14,7 @@ from flax import nnx
 
 from conftest import needs_torch, needs_transformers
 
-from configs import glue as glue_config
+from roformer.configs import glue as glue_config
 from roformer.data.tokenizer import WordPieceTokenizer
 from roformer.glue.init import load_init, resolve_model_config
 from roformer.model import ModelConfig, RoFormerForMaskedLM

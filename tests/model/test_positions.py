@@ -36,7 +36,7 @@ def test_every_scheme_has_a_config_file_that_selects_it_and_unknown_lists_choice
         path = CONFIG_DIR / f"{scheme.config_file}.py"
         assert path.is_file(), f"{name}: no {path}"
         # the config files are the `configs` package (pytest puts the repository root on sys.path)
-        config_file = importlib.import_module(f"configs.{scheme.config_file}")
+        config_file = importlib.import_module(f"roformer.configs.{scheme.config_file}")
         assert config_file.get_config().model.position == name
     with pytest.raises(ValueError, match=r"unknown position 'no such scheme'.*'alibi'.*'t5'"):
         ModelConfig(**TINY, position="no such scheme")

@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from conftest import MICRO_MODEL, REPO_ROOT, SHARED_DATA, needs_torch, needs_transformers, tiny_run_config
-from configs import bert_staged
+from roformer.configs import bert_staged
 from roformer import checkpoint_source
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.config import Phase, parse_phases

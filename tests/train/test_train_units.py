@@ -25,7 +25,7 @@ SCHEMES = {scheme.config_file: name for name, scheme in POSITION_SCHEMES.items()
 
 
 def load_config(name: str, arg: str | None = None):
-    return importlib.import_module(f"configs.{name}").get_config(arg)
+    return importlib.import_module(f"roformer.configs.{name}").get_config(arg)
 
 
 def optimizer(**overrides):
