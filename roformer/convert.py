@@ -549,6 +549,7 @@ def main(argv: list[str] | None = None) -> None:
     if (src / OUR_CONFIG_FILE).is_file():
         config, model = load_converted(src)
         out = save_hf(model, config, args.out_dir)
+        source = ""
         _copy_tokenizer_files(src, out)
         if not (out / "tokenizer_config.json").is_file() and any((out / n).is_file() for n in TOKENIZER_FILES):
             # a vocabulary from an HF directory without one: BERT's default is uncased, and a
@@ -557,8 +558,10 @@ def main(argv: list[str] | None = None) -> None:
             lowercase = normalizer_lowercases(Tokenizer.from_file(str(fast))) if fast.is_file() else True
             write_hf_tokenizer_config(out, lowercase=lowercase, model_max_length=config.max_position_embeddings)
     elif PretrainWorkdir.holds_run(src):
-        config, model = load_pretrain_workdir(src, step=args.step)
         run = PretrainWorkdir(src)
+        step = run.resolve_step(args.step)
+        config, model = load_pretrain_workdir(src, step=step)
+        source = f" (step {step} of {src})"
         exported = with_trained_positions(config, run.longest_seq_len())
         if exported is not config:   # the same parameters (rope has no position table of its own)
             longer = build_model(exported, "mlm")
@@ -571,7 +574,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         raise cli.UsageError(f"to-hf: {src} has neither {OUR_CONFIG_FILE} (from-hf output) nor {CHECKPOINTS}/ "
                              "(a pretraining workdir)")
-    print(f"wrote HF {HF_ARCHITECTURES[_model_head(model)]} to {out}")
+    print(f"wrote HF {HF_ARCHITECTURES[_model_head(model)]}{source} to {out}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from roformer import cli
+from roformer.accelerator import requested_accelerator, require_accelerator
+from roformer.distributed import initialize_distributed
 from roformer.train import train_and_evaluate, warm_start
 
 FLAGS = flags.FLAGS
@@ -54,6 +56,8 @@ def given_model_keys() -> set[str]:
 def main(argv):
     if len(argv) > 1:
         raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
+    initialize_distributed(FLAGS.config.distributed)   # before jax looks for devices
+    require_accelerator(requested_accelerator(config_flags.get_config_filename(FLAGS["config"])))
     if FLAGS.config.train.init_from:
         warm_start.unset_architecture(FLAGS.config.model, given_model_keys())
     summary = train_and_evaluate(FLAGS.config, FLAGS.workdir)

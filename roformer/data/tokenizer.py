@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -115,14 +116,16 @@ class WordPieceTokenizer:
     @classmethod
     def train(cls, documents: Iterable[str], *, vocab_size: int, lowercase: bool = True,
               min_frequency: int = 2, show_progress: bool = True) -> "WordPieceTokenizer":
-        """Learns a WordPiece vocabulary (BERT special tokens first, [PAD] = 0)."""
+        """Learns a WordPiece vocabulary (BERT special tokens first, [PAD] = 0). The trainer's
+        progress bar shows only on a terminal: into a log it writes blank lines."""
         if vocab_size < len(SPECIAL_TOKENS) + 1:
             raise ConfigError(f"data.vocab_size={vocab_size}: must exceed the {len(SPECIAL_TOKENS)} special tokens")
         tokenizer = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=100)),
                                    lowercase)
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                             special_tokens=list(SPECIAL_TOKENS),
-                                            continuing_subword_prefix="##", show_progress=show_progress)
+                                            continuing_subword_prefix="##",
+                                            show_progress=show_progress and sys.stdout.isatty())
         tokenizer.train_from_iterator(documents, trainer=trainer)
         if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS):
             raise ConfigError("tokenizer training found no text: the corpus is empty")

@@ -6,6 +6,7 @@ the three data sources agree and a model trained on one evaluates on another.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 
 from roformer.errors import ConfigError
 
@@ -143,7 +144,9 @@ _ALIASES = {t.display.lower(): t.name for t in TASKS.values()} | {
 def get_task(name: str) -> TaskSpec:
     key = _ALIASES.get(name.strip().lower(), name.strip().lower())
     if key not in TASKS:
-        raise ConfigError(f"unknown GLUE task {name!r}; choose from {', '.join(TASKS)} or 'all'")
+        close = difflib.get_close_matches(key, [*TASKS, *_ALIASES, "all"], n=1)
+        hint = f"did you mean {_ALIASES.get(close[0], close[0])!r}? " if close else ""
+        raise ConfigError(f"unknown GLUE task {name!r}; {hint}choose from {', '.join(TASKS)} or 'all'")
     return TASKS[key]
 
 
