@@ -103,6 +103,7 @@ def get_config(arg=None):
     g = c.glue = glue.get_config()
     g.task = "sst2,mrpc"
     g.seeds = 3
+    g.source = "local"
     g.data_dir = str(SHARED_DATA / "glue")
 
     # Held-out MLM loss at multiples of the pretraining length, over the same text at

@@ -29,9 +29,11 @@ def get_config(arg=None):
     c.init = "none"                 # pretraining workdir | HF RoFormer dir | "none" (random init)
     c.init_step = -1                # pretraining checkpoint step; -1 = latest
 
-    # Data: local GLUE dir (download_glue_data.py layout), HF datasets, or TFDS.
-    c.source = "local"              # local | hf | tfds
-    c.data_dir = "../shared/data/glue"
+    # Data: local GLUE dir (download_glue_data.py layout), HF datasets, or TFDS. auto: data_dir
+    # when given, else the shared data's GLUE copy where there is one (a checkout's
+    # ../shared/data/glue), else HF datasets (roformer.glue.readers.glue_source).
+    c.source = "auto"               # auto | local | hf | tfds
+    c.data_dir = ""
     c.hf_path = "nyu-mll/glue"
     c.hf_cache_dir = ""
     c.tfds_data_dir = ""
