@@ -258,17 +258,18 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
         out["submitted_seed"] = chosen
     if config.save_models != "none":
         out["saved_models"] = save_models(trained, chosen, models_dir / task.name, tokenizer,
-                                          every_seed=config.save_models == "all")
+                                          every_seed=config.save_models == "all", label_names=task.label_names)
     return out
 
 
 def save_models(trained: dict[int, Classifier], chosen: int, task_dir: Path, tokenizer, *,
-                every_seed: bool) -> dict:
+                every_seed: bool, label_names: tuple[str, ...] | None = None) -> dict:
     """The fine-tuned classifiers of a task in roformer.convert's format with their tokenizer,
     task_dir/seed<k> (`python -m roformer.convert to-hf` exports one, load_converted reloads
     it): the median seed's, or `every_seed`'s, replacing what task_dir held. The median seed's is also exported to
     task_dir/hf as HF RoFormerForSequenceClassification (what AutoTokenizer and
-    AutoModelForSequenceClassification load), when HF's RoFormer can express it."""
+    AutoModelForSequenceClassification load, with the task's class names as id2label), when
+    HF's RoFormer can express it."""
     saved = {"median_seed": chosen, "dir": str(task_dir)}
     # An earlier run's models of this task (in the same workdir) go: none of another run's
     # seeds may stay beside this run's for --eval_only to score as one run's.
@@ -280,7 +281,7 @@ def save_models(trained: dict[int, Classifier], chosen: int, task_dir: Path, tok
             tokenizer.save(task_dir / f"seed{seed}")
             if seed == chosen:
                 try:
-                    save_hf(model, None, task_dir / "hf")
+                    save_hf(model, None, task_dir / "hf", label_names=label_names)
                 except ConfigError as why:   # a position scheme HF's RoFormer cannot express
                     saved.update(hf=None, hf_not_exported=str(why))
                 else:
