@@ -104,3 +104,11 @@ def test_glue_scores_print_as_a_person_reads_them():
 
     assert scores_line({"validation": {"f1": 0.8712345678901234, "accuracy": 0.8123456789012345}}) == (
         "validation f1 87.12, accuracy 81.23")
+
+
+def test_the_install_page_lists_every_console_script():
+    import tomllib
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    page = (REPO / "docs" / "install.md").read_text()
+    assert [name for name in scripts if f"`{name}`" not in page] == []

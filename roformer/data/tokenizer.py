@@ -193,7 +193,7 @@ def _line_numbered_vocab(text: str, path: Path) -> dict[str, int]:
         log.warning("data.vocab: %s repeats %s%s: ids are line numbers, so later tokens keep theirs, and a "
                     "repeated token takes its last line's id, as transformers' BertTokenizer does",
                     path, named, more)
-        for token, earlier, _ in shadowed:
+        for _token, earlier, _ in shadowed:
             placeholder = f"[duplicate-line-{earlier + 1}]"
             while placeholder in vocab:
                 placeholder = f"[{placeholder}]"

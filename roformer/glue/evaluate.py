@@ -180,8 +180,8 @@ def _evaluate(config, run: SavedRun, tasks: list[str], protocols: dict, workdir:
                         log.info("compiled programs are cached in %s", cache)
                     started = True
                 if tokenizer.hash not in featurized:   # the seeds of a task share their tokenizer
-                    feats = lambda ex: features_lib.featurize(ex, tokenizer, protocol.max_seq_len,  # noqa: E731
-                                                              regression=task.is_regression)
+                    feats = lambda ex, tokenizer=tokenizer, protocol=protocol, task=task: (  # noqa: E731
+                        features_lib.featurize(ex, tokenizer, protocol.max_seq_len, regression=task.is_regression))
                     featurized[tokenizer.hash] = ({s: feats(ex) for s, ex in evals.items()},
                                                   {key: feats(ex) for key, ex in tests.items()})
                 eval_f, test_f = featurized[tokenizer.hash]

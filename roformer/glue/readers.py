@@ -122,7 +122,7 @@ def read_local(task: TaskSpec, split: str, data_dir: str | Path) -> list[Example
             try:
                 idx = int(fields[index_idx])
             except ValueError:
-                raise GlueDataError(f"{where}: index {fields[index_idx]!r} is not an integer")
+                raise GlueDataError(f"{where}: index {fields[index_idx]!r} is not an integer") from None
         texts = [fields[i] for i in text_idx]
         examples.append(Example(idx, texts[0], texts[1] if len(texts) > 1 else None, label))
     return examples

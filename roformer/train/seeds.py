@@ -288,7 +288,7 @@ def _stack(trees: list) -> dict:
 
 
 def _unstack(tree, count: int) -> list:
-    return [jax.tree.map(lambda leaf: leaf[i], tree) for i in range(count)]
+    return [jax.tree.map(lambda leaf, i=i: leaf[i], tree) for i in range(count)]
 
 
 class _Group:
@@ -376,7 +376,7 @@ class _Group:
         stopped = False
         for seed in members:
             if seed.error is None:
-                stopped |= _guarded(seed, lambda: seed.log.flush(pending[-1][0]))
+                stopped |= _guarded(seed, lambda seed=seed: seed.log.flush(pending[-1][0]))
         return stopped
 
     def evaluate(self, members: list[_Seed], states) -> bool:
@@ -389,7 +389,7 @@ class _Group:
         if self.stats_step is not None:
             stats = jax.device_get(self.stats_step(states["params"], self.rest, self.eval_batches[""][0]))
             for i, row in enumerate(rows):
-                row.update(attention_stats.as_metrics(jax.tree.map(lambda leaf: leaf[i], stats)))
+                row.update(attention_stats.as_metrics(jax.tree.map(lambda leaf, i=i: leaf[i], stats)))
         stopped = False
         for seed, row in zip(members, rows):
             if seed.error is not None:
@@ -397,7 +397,7 @@ class _Group:
             seed.last_eval = row
             seed.log.write(seed.step, row)
             seed.evaluated[seed.step] = row["eval_loss"]
-            stopped |= _guarded(seed, lambda: seed.log.check_eval(seed.step, row["eval_loss"]))
+            stopped |= _guarded(seed, lambda seed=seed, row=row: seed.log.check_eval(seed.step, row["eval_loss"]))
         return stopped
 
     def _save(self, members: list[_Seed], states, *, postpone: bool = False) -> None:
@@ -408,7 +408,7 @@ class _Group:
                 log.warning("%s: step %d: checkpoint skipped while the training loss is out of range",
                             seed.workdir, seed.step)
                 continue
-            _guarded(seed, lambda: seed.save(state, self.model_cfg))
+            _guarded(seed, lambda seed=seed, state=state: seed.save(state, self.model_cfg))
 
 
 def _by_key(batches: list[dict]) -> dict[str, list]:

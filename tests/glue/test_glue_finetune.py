@@ -25,11 +25,11 @@ def test_unit_rate_adamw_times_the_schedule_is_optax_adamw():
     ours = finetune_lib.unit_rate_adamw(0.9, 0.98, 1e-6, 0.1, 0.5)
     p_ref, s_ref, p_ours, s_ours = params, reference.init(params), params, ours.init(params)
     for step in range(4):
-        grads = jax.tree.map(lambda p: jnp.sin(p * (step + 1)), p_ref)
+        grads = jax.tree.map(lambda p, step=step: jnp.sin(p * (step + 1)), p_ref)
         updates, s_ref = reference.update(grads, s_ref, p_ref)
         p_ref = optax.apply_updates(p_ref, updates)
         updates, s_ours = ours.update(grads, s_ours, p_ours)
-        p_ours = optax.apply_updates(p_ours, jax.tree.map(lambda u: schedule(step) * u, updates))
+        p_ours = optax.apply_updates(p_ours, jax.tree.map(lambda u, step=step: schedule(step) * u, updates))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), p_ref, p_ours)
 
 
