@@ -43,13 +43,14 @@ def get_config(arg=None):
 
     # Model. From a checkpoint the architecture is the checkpoint's; size / vocab_size set
     # here must then match it (a mismatch is refused). With init=none: size "" -> "mini".
-    # Dropout, the compute dtype (model.dtype, as in pretraining) and the attention kernel
-    # (attention_impl: auto picks the fastest this device and model allow) start at
-    # ModelConfig's defaults, not the checkpoint's: a run on another device may need others.
+    # Dropout, the compute dtype (model.dtype, as in pretraining), the attention kernel
+    # (attention_impl: auto picks the fastest this device and model allow) and gradient
+    # checkpointing (remat: none|full|dots, docs/pretraining.md) start at ModelConfig's
+    # defaults, not the checkpoint's: a run on another device may need others.
     c.model = ml_collections.ConfigDict(dict(
         size="", vocab_size=0, position="", hidden_dropout=ModelConfig.hidden_dropout,
         attention_dropout=ModelConfig.attention_dropout, dtype=ModelConfig.dtype,
-        attention_impl=ModelConfig.attention_impl))
+        attention_impl=ModelConfig.attention_impl, remat=ModelConfig.remat))
 
     # Protocol.
     c.learning_rate = 4e-5

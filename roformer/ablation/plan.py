@@ -335,6 +335,9 @@ WATCH_ONLY_TRAIN_PREFIXES = ("divergence_",)
 # and the attention kernel (the same math): auto picks what the device runs fastest.
 WATCH_ONLY_GLUE_KEYS = ("progress_bar", "compilation_cache_dir", "save_models", "train_padding", "eval_padding")
 KERNEL_ONLY_MODEL_KEYS = ("attention_impl",)
+# Model settings that trade memory for compute with the same math (gradient checkpointing):
+# left out of every fingerprint, so a run with another value reruns nothing.
+MEMORY_ONLY_MODEL_KEYS = ("remat",)
 
 
 def _fingerprinted(part: Any) -> Any:
@@ -351,7 +354,15 @@ def _fingerprinted(part: Any) -> Any:
     return data
 
 
+def _without_memory_only(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_memory_only(v) for k, v in value.items() if k not in MEMORY_ONLY_MODEL_KEYS}
+    if isinstance(value, (list, tuple)):
+        return [_without_memory_only(v) for v in value]
+    return value
+
+
 def fingerprint(*parts: Any) -> str:
     """Stable hash of JSON-able parts: a stage reruns when its inputs change."""
-    text = json.dumps([_fingerprinted(p) for p in parts], sort_keys=True, default=str)
+    text = json.dumps([_without_memory_only(_fingerprinted(p)) for p in parts], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
