@@ -375,9 +375,6 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     tasks = trained_tasks(parse_task_list(config.task))
     check_local_files(tasks, config)
-    source, data_dir = glue_source(config.source, config.data_dir)
-    log.info("GLUE data: %s", f"the files in {data_dir}" if source == "local" else
-             f"HF datasets' {config.hf_path}" if source == "hf" else "TFDS")
     for name in tasks:   # before anything is read or written
         Protocol.from_config(config, name).check(name)
 
@@ -394,6 +391,9 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     model_config = resolve_model_config(config.model, init, tokenizer.vocab_size)
     check_attention_impl(model_config)   # the checkpoint's attention_impl may not suit this device
     log.info("%s", startup_line(model_config))
+    source, data_dir = glue_source(config.source, config.data_dir)   # said once the checks passed
+    log.info("GLUE data: %s", f"the files in {data_dir}" if source == "local" else
+             f"HF datasets' {config.hf_path}" if source == "hf" else "TFDS")
     cache = enable_compilation_cache(config.get("compilation_cache_dir", ""))
     if cache:
         log.info("compiled programs are cached in %s, and kept whole in %s", cache, ProgramStore.under(cache).directory)
