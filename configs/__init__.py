@@ -1,5 +1,5 @@
-"""Config files (`--config=configs/<name>.py[:arg]`), a package so that they import each
-other plainly (`from configs import base`) when run from the repository root."""
+"""Config files (`--config=configs/<name>.py[:arg]`), installed as the package roformer.configs:
+they import each other as `from roformer.configs import base`, from any directory."""
 
 # The config file of each comparison arm (roformer.train.config.arm_model_keys names the arms):
 # `--config=configs/<file>.py` pretrains that arm alone.

@@ -24,7 +24,7 @@ extension.methods) takes a comma list there, or the flag once per item.
 """
 import ml_collections
 
-from configs import base, glue
+from roformer.configs import base, glue
 from roformer.config_files import shared_data
 from roformer.errors import ConfigError
 
@@ -101,6 +101,7 @@ def get_config(arg=None):
     g = c.glue = glue.get_config()
     g.task = "sst2,mrpc"
     g.seeds = 3
+    g.source = "local"
     g.data_dir = str(SHARED_DATA / "glue")
 
     # Held-out MLM loss at multiples of the pretraining length, over the same text at

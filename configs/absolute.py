@@ -1,5 +1,5 @@
 """Learned absolute position embeddings (BERT)."""
-from configs import base
+from roformer.configs import base
 
 
 def get_config(arg=None):

@@ -1,5 +1,5 @@
 """ALiBi linear attention-logit bias."""
-from configs import base
+from roformer.configs import base
 
 
 def get_config(arg=None):

@@ -1,7 +1,8 @@
 """Base MLM pretraining config; the per-scheme files change a few keys.
 
 `get_config("size=base,source=files,accel=gpu")` takes comma-separated overrides for the
-model size preset, the data source and the accelerator setting (`accel=gpu|tpu`: bf16
+model size preset (with a batch and length that suit it: `SIZE_BATCHES`), the data source and
+the accelerator setting (`accel=gpu|tpu`: bf16
 compute, no attention dropout, the fused attention kernel; roformer/accelerator.py); any key
 can also be set on the command line, e.g. `--config.train.steps=1000 --config.model.size=mini`.
 """
@@ -15,6 +16,13 @@ from roformer.accelerator import apply_accelerator_setting, parse_config_arg
 from roformer.data.config import DataConfig
 from roformer.model import PRESETS, ModelConfig
 from roformer.train.config import RETIRED_KEYS, TrainConfig
+
+# What `size=` in the config argument sets besides the model: a batch and length (train.batch_size,
+# train.seq_len) its model trains at where it is meant to run. tiny and mini are laptop-CPU
+# sizes (MLM logits over a 30k vocabulary at 256 x 512 alone fill a laptop's memory); base and
+# large keep BERT's 256 x 512, an accelerator's. `--config.model.size=` changes only the model.
+SIZE_BATCHES = {"tiny": (32, 128), "mini": (32, 128), "small": (64, 128), "medium": (64, 256),
+                "base": (256, 512), "large": (256, 512)}
 
 # ModelConfig fields the data decides (from the tokenizer).
 FROM_DATA = ("vocab_size", "pad_token_id")
@@ -65,6 +73,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Every key and its default: roformer/train/config.py. Retired keys stay as unset
     # placeholders, so setting one is refused with the name of its replacement.
     config.train = ml_collections.ConfigDict(dataclasses.asdict(TrainConfig()))
+    if args.get("size") in SIZE_BATCHES:   # an unknown size is refused by the model's preset lookup
+        config.train.batch_size, config.train.seq_len = SIZE_BATCHES[args["size"]]
     for key in RETIRED_KEYS:
         config.train[key] = config_dict.placeholder(str)
 

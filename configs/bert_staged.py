@@ -10,7 +10,7 @@ phase is 'steps:seq_len:batch_size', optionally followed by ':lr=X', ':warmup=N'
 ':max_predictions=N'; change them on the command line, e.g.
 `--config.train.phases=9000:128:32,1000:512:8:max_predictions=80`. See docs/pretraining.md.
 """
-from configs import base
+from roformer.configs import base
 
 
 def get_config(arg=None):

@@ -14,7 +14,7 @@ Variants (`configs/capability.py:<arg>`):
 """
 import ml_collections
 
-from configs import ablation
+from roformer.configs import ablation
 from roformer.errors import ConfigError
 
 

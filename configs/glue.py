@@ -29,9 +29,11 @@ def get_config(arg=None):
     c.init = "none"                 # pretraining workdir | HF RoFormer dir | "none" (random init)
     c.init_step = -1                # pretraining checkpoint step; -1 = latest
 
-    # Data: local GLUE dir (download_glue_data.py layout), HF datasets, or TFDS.
-    c.source = "local"              # local | hf | tfds
-    c.data_dir = "../shared/data/glue"
+    # Data: local GLUE dir (download_glue_data.py layout), HF datasets, or TFDS. auto: data_dir
+    # when given, else the shared data's GLUE copy where there is one (a checkout's
+    # ../shared/data/glue), else HF datasets (roformer.glue.readers.glue_source).
+    c.source = "auto"               # auto | local | hf | tfds
+    c.data_dir = ""
     c.hf_path = "nyu-mll/glue"
     c.hf_cache_dir = ""
     c.tfds_data_dir = ""
@@ -41,13 +43,14 @@ def get_config(arg=None):
 
     # Model. From a checkpoint the architecture is the checkpoint's; size / vocab_size set
     # here must then match it (a mismatch is refused). With init=none: size "" -> "mini".
-    # Dropout, the compute dtype (model.dtype, as in pretraining) and the attention kernel
-    # (attention_impl: auto picks the fastest this device and model allow) start at
-    # ModelConfig's defaults, not the checkpoint's: a run on another device may need others.
+    # Dropout, the compute dtype (model.dtype, as in pretraining), the attention kernel
+    # (attention_impl: auto picks the fastest this device and model allow) and gradient
+    # checkpointing (remat: none|full|dots, docs/pretraining.md) start at ModelConfig's
+    # defaults, not the checkpoint's: a run on another device may need others.
     c.model = ml_collections.ConfigDict(dict(
         size="", vocab_size=0, position="", hidden_dropout=ModelConfig.hidden_dropout,
         attention_dropout=ModelConfig.attention_dropout, dtype=ModelConfig.dtype,
-        attention_impl=ModelConfig.attention_impl))
+        attention_impl=ModelConfig.attention_impl, remat=ModelConfig.remat))
 
     # Protocol.
     c.learning_rate = 4e-5

@@ -1,5 +1,5 @@
 """No position information (bag of tokens baseline)."""
-from configs import base
+from roformer.configs import base
 
 
 def get_config(arg=None):

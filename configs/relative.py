@@ -1,5 +1,5 @@
 """Shaw et al. relative position representations (clip k = 16)."""
-from configs import base
+from roformer.configs import base
 
 
 def get_config(arg=None):

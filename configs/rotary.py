@@ -1,5 +1,5 @@
 """RoFormer: rotary position embedding on q and k (the default scheme)."""
-from configs import base
+from roformer.configs import base
 
 
 def get_config(arg=None):

@@ -1,5 +1,5 @@
 """RoPE with linear attention (RoFormer paper eq. 19)."""
-from configs import base
+from roformer.configs import base
 
 
 def get_config(arg=None):

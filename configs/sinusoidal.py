@@ -5,7 +5,7 @@ the table times a learnable scalar initialised at 1/sqrt(d) (Cramming's scaled s
 `vaswani` the word embeddings times sqrt(d), the table as it is; `unscaled` the bare table.
 configs/sinusoidal_cramming.py and configs/sinusoidal_vaswani.py name the two published forms,
 so a study or ablation can run them as arms of their own (`study.schemes=rope,sinusoidal_vaswani`)."""
-from configs import base
+from roformer.configs import base
 
 
 def get_config(arg=None):

@@ -1,6 +1,6 @@
 """Cramming's scaled sinusoidal positions (Geiping & Goldstein 2022): the sin/cos table times
 a learnable scalar initialised at 1/sqrt(d) (configs/sinusoidal.py lists the forms)."""
-from configs import sinusoidal
+from roformer.configs import sinusoidal
 
 
 def get_config(arg=None):

@@ -15,7 +15,7 @@ import math
 
 import ml_collections
 
-from configs import ablation
+from roformer.configs import ablation
 from roformer.errors import ConfigError
 
 

@@ -1,5 +1,5 @@
 """T5 bucketed relative attention bias."""
-from configs import base
+from roformer.configs import base
 
 
 def get_config(arg=None):

@@ -2,7 +2,7 @@
 
 `python -m roformer.pretrain --config=configs/tiny.py --workdir=runs/tiny`
 """
-from configs import base
+from roformer.configs import base
 
 
 def get_config(arg=None):

@@ -5,7 +5,9 @@ device, compute dtype and attention path it uses.
 `configs/glue.py:accel=gpu`) selects what an accelerator runs fastest without changing the
 model's parameters: bf16 compute (parameters stay float32) and no attention dropout, as
 MosaicBERT, ModernBERT and Cramming train, so that attention_impl=auto takes the fused
-kernel. `accel=cpu` keeps the defaults.
+kernel. `accel=cpu` keeps the defaults. A command run with `accel=gpu|tpu` where jax sees no
+such device (a CPU-only jax, or a GPU plugin that failed to load) is refused before it starts
+(`require_accelerator`), instead of training in bf16 on the CPU.
 """
 from __future__ import annotations
 
@@ -30,6 +32,24 @@ def apply_accelerator_setting(model_section, accel: str) -> None:
         raise ConfigError(f"unknown accel={accel!r}; choose one of {sorted(ACCELERATOR_SETTINGS)}")
     for key, value in ACCELERATOR_SETTINGS[accel].items():
         model_section[key] = value
+
+
+def requested_accelerator(config_spec: str) -> str:
+    """The `accel=` value of a --config argument (`path[:arg]`), "" when it has none."""
+    _, _, arg = config_spec.partition(":")
+    values = [item.partition("=")[2].strip() for item in arg.split(",") if item.partition("=")[0].strip() == "accel"]
+    return values[-1] if values else ""
+
+
+def require_accelerator(accel: str) -> None:
+    """Refuse `accel=gpu|tpu` when jax's backend is not that device (call it once jax may
+    start: after roformer.distributed's initialisation on a multi-host job)."""
+    if accel not in ("gpu", "tpu") or jax.default_backend() == accel:
+        return
+    install = "jax's CUDA build (pip install 'roformer-jax[cuda13]')" if accel == "gpu" else "jax[tpu]"
+    raise ConfigError(f"accel={accel}, but jax sees no {accel.upper()}: it runs on {device_summary()}; "
+                      f"install {install} (docs/install.md; a plugin that failed to load says why with -v 0), "
+                      f"or drop accel={accel} to run on the CPU")
 
 
 def parse_config_arg(arg: str | None, *, flags: tuple[str, ...] = (), keys: tuple[str, ...] = (),

@@ -51,6 +51,8 @@ _ROPE_ANGLES = "the rotary angles are computed, not learned: a context-extension
 MAY_DIFFER: dict[str, MayDiffer] = {
     "attention_impl": MayDiffer("selects a kernel: same parameters, same math", resume=True, warm_start=True,
                                  finetune=True),
+    "remat": MayDiffer("recomputes activations in the backward pass: same parameters, same math", resume=True,
+                       warm_start=True, finetune=True),
     "hidden_dropout": MayDiffer("training-time regularisation, no parameter", warm_start=True, finetune=True),
     "attention_dropout": MayDiffer("training-time regularisation, no parameter", warm_start=True, finetune=True),
     "dtype": MayDiffer("the compute precision; parameters are kept in float32", warm_start=True, finetune=True),

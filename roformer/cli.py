@@ -137,7 +137,6 @@ def run(main: Callable[[list[str]], object], *, doc: str, default_config: str | 
     if default_config is not None and config_spec(sys.argv) is None:
         sys.argv.insert(1, f"--config={default_config}")   # the config flag reads sys.argv itself
     resolve_config_arg(sys.argv)
-    config_files.make_importable()
     parse = functools.partial(_parse_flags, doc=doc, help_config=help_config)
     app.run(functools.partial(_run_main, main), argv=sys.argv, flags_parser=parse)
 
@@ -171,6 +170,11 @@ def _parse_flags(argv: list[str], *, doc: str, help_config) -> list[str]:
             raise SystemExit(0)
         try:
             return flags.FLAGS(argv)
+        except ImportError as error:   # the config file's own imports
+            message = spec and config_files.old_import(error, spec)
+            if not message:
+                raise
+            raise UsageError(message) from error
         except (AttributeError, KeyError) as error:   # ml_collections: an override names no key
             message = spec and _unknown_key_message(spec, argv)
             if not message:
@@ -207,9 +211,14 @@ def config_spec(argv: list[str]) -> str | None:
 
 def load_config(spec: str):
     """`get_config([arg])` of the config file `path[:arg]`, called as --config calls it."""
-    config_files.make_importable()
     path, colon, arg = spec.partition(":")
-    get_config = runpy.run_path(path)["get_config"]
+    try:
+        get_config = runpy.run_path(path)["get_config"]
+    except ImportError as error:
+        message = config_files.old_import(error, spec)
+        if not message:
+            raise
+        raise UsageError(message) from error
     return get_config(arg) if colon else get_config()
 
 

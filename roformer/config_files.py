@@ -4,18 +4,18 @@ where the shared data they name lives (`shared_data`); how a list setting reads
 both key their records by.
 
 The repository keeps the config files at its top, in configs/; a wheel ships the same
-files as the package roformer.configs (setuptools maps the directory: pyproject.toml).
-`CONFIG_DIR` is whichever of the two this installation has. The files import each other
-as the package `configs` (`from configs import base`), which a checkout's root provides
-on sys.path; elsewhere `make_importable` provides it from `CONFIG_DIR`.
+files as the package roformer.configs (setuptools maps the directory: pyproject.toml; a
+checkout without that install finds them through roformer/__init__.py). `CONFIG_DIR` is
+whichever of the two this installation has. The files import each other as that package
+(`from roformer.configs import base`), so they import the same way from any directory,
+whatever `configs` package the directory holds. A user's config file that still imports the
+old top-level name (`from configs import base`) is refused in one line (`old_import`).
 """
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -44,19 +44,6 @@ def resolve(spec: str) -> str:
     return f"{shipped}{colon}{arg}" if shipped.is_file() else spec
 
 
-def make_importable() -> None:
-    """Let config files `import configs` where no `configs` package is on sys.path (an
-    installed package run outside a checkout): the package is then this installation's
-    CONFIG_DIR. Where one is on sys.path (a checkout's root), it is left alone."""
-    if "configs" in sys.modules or importlib.util.find_spec("configs") is not None:
-        return
-    spec = importlib.util.spec_from_file_location("configs", CONFIG_DIR / "__init__.py",
-                                                  submodule_search_locations=[str(CONFIG_DIR)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["configs"] = module
-    spec.loader.exec_module(module)
-
-
 def split_list(value: Any) -> list[str]:
     """A list setting's items as text: a tuple or list (a config file's form; from the command
     line `--config.schemes=rope,learned` arrives as the tuple ("rope,learned",)) or a comma
@@ -69,3 +56,15 @@ def fingerprint(*parts: Any) -> str:
     """Stable hash of JSON-able parts (keys sorted; other values by their text)."""
     text = json.dumps(list(parts), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def old_import(error: ImportError, spec: str) -> str | None:
+    """The one-line refusal of a config file that imports the package `configs` (the name
+    the config files had before they became roformer.configs), or None for any other import
+    error. From a directory without its own `configs` the old name is not found at all;
+    from one with it (a user's own), it is that package, without `base`."""
+    if error.name != "configs" and not (error.name or "").startswith("configs."):
+        return None
+    return (f"--config={spec}: the config file imports the package `configs`; the shipped config "
+            f"files are the package roformer.configs now: write `from roformer.configs import base` "
+            f"(docs/pretraining.md)")

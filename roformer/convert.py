@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.metadata
 import json
 import logging
 import shutil
@@ -70,6 +71,7 @@ FORMAT_NAME = "roformer-jax"
 # Lies in an output directory while a conversion writes it; a directory that still has it was
 # left by a conversion that was stopped, and is refused as input.
 EXPORT_INCOMPLETE = "EXPORT_INCOMPLETE"
+OLDEST_TESTED_TRANSFORMERS = "4.45.0"
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 AnyModel = RoFormerModel | RoFormerForMaskedLM | RoFormerForSequenceClassification
@@ -126,8 +128,10 @@ def check_hf_expressible(config: ModelConfig) -> None:
                           f"base 10000, full-head rotary, softmax attention, post-LN, no rope scaling)")
 
 
-def model_config_to_hf_config(config: ModelConfig, *, head: str, num_labels: int | None = None) -> dict:
-    """HF config.json dict for our config; ValueError for settings HF RoFormer cannot express."""
+def model_config_to_hf_config(config: ModelConfig, *, head: str, num_labels: int | None = None,
+                              label_names: tuple[str, ...] | None = None) -> dict:
+    """HF config.json dict for our config; ValueError for settings HF RoFormer cannot express.
+    `label_names`: what each class id of a classification head means (id2label; else LABEL_i)."""
     check_hf_expressible(config)
     if head not in HEADS:
         raise ValueError(f"unknown head {head!r}; choose one of {HEADS}")
@@ -152,13 +156,67 @@ def model_config_to_hf_config(config: ModelConfig, *, head: str, num_labels: int
         "is_decoder": False,
         "tie_word_embeddings": True,
         "dtype": "float32",
+        "transformers_version": transformers_version(),
     }
     if head == "classification":
-        hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
-        hf["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+        names = list(label_names) if label_names and len(label_names) == num_labels else [
+            f"LABEL_{i}" for i in range(num_labels)]
+        hf["id2label"] = {str(i): name for i, name in enumerate(names)}
+        hf["label2id"] = {name: i for i, name in enumerate(names)}
         if num_labels == 1:
             hf["problem_type"] = "regression"
     return hf
+
+
+MODEL_CARD = "README.md"
+
+
+def model_card(model: AnyModel, facts: list[tuple[str, str]], *, licence: str = "apache-2.0") -> str:
+    """The README.md a Hub repository shows for an export: HF's front matter (licence, library,
+    pipeline tag), then what the model is and `facts` (what it was trained on, how long, its
+    score), one line each."""
+    config, head = model.config, _model_head(model)
+    task = {"mlm": "fill-mask", "classification": "text-classification", "none": "feature-extraction"}[head]
+    lines = ["---", f"license: {licence}", "library_name: transformers", f"pipeline_tag: {task}",
+             "tags: [roformer, roformer-jax]", "---", "",
+             f"# RoFormer ({HF_ARCHITECTURES[head]})", "",
+             f"A RoFormer encoder (rotary position embedding) trained with roformer-jax and exported to HF "
+             f"transformers' RoFormer format: {config.num_layers} layers, hidden size {config.hidden_size}, "
+             f"{config.num_heads} heads, vocabulary {config.vocab_size:,}, position scheme `{config.position}`.", ""]
+    lines += [f"- **{name}**: {value}" for name, value in facts]
+    lines += ["", f"Licence: {licence} (the code's; the weights also carry the terms of the data they were "
+              "trained on).", ""]
+    return "\n".join(lines)
+
+
+def pretraining_facts(run: PretrainWorkdir, step: int) -> list[tuple[str, str]]:
+    """What a pretraining workdir says about its run: data, length, held-out loss at `step`."""
+    config, facts = run.run_config(), []
+    data, train = config.get("data") or {}, config.get("train") or {}
+    if data:
+        source = data.get("source", "")
+        facts.append(("trained on", f"{data.get('files') or data.get('hf_path') or data.get('tfds_name') or source} "
+                                    f"({source} source), masked-language-model objective"))
+    if train:
+        tokens = step * int(train.get("batch_size", 0)) * int(train.get("seq_len", 0))
+        facts.append(("trained for", f"{step:,} steps of {train.get('batch_size')} x {train.get('seq_len')} tokens "
+                                     f"(about {tokens:,} tokens; phases: {train.get('phases') or 'none'})"))
+    summary = run.path / "summary.json"
+    scored = run.eval_file(step)
+    metrics = json.loads(scored.read_text()) if scored.is_file() else (
+        json.loads(summary.read_text()) if summary.is_file() else {})
+    if "eval_loss" in metrics and metrics.get("final_step", step) == step:
+        facts.append(("held-out MLM loss", f"{metrics['eval_loss']:.4f} at step {step}"))
+    return facts
+
+
+def transformers_version() -> str:
+    """The `transformers_version` of an exported config.json: the installed transformers', else
+    the oldest this format is tested with (pyproject.toml's dev extra)."""
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return OLDEST_TESTED_TRANSFORMERS
 
 
 def sinusoid_table(num_positions: int, dim: int) -> np.ndarray:
@@ -418,7 +476,7 @@ def load_hf(hf_dir: str | Path, *, head: str | None = None, num_labels: int | No
 
 
 def save_hf(model: AnyModel, config: ModelConfig | None, out_dir: str | Path,
-            head: str | None = None) -> Path:
+            head: str | None = None, label_names: tuple[str, ...] | None = None) -> Path:
     """Write `model` as an HF RoFormer directory (config.json + model.safetensors) that
     transformers' RoFormerForMaskedLM / RoFormerForSequenceClassification / RoFormerModel
     `from_pretrained` loads.  `head` defaults to the model's own."""
@@ -429,7 +487,7 @@ def save_hf(model: AnyModel, config: ModelConfig | None, out_dir: str | Path,
         raise ValueError("config differs from model.config; pass the model's own config (or None)")
     config = model.config
     num_labels = getattr(model, "num_labels", None)
-    hf = model_config_to_hf_config(config, head=own_head, num_labels=num_labels)
+    hf = model_config_to_hf_config(config, head=own_head, num_labels=num_labels, label_names=label_names)
     weights = params_to_hf_weights(model)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -618,6 +676,7 @@ def main(argv: list[str] | None = None) -> None:
         config, model = load_converted(src)
         with exporting(out_dir):
             out = save_hf(model, config, out_dir)
+            source = ""
             _copy_tokenizer_files(src, out)
             if not (out / "tokenizer_config.json").is_file() and any((out / n).is_file() for n in TOKENIZER_FILES):
                 # a vocabulary from an HF directory without one: BERT's default is uncased, and a
@@ -626,8 +685,10 @@ def main(argv: list[str] | None = None) -> None:
                 lowercase = normalizer_lowercases(Tokenizer.from_file(str(fast))) if fast.is_file() else True
                 write_hf_tokenizer_config(out, lowercase=lowercase, model_max_length=config.max_position_embeddings)
     elif PretrainWorkdir.holds_run(src):
-        config, model = load_pretrain_workdir(src, step=args.step)
         run = PretrainWorkdir(src)
+        step = run.resolve_step(args.step)
+        config, model = load_pretrain_workdir(src, step=step)
+        source = f" (step {step} of {src})"
         exported = with_trained_positions(config, run.longest_seq_len())
         if exported is not config:   # the same parameters (rope has no position table of its own)
             longer = build_model(exported, "mlm")
@@ -636,12 +697,14 @@ def main(argv: list[str] | None = None) -> None:
             config, model = exported, longer
         with exporting(out_dir):
             out = save_hf(model, config, out_dir)
+            write_text_atomic(out / MODEL_CARD, model_card(model, [("source", f"step {step} of {src}"),
+                                                                  *pretraining_facts(run, step)]))
             if run.tokenizer_file.is_file():
                 save_hf_tokenizer(run.tokenizer(), out, model_max_length=config.max_position_embeddings)
     else:
         raise cli.UsageError(f"to-hf: {src} has neither {OUR_CONFIG_FILE} (from-hf output) nor {CHECKPOINTS}/ "
                              "(a pretraining workdir)")
-    print(f"wrote HF {HF_ARCHITECTURES[_model_head(model)]} to {out}")
+    print(f"wrote HF {HF_ARCHITECTURES[_model_head(model)]}{source} to {out}")
 
 
 if __name__ == "__main__":

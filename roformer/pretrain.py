@@ -21,6 +21,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from roformer import cli, launch_check
+from roformer.accelerator import requested_accelerator, require_accelerator
+from roformer.distributed import initialize_distributed
 from roformer.train import train_and_evaluate, warm_start
 from roformer.train.progress import stop_signal
 
@@ -67,6 +69,8 @@ def main(argv):
         return
     if not FLAGS.workdir:
         raise cli.UsageError("--workdir is required (or --compile_only=TARGET to check a config for a target)")
+    initialize_distributed(FLAGS.config.distributed)   # before jax looks for devices
+    require_accelerator(requested_accelerator(config_flags.get_config_filename(FLAGS["config"])))
     if FLAGS.config.train.init_from:
         warm_start.unset_architecture(FLAGS.config.model, given_model_keys())
     summary = train_and_evaluate(FLAGS.config, FLAGS.workdir)

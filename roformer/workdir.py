@@ -46,7 +46,7 @@ def damage_read_at_open(step_dir: Path) -> str | None:
     except checksums.ChecksumMismatch as error:
         return f"does not match the checksums saved with it ({error})"
     try:
-        ocp.path.step.Metadata(step=int(step_dir.name), path=step_dir).commit_timestamp_nsecs   # parses the metadata
+        _ = ocp.path.step.Metadata(step=int(step_dir.name), path=step_dir).commit_timestamp_nsecs   # parses the metadata
         metrics = step_dir / "metrics" / "metrics"
         if metrics.is_file():
             json.loads(metrics.read_bytes())

@@ -37,8 +37,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from configs import SCHEME_FILES  # noqa: E402
-from configs.ablation import SHARED_DATA  # noqa: E402
+from roformer.configs import SCHEME_FILES  # noqa: E402
+from roformer.configs.ablation import SHARED_DATA  # noqa: E402
 from roformer.model import ModelConfig  # noqa: E402
 from roformer.model.positions import POSITION_SCHEMES  # noqa: E402
 from roformer.train.metrics import read_metrics  # noqa: E402

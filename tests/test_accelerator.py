@@ -20,7 +20,7 @@ NOT_FUSED = {"relative": "Shaw relative keys and values", "rotary_linear": "line
 
 
 def get_config(name: str, arg: str | None = None):
-    return importlib.import_module(f"configs.{name}").get_config(arg)
+    return importlib.import_module(f"roformer.configs.{name}").get_config(arg)
 
 
 @pytest.mark.parametrize("name", PRETRAINING_CONFIGS)

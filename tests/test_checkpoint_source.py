@@ -24,9 +24,9 @@ def test_one_table_says_what_may_differ_and_why_for_every_use():
 
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     assert set(MAY_DIFFER) <= fields and all(rule.why for rule in MAY_DIFFER.values())
-    assert bookkeeping.RESUMABLE_ACROSS == may_differ("resume") == ("attention_impl",)
+    assert bookkeeping.RESUMABLE_ACROSS == may_differ("resume") == ("attention_impl", "remat")
     assert set(glue_init.FINETUNE_FIELDS) == set(may_differ("finetune")) == {
-        "attention_impl", "hidden_dropout", "attention_dropout", "dtype"}
+        "attention_impl", "remat", "hidden_dropout", "attention_dropout", "dtype"}
     assert warm_start.MAY_DIFFER == may_differ("warm_start")
     # a resumed or fine-tuned run may change nothing a warm start could not
     assert set(may_differ("resume")) | set(may_differ("finetune")) <= set(may_differ("warm_start"))

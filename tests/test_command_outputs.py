@@ -75,8 +75,9 @@ def test_glue_ends_with_a_line_naming_its_outputs(tmp_path, shared_data):
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = proc.stdout.splitlines()[-1]
     assert last.startswith("done: results in ")
-    named = named_paths(last, workdir)
-    assert len(named) == 4 and all(p.exists() for p in named), named
+    named = named_paths(last, workdir)   # results x2, metrics, TensorBoard, the model and its HF export
+    assert len(named) == 6 and all(p.exists() for p in named), named
+    assert named[-2:] == [workdir / "models" / "wnli" / "seed0", workdir / "models" / "wnli" / "hf"]
 
 
 @pytest.mark.slow

@@ -224,7 +224,7 @@ def test_cli_round_trip_from_pytorch_bin(tmp_path, batch):
 
 @needs_torch
 @needs_transformers
-def test_to_hf_from_pretraining_workdir(tmp_path, batch):
+def test_to_hf_from_pretraining_workdir(tmp_path, batch, capsys):
     config = ModelConfig(vocab_size=VOCAB, hidden_size=32, embedding_size=24, num_layers=2, num_heads=2,
                          intermediate_size=64, max_position_embeddings=64)
     ours = randomize(RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)), seed=4)
@@ -235,6 +235,8 @@ def test_to_hf_from_pretraining_workdir(tmp_path, batch):
     checkpointer.close()
 
     convert.main(["to-hf", str(tmp_path / "run"), str(tmp_path / "hf")])
+    assert capsys.readouterr().out == (f"wrote HF RoFormerForMaskedLM (step 7 of {tmp_path / 'run'}) "
+                                       f"to {tmp_path / 'hf'}\n")   # which checkpoint it took
     hf = transformers.RoFormerForMaskedLM.from_pretrained(tmp_path / "hf").eval()
     assert_close(our_outputs(ours, batch), hf_outputs(hf, batch), batch)
 

@@ -187,7 +187,7 @@ def private_imports() -> list[str]:
     'path:line: name'."""
     files = module_files()
     found = []
-    for name, path in files.items():
+    for path in files.values():
         tree = ast.parse(path.read_text())
         modules = set()   # local names bound to roformer modules
         for node in ast.walk(tree):

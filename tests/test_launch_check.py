@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import tiny
+from roformer.configs import tiny
 from roformer import deviceless, launch_check
 from roformer.errors import ConfigError
 from roformer.train import compiled, sharding

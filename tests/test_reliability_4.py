@@ -112,7 +112,7 @@ def test_inf_and_nan_are_refused_by_every_float_rule():
             assert refusal(key, value, rule), f"{key}={value} passes {rule!r}"
     with pytest.raises(ConfigError, match=r"^train.eps=inf is not allowed: a number > 0$"):
         TrainConfig(eps=float("inf"))
-    from configs import glue as glue_config
+    from roformer.configs import glue as glue_config
     config = glue_config.get_config()
     config.num_epochs = float("inf")
     with pytest.raises(ConfigError, match="config.num_epochs=inf is not allowed"):
@@ -249,7 +249,7 @@ def test_an_export_stopped_midway_is_refused_by_from_hf(finished, tmp_path, monk
 
 
 def test_glue_max_seq_len_beyond_any_example_is_refused():
-    from configs import glue as glue_config
+    from roformer.configs import glue as glue_config
     from roformer.glue.settings import check_config
 
     config = glue_config.get_config()

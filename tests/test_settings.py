@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from configs import glue as glue_config
+from roformer.configs import glue as glue_config
 from roformer.data.config import DataConfig
 from roformer.errors import ConfigError
 from roformer.model import ModelConfig
@@ -46,7 +46,7 @@ CASES = ([(TrainConfig, "train", name, TRAIN_ZERO) for name in numeric_fields(Tr
 @pytest.mark.parametrize("cls, section, name, zero_ok", CASES, ids=[f"{c[1]}.{c[2]}" for c in CASES])
 def test_every_numeric_setting_refuses_bad_values_in_one_line(cls, section, name, zero_ok):
     for value in BAD:
-        assert_refused(lambda: cls(**{name: value}), f"{section}.{name}", value)
+        assert_refused(lambda value=value: cls(**{name: value}), f"{section}.{name}", value)
     if name in zero_ok:
         cls(**{name: 0})
     else:
@@ -87,7 +87,7 @@ def test_every_numeric_glue_setting_refuses_bad_values_in_one_line(key):
 def test_the_issue_cases_name_key_value_and_what_is_allowed():
     assert_refused(lambda: TrainConfig(checkpoint_every=0), "train.checkpoint_every", 0)
     for key in ("log_every", "eval_every", "grad_accum", "eval_batches", "steps"):
-        assert_refused(lambda: TrainConfig(**{key: 0}), f"train.{key}", 0)
+        assert_refused(lambda key=key: TrainConfig(**{key: 0}), f"train.{key}", 0)
     assert_refused(lambda: TrainConfig(steps=-1), "train.steps", -1)
     assert_refused(lambda: TrainConfig(keep_checkpoints=-1), "train.keep_checkpoints", -1)
     assert_refused(lambda: TrainConfig(learning_rate=-1.0), "train.learning_rate", -1.0)

@@ -91,7 +91,7 @@ def test_installed_command_runs_outside_the_checkout(installed, tmp_path):
 
 def test_console_script_takes_configs_path_from_the_package(installed, tmp_path):
     """`--config=configs/<name>.py` with no such file here: the installed file, which
-    imports its base as `configs.base`."""
+    imports its base as `roformer.configs.base`."""
     _, target = installed
     script = target / "bin" / "roformer-pretrain"
     assert script.exists(), sorted(p.name for p in (target / "bin").iterdir())

@@ -12,8 +12,8 @@ from pathlib import Path
 import jax
 import pytest
 
-from configs import glue as glue_config
-from configs import tiny
+from roformer.configs import glue as glue_config
+from roformer.configs import tiny
 from roformer.ablation import plan, runner, stages
 from roformer.glue.run import run_glue
 from roformer.train import train_and_evaluate

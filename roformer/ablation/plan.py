@@ -35,13 +35,12 @@ EXTENSION_METHODS = ("none", "linear", "ntk", "yarn", "base")
 
 
 def load_config_file(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
-    """`get_config(arg)` of configs/<name>.py (files such as configs/ablation.py import
-    `configs.base`: roformer.config_files.make_importable)."""
+    """`get_config(arg)` of configs/<name>.py, run afresh (a file may read the environment
+    when it runs: configs/ablation.py's shared data)."""
     path = CONFIG_DIR / f"{name}.py"
     if not path.exists():
         raise ConfigError(f"no config file {path}")
-    config_files.make_importable()
-    spec = importlib.util.spec_from_file_location(f"configs.{name}", path)
+    spec = importlib.util.spec_from_file_location(f"roformer.configs.{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config(arg)
@@ -297,6 +296,9 @@ WATCH_ONLY_TRAIN_PREFIXES = ("divergence_",)
 # and the attention kernel (the same math): auto picks what the device runs fastest.
 WATCH_ONLY_GLUE_KEYS = ("progress_bar", "compilation_cache_dir", "save_models", "train_padding", "eval_padding")
 KERNEL_ONLY_MODEL_KEYS = ("attention_impl",)
+# Model settings that trade memory for compute with the same math (gradient checkpointing):
+# left out of every fingerprint, so a run with another value reruns nothing.
+MEMORY_ONLY_MODEL_KEYS = ("remat",)
 
 
 def _fingerprinted(part: Any) -> Any:
@@ -317,7 +319,15 @@ def _fingerprinted(part: Any) -> Any:
     return data
 
 
+def _without_memory_only(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_memory_only(v) for k, v in value.items() if k not in MEMORY_ONLY_MODEL_KEYS}
+    if isinstance(value, (list, tuple)):
+        return [_without_memory_only(v) for v in value]
+    return value
+
+
 def fingerprint(*parts: Any) -> str:
     """Stable hash of JSON-able parts and config sections (less what only watches a run): a
     stage reruns when its inputs change."""
-    return config_files.fingerprint(*[_fingerprinted(p) for p in parts])
+    return config_files.fingerprint(*[_without_memory_only(_fingerprinted(p)) for p in parts])

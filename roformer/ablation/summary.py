@@ -200,7 +200,7 @@ def convergence(runs: list[dict], reference: str, baseline: str) -> dict | None:
                                       for s in seeds)))
     at_step = []
     for step in steps:
-        def loss(run):
+        def loss(run, step=step):
             return next(p for p in run["curve"] if p["step"] == step)["eval_loss"]
         diff = paired_difference({s: loss(base[s]) for s in seeds}, {s: loss(ref[s]) for s in seeds})
         tokens = next(p for p in ref[seeds[0]]["curve"] if p["step"] == step)["tokens"]

@@ -27,7 +27,7 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
-from roformer import cli, config_files
+from roformer import cli
 from roformer.data.config import DataConfig
 from roformer.data.prepare import prepare, prepare_locally
 from roformer.data.sources import FILE_FORMATS, SOURCES, make_source
@@ -61,7 +61,6 @@ def main(argv: list[str] | None = None) -> int:
         flags.mark_flag_as_required("config")
         prepare_argv = [f"{argv[0]} prepare", *argv[2:]]
         cli.resolve_config_arg(prepare_argv)
-        config_files.make_importable()
         spec = cli.config_spec(prepare_argv)
         with cli.user_errors():   # as the other commands: a missing config file is one line
             if spec is not None and not Path(spec.partition(":")[0]).is_file():

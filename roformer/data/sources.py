@@ -68,7 +68,8 @@ class TextSource(abc.ABC):
         return [(self, 1)]
 
     def __str__(self) -> str:
-        return f"{self.name} source {json.dumps(self.describe(), sort_keys=True)[:300]}"
+        """What is read, as a log line names it (describe() is the full record, hashes included)."""
+        return f"the {self.name} source"
 
 
 def sha256_json(value: Any) -> str:
@@ -109,6 +110,9 @@ class EmbeddedSource(TextSource):
 
     def progress(self) -> float | None:
         return self._topics_done / len(self._topics)
+
+    def __str__(self) -> str:
+        return "the embedded corpus (Python's pydoc topics)"
 
     def describe(self) -> dict:
         text_hash = hashlib.sha256("".join(self._topics[k] for k in sorted(self._topics)).encode())
@@ -182,6 +186,10 @@ class FilesSource(TextSource):
     def progress(self) -> float | None:
         current = self._position() if self._position is not None else 0
         return min(1.0, (self._bytes_done + current) / self._total_bytes)
+
+    def __str__(self) -> str:
+        more = f" and {len(self.paths) - 1} more" if len(self.paths) > 1 else ""
+        return f"{self.paths[0] if self.paths else 'no files'}{more}"
 
     def describe(self) -> dict:
         files = []
@@ -258,6 +266,9 @@ class HFSource(TextSource):
             return None
         return self._rows_done / max(len(self._dataset), 1)
 
+    def __str__(self) -> str:
+        return f"HF dataset {self.path}{f' ({self.config_name})' if self.config_name else ''}, split {self.split}"
+
     def describe(self) -> dict:
         ds = self._load()
         # A non-streaming dataset has a content fingerprint; a stream only has its name.
@@ -327,6 +338,9 @@ class TFDSSource(TextSource):
         if self._source is None:
             return None
         return self._records_done / max(len(self._source), 1)
+
+    def __str__(self) -> str:
+        return f"TFDS dataset {self.builder_name}, split {self.split}"
 
     def describe(self) -> dict:
         source = self._load()

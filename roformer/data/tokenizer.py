@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -116,14 +117,16 @@ class WordPieceTokenizer:
     @classmethod
     def train(cls, documents: Iterable[str], *, vocab_size: int, lowercase: bool = True,
               min_frequency: int = 2, show_progress: bool = True) -> "WordPieceTokenizer":
-        """Learns a WordPiece vocabulary (BERT special tokens first, [PAD] = 0)."""
+        """Learns a WordPiece vocabulary (BERT special tokens first, [PAD] = 0). The trainer's
+        progress bar shows only on a terminal: into a log it writes blank lines."""
         if vocab_size < len(SPECIAL_TOKENS) + 1:
             raise ConfigError(f"data.vocab_size={vocab_size}: must exceed the {len(SPECIAL_TOKENS)} special tokens")
         tokenizer = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=100)),
                                    lowercase)
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                             special_tokens=list(SPECIAL_TOKENS),
-                                            continuing_subword_prefix="##", show_progress=show_progress)
+                                            continuing_subword_prefix="##",
+                                            show_progress=show_progress and sys.stdout.isatty())
         tokenizer.train_from_iterator(documents, trainer=trainer)
         if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS):
             raise ConfigError("tokenizer training found no text: the corpus is empty")
@@ -191,7 +194,7 @@ def _line_numbered_vocab(text: str, path: Path) -> dict[str, int]:
         log.warning("data.vocab: %s repeats %s%s: ids are line numbers, so later tokens keep theirs, and a "
                     "repeated token takes its last line's id, as transformers' BertTokenizer does",
                     path, named, more)
-        for token, earlier, _ in shadowed:
+        for _token, earlier, _ in shadowed:
             placeholder = f"[duplicate-line-{earlier + 1}]"
             while placeholder in vocab:
                 placeholder = f"[{placeholder}]"

@@ -3,9 +3,13 @@
 
 Evaluation only, of the fine-tuned models an earlier run kept (no training):
 python -m roformer.glue --config=<its config> --eval_only=<its workdir> --workdir=NEW_DIR"""
+import sys
+from pathlib import Path
+
 from absl import flags
 
 from roformer import cli
+from roformer.accelerator import requested_accelerator, require_accelerator
 from roformer.glue.evaluate import evaluate_glue
 from roformer.glue.run import run_glue
 
@@ -14,6 +18,7 @@ def main(argv):
     if len(argv) > 1:
         raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
     config, workdir, eval_only = flags.FLAGS.config, flags.FLAGS.workdir, flags.FLAGS.eval_only
+    require_accelerator(requested_accelerator(cli.config_spec(sys.argv) or ""))
     results = evaluate_glue(config, eval_only, workdir) if eval_only else run_glue(config, workdir)
     print(open(f"{workdir}/glue_results.md").read(), end="")
     print(done_line(workdir, results), flush=True)
@@ -23,6 +28,15 @@ def done_line(workdir: str, results: dict) -> str:
     """The command's last line: where its outputs are."""
     line = (f"done: results in {workdir}/glue_results.md and {workdir}/glue_results.json, metrics in "
             f"{workdir}/metrics.jsonl, TensorBoard in {workdir}/tensorboard")
+    saved = [r["saved_models"] for r in results.get("tasks", {}).values() if "saved_models" in r]
+    if len(saved) > 2:   # a line per task would bury the rest
+        root = str(Path(saved[0]["dir"]).parent)
+        line += (f", fine-tuned models (each task's median seed) in {root}/<task>/seed<k>"
+                 + (f", exported for HF transformers in {root}/<task>/hf" if any(s.get("hf") for s in saved) else ""))
+    elif saved:
+        line += ", fine-tuned model (median seed) in " + ", ".join(f"{s['dir']}/seed{s['median_seed']}" for s in saved)
+        exports = [s["hf"] for s in saved if s.get("hf")]
+        line += f", exported for HF transformers in {', '.join(exports)}" if exports else ""
     if "submission" in results:
         line += f", leaderboard submission in {results['submission']['zip']}"
     return line

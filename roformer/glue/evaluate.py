@@ -34,7 +34,7 @@ from roformer.files import writing
 from roformer.glue import features as features_lib
 from roformer.glue.finetune import Classifier, Protocol, predict
 from roformer.glue.init import FINETUNE_FIELDS, InitSource, resolve_model_config
-from roformer.glue.metrics import glue_scores
+from roformer.glue.metrics import glue_scores, scores_line
 from roformer.glue.program_store import ProgramStore
 from roformer.glue.run import (MODELS, ProgramsCache, RunLog, eval_examples, median_seed, predict_kwargs,
                                predicted_shapes, score_eval_splits, scores, seed_medians, trained_tasks,
@@ -182,8 +182,8 @@ def _evaluate(config, run: SavedRun, tasks: list[str], protocols: dict, workdir:
                         log.info("compiled programs are cached in %s", cache)
                     started = True
                 if tokenizer.hash not in featurized:   # the seeds of a task share their tokenizer
-                    feats = lambda ex: features_lib.featurize(ex, tokenizer, protocol.max_seq_len,  # noqa: E731
-                                                              regression=task.is_regression)
+                    feats = lambda ex, tokenizer=tokenizer, protocol=protocol, task=task: (  # noqa: E731
+                        features_lib.featurize(ex, tokenizer, protocol.max_seq_len, regression=task.is_regression))
                     featurized[tokenizer.hash] = ({s: feats(ex) for s, ex in evals.items()},
                                                   {key: feats(ex) for key, ex in tests.items()})
                 eval_f, test_f = featurized[tokenizer.hash]
@@ -194,7 +194,7 @@ def _evaluate(config, run: SavedRun, tasks: list[str], protocols: dict, workdir:
                           **score_eval_splits(task, classifier, programs, eval_f, predict_kw=predict_kw,
                                               run_log=run_log, seed=seed, step=run.trained_steps(name, seed))}
                 seeds[seed] = result
-                log.info("%s seed %d: %s", task.display, seed, {s: result[s] for s in task.eval_splits})
+                log.info("%s seed %d: %s", task.display, seed, scores_line({s: result[s] for s in task.eval_splits}))
                 if test_f:
                     test_predictions[seed] = {key: (f, predict(classifier, programs, f, **predict_kw))
                                               for key, f in test_f.items()}

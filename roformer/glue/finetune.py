@@ -454,6 +454,9 @@ class Programs:
             found = (list(pool.map(lambda item: self.store.load(self._describe(*item)), todo)) if self.store
                      else [None] * len(todo))
             missing = [item for item, program in zip(todo, found) if program is None]
+            if missing:   # a first run's long silent phase otherwise (later runs load them)
+                log.info("compiling %d programs (%d train, %d predict)", len(missing),
+                         sum(kind == "train" for kind, _ in missing), sum(kind == "predict" for kind, _ in missing))
             lowered = [self.lower_train(key) if kind == "train" else self._lower_predict(*key)
                        for kind, key in missing]      # tracing is Python: one thread
             compiled = iter(pool.map(lambda item, low: self._compile(*item, low), missing, lowered))
@@ -532,13 +535,18 @@ def finetune(classifier: Classifier, programs: Programs, features: Features, pro
         for first, program in zip(range(0, total_steps, steps_per_call), per_call):
             batches = call_inputs(program, padded, plan, rates, first)
             params, opt_state, losses = compiled[program](params, opt_state, rest, jax.device_put(batches), base_key)
-            in_flight.append(losses)
-            if len(in_flight) > CALLS_AHEAD:
-                jax.block_until_ready(in_flight.popleft())   # an older call: the newer ones keep the device busy
             last = min(first + steps_per_call, total_steps)
+            in_flight.append((losses, last - first))
+            if len(in_flight) > CALLS_AHEAD:   # an older call: the newer ones keep the device busy
+                done, steps = in_flight.popleft()
+                jax.block_until_ready(done)
+                bar.update(steps)              # the bar counts finished steps, not queued ones
             logged += [(step, losses, step - first - 1) for step in range(first + 1, last + 1)
                        if step % log_every == 0 or step == total_steps]
-            bar.update(last - first)
+        while in_flight:
+            done, steps = in_flight.popleft()
+            jax.block_until_ready(done)
+            bar.update(steps)
     fetched = jax.device_get([losses for _, losses, _ in logged])     # waits for the last step
     seconds = time.perf_counter() - start
     losses = [float(values[index]) for (_, _, index), values in zip(logged, fetched)]

@@ -10,8 +10,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from roformer.config_files import shared_data
 from roformer.errors import ConfigError
 from roformer.glue.tasks import TaskSpec
+
+SOURCES = ("auto", "local", "hf", "tfds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,12 +29,29 @@ class GlueDataError(ConfigError):
     """Malformed or missing GLUE data, with the file (and line) at fault."""
 
 
+def glue_source(source: str, data_dir: str) -> tuple[str, str]:
+    """(the source a run reads, its local GLUE dir or ""). `auto` reads the local dir
+    `data_dir` when one is given, else the shared data's GLUE copy where there is one
+    (roformer.config_files.shared_data: a checkout's ../shared/data), else HF `datasets`
+    (the Hub's GLUE, downloaded once into its cache): so an installed package needs no
+    GLUE files of its own."""
+    if source not in SOURCES:
+        raise ConfigError(f"unknown GLUE data source {source!r}; choose one of {', '.join(SOURCES)}")
+    if source != "auto":
+        return source, data_dir
+    if data_dir:
+        return "local", data_dir
+    shared = shared_data() / "glue"
+    return ("local", str(shared)) if shared.is_dir() else ("hf", "")
+
+
 def read_split(task: TaskSpec, split: str, *, source: str = "local", data_dir: str = "",
                hf_path: str = "nyu-mll/glue", hf_cache_dir: str | None = None,
                tfds_data_dir: str | None = None) -> list[Example]:
     if split not in task.splits:
         raise ConfigError(f"task {task.name} has no split {split!r}; "
                           f"it has {', '.join(task.splits)}")
+    source, data_dir = glue_source(source, data_dir)
     if source == "local":
         check_data_dir(data_dir)
         return read_local(task, split, data_dir)
@@ -39,7 +59,7 @@ def read_split(task: TaskSpec, split: str, *, source: str = "local", data_dir: s
         return read_hf(task, split, hf_path=hf_path, cache_dir=hf_cache_dir)
     if source == "tfds":
         return read_tfds(task, split, data_dir=tfds_data_dir)
-    raise ConfigError(f"unknown GLUE data source {source!r}; choose local, hf or tfds")
+    raise ConfigError(f"unknown GLUE data source {source!r}; choose one of {', '.join(SOURCES)}")
 
 
 # ---------------------------------------------------------------- local TSV
@@ -102,7 +122,7 @@ def read_local(task: TaskSpec, split: str, data_dir: str | Path) -> list[Example
             try:
                 idx = int(fields[index_idx])
             except ValueError:
-                raise GlueDataError(f"{where}: index {fields[index_idx]!r} is not an integer")
+                raise GlueDataError(f"{where}: index {fields[index_idx]!r} is not an integer") from None
         texts = [fields[i] for i in text_idx]
         examples.append(Example(idx, texts[0], texts[1] if len(texts) > 1 else None, label))
     return examples
@@ -177,6 +197,12 @@ def read_hf(task: TaskSpec, split: str, *, hf_path: str = "nyu-mll/glue",
         ds = datasets.load_dataset(hf_path, task.hf_config, split=split, cache_dir=cache_dir)
     except ValueError as e:  # unknown split
         raise GlueDataError(f"{hf_path}/{task.hf_config}: cannot load split {split!r}: {e}") from e
+    except OSError as e:   # ConnectionError: offline, or the Hub out of reach, with nothing cached
+        raise GlueDataError(
+            f"cannot read GLUE {task.display} from the Hub ({hf_path}) through HF datasets: "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}; offline, point --config.data_dir at a "
+            f"local GLUE copy (download_glue_data.py layout; --config.source=local) or "
+            f"--config.source=tfds at a prepared TFDS one") from e
     return _from_records(task, split, ds, f"{hf_path}/{task.hf_config}[{split}]")
 
 

@@ -27,9 +27,9 @@ from roformer.glue import features as features_lib
 from roformer.glue.finetune import (Classifier, Programs, Protocol, create_model, finetune, predict, predict_lengths,
                                     predict_shapes, task_padding, train_programs)
 from roformer.glue.init import encoder_state, load_init, resolve_model_config
-from roformer.glue.metrics import glue_scores, task_metrics
+from roformer.glue.metrics import glue_scores, scores_line, task_metrics
 from roformer.glue.program_store import ProgramStore
-from roformer.glue.readers import GlueDataError, check_data_dir, local_path, read_split
+from roformer.glue.readers import GlueDataError, check_data_dir, glue_source, local_path, read_split
 from roformer.glue.settings import check_config
 from roformer.glue.submission import finish_submission, write_predictions
 from roformer.glue.tasks import TASKS, TaskSpec, parse_task_list
@@ -110,7 +110,8 @@ def _logged_task(line: str) -> str | None:
 
 def data_kwargs(config) -> dict:
     """read_split's keyword arguments: where a GLUE config reads its data."""
-    return dict(source=config.source, data_dir=config.data_dir, hf_path=config.hf_path,
+    source, data_dir = glue_source(config.source, config.data_dir)
+    return dict(source=source, data_dir=data_dir, hf_path=config.hf_path,
                 hf_cache_dir=config.hf_cache_dir or None,
                 tfds_data_dir=config.tfds_data_dir or None)
 
@@ -238,7 +239,7 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
                                         run_log=run_log, seed=seed, step=info["steps"]))
         seeds[seed] = result
         log.info("%s seed %d: %s (%.1f steps/s)", task.display, seed,
-                 {s: result[s] for s in task.eval_splits}, info["steps_per_sec"])
+                 scores_line({s: result[s] for s in task.eval_splits}), info["steps_per_sec"])
         if test_f:
             test_predictions[seed] = {key: predict(classifier, programs, f, **predict_kw)
                                       for key, f in test_f.items()}
@@ -260,17 +261,18 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
         out["submitted_seed"] = chosen
     if config.save_models != "none":
         out["saved_models"] = save_models(trained, chosen, models_dir / task.name, tokenizer,
-                                          every_seed=config.save_models == "all")
+                                          every_seed=config.save_models == "all", label_names=task.label_names)
     return out
 
 
 def save_models(trained: dict[int, Classifier], chosen: int, task_dir: Path, tokenizer, *,
-                every_seed: bool) -> dict:
+                every_seed: bool, label_names: tuple[str, ...] | None = None) -> dict:
     """The fine-tuned classifiers of a task in roformer.convert's format with their tokenizer,
     task_dir/seed<k> (`python -m roformer.convert to-hf` exports one, load_converted reloads
     it): the median seed's, or `every_seed`'s, replacing what task_dir held. The median seed's is also exported to
     task_dir/hf as HF RoFormerForSequenceClassification (what AutoTokenizer and
-    AutoModelForSequenceClassification load), when HF's RoFormer can express it."""
+    AutoModelForSequenceClassification load, with the task's class names as id2label), when
+    HF's RoFormer can express it."""
     saved = {"median_seed": chosen, "dir": str(task_dir)}
     # An earlier run's models of this task (in the same workdir) go: none of another run's
     # seeds may stay beside this run's for --eval_only to score as one run's.
@@ -284,7 +286,7 @@ def save_models(trained: dict[int, Classifier], chosen: int, task_dir: Path, tok
             save_converted(model, task_dir / f"seed{seed}")
             if seed == chosen:
                 try:
-                    save_hf(model, None, task_dir / "hf")
+                    save_hf(model, None, task_dir / "hf", label_names=label_names)
                 except ConfigError as why:   # a position scheme HF's RoFormer cannot express
                     saved.update(hf=None, hf_not_exported=str(why))
                 else:
@@ -303,11 +305,12 @@ def predicted_splits(task: TaskSpec) -> list[tuple[TaskSpec, str]]:
 def check_local_files(tasks: list[str], config) -> None:
     """Before anything trains: every split the run reads from a local GLUE dir is there,
     or one GlueDataError names all that are missing (HF / TFDS are read as they come)."""
-    if config.source != "local":
+    source, data_dir = glue_source(config.source, config.data_dir)
+    if source != "local":
         return
-    check_data_dir(config.data_dir)
-    if not Path(config.data_dir).is_dir():
-        raise GlueDataError(f"config.data_dir={config.data_dir!r}: no such directory (expected a GLUE dir in "
+    check_data_dir(data_dir)
+    if not Path(data_dir).is_dir():
+        raise GlueDataError(f"config.data_dir={data_dir!r}: no such directory (expected a GLUE dir in "
                             "the download_glue_data.py layout)")
     missing, complete = [], []
     for name in tasks:
@@ -315,13 +318,13 @@ def check_local_files(tasks: list[str], config) -> None:
         splits = [(task, s) for s in (task.train_split, *task.eval_splits) if s]
         splits += predicted_splits(task) if config.predict_test else []
         absent = [f"{t.local_dir}/{t.local[s].file}" for t, s in splits
-                  if not local_path(t, s, config.data_dir).is_file()]
+                  if not local_path(t, s, data_dir).is_file()]
         missing += absent
         complete += [] if absent else [name]
     if missing:
         runnable = (f", or run only the tasks whose files are all there: --config.task={','.join(complete)}"
                     if complete else "")
-        raise GlueDataError(f"GLUE files missing in {config.data_dir}: {', '.join(missing)}. Point "
+        raise GlueDataError(f"GLUE files missing in {data_dir}: {', '.join(missing)}. Point "
                             f"config.data_dir at a complete GLUE copy{runnable}")
 
 
@@ -400,6 +403,9 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
                               f"the {longest} positions the model's {model_config.position} position table holds: "
                               f"lower --config.max_seq_len to at most {longest}")
     log.info("%s", startup_line(model_config))
+    source, data_dir = glue_source(config.source, config.data_dir)   # said once the checks passed
+    log.info("GLUE data: %s", f"the files in {data_dir}" if source == "local" else
+             f"HF datasets' {config.hf_path}" if source == "hf" else "TFDS")
     cache = enable_compilation_cache(config.get("compilation_cache_dir", ""))
     if cache:
         log.info("compiled programs are cached in %s, and kept whole in %s", cache, ProgramStore.under(cache).directory)

@@ -6,6 +6,7 @@ the three data sources agree and a model trained on one evaluates on another.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 
 from roformer.errors import ConfigError
 
@@ -44,6 +45,12 @@ class TaskSpec:
         return 1 if self.labels is None else len(self.labels)
 
     @property
+    def label_names(self) -> tuple[str, ...] | None:
+        """What each class id means (HF `nyu-mll/glue`'s names: the files' 0/1 say nothing):
+        the id2label of an exported model. None for regression."""
+        return LABEL_NAMES.get(self.name, self.labels)
+
+    @property
     def tfds_name(self) -> str:
         return f"glue/{self.hf_config}"
 
@@ -52,6 +59,10 @@ class TaskSpec:
         return tuple(self.local)
 
 
+# The names HF `nyu-mll/glue` gives the classes of the tasks whose files label them 0/1.
+LABEL_NAMES = {"cola": ("unacceptable", "acceptable"), "sst2": ("negative", "positive"),
+               "mrpc": ("not_equivalent", "equivalent"), "qqp": ("not_duplicate", "duplicate"),
+               "wnli": ("not_entailment", "entailment")}
 _BINARY = ("0", "1")
 _NLI2 = ("entailment", "not_entailment")
 _NLI3 = ("entailment", "neutral", "contradiction")
@@ -143,7 +154,9 @@ _ALIASES = {t.display.lower(): t.name for t in TASKS.values()} | {
 def get_task(name: str) -> TaskSpec:
     key = _ALIASES.get(name.strip().lower(), name.strip().lower())
     if key not in TASKS:
-        raise ConfigError(f"unknown GLUE task {name!r}; choose from {', '.join(TASKS)} or 'all'")
+        close = difflib.get_close_matches(key, [*TASKS, *_ALIASES, "all"], n=1)
+        hint = f"did you mean {_ALIASES.get(close[0], close[0])!r}? " if close else ""
+        raise ConfigError(f"unknown GLUE task {name!r}; {hint}choose from {', '.join(TASKS)} or 'all'")
     return TASKS[key]
 
 

@@ -45,6 +45,12 @@ ACTIVATIONS = {
     "silu": jax.nn.silu,
 }
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# Gradient checkpointing of each encoder layer (`model.remat`): what the backward pass keeps
+# of a layer's forward pass instead of recomputing it. "full" keeps only the layer's input;
+# "dots" keeps the outputs of the matmuls with the weights (no batch dimension: the q/k/v,
+# output and MLP projections) and recomputes attention and the elementwise work; "none"
+# keeps everything (no recomputation). Same parameters, same math: only memory and time differ.
+REMAT_POLICIES = {"none": None, "full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 # What each numeric or yes/no field allows (roformer.settings); the position schemes check
 # their own fields further (positions.py), the choices are checked by name below.
 RULES = {
@@ -99,6 +105,7 @@ class ModelConfig:
     sinusoidal_scaling: str = "scaled"    # scaled|cramming|vaswani|unscaled (positions.SinusoidalAbsolute)
     dtype: str = "float32"                # compute dtype: float32|bfloat16
     pad_token_id: int = 0
+    remat: str = "none"                   # per-layer gradient checkpointing: none|full|dots (REMAT_POLICIES)
 
     def __post_init__(self):
         check_all("model.", self, RULES)
@@ -115,6 +122,7 @@ class ModelConfig:
         choose("rope_scaling", ROPE_SCALINGS)
         choose("dtype", DTYPES)
         choose("hidden_act", ACTIVATIONS)
+        choose("remat", REMAT_POLICIES)
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         POSITION_SCHEMES[self.position].validate(self)
@@ -279,13 +287,26 @@ class RoFormerLayer(nnx.Module):
 class RoFormerEncoder(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.layer = nnx.List([RoFormerLayer(config, rngs=rngs) for _ in range(config.num_layers)])
+        self.remat = config.remat
         # Pre-LN leaves the residual stream unnormalised; one final LayerNorm closes it.
         self.LayerNorm = _layer_norm(config, config.hidden_size, rngs) if config.pre_layer_norm else None
 
     def __call__(self, x, **attention_inputs):
         for index, layer in enumerate(self.layer):
-            x = layer(x, layer=index, **attention_inputs)
+            if self.remat == "none":
+                x = layer(x, layer=index, **attention_inputs)
+            else:
+                checkpointed = nnx.remat(_layer_call(index), policy=REMAT_POLICIES[self.remat])
+                x = checkpointed(layer, x, attention_inputs)
         return x if self.LayerNorm is None else self.LayerNorm(x)
+
+
+def _layer_call(index: int):
+    """Layer `index`'s forward pass as a function of (layer, x, attention inputs): what is
+    checkpointed, with the index static (nnx.remat takes positional arguments only)."""
+    def call(layer: RoFormerLayer, x, attention_inputs: dict):
+        return layer(x, layer=index, **attention_inputs)
+    return call
 
 
 class RoFormerModel(nnx.Module):

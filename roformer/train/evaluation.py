@@ -55,7 +55,7 @@ def held_out_rows(eval_step, stats_step, params, rest, batches: dict[str, list],
     if stats_step is not None:
         stats = jax.device_get(stats_step(params, rest, batches[""][0]))
         for i, row in enumerate(rows):
-            row.update(attention_stats.as_metrics(jax.tree.map(lambda leaf: leaf[i], stats) if members else stats))
+            row.update(attention_stats.as_metrics(jax.tree.map(lambda leaf, i=i: leaf[i], stats) if members else stats))
     return rows
 
 

@@ -291,7 +291,7 @@ def _stack(trees: list) -> dict:
 
 
 def _unstack(tree, count: int) -> list:
-    return [jax.tree.map(lambda leaf: leaf[i], tree) for i in range(count)]
+    return [jax.tree.map(lambda leaf, i=i: leaf[i], tree) for i in range(count)]
 
 
 class _Group:
@@ -378,7 +378,7 @@ class _Group:
         stopped = False
         for seed in members:
             if seed.error is None:
-                stopped |= _guarded(seed, lambda: seed.log.flush(pending[-1][0]))
+                stopped |= _guarded(seed, lambda seed=seed: seed.log.flush(pending[-1][0]))
         return stopped
 
     def evaluate(self, members: list[_Seed], states) -> bool:
@@ -393,14 +393,14 @@ class _Group:
             seed.last_eval = row
             seed.log.write(seed.step, row)
             seed.evaluated[seed.step] = row["eval_loss"]
-            stopped |= _guarded(seed, lambda: seed.log.check_eval(seed.step, row["eval_loss"]))
+            stopped |= _guarded(seed, lambda seed=seed, row=row: seed.log.check_eval(seed.step, row["eval_loss"]))
         return stopped
 
     def _save(self, members: list[_Seed], states, *, final: bool = True) -> None:
         for seed, state in zip(members, _unstack(states, len(members))):
             if seed.error is not None or not seed.log.may_save(seed.step, final=final, who=f"{seed.workdir}: "):
                 continue
-            _guarded(seed, lambda: seed.save(state, self.model_cfg))
+            _guarded(seed, lambda seed=seed, state=state: seed.save(state, self.model_cfg))
 
 
 def _by_key(batches: list[dict]) -> dict[str, list]:

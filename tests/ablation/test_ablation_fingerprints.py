@@ -150,7 +150,7 @@ def test_stage_fingerprints_are_unchanged(variant, monkeypatch):
 
 
 def test_glue_settings_that_only_show_cache_or_pick_a_kernel_leave_the_fingerprint():
-    from configs import glue as glue_config
+    from roformer.configs import glue as glue_config
 
     glue = glue_config.get_config()
     before = plan.fingerprint("pretrain", glue)

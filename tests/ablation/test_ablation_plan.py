@@ -39,12 +39,12 @@ def test_a_schemes_model_keys_are_the_librarys_and_its_config_file_sets_the_same
     config file, the user's way to pretrain it alone, changes those keys of configs/base.py."""
     import importlib
 
-    from configs import SCHEME_FILES
+    from roformer.configs import SCHEME_FILES
     from roformer.train.config import ARM_ALIASES, arm_model_keys
 
-    base = importlib.import_module("configs.base").get_config().model.to_dict()
+    base = importlib.import_module("roformer.configs.base").get_config().model.to_dict()
     for arm, file in SCHEME_FILES.items():
-        model = importlib.import_module(f"configs.{file}").get_config().model.to_dict()
+        model = importlib.import_module(f"roformer.configs.{file}").get_config().model.to_dict()
         changed = {k: v for k, v in model.items() if base.get(k) != v}
         keys = arm_model_keys(arm)
         assert {k: v for k, v in keys.items() if base.get(k) != v} == changed, arm

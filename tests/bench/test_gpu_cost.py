@@ -165,7 +165,7 @@ def test_prediction_arithmetic(found):
 
 
 def test_calibrations_name_their_sources_and_print():
-    for name, calibration in gpu_cost.CALIBRATIONS.items():
+    for calibration in gpu_cost.CALIBRATIONS.values():
         assert calibration.sources and calibration.sources[0].startswith("docs/results/")
         assert 0 < calibration.bandwidth < calibration.memory_bandwidth
         assert {row["constant"] for row in gpu_cost.calibration_rows(calibration)} >= {"GEMM rate", "sources"}

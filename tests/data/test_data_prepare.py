@@ -156,7 +156,7 @@ def test_prepare_command_on_two_processes(wiki, tokenizer, tmp_path, shared_data
     procs = [subprocess.Popen([*command, f"--process_index={i}"], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(2)]
     outputs = [proc.communicate(timeout=patient(300)) for proc in procs]
-    for proc, (out, err) in zip(procs, outputs):
+    for proc, (_out, err) in zip(procs, outputs):
         assert proc.returncode == 0, err[-3000:]
     summaries = [json.loads(out.strip().splitlines()[-2]) for out, _ in outputs]   # the JSON, then one line
     for (out, _), summary in zip(outputs, summaries):

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from configs import glue as glue_config
+from roformer.configs import glue as glue_config
 from roformer.glue import finetune as finetune_lib
 from roformer.glue import run as glue_run
 from roformer.train.optim import decay_mask
@@ -27,11 +27,11 @@ def test_unit_rate_adamw_times_the_schedule_is_optax_adamw():
     ours = finetune_lib.unit_rate_adamw(0.9, 0.98, 1e-6, 0.1, 0.5)
     p_ref, s_ref, p_ours, s_ours = params, reference.init(params), params, ours.init(params)
     for step in range(4):
-        grads = jax.tree.map(lambda p: jnp.sin(p * (step + 1)), p_ref)
+        grads = jax.tree.map(lambda p, step=step: jnp.sin(p * (step + 1)), p_ref)
         updates, s_ref = reference.update(grads, s_ref, p_ref)
         p_ref = optax.apply_updates(p_ref, updates)
         updates, s_ours = ours.update(grads, s_ours, p_ours)
-        p_ours = optax.apply_updates(p_ours, jax.tree.map(lambda u: schedule(step) * u, updates))
+        p_ours = optax.apply_updates(p_ours, jax.tree.map(lambda u, step=step: schedule(step) * u, updates))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), p_ref, p_ours)
 
 
@@ -373,3 +373,35 @@ def test_packed_programs_take_the_rows_their_calls_need_and_have_no_branch(monke
         finetune_lib.call_programs(plan, protocol, "packed", 2)     # the rows need the examples' lengths
     monkeypatch.setattr(backend, "on_cpu", lambda: False)
     assert "stablehlo.case" not in programs.lower_train(per_call[0]).as_text()
+
+
+def test_the_progress_bar_counts_finished_steps_and_compiling_is_announced(monkeypatch, caplog):
+    """Each step the bar counts has finished on the device (a call waited for), not merely
+    been queued; and a first run says it is compiling before the silent minutes that takes."""
+    features, protocol, classifier, programs = _small_run()
+    events = []
+
+    class Bar:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n):
+            events.append(("update", n))
+
+    real_wait = jax.block_until_ready
+    monkeypatch.setattr(finetune_lib, "tqdm", Bar)
+    monkeypatch.setattr(finetune_lib.jax, "block_until_ready",
+                        lambda x: (events.append(("finished", None)), real_wait(x))[1])
+    with caplog.at_level("INFO", logger="roformer.glue"):
+        finetune_lib.finetune(classifier, programs, features, protocol, seed=0, pad_id=0, steps_per_call=2)
+    total = protocol.total_steps(len(features))
+    assert sum(n for kind, n in events if kind == "update") == total
+    assert all(events[i - 1][0] == "finished" for i, (kind, _) in enumerate(events) if kind == "update")
+    assert any(record.getMessage().startswith("compiling ") and " programs (" in record.getMessage()
+               for record in caplog.records)

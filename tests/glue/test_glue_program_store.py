@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import glue as glue_config
+from roformer.configs import glue as glue_config
 from roformer.glue import finetune as finetune_lib
 from roformer.glue import program_store
 from roformer.glue.features import Features

@@ -172,8 +172,12 @@ def test_task_names_and_lists():
     assert get_task("SST-2").name == "sst2" and get_task("STS-B").name == "stsb"
     assert parse_task_list("all") == list(GLUE_TASKS)
     assert parse_task_list("mrpc, CoLA,mrpc") == ["mrpc", "cola"]
-    with pytest.raises(ValueError, match="unknown GLUE task 'sst3'"):
+    with pytest.raises(ValueError, match="unknown GLUE task 'sst3'; did you mean 'sst2'"):
         parse_task_list("sst2,sst3")
+    with pytest.raises(ValueError, match="unknown GLUE task 'mrcp'; did you mean 'mrpc'"):
+        get_task("mrcp")
+    with pytest.raises(ValueError, match=r"unknown GLUE task 'xyzzy'; choose from"):   # nothing close
+        get_task("xyzzy")
 
 
 def test_hf_datasets_reader(tmp_path):

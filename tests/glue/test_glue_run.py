@@ -14,7 +14,7 @@ from flax import nnx
 
 from helpers import needs_torch, needs_transformers, patient
 
-from configs import glue as glue_config
+from roformer.configs import glue as glue_config
 from roformer.data.tokenizer import WordPieceTokenizer
 from roformer.glue.init import load_init, resolve_model_config
 from roformer.model import ModelConfig, RoFormerForMaskedLM
@@ -155,7 +155,7 @@ def test_cli_rejects_unknown_task(tmp_path):
     proc = glue_cli("--config=configs/glue.py", "--config.task=sst3", "--config.per_task.rte.learning_rate=2e-5",
                     f"--workdir={tmp_path / 'out'}")
     assert proc.returncode == 2
-    assert proc.stderr.splitlines() == ["error: unknown GLUE task 'sst3'; choose from cola, sst2, mrpc, stsb, qqp, "
+    assert proc.stderr.splitlines() == ["error: unknown GLUE task 'sst3'; did you mean 'sst2'? choose from cola, sst2, mrpc, stsb, qqp, "
                                         "mnli, qnli, rte, wnli, ax or 'all'"]
     assert not (tmp_path / "out").exists()   # the directory made for the lock is gone again
 

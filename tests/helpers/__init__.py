@@ -111,7 +111,7 @@ MICRO_MODEL = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.nu
 def tiny_run_config(cache: Path, overrides: dict, **extra):
     """configs/tiny.py with its data cache in `cache` and `overrides`, then `extra`, set by
     dotted key ("train.steps": 8): the small pretraining runs the training tests share."""
-    from configs import tiny
+    from roformer.configs import tiny
 
     config = tiny.get_config()
     config.data.cache_dir = str(cache)

@@ -1,5 +1,5 @@
 """What the GLUE tests share: a tiny fine-tuning run's config."""
-from configs import glue as glue_config
+from roformer.configs import glue as glue_config
 
 
 def tiny_config(shared_data, vocab, tasks="mrpc,stsb"):

@@ -66,7 +66,7 @@ def test_every_cudnn_call_has_a_layout_the_kernel_takes(cudnn_calls, position, m
     for name, batch in batches().items():
         del cudnn_calls[:]
         if mode == "train":
-            nnx.grad(lambda m: jnp.sum(m(**batch)))(model)
+            nnx.grad(lambda m, batch=batch: jnp.sum(m(**batch)))(model)
         else:
             model(**batch)
         assert len(cudnn_calls) == model.config.num_layers, name

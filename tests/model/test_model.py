@@ -69,7 +69,7 @@ def encoder_params(config: ModelConfig) -> int:
 
 
 def test_presets():
-    for name, preset in PRESETS.items():
+    for name in PRESETS:
         cfg = ModelConfig.from_preset(name)
         assert cfg.head_dim * cfg.num_heads == cfg.hidden_size and cfg.head_dim % 2 == 0, name   # rotary pairs
         assert cfg.intermediate_size == 4 * cfg.hidden_size, name                                  # BERT's ratio
@@ -311,7 +311,7 @@ def test_token_matmul_is_nnx_linears_product_on_flattened_tokens():
     w = jax.random.normal(jax.random.key(1), (8, 6))
     dims = (((2,), (0,)), ((), ()))
     np.testing.assert_allclose(token_matmul(x, w, dims), jax.lax.dot_general(x, w, dims), rtol=1e-6, atol=1e-6)
-    grads = [jax.grad(lambda x, w: jnp.sum(jnp.sin(f(x, w, dims))), argnums=(0, 1))(x, w)
+    grads = [jax.grad(lambda x, w, f=f: jnp.sum(jnp.sin(f(x, w, dims))), argnums=(0, 1))(x, w)
              for f in (token_matmul, jax.lax.dot_general)]
     for ours, reference in zip(*grads):
         np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-5)

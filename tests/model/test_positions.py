@@ -34,13 +34,13 @@ def encode(model, input_ids, positions):
 
 
 def test_every_scheme_has_a_config_file_that_selects_it_and_unknown_lists_choices():
-    from configs import SCHEME_FILES
+    from roformer.configs import SCHEME_FILES
 
     for name in positions.POSITION_SCHEMES:
         path = CONFIG_DIR / f"{SCHEME_FILES[name]}.py"
         assert path.is_file(), f"{name}: no {path}"
         # the config files are the `configs` package (pytest puts the repository root on sys.path)
-        config_file = importlib.import_module(f"configs.{SCHEME_FILES[name]}")
+        config_file = importlib.import_module(f"roformer.configs.{SCHEME_FILES[name]}")
         assert config_file.get_config().model.position == name
     with pytest.raises(ValueError, match=r"unknown position 'no such scheme'.*'alibi'.*'t5'"):
         ModelConfig(**TINY, position="no such scheme")

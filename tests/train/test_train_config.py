@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 
-from configs import SCHEME_FILES
+from roformer.configs import SCHEME_FILES
 from roformer.model import ModelConfig
 from roformer.train import build_model_config
 from roformer.train.config import TrainConfig, arm_model_keys
@@ -16,7 +16,7 @@ SCHEMES = {file: arm_model_keys(arm)["position"] for arm, file in SCHEME_FILES.i
 
 
 def load_config(name: str, arg: str | None = None):
-    return importlib.import_module(f"configs.{name}").get_config(arg)
+    return importlib.import_module(f"roformer.configs.{name}").get_config(arg)
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMES))

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Each process: train 4 steps (checkpoint at 2 and 4), then a second call resumes at 4.
 DRIVER = textwrap.dedent("""
     import json, sys
-    from configs import tiny
+    from roformer.configs import tiny
     from roformer.train import train_and_evaluate
     port, process_id, workdir, cache = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     config = tiny.get_config()

@@ -16,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from configs import bert_staged
+from roformer.configs import bert_staged
 from roformer import checkpoint_source
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.config import Phase, parse_phases
