@@ -68,7 +68,6 @@ side by side in one process):
                       bytes through the loss and its gradient. The loss still takes its
                       log-sum-exp in float32 (roformer.train.steps.mlm_sums upcasts inside the
                       reduction), so only the logits' rounding changes.
-
   fused_mlm_loss      The MLM loss (cross-entropy at the masked positions, and whether the label
                       is the top logit) with its own backward (`label_losses`): the logits are
                       read in their dtype in each pass, the label's logit picked by an iota
@@ -86,16 +85,13 @@ side by side in one process):
                       the sum the backward reads); the backward writes the gradients of x and
                       of the product, and per-program partial sums of the gradients of the
                       dense bias and the norm's scale and bias (no reduction over the
-                      product's gradient for the dense bias). The keep
-                      mask is the one nnx.Dropout would draw (the same key), so only float
-                      rounding changes. Compiled by Triton on a GPU; on the CPU the same
+                      product's gradient for the dense bias). The keep mask is the one
+                      nnx.Dropout would draw (the same key), so only float rounding changes. Compiled by Triton on a GPU; on the CPU the same
                       kernels run in Pallas's interpret mode (slow; it is what the tests
                       check); refused elsewhere, and on a mesh of several devices (XLA
                       cannot partition the kernel's call). Pre-LN layers keep their form.
 
-Two more levers of the same A/B are settings, not forms: the dropout keys' implementation
-(train.dropout_rng_impl: rbg draws masks from XLA's RngBitGenerator) and the batch size.
-
+Two more levers of the A/B are settings, not forms: train.dropout_rng_impl and the batch.
 A new backend-specific form goes here, with a line in this table and a dated page; the
 model code calls it by name and never branches on the backend itself.
 """

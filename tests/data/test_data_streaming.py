@@ -207,7 +207,7 @@ def test_a_run_trains_and_resumes_in_the_streamed_order(tmp_path):
     import jax
     import orbax.checkpoint as ocp
 
-    from conftest import MICRO_MODEL, tiny_run_config
+    from helpers import MICRO_MODEL, tiny_run_config
     from roformer.train import train_and_evaluate
 
     overrides = {**MICRO_MODEL, "data.train_while_building": "on", "train.batch_size": 8, "train.seq_len": 32,
