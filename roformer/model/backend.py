@@ -1,10 +1,9 @@
 """The one seam between the model's math and what a backend's compiler needs.
 
-The definitions live with the model: rope.py writes RoPE as the complex product of eq. 34,
-attention.py writes softmax attention, dense.py and encoder.py the layers. Some of them
-compile badly as written on one backend, XLA:CPU above all, so the model asks this module
-for the form to run. Every form here computes the same values as its definition (the tests
-compare them); only the shapes, layouts and gradient rules the compiler sees differ.
+The definitions live with the model (rope.py: RoPE as eq. 34's complex product; attention.py,
+dense.py, encoder.py). Some compile badly as written on one backend, XLA:CPU above all, so the
+model asks this module for the form to run. Every form computes its definition's values (the
+tests compare them); only the shapes, layouts and gradient rules the compiler sees differ.
 
 Which backend runs which form, and why (the numbers are on the dated pages in
 docs/results/, which also say how they were measured):
@@ -92,8 +91,8 @@ side by side in one process):
                       cannot partition the kernel's call). Pre-LN layers keep their form.
 
 Two more levers of the A/B are settings, not forms: train.dropout_rng_impl and the batch.
-A new backend-specific form goes here, with a line in this table and a dated page; the
-model code calls it by name and never branches on the backend itself.
+A new backend-specific form goes here, with a line in this table and a dated page; the model
+calls it by name and never branches on the backend.
 """
 from __future__ import annotations
 
