@@ -289,7 +289,7 @@ def _seeded(cfg: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigD
 
 # Train settings that watch a run rather than decide what it computes: changing them never
 # reruns a finished stage (a guard that fires stops the run, which is then not done anyway).
-WATCH_ONLY_TRAIN_KEYS = ("progress_bar", "eval_attention_stats")
+WATCH_ONLY_TRAIN_KEYS = ("progress_bar", "eval_attention_stats", "profile_steps")
 WATCH_ONLY_TRAIN_PREFIXES = ("divergence_",)
 # Likewise for the GLUE section: what it shows, which models it keeps, where compiled
 # programs are cached, how training batches are padded (the same batches in the same order)

@@ -1,7 +1,8 @@
 """`run_glue(config, workdir)`: every task x seed, medians, GLUE scores, submission.
 
 Writes into the workdir: `config.json` (resolved), `metrics.jsonl` (training and eval
-rows, tagged with task and seed), TensorBoard events (`tensorboard/<task>_seed<k>`),
+rows, tagged with task and seed), TensorBoard events (`tensorboard/<task>_seed<k>`) and a
+W&B run per task and seed where ROFORMER_WANDB_PROJECT names a project,
 `glue_results.json` / `glue_results.md` (rewritten after each task, so a partial run
 still leaves results), and with `predict_test` the leaderboard TSVs in `submission/`
 plus `submission.zip`.
@@ -9,6 +10,7 @@ plus `submission.zip`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import shutil
@@ -36,6 +38,7 @@ from roformer.glue.tasks import TASKS, TaskSpec, parse_task_list
 from roformer.model.attention import check_attention_impl
 from roformer import workdir_kind
 from roformer.model.positions import POSITION_SCHEMES
+from roformer.train.metrics import JsonlBackend, MetricsWriter, TensorBoardBackend, WandbBackend, wandb_project
 from roformer.workdir_lock import workdir_lock
 
 log = logging.getLogger("roformer.glue")
@@ -44,45 +47,52 @@ MODELS = "models"   # the fine-tuned models a run keeps: <workdir>/models/<task>
 
 
 class RunLog:
-    """metrics.jsonl rows tagged with task/seed, mirrored to one TensorBoard run per
-    task and seed so they can be compared side by side. The files (and `config.json`,
-    given as `run_config`) are written with the first row, so a run refused while it
-    reads and featurizes its data leaves none. A task trains from scratch in every run, so
-    its first row also replaces what an earlier (killed) attempt logged for it: its rows
-    and its TensorBoard runs."""
+    """metrics.jsonl rows tagged with task/seed, written through the writer pretraining logs
+    with (roformer.train.metrics.MetricsWriter), one per task and seed in turn: its TensorBoard
+    run `tensorboard/<task>_seed<k>` (so they can be compared side by side; `train/` and `eval/`
+    tags, the run's config as text) and, where ROFORMER_WANDB_PROJECT names a project, its W&B
+    run (grouped by workdir). The files (and `config.json`, given as `run_config`) are written
+    with the first row, so a run refused while it reads and featurizes its data leaves none. A
+    task trains from scratch in every run, so its first row also replaces what an earlier
+    (killed) attempt logged for it: its rows and its TensorBoard runs."""
 
     def __init__(self, workdir: Path, run_config: dict):
-        from tensorboardX import SummaryWriter   # imported here: heavy (protobuf), needed once a run logs
-
-        self._summary_writer = SummaryWriter
         self._workdir = workdir
         self._run_config = run_config
-        self._file = None
-        self._writers = {}
+        self._started = False
+        self._writer: tuple[str, MetricsWriter] | None = None   # the (task, seed) run logging now
         self._tasks = set()   # the tasks this run has logged
 
-    def write(self, task: str, seed: int, step: int, scalars: dict) -> None:
-        with writing(f"the GLUE metrics in {self._workdir}"):
-            if self._file is None:
+    def write(self, task: str, seed: int, step: int, scalars: dict, *, section: str = "train") -> None:
+        """A row of (task, seed) at `step`; `section`: "train" (losses) or "eval" (dev scores)."""
+        what = f"the GLUE metrics in {self._workdir}"
+        run = f"{task}_seed{seed}"
+        with writing(what):
+            if not self._started:
                 workdir_kind.record(self._workdir, workdir_kind.GLUE)
                 write_json_atomic(self._workdir / "config.json", self._run_config, indent=2, default=str)
+                self._started = True
             if task not in self._tasks:
                 self._replace_earlier(task)
-            row = {"task": task, "seed": seed, "step": step, **scalars}
-            self._file.write(json.dumps(row) + "\n")
-            self._file.flush()
-            run = f"{task}_seed{seed}"
-            if run not in self._writers:
-                self._writers[run] = self._summary_writer(str(self._workdir / "tensorboard" / run))
-            for name, value in scalars.items():
-                if isinstance(value, (int, float)):
-                    self._writers[run].add_scalar(name, value, step)
+            if self._writer is None or self._writer[0] != run:
+                self._close_writer()   # one at a time: a W&B process has one run open
+                self._writer = run, MetricsWriter(self._workdir, enabled=True, what=what,
+                                                  backends=functools.partial(self._backends, task, seed))
+        self._writer[1].write(step, scalars, section=section)
+
+    def _backends(self, task: str, seed: int, workdir: Path, *, resume_step: int | None = None) -> list:
+        run = f"{task}_seed{seed}"
+        backends = [JsonlBackend(workdir, labels={"task": task, "seed": seed}),
+                    TensorBoardBackend(workdir / "tensorboard" / run, config=self._run_config)]
+        if wandb_project():   # a fresh W&B run per task and seed: each trains from scratch
+            backends.append(WandbBackend(workdir, wandb_project(), name=f"{workdir.name}/{run}", group=workdir.name,
+                                         config=self._run_config, keep_id=False))
+        return backends
 
     def _replace_earlier(self, task: str) -> None:
         """Drop an earlier attempt's rows of `task` (and a torn last line) and its TensorBoard runs."""
         self._tasks.add(task)
-        if self._file is not None:
-            self._file.close()
+        self._close_writer()
         path = self._workdir / "metrics.jsonl"
         if path.exists():
             lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
@@ -91,13 +101,14 @@ class RunLog:
                 write_text_atomic(path, "".join(kept), encoding="utf-8")
         for earlier in (self._workdir / "tensorboard").glob(f"{task}_seed*"):
             shutil.rmtree(earlier, ignore_errors=True)
-        self._file = open(path, "a", encoding="utf-8")
+
+    def _close_writer(self) -> None:
+        if self._writer is not None:
+            writer, self._writer = self._writer[1], None
+            writer.close()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        for w in self._writers.values():
-            w.close()
+        self._close_writer()
 
 
 def _logged_task(line: str) -> str | None:
@@ -166,7 +177,7 @@ def score_eval_splits(task: TaskSpec, classifier: Classifier, programs: Programs
     scores = {}
     for split, f in eval_f.items():
         scores[split] = task_metrics(task, f.labels, predict(classifier, programs, f, **predict_kw))
-        run_log.write(task.name, seed, step, {f"{split}_{k}": v for k, v in scores[split].items()})
+        run_log.write(task.name, seed, step, {f"{split}_{k}": v for k, v in scores[split].items()}, section="eval")
     return scores
 
 

@@ -77,12 +77,18 @@ REPORT_ONLY_KEYS = ("schemes", "reference", "margin", "order_threshold", "bootst
                     "time_limit_s", "data_pack", "extend_edges", "compile_ahead")
 
 
+# Train keys that only watch a run and came after study records were first kept: left out, so
+# adding one leaves every finished scheme finished (the older ones stay in, for the same reason).
+WATCH_ONLY_TRAIN_KEYS = ("profile_steps",)
+
+
 def scheme_fingerprint(plan: StudyPlan, scheme: str, manifest: dict) -> str:
     """What a scheme's record depends on: its pretraining config (data files by name, not
     where they lie), the study keys that change what it computes, and the data manifest."""
     study = {k: v for k, v in plan.study.to_dict().items() if k not in REPORT_ONLY_KEYS}
     pretrain = plan.pretrain[scheme].to_dict()
     pretrain["data"] = portable_data(pretrain["data"])
+    pretrain["train"] = {k: v for k, v in pretrain["train"].items() if k not in WATCH_ONLY_TRAIN_KEYS}
     manifest = {k: v for k, v in manifest.items() if k != "setup_s"}
     return fingerprint(pretrain, study, manifest)
 

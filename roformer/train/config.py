@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from roformer.data.config import MIN_SEQ_LEN
 from roformer.errors import ConfigError
 from roformer.settings import check_all
+from roformer.train.profiling import parse_profile_steps
 
 if TYPE_CHECKING:
     import ml_collections
@@ -79,6 +80,8 @@ class TrainConfig:
     peak_flops_per_device: float = 0.0   # 0 -> table (TPU/GPU) or a measured matmul peak (CPU)
     progress_bar: bool = True
     debug_nan_step: int = -1         # testing aid: poison the loss at this step
+    profile_steps: str = ""          # 'first:last': trace those steps into tensorboard/plugins/profile
+                                     # (roformer.train.profiling); '' = no trace
     # The divergence guard (roformer.train.guard, docs/pretraining.md): after warmup, a logged
     # loss above factor x the median of the last `window` logged losses for `patience` logs in
     # a row, or a held-out loss above factor x the best one, stops the run. 0 turns it off.
@@ -91,6 +94,7 @@ class TrainConfig:
         if 0 < self.divergence_factor <= 1:   # a loss above 0.5 x its median is no divergence
             raise ConfigError(f"train.divergence_factor={self.divergence_factor!r} is not allowed: "
                               "0 (no guard) or a number > 1")
+        parse_profile_steps(self.profile_steps)   # a malformed window: refused in one line
         if not isinstance(self.phases, str) or not isinstance(self.init_from, str):
             raise ConfigError(f"train.phases={self.phases!r} and train.init_from={self.init_from!r} must be text")
 

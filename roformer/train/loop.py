@@ -20,7 +20,7 @@ import jax
 from roformer.accelerator import startup_line
 from roformer.distributed import allgather_json, initialize_distributed
 from roformer.model.attention import check_attention_impl
-from roformer.train import bookkeeping, compiled, flops, memory, progress, sharding, warm_start
+from roformer.train import bookkeeping, compiled, flops, memory, profiling, progress, sharding, warm_start
 from roformer.train.config import (TrainConfig, build_model_config, check_attention_setting, parse_phases,
                                    phase_config)
 from roformer.train.evaluation import held_out_batches, held_out_rows
@@ -125,6 +125,8 @@ def _train_phase(config, workdir: Path) -> dict:
                       if tc.eval_attention_stats and model_cfg.attention == "softmax" else None)
         writer = cleanup.enter_context(contextlib.closing(MetricsWriter(workdir, resume_step=start_step)))
         stop = cleanup.enter_context(StopFlag())
+        profiler = cleanup.enter_context(profiling.StepProfiler(tc.profile_steps, workdir / "tensorboard",
+                                                                enabled=is_main))
         bar = cleanup.enter_context(progress.progress_bar(total=tc.steps, initial=start_step, desc="pretrain",
                                                           enabled=is_main and tc.progress_bar))
         step_flops = flops.train_flops_per_step(model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
@@ -153,8 +155,10 @@ def _train_phase(config, workdir: Path) -> dict:
         if step == 0 and tc.init_from:   # the warm start's own held-out loss, before any update
             last_eval = evaluate(step)
         while step < tc.steps:
+            profiler.before(step + 1)
             state, metrics = train_step(state, rest, sharding.global_batch(next(train_iter), mesh))
             step += 1
+            profiler.after(step, state)
             train_log.add(step, metrics)
             now = due(step, tc)
             preempted = stop.should_stop(step, tc.log_every)

@@ -32,28 +32,42 @@ def _jsonable(value):
 
 
 class MetricsBackend(Protocol):
-    """Where metric rows go: one call per row (`row`: the step's scalars, JSON-ready), then
-    `close`. `MetricsWriter` calls each of its backends in turn."""
+    """Where metric rows go: one call per row (`row`: the step's values, JSON-ready; `section`:
+    "train" or "eval", the prefix of its charts' tags), then `close`. `MetricsWriter` calls
+    each of its backends in turn."""
 
-    def write(self, step: int, row: Mapping[str, Any]) -> None: ...
+    def write(self, step: int, row: Mapping[str, Any], section: str) -> None: ...
 
     def close(self) -> None: ...
 
 
-class JsonlBackend:
-    """`workdir/metrics.jsonl`, one JSON object per row. `resume_step`: rows an earlier,
-    interrupted attempt logged past it are dropped first, so the steps run again are logged once."""
+SECTIONS = ("train", "eval")
 
-    def __init__(self, workdir: Path, *, resume_step: int | None = None) -> None:
+
+def charted(row: Mapping[str, Any], section: str) -> dict[str, float]:
+    """The chart values of a row, `section/name` -> value: its numbers, less `step` (the x axis,
+    not a metric) and its labels (GLUE's task text; bools)."""
+    return {f"{section}/{name}": value for name, value in row.items()
+            if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+
+class JsonlBackend:
+    """`workdir/metrics.jsonl`, one JSON object per row: `labels` (GLUE's task and seed), then
+    `step`, then the row, whose keys stay as given (no section prefix: readers depend on them).
+    `resume_step`: rows an earlier, interrupted attempt logged past it are dropped first, so the
+    steps run again are logged once."""
+
+    def __init__(self, workdir: Path, *, resume_step: int | None = None, labels: Mapping[str, Any] | None = None):
         self.path = workdir / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         check_metrics_file(workdir)
         if resume_step is not None:
             _drop_rows_after(self.path, resume_step)
-        self._file = self.path.open("a")
+        self.labels = dict(labels or {})
+        self._file = open(self.path, "a", encoding="utf-8")
 
-    def write(self, step: int, row: Mapping[str, Any]) -> None:
-        self._file.write(json.dumps({"step": int(step), **row}) + "\n")
+    def write(self, step: int, row: Mapping[str, Any], section: str = "train") -> None:
+        self._file.write(json.dumps({**self.labels, "step": int(step), **row}) + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -61,53 +75,77 @@ class JsonlBackend:
 
 
 class TensorBoardBackend:
-    """TensorBoard events in `workdir/tensorboard`, the numeric scalars of each row; rows past
+    """TensorBoard events in `logdir`: each row's numbers as `train/...` or `eval/...` scalars,
+    and the run's resolved `config` as text (tag `config`) and as hparams. Rows past
     `resume_step` that an earlier attempt wrote are hidden (TensorBoard's purge_step)."""
 
-    def __init__(self, workdir: Path, *, resume_step: int | None = None) -> None:
+    def __init__(self, logdir: Path, *, resume_step: int | None = None, config: Mapping[str, Any] | None = None):
         from tensorboardX import SummaryWriter  # imported here: heavy (protobuf), only process 0 needs it
-        self._tb = SummaryWriter(str(workdir / "tensorboard"),
-                                 purge_step=None if resume_step is None else resume_step + 1)
+        self._tb = SummaryWriter(str(logdir), purge_step=None if resume_step is None else resume_step + 1)
+        if config is not None:
+            self._record_config(config, resume_step or 0)
 
-    def write(self, step: int, row: Mapping[str, Any]) -> None:
-        for name, value in row.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._tb.add_scalar(name, value, int(step))
+    def _record_config(self, config: Mapping[str, Any], step: int) -> None:
+        from tensorboardX.summary import hparams
+
+        text = json.dumps(config, indent=2, default=str)
+        self._tb.add_text("config", "\n".join("    " + line for line in text.splitlines()), step)  # a code block
+        for summary in hparams(flat_settings(config), {}):   # the HParams tab: experiment, start, end
+            self._tb.file_writer.add_summary(summary)
+        self._tb.flush()
+
+    def write(self, step: int, row: Mapping[str, Any], section: str = "train") -> None:
+        for tag, value in charted(row, section).items():
+            self._tb.add_scalar(tag, value, int(step))
         self._tb.flush()
 
     def close(self) -> None:
         self._tb.close()
 
 
+def flat_settings(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted keys -> numbers, text or bools (lists as their text; None left out)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flat_settings(value, f"{name}."))
+        elif value is not None:
+            flat[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return flat
+
+
 class WandbBackend:
     """A Weights & Biases run (`wandb`, not a dependency: `pip install wandb`) in `project`,
-    its files under `workdir/wandb`. Its id is kept in `workdir/wandb_run_id`, so a resumed
-    run continues the same W&B run; the run's resolved config (workdir/config.json) is its
-    W&B config. W&B's own settings (WANDB_MODE=offline, WANDB_ENTITY, the API key) apply."""
+    its files under `workdir/wandb`, its charts `train/...` and `eval/...`. By default its id is
+    kept in `workdir/wandb_run_id`, so a resumed run continues the same W&B run, and its config
+    is the run's resolved config (workdir/config.json); `name`, `group`, `config` and
+    `keep_id=False` (a fresh run each time: a GLUE task trains from scratch) set them otherwise.
+    W&B's own settings (WANDB_MODE=offline, WANDB_ENTITY, the API key) apply."""
 
     RUN_ID_FILE = "wandb_run_id"
 
-    def __init__(self, workdir: Path, project: str) -> None:
+    def __init__(self, workdir: Path, project: str, *, name: str | None = None, group: str | None = None,
+                 config: Mapping[str, Any] | None = None, keep_id: bool = True) -> None:
         try:
             import wandb
         except ImportError as error:
             raise ConfigError(f"{WANDB_PROJECT_ENV}={project}: W&B logging needs the wandb package "
                               "(pip install wandb)") from error
         id_file = workdir / self.RUN_ID_FILE
-        if id_file.is_file():
+        if keep_id and id_file.is_file():
             run_id = id_file.read_text().strip()
         else:
             run_id = secrets.token_hex(8)
-            write_text_atomic(id_file, run_id + "\n")
-        config_file = workdir / "config.json"
-        config = json.loads(config_file.read_text()) if config_file.is_file() else None
-        name = "/".join(workdir.resolve().parts[-2:])   # runs/tiny, rope/seed0 (an ablation's run)
+            if keep_id:
+                write_text_atomic(id_file, run_id + "\n")
+        config = run_config(workdir) if config is None else config
+        name = name or "/".join(workdir.resolve().parts[-2:])   # runs/tiny, rope/seed0 (an ablation's run)
         self.run = wandb.init(project=project, id=run_id, resume="allow", dir=str(workdir), name=name,
-                              config=config)
+                              group=group, config=dict(config) if config is not None else None)
 
-    def write(self, step: int, row: Mapping[str, Any]) -> None:
-        self.run.log({k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
-                     step=int(step))
+    def write(self, step: int, row: Mapping[str, Any], section: str = "train") -> None:
+        self.run.log(charted(row, section), step=int(step))
 
     def close(self) -> None:
         self.run.finish()
@@ -119,45 +157,63 @@ class WandbBackend:
 WANDB_PROJECT_ENV = "ROFORMER_WANDB_PROJECT"
 
 
+def wandb_project() -> str:
+    """The W&B project ROFORMER_WANDB_PROJECT names ('' = no W&B)."""
+    return os.environ.get(WANDB_PROJECT_ENV, "").strip()
+
+
+def run_config(workdir: Path) -> dict | None:
+    """The resolved config a run wrote (workdir/config.json), None before it is written."""
+    config_file = workdir / "config.json"
+    return json.loads(config_file.read_text()) if config_file.is_file() else None
+
+
 def default_backends(workdir: Path, *, resume_step: int | None = None) -> list[MetricsBackend]:
-    """metrics.jsonl and TensorBoard, and W&B where ROFORMER_WANDB_PROJECT names a project."""
-    backends: list[MetricsBackend] = [JsonlBackend(workdir, resume_step=resume_step),
-                                      TensorBoardBackend(workdir, resume_step=resume_step)]
-    project = os.environ.get(WANDB_PROJECT_ENV, "").strip()
-    if project:
-        backends.append(WandbBackend(workdir, project))
+    """metrics.jsonl and TensorBoard (with the run's config.json), and W&B where
+    ROFORMER_WANDB_PROJECT names a project."""
+    backends: list[MetricsBackend] = [
+        JsonlBackend(workdir, resume_step=resume_step),
+        TensorBoardBackend(workdir / "tensorboard", resume_step=resume_step, config=run_config(workdir))]
+    if wandb_project():
+        backends.append(WandbBackend(workdir, wandb_project()))
     return backends
 
 
 class MetricsWriter:
     """A run's metrics, one row per `write`, to each backend: by default metrics.jsonl and
-    TensorBoard events in `workdir` (and W&B: `default_backends`). No-op on processes
-    other than 0, so multi-host runs write one log.
+    TensorBoard events in `workdir` (and W&B: `default_backends`); pretraining and GLUE
+    (roformer.glue.run) both log through it. No-op on processes other than 0, so multi-host
+    runs write one log.
 
     `resume_step`: the step training (re)starts from. Rows logged past it by an earlier,
     interrupted attempt are dropped first (and hidden in TensorBoard), so the steps run
-    again are logged once."""
+    again are logged once. `what`: the outputs a full disk's one-line error names."""
 
     def __init__(self, workdir: str | Path, *, enabled: bool | None = None, resume_step: int | None = None,
-                 backends: Callable[..., list[MetricsBackend]] = default_backends):
+                 backends: Callable[..., list[MetricsBackend]] = default_backends, what: str | None = None):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.path = Path(workdir) / "metrics.jsonl"
+        # what a full disk's one line names
+        self.what = what or f"the metrics of {self.path.parent} (metrics.jsonl, tensorboard/)"
         self._backends: list[MetricsBackend] = []
         if self.enabled:
             self._backends = backends(Path(workdir), resume_step=resume_step)
 
-    def write(self, step: int, scalars: Mapping[str, float]) -> None:
+    def write(self, step: int, scalars: Mapping[str, float], *, section: str = "train") -> None:
+        """One row; `section` ("train" or "eval") prefixes its TensorBoard and W&B tags."""
+        if section not in SECTIONS:
+            raise ValueError(f"section {section!r}: one of {SECTIONS}")
         if not self.enabled:
             return
         row = {k: _jsonable(v) for k, v in scalars.items()}
-        with writing(f"the metrics of {self.path.parent} (metrics.jsonl, tensorboard/)"):
+        with writing(self.what):
             for backend in self._backends:
-                backend.write(step, row)
+                backend.write(step, row, section)
 
     def close(self) -> None:
         if self.enabled:
             self.enabled = False
-            with writing(f"the metrics of {self.path.parent} (metrics.jsonl, tensorboard/)"):
+            with writing(self.what):
                 for backend in self._backends:
                     backend.close()
 

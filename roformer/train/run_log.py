@@ -97,8 +97,9 @@ class TrainLog:
         """Keep a step's metrics (device or host values) for the next `flush`."""
         self.pending.append((step, metrics))
 
-    def write(self, step: int, row: dict) -> None:
-        self.writer.write(step, {**row, **self.mark})
+    def write(self, step: int, row: dict, *, section: str = "eval") -> None:
+        """A row with the phase mark: an evaluation's (the training rows are `flush`'s)."""
+        self.writer.write(step, {**row, **self.mark}, section=section)
 
     def check_eval(self, step: int, loss: float) -> None:
         """Give the guard a held-out loss; one out of range stops the run (`stop`)."""
@@ -127,7 +128,7 @@ class TrainLog:
                           min(self.guard.good_checkpoint_step(), s - 2))
         row = {name: float(np.mean([m[name] for _, m in fetched])) for name in ("loss", "mlm_accuracy", "grad_norm")}
         row["learning_rate"] = float(fetched[-1][1]["learning_rate"])
-        self.write(step, {**row, **self.timer.read()})
+        self.write(step, {**row, **self.timer.read()}, section="train")
         self.checkpointer.check()   # a save that failed since the last row stops the run here
         reason = self.guard.check_loss(step, row["loss"], [(s, float(m["loss"])) for s, m in fetched])
         if reason:

@@ -83,6 +83,7 @@ def test_fingerprint_ignores_settings_that_only_watch_a_run():
     fp = plan.fingerprint(cfg)
     cfg.train.progress_bar = not cfg.train.progress_bar
     cfg.train.divergence_factor = 3.0
+    cfg.train.profile_steps = "2:3"
     assert plan.fingerprint(cfg) == fp
     cfg.train.learning_rate *= 2
     assert plan.fingerprint(cfg) != fp

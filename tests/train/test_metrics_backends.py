@@ -17,8 +17,8 @@ class Recorder:
     def __init__(self):
         self.rows, self.closed = [], False
 
-    def write(self, step, row):
-        self.rows.append((step, dict(row)))
+    def write(self, step, row, section):
+        self.rows.append((step, dict(row), section))
 
     def close(self):
         self.closed = True
@@ -32,11 +32,12 @@ def test_every_row_reaches_every_backend(tmp_path):
         return [Recorder(), Recorder()]
 
     writer = MetricsWriter(tmp_path, enabled=True, resume_step=7, backends=backends)
-    writer.write(8, {"loss": np.float32(2.5), "eval_loss": float("nan")})
+    writer.write(8, {"loss": np.float32(2.5)})
+    writer.write(8, {"eval_loss": float("nan")}, section="eval")
     writer.close()
     assert made == [(tmp_path, 7)]
     for backend in writer._backends:
-        assert backend.rows == [(8, {"loss": 2.5, "eval_loss": "nan"})] and backend.closed
+        assert backend.rows == [(8, {"loss": 2.5}, "train"), (8, {"eval_loss": "nan"}, "eval")] and backend.closed
     MetricsWriter(tmp_path, enabled=False, backends=lambda *a, **k: pytest.fail("made on process > 0"))
 
 

@@ -93,4 +93,4 @@ def test_tensorboard_is_a_dependency_and_reads_the_event_files(tmp_path):
     writer.write(3, {"loss": 2.5})
     writer.close()
     events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard")).Reload()
-    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(3, 2.5)]
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(3, 2.5)]
