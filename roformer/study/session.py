@@ -59,6 +59,7 @@ from roformer.config_files import fingerprint, split_list
 from roformer.study import data as study_data, stats as study_stats
 from roformer.study.records import (CONFIG_RECORD, DATA_MANIFEST, SCHEMES_DIR, open_records, save_scheme,
                                              take_finished)
+from roformer.study.preregistration import FIELDS as PREREGISTRATION_FIELDS
 from roformer.study.plan import StudyPlan, build_plan, check_memory, edge_rates, validate
 from roformer.study.groups import CompileAhead, SchemeRun, merge_groups
 from roformer.data import DataConfig
@@ -72,9 +73,10 @@ log = logging.getLogger("roformer.study")
 
 
 # Study keys that change how the study is run or read, not what a scheme's group computes:
-# changing them keeps finished schemes.
+# changing them keeps finished schemes. The pre-registration's fields among them ("margin": the
+# equivalence margin of configs recorded before it).
 REPORT_ONLY_KEYS = ("schemes", "reference", "margin", "order_threshold", "bootstrap", "memory_limit_gib",
-                    "time_limit_s", "data_pack", "extend_edges", "compile_ahead")
+                    "time_limit_s", "data_pack", "extend_edges", "compile_ahead", *PREREGISTRATION_FIELDS)
 
 
 def scheme_fingerprint(plan: StudyPlan, scheme: str, manifest: dict) -> str:
