@@ -285,7 +285,7 @@ def limits(config, result: dict, manifest: dict) -> list[str]:
     undecided = [s for s in result["schemes"] if rows[s].get("vs_reference", {}).get("verdict") == "undecided"]
     if undecided:
         nots.append(f"'undecided' ({', '.join(undecided)}) is not a tie: neither a difference nor equivalence within "
-                    f"+-{result['margin']:g} nats was shown.")
+                    f"+-{st.equivalence_margin:g} nats was shown.")
     uncorrected = [s for s in result["schemes"] if (rows[s].get("vs_reference", {}).get("family") or "").startswith("not under Holm")]
     if uncorrected:
         nots.append(f"At the last budget the verdicts of {', '.join(uncorrected)} hold as single comparisons but not with "
@@ -334,7 +334,7 @@ def markdown(config, result: dict, manifest: dict) -> str:
         f"{_count(manifest.get('test_items', manifest.get('test_rows', 0)), 'item')}), "
         f"validation {manifest.get('validation_predictions', 0):,} (disjoint documents). Intervals: 95%, seed x item "
         f"bootstrap ({st.bootstrap} replicates; an item is a document with its rows; the replicates' sd scaled by "
-        f"Student's t with seeds - 1 degrees of freedom and sqrt(seeds / (seeds - 1))); 'equivalent': TOST, 90% interval within +-{result['margin']:g} nats; "
+        f"Student's t with seeds - 1 degrees of freedom and sqrt(seeds / (seeds - 1))); 'equivalent': TOST, 90% interval within +-{st.equivalence_margin:g} nats; "
         "'all schemes (Holm)': whether the verdict still holds with both tests of every comparison of its budget's "
         "table corrected together (Holm, family-wise 5%), else what remains of it; 'equivalent above': the margin TOST "
         "needs, the 90% interval's end farthest from 0 (equivalent at every margin above it, at none at or below), to "
