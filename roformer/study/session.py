@@ -327,6 +327,10 @@ def write_report(source: Path, into: Path | None = None) -> Path:
                           "scripts/gpu_comparison.sh's records.tar.gz) name a directory to write the report in")
     workdir = open_records(source, into)
     config = ml_collections.ConfigDict(json.loads((workdir / CONFIG_RECORD).read_text()))
+    if "equivalence_margin" not in config.study:
+        # A registration written after the records were scored would not be one.
+        raise ConfigError(f"{CONFIG_RECORD} predates the pre-registration (no study.equivalence_margin, tuning_seeds, "
+                          "scored_seeds): its report is the one written with the records")
     manifest = json.loads((workdir / DATA_MANIFEST).read_text()) if (workdir / DATA_MANIFEST).is_file() else None
     records = study_report.load(workdir)
     schemes = split_list(config.study.schemes)

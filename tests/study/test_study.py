@@ -822,6 +822,15 @@ def test_the_report_command_refuses_a_folder_that_is_not_a_study_workdir(tmp_pat
         study.write_report(tmp_path)
 
 
+def test_the_report_command_refuses_records_made_before_the_preregistration(tmp_path):
+    recorded = config().to_dict()
+    for key in ("equivalence_margin", "tuning_seeds", "scored_seeds"):
+        del recorded["study"][key]
+    (tmp_path / study_records.CONFIG_RECORD).write_text(json.dumps(recorded))
+    with pytest.raises(ConfigError, match="predates the pre-registration"):
+        study.write_report(tmp_path)
+
+
 def test_a_pack_gives_back_the_splits_it_was_made_from(tmp_path):
     c = config()
     data = study.study_splits(study_plan.build_plan(c))
