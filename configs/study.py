@@ -64,7 +64,9 @@ STUDY = {
     # After every scheme's grid: a scheme whose rate is at the grid's edge at some budget trains
     # its seeds one step beyond that edge too, so the grid brackets each optimum (or says it does not).
     "extend_edges": True,
-    "budget_steps": "500,1000,2000",          # each a budget's end
+    # Each a budget's end; the last two in the last quarter of the log-token range, so the flat
+    # test has a slope to read (roformer.study.end_state.check_flat_window).
+    "budget_steps": "500,1000,1500,2000",
     "cooldown_fraction": 0.2,                 # each budget decays over its last 20% (Hägele et al. 2024)
     "warmup_steps": 200,
     "eval_every": 100,                        # trunk evaluations; budgets and cooldown starts are multiples
@@ -77,7 +79,6 @@ STUDY = {
     "min_test_predictions": 200_000,
     "max_test_rows": 0,                       # 0: every test row
     "eval_batch": 64,                         # rows per evaluation call, per member (their logits: vocab x 20 each)
-    "margin": 0.02,                           # nats: |difference| below this is "equivalent" (TOST)
     "order_threshold": 0.1,
     "bootstrap": 2000,
     "memory_limit_gib": 0.0,                  # 0: the device's own
@@ -85,6 +86,20 @@ STUDY = {
     # without the corpus; "": made from pretrain.data here.
     "data_pack": "",
     "time_limit_s": 480.0,                    # no scheme starts that would end after this (0: none)
+    # The pre-registration (roformer.study.preregistration; docs/end-state.md): fixed before any
+    # run is scored and printed at the top of the report. Report-only: they change no record.
+    "equivalence_margin": 0.05,               # nats: the TOST margin of every "equivalent"
+    "equivalence_reason": "about 5% in perplexity, below the differences between position schemes papers report",
+    "slope_margin": 0.01,                     # nats per doubling of the tokens: the flat test's
+    "slope_reason": "a fifth of the equivalence margin per doubling: a gap moving less would not cross the "
+                    "margin within the next two doublings",
+    # Each scheme's rate is chosen on the tuning seeds' validation loss and scored on the
+    # scored seeds' test loss (disjoint, within range(seeds)), so no scored seed's noise picks its rate.
+    "tuning_seeds": "0,1",
+    "scored_seeds": "2,3,4,5,6,7",
+    "power_target": 0.8,
+    "planning_seed_sds": "0.03,0.05,0.07",
+    "planning_reason": "around the paired Shaw - rope seed sd of the first GPU comparison",
     # The next groups' programs compiled on worker threads (one each) while the device trains
     # this one; 2 keeps the device fed while a group compiles in up to twice its training time.
     "compile_ahead": 2,
@@ -101,13 +116,13 @@ VARIANTS = {
     # gpu_tiny to the onset study's 41M tokens, where learned and T5 positions use order
     # (gpu_tiny's 4.1M is before they start): 2-3 schemes within `time_limit_s`, the rest resumed.
     "gpu_tiny_long": ("gpu_tiny", {
-        "study.budget_steps": "5000,10000,20000",
+        "study.budget_steps": "5000,10000,15000,20000",
         "study.eval_every": 500,
     }),
     "gpu_mini": ("gpu_tiny", {
         "pretrain.model.size": "mini",
         "study.learning_rates": "5e-4,1e-3,2e-3",
-        "study.budget_steps": "240,480,960",
+        "study.budget_steps": "240,480,720,960",
         "study.eval_every": 48,
         "study.warmup_steps": 96,
     }),
@@ -115,7 +130,7 @@ VARIANTS = {
         "pretrain.model.size": "small",
         "pretrain.model.num_heads": 8,
         "study.learning_rates": "2.5e-4,5e-4,1e-3",
-        "study.budget_steps": "120,240,480",
+        "study.budget_steps": "120,240,360,480",
         "study.eval_every": 24,
         "study.warmup_steps": 48,
     }),
@@ -123,7 +138,9 @@ VARIANTS = {
         "study.schemes": "rope,alibi,sinusoidal",
         "study.seeds": 2,
         "study.learning_rates": "1e-3,2e-3",
-        "study.budget_steps": "10,20",
+        "study.budget_steps": "10,18,20",
+        "study.tuning_seeds": "0",               # seeds 2: one tunes, one is scored
+        "study.scored_seeds": "1",
         "study.eval_every": 2,
         "study.warmup_steps": 2,
         "study.validation_fraction": 0.2,

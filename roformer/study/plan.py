@@ -17,7 +17,8 @@ from flax import nnx
 from roformer.config_files import split_list
 from roformer.errors import ConfigError
 from roformer.model import ModelConfig, RoFormerForMaskedLM
-from roformer.study import data as study_data
+from roformer.study import data as study_data, end_state
+from roformer.study.preregistration import Preregistration
 from roformer.train import optim
 from roformer.train.config import arm_pretrain_config, build_model_config
 
@@ -47,6 +48,7 @@ class StudyPlan:
     budgets: tuple[int, ...]            # ascending: each a budget's end
     windows: tuple[int, ...]
     pretrain: dict                      # scheme -> the pretraining config its group trains
+    preregistration: Preregistration | None = None   # None: it could not be read (a problem)
     problems: tuple[str, ...] = ()      # settings that could not be read (validate reports them)
 
     @property
@@ -100,7 +102,12 @@ def build_plan(config) -> StudyPlan:
     rates = parsed("learning_rates", float, "a comma list of distinct rates, each > 0")
     budgets = tuple(sorted(parsed("budget_steps", int, f"distinct positive multiples of study.eval_every={st.eval_every}")))
     windows = parsed("windows", int, "a comma list of window lengths >= 2")
-    return StudyPlan(config, schemes, rates, budgets, windows, pretrain, tuple(problems))
+    try:
+        preregistration = Preregistration.from_config(st)
+    except ConfigError as error:
+        preregistration = None
+        problems.append(str(error))
+    return StudyPlan(config, schemes, rates, budgets, windows, pretrain, preregistration, tuple(problems))
 
 
 def validate(plan: StudyPlan) -> None:
@@ -127,8 +134,12 @@ def validate(plan: StudyPlan) -> None:
                         "each in its turn)")
     if not (isinstance(st.seeds, int) and st.seeds >= 1):
         problems.append(f"study.seeds={st.seeds!r}: give the number of seeds per rate (>= 1)")
-    if not (isinstance(st.margin, (int, float)) and math.isfinite(st.margin) and st.margin > 0):
-        problems.append(f"study.margin={st.margin!r}: the equivalence margin in nats must be > 0")
+    if plan.preregistration is not None and isinstance(st.seeds, int):
+        outside = sorted(s for s in plan.preregistration.tuning_seeds + plan.preregistration.scored_seeds
+                         if not 0 <= s < st.seeds)
+        if outside:
+            problems.append(f"pre-registration: seeds {outside} are not among the study's seeds 0..{st.seeds - 1} "
+                            "(study.tuning_seeds, study.scored_seeds, study.seeds)")
     if not 0 < st.cooldown_fraction <= 1:
         problems.append(f"study.cooldown_fraction={st.cooldown_fraction!r}: must be in (0, 1]")
     ends = plan.budgets
@@ -142,6 +153,11 @@ def validate(plan: StudyPlan) -> None:
                 problems.append(f"study.budget_steps={st.budget_steps!r}: each budget's cooldown start "
                                 f"({starts}) must be a multiple of study.eval_every={st.eval_every} and come after "
                                 f"study.warmup_steps={st.warmup_steps}")
+        if ends and ends[0] > 0:
+            try:
+                end_state.check_flat_window([b * plan.train.batch_size * plan.train.seq_len for b in ends])
+            except ConfigError as error:
+                problems.append(f"study.budget_steps={st.budget_steps!r}: {error}")
     if "windows" not in " ".join(plan.problems) and (not plan.windows or any(w < 2 for w in plan.windows)):
         problems.append(f"study.windows={st.windows!r}: a comma list of window lengths >= 2")
     for key in ("validation_rows", "variant_rows", "test_mask_draws", "eval_batch", "bootstrap"):

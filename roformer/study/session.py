@@ -59,6 +59,7 @@ from roformer.config_files import fingerprint, split_list
 from roformer.study import data as study_data, stats as study_stats
 from roformer.study.records import (CONFIG_RECORD, DATA_MANIFEST, SCHEMES_DIR, open_records, save_scheme,
                                              take_finished)
+from roformer.study.preregistration import FIELDS as PREREGISTRATION_FIELDS
 from roformer.study.plan import StudyPlan, build_plan, check_memory, edge_rates, validate
 from roformer.study.groups import CompileAhead, SchemeRun, merge_groups
 from roformer.data import DataConfig
@@ -72,9 +73,10 @@ log = logging.getLogger("roformer.study")
 
 
 # Study keys that change how the study is run or read, not what a scheme's group computes:
-# changing them keeps finished schemes.
+# changing them keeps finished schemes. The pre-registration's fields among them ("margin": the
+# equivalence margin of configs recorded before it).
 REPORT_ONLY_KEYS = ("schemes", "reference", "margin", "order_threshold", "bootstrap", "memory_limit_gib",
-                    "time_limit_s", "data_pack", "extend_edges", "compile_ahead")
+                    "time_limit_s", "data_pack", "extend_edges", "compile_ahead", *PREREGISTRATION_FIELDS)
 
 
 # Train keys that only watch a run and came after study records were first kept: left out, so
@@ -331,6 +333,10 @@ def write_report(source: Path, into: Path | None = None) -> Path:
                           "scripts/gpu_comparison.sh's records.tar.gz) name a directory to write the report in")
     workdir = open_records(source, into)
     config = ml_collections.ConfigDict(json.loads((workdir / CONFIG_RECORD).read_text()))
+    if "equivalence_margin" not in config.study:
+        # A registration written after the records were scored would not be one.
+        raise ConfigError(f"{CONFIG_RECORD} predates the pre-registration (no study.equivalence_margin, tuning_seeds, "
+                          "scored_seeds): its report is the one written with the records")
     manifest = json.loads((workdir / DATA_MANIFEST).read_text()) if (workdir / DATA_MANIFEST).is_file() else None
     records = study_report.load(workdir)
     schemes = split_list(config.study.schemes)

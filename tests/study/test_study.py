@@ -50,7 +50,10 @@ def test_the_accelerator_variants_train_every_scheme_8_seeds_x_3_rates():
 
 
 @pytest.mark.parametrize("keys, message", [
-    ({"margin": 0.0}, "study.margin=0.0"), ({"margin": -1.0}, "study.margin"),
+    ({"equivalence_margin": 0.0}, "equivalence_margin=0.0"), ({"equivalence_reason": " "}, "equivalence_reason"),
+    ({"tuning_seeds": "0,1"}, r"seeds \[1\] both tune and are scored"),
+    ({"scored_seeds": "1,2"}, r"seeds \[2\] are not among the study's seeds 0..1"),
+    ({"budget_steps": "10,20"}, "the flat test needs >= 2 budgets"),
     ({"learning_rates": "1e-3,0"}, "study.learning_rates"), ({"learning_rates": "1e-3,-2e-3"}, "study.learning_rates"),
     ({"schemes": "rope,nope"}, "unknown scheme 'nope'"), ({"reference": "learned"}, "study.reference"),
     ({"budget_steps": "10,15"}, "study.budget_steps"), ({"windows": "1,4"}, "study.windows"),
@@ -788,9 +791,11 @@ esac
 def test_a_study_stopped_by_its_time_limit_exits_with_its_own_status(tmp_path):
     """`python -m roformer.study` on a gpu_smoke study whose time limit leaves schemes untrained
     exits 3 (PARTIAL_EXIT) with a line naming them; the same command with room for the rest
-    exits 0. The first scheme sets the forecast, so the limit stops the study after it."""
+    exits 0. The first scheme sets the forecast, so the limit stops the study after it. The
+    finished report leads with the pre-registration, then M(T), and scores gpu_smoke's scored
+    seed only (its tuning seed chose the rate)."""
     command = [sys.executable, "-m", "roformer.study", "--config=configs/study.py:gpu_smoke",
-               f"--workdir={tmp_path}", "--config.study.schemes=rope,none", "--config.study.seeds=1",
+               f"--workdir={tmp_path}", "--config.study.schemes=rope,none",
                "--config.study.learning_rates=2e-3", "--config.study.compile_ahead=0",
                "--config.study.extend_edges=False"]
     env = {**os.environ, "ROFORMER_CACHE": str(tmp_path / "cache")}
@@ -801,10 +806,28 @@ def test_a_study_stopped_by_its_time_limit_exits_with_its_own_status(tmp_path):
     again = subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert "partial:" not in again.stdout and " members, from " in again.stdout + again.stderr
+    md = (tmp_path / "study.md").read_text()
+    headings = [line for line in md.splitlines() if line.startswith("## ")]
+    assert headings[:3] == ["## Pre-registered", "## Compute multiplier M(T) against rope", "## End state against rope"]
+    assert not any(ch.isdigit() for ch in md[:md.index("## Pre-registered")])
+    assert "| none | " in md and "- none vs rope: " in md
+    result = json.loads((tmp_path / "study.json").read_text())
+    assert result["end_state"]["scored_seeds"] == [1] and result["end_state"]["tuning_seeds"] == [0]
+    assert all(len(b["rows"][s]["test_loss_per_seed"]) == 1 for b in result["budgets"] for s in ("rope", "none"))
+    assert result["end_state"]["uses_order"]["none"] is False
 
 
 def test_the_report_command_refuses_a_folder_that_is_not_a_study_workdir(tmp_path):
     with pytest.raises(ConfigError, match="has no study_config.json"):
+        study.write_report(tmp_path)
+
+
+def test_the_report_command_refuses_records_made_before_the_preregistration(tmp_path):
+    recorded = config().to_dict()
+    for key in ("equivalence_margin", "tuning_seeds", "scored_seeds"):
+        del recorded["study"][key]
+    (tmp_path / study_records.CONFIG_RECORD).write_text(json.dumps(recorded))
+    with pytest.raises(ConfigError, match="predates the pre-registration"):
         study.write_report(tmp_path)
 
 
@@ -1179,7 +1202,8 @@ def test_the_pack_key_does_not_depend_on_where_the_corpus_lies(monkeypatch):
 def test_a_finished_scheme_is_kept_when_only_how_the_study_is_read_changes():
     c = config()
     fp = study.scheme_fingerprint(study_plan.build_plan(c), "rope", {"tokens": 1})
-    c.study.margin, c.study.time_limit_s, c.study.data_pack, c.study.schemes = 0.05, 100.0, "x.npz", "rope"
+    c.study.equivalence_margin, c.study.time_limit_s, c.study.data_pack, c.study.schemes = 0.1, 100.0, "x.npz", "rope"
+    c.study.tuning_seeds, c.study.scored_seeds, c.study.planning_seed_sds = "1", "0", "0.1"
     c.study.extend_edges, c.study.compile_ahead = not c.study.extend_edges, 0
     assert study.scheme_fingerprint(study_plan.build_plan(c), "rope", {"tokens": 1}) == fp
     c.study.learning_rates = "1e-3,3e-3"
