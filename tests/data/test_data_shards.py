@@ -131,7 +131,7 @@ def test_leftover_partial_build_is_ignored(corpus_file, tokenizer, tmp_path, bui
 def test_empty_corpus_is_an_error(tmp_path, tokenizer):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n   \n")
-    with pytest.raises(ValueError, match=r"corpus is empty: files source .*empty\.txt"):
+    with pytest.raises(ValueError, match=r"corpus is empty: .*empty\.txt"):
         _load(empty, tokenizer, tmp_path / "cache")
     stubs = tmp_path / "stubs.txt"
     stubs.write_text('<doc id="1" url="u" title="A">\nA\n\n</doc>\n')
