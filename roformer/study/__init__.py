@@ -13,12 +13,15 @@ One data flow, one module per step, each importing only the ones above it:
                  cooldown branches), evaluation and record
     records.py   the schemes' records on disk, archives of them, staged and split
     figures.py   the report's figures
-    report.py    the report (study.md, study.json) from the records
     end_state.py where the schemes end: the compute multiplier M(T), the flat test on the gap's
                  slope, power and the end-state verdicts (docs/end-state.md)
     preregistration.py
                  the margins, seeds and power target fixed before any number, and the
                  report header that prints them
+    end_state_report.py
+                 the report's lead: the scored curves, M(T), the flat test and the end-state
+                 verdicts, and their lines
+    report.py    the report (study.md, study.json) from the records
     session.py   the study: the splits, the loop over the schemes' groups, resume, the report
                  after each group
 

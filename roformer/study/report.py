@@ -15,7 +15,6 @@ spectrum and the position signal over training.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 from collections.abc import Collection
@@ -24,8 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from roformer import config_files as plan
-from roformer.study import end_state, figures as study_figures, stats as study_stats
-from roformer.study.preregistration import Preregistration, header_lines
+from roformer.study import figures as study_figures, stats as study_stats
+from roformer.study.end_state_report import (end_state_lines, end_state_summary, format_tokens, header,
+                                             member_indices)
+from roformer.study.preregistration import Preregistration
 from roformer.files import write_json_atomic, write_text_atomic
 
 REPORT_MD, REPORT_JSON = "study.md", "study.json"
@@ -74,12 +75,6 @@ def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
-def _member_indices(record: dict, rate: float, seeds: Collection[int] | None = None) -> list[int]:
-    """The members at `rate` of `seeds` (None: every seed), by seed."""
-    return sorted((i for i, m in enumerate(record["members"]) if m["rate"] == rate
-                   and (seeds is None or m["seed"] in seeds)), key=lambda i: record["members"][i]["seed"])
-
-
 def summarize(config, workdir: Path, runs: dict[str, tuple[dict, dict]] | None = None) -> dict:
     """The report's content from the finished schemes' records (`runs`, as `load` gives them;
     read from `workdir` when not given)."""
@@ -102,7 +97,7 @@ def summarize(config, workdir: Path, runs: dict[str, tuple[dict, dict]] | None =
             budget = record["budgets"][b_index]
             rates = sorted({m["rate"] for m in record["members"]})
             r = choose_rate(record, budget, tuning)
-            pick = _member_indices(record, rates[r], scored)
+            pick = member_indices(record, rates[r], scored)
             loss, weight = arrays[f"budget{steps}"][pick].astype(np.float64), arrays["test_weight"]
             seeds = [record["members"][i]["seed"] for i in pick]
             chosen_loss[scheme] = (loss, weight, seeds)
@@ -111,7 +106,7 @@ def summarize(config, workdir: Path, runs: dict[str, tuple[dict, dict]] | None =
             val = np.asarray(budget["validation_loss"], float)
             rows[scheme] = {
                 "rate": rates[r], "rate_at_edge": len(rates) > 1 and r in (0, len(rates) - 1),
-                "validation_by_rate": {str(rate): float(np.mean(val[_member_indices(record, rate, tuning)]))
+                "validation_by_rate": {str(rate): float(np.mean(val[member_indices(record, rate, tuning)]))
                                        for rate in rates},
                 "test_loss": study_stats.mean_loss(loss, weight), "lo": lo, "hi": hi,
                 "test_loss_per_seed": (loss.sum(1) / weight.sum()).tolist(),
@@ -136,60 +131,15 @@ def summarize(config, workdir: Path, runs: dict[str, tuple[dict, dict]] | None =
         result["budgets"].append({"steps": steps, "tokens": steps * first["tokens_per_step"], "rows": rows})
     for scheme in order:
         result["schemes_info"][scheme] = _over_training(config, *runs[scheme], result["budgets"][-1]["rows"][scheme]["rate"])
-    result["end_state"] = _end_state(config, prereg, runs, result)
+    result["end_state"] = end_state_summary(config, prereg, runs, result)
     return result
-
-
-def _scored_curve(scheme: str, runs: dict, result: dict, scored: Collection[int]) -> np.ndarray:
-    """A scheme's test loss [budgets, scored seeds, items] at each budget's chosen rate."""
-    record, arrays = runs[scheme]
-    return np.stack([arrays[f"budget{b['steps']}"][_member_indices(record, b["rows"][scheme]["rate"], scored)]
-                     for b in result["budgets"]]).astype(np.float64)
-
-
-def uses_order(config, info: dict) -> bool:
-    """The scheme uses word order at the end: the median loss increase under the widest
-    shuffle window at the last evaluation reaches study.order_threshold (its spectrum's)."""
-    widest = f"shuffle{max(int(w) for w in plan.split_list(config.study.windows))}"
-    return bool(info["spectrum"][widest]["median"][-1] >= float(config.study.order_threshold))
-
-
-def _end_state(config, prereg: Preregistration, runs: dict, result: dict) -> dict:
-    """Per scheme against the reference, on the scored seeds at each budget's chosen rate: M(T)
-    (`end_state.multiplier_curve`), the gap's slope over the last quarter of the budgets and
-    whether it is flat, and the end-state verdict at the last budget."""
-    st, reference = config.study, config.study.reference
-    out = {"tuning_seeds": list(prereg.tuning_seeds), "scored_seeds": list(prereg.scored_seeds),
-           "multiplier": {}, "slope": {}, "verdicts": {}, "uses_order": {}, "edge_schemes": []}
-    schemes = result["schemes"]
-    out["uses_order"] = {s: uses_order(config, result["schemes_info"][s]) for s in schemes}
-    out["edge_schemes"] = [s for s in schemes if any(b["rows"][s]["rate_at_edge"] for b in result["budgets"])]
-    if reference not in schemes:
-        return out
-    tokens = [b["tokens"] for b in result["budgets"]]
-    weight = runs[reference][1]["test_weight"].astype(np.float64)
-    ref_loss = _scored_curve(reference, runs, result, prereg.scored_seeds)
-    samples = int(st.bootstrap)
-    for scheme in schemes:
-        if scheme == reference:
-            continue
-        loss = _scored_curve(scheme, runs, result, prereg.scored_seeds)
-        out["multiplier"][scheme] = end_state.multiplier_curve(tokens, loss, tokens, ref_loss, weight,
-                                                               samples=samples, seed=0)
-        slope = end_state.gap_slope(tokens, loss, ref_loss, weight, samples=samples, seed=0)
-        slope["flat"] = end_state.is_flat(slope, prereg.slope_margin)
-        out["slope"][scheme] = slope
-        out["verdicts"][scheme] = end_state.end_state_verdict(
-            result["budgets"][-1]["rows"][scheme]["vs_reference"], scheme=scheme, reference=reference,
-            flat=slope["flat"], edge_schemes=out["edge_schemes"], uses_order=out["uses_order"])
-    return out
 
 
 def _over_training(config, record: dict, arrays: dict, rate: float) -> dict:
     """Onsets, validation curves (their band, and each seed's), spectrum and position signal of
     the members at `rate`."""
     st = config.study
-    pick = _member_indices(record, rate)
+    pick = member_indices(record, rate)
     evals = record["evals"]
     tokens = [e["tokens"] for e in evals]
     widest = f"shuffle{max(int(w) for w in plan.split_list(st.windows))}"
@@ -218,11 +168,6 @@ def _over_training(config, record: dict, arrays: dict, rate: float) -> dict:
 
 
 # --------------------------------------------------------------------------- writing
-
-
-def format_tokens(t: float) -> str:
-    """A token count as the report writes it: 4.10M, or 2.6k below 100k."""
-    return f"{t / 1e6:.2f}M" if t >= 1e5 else f"{t / 1e3:.1f}k"
 
 
 def _extended_note(result: dict) -> str:
@@ -314,7 +259,7 @@ def markdown(config, result: dict, manifest: dict) -> str:
     st, train = config.study, config.pretrain.train
     prereg = Preregistration.from_config(st)
     # The pre-registration first: every number below is read with it.
-    lines = ["# Position schemes compared (`configs/study.py`)", "", *_header(prereg), ""]
+    lines = ["# Position schemes compared (`configs/study.py`)", "", *header(prereg), ""]
     if not result["schemes"]:
         return "\n".join(lines + ["No scheme has finished yet."]) + "\n"
     lines += end_state_lines(result)
@@ -416,62 +361,6 @@ def markdown(config, result: dict, manifest: dict) -> str:
               f"to its record, {waited:.0f} s of it waiting for programs (compiled here or not ready yet).",
               "", f"Figures: {', '.join(study_figures.figure_names(info))}."]
     return "\n".join(lines) + "\n"
-
-
-@functools.lru_cache(maxsize=4)
-def _header(prereg: Preregistration) -> tuple[str, ...]:
-    """The pre-registration's header: its power table takes seconds, and the study writes the
-    report after every group with the same registration."""
-    return tuple(header_lines(prereg))
-
-
-def _multiplier_cell(row: dict, first: float, last: float) -> str:
-    """One M(T) cell: M [interval] or why there is none."""
-    t = row["tokens"]
-    if row["status"] == end_state.BEFORE:
-        return f"<= {first / t:.2f} (reached before the first budget)"
-    if row["status"] == end_state.NEVER:
-        return f"> {last / t:.2f} (not reached within the budgets)"
-    if row["status"] != end_state.REACHED:
-        return row["status"]
-    interval = f"[{row['lo']:.2f}, {row['hi']:.2f}]" if math.isfinite(row["lo"]) else \
-        f"(no interval: {row['censored']} replicates crossed outside the budgets)"
-    return f"{row['multiplier']:.2f} {interval}"
-
-
-def end_state_lines(result: dict) -> list[str]:
-    """The report's lead: the M(T) table (scheme x budget), then the flat test on each gap's
-    slope and the end-state verdicts."""
-    end, reference = result["end_state"], result["reference"]
-    tokens = [b["tokens"] for b in result["budgets"]]
-    seeds = (f"scored seeds {', '.join(map(str, end['scored_seeds']))}; rates chosen on tuning seeds "
-             f"{', '.join(map(str, end['tuning_seeds']))} only")
-    lines = [f"## Compute multiplier M(T) against {reference}", "",
-             f"The tokens each scheme needs to reach {reference}'s mean test loss at budget T, over T (95% interval, "
-             f"seed x item bootstrap; {seeds}). Near 1: {reference}'s lead is an onset transient; steadily above 1: "
-             "a lasting efficiency gain; below 1: the scheme is ahead.", ""]
-    if not end["multiplier"]:
-        return lines + [f"Not measured: {reference} has not finished.", ""]
-    lines += ["| scheme | " + " | ".join(format_tokens(t) for t in tokens) + " |", "|---|" + "---|" * len(tokens)]
-    for scheme, rows in end["multiplier"].items():
-        lines.append(f"| {scheme} | " + " | ".join(_multiplier_cell(r, tokens[0], tokens[-1]) for r in rows) + " |")
-    prereg = result["preregistration"]
-    lines += ["", f"## End state against {reference}", "",
-              f"The gap (scheme - {reference}, nats) against log2 tokens over the last quarter of the budgets' "
-              f"log-token range: flat when its 90% interval lies within +-{prereg['slope_margin']:g} nats per doubling.",
-              ""]
-    for scheme, slope in end["slope"].items():
-        budgets = ", ".join(format_tokens(t) for t in slope["budgets"])
-        lines.append(f"- {scheme}: slope {slope['slope']:+.4f} nats per doubling, 95% [{slope['lo']:+.4f}, "
-                     f"{slope['hi']:+.4f}], 90% [{slope['lo90']:+.4f}, {slope['hi90']:+.4f}] over {budgets}: "
-                     f"{'flat' if slope['flat'] else 'not flat'}")
-    lines += ["", f"End-state verdicts at the last budget ({format_tokens(tokens[-1])} tokens; equivalence margin "
-              f"+-{prereg['equivalence_margin']:g} nats):", ""]
-    for scheme, verdict in end["verdicts"].items():
-        why = f" ({'; '.join(verdict['reasons'])})" if verdict["reasons"] else ""
-        flag = f". Flag: {verdict['flag']}" if verdict["flag"] else ""
-        lines.append(f"- {scheme} vs {reference}: {verdict['verdict']}{why}{flag}")
-    return lines + [""]
 
 
 def _programs_time(timing: dict) -> str:
