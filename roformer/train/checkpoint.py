@@ -252,10 +252,11 @@ class Checkpointer:
         """Move aside the steps whose metadata orbax reads when it opens the directory, before
         it does: one damaged byte there would fail the open, and so every restore
         (roformer.workdir.damage_read_at_open)."""
-        if not self.directory.is_dir():
-            return
+        # Every process syncs below whatever it sees: the directory may exist for one process
+        # (made by another) and not yet for another, and a sync only some processes reach hangs
+        # or mismatches the next one.
         steps = sorted((int(p.name) for p in self.directory.iterdir() if p.name.isdigit() and p.is_dir()),
-                       reverse=True)
+                       reverse=True) if self.directory.is_dir() else []
         damaged = {step: why for step in steps if (why := damage_read_at_open(self.directory / str(step)))}
         if jax.process_count() > 1:   # every process has looked before any step moves
             multihost_utils.sync_global_devices("roformer_checkpoints_screened")
