@@ -122,14 +122,20 @@ def shape_bytes(shape: str, *, workspace: bool = True) -> int:
     return sum(_ELEMENT_BYTES.get(dtype, 4) * math.prod(dims) for dtype, dims in arrays)
 
 
-def _operands(rest: str) -> list[str]:
+def operand_names(rest: str) -> list[str]:
+    """Operand names of an instruction, from the text after its opcode's '(' (as written: an
+    operand used twice is named twice)."""
     depth, end = 1, len(rest)
     for index, char in enumerate(rest):
         depth += {"(": 1, ")": -1}.get(char, 0)
         if depth == 0:
             end = index
             break
-    return list(dict.fromkeys(re.findall(r"%([\w.\-]+)", rest[:end])))   # each operand read once
+    return re.findall(r"%([\w.\-]+)", rest[:end])
+
+
+def _operands(rest: str) -> list[str]:
+    return list(dict.fromkeys(operand_names(rest)))   # each operand read once
 
 
 @dataclasses.dataclass

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 
 from roformer.bench import step as step_bench
 from roformer.bench.common import TRAIN_STEP_WARMUP, failure, time_call, warm_up
+from roformer.bench.gpu_cost import operand_names
 from roformer.bench.workload import build_train_workload, num_predictions
 from roformer.machine import matmul_probe
 from roformer.model import PRESETS
@@ -90,15 +91,6 @@ def _bytes(shape: str) -> int:
                for dtype, dims in re.findall(r"\b([a-z][a-z0-9]*)\[([\d,]*)\]", shape))
 
 
-def _operands(rest: str) -> list[str]:
-    """Operand names of an instruction, from the text after its opcode's '('."""
-    depth, end = 1, len(rest)
-    for index, char in enumerate(rest):
-        depth += {"(": 1, ")": -1}.get(char, 0)
-        if depth == 0:
-            end = index
-            break
-    return re.findall(r"%([\w.\-]+)", rest[:end])
 
 
 def _contraction_flops(result_shape: str, lhs_shape: str, lhs_contracting: str) -> float:
@@ -114,7 +106,7 @@ def _contraction_flops(result_shape: str, lhs_shape: str, lhs_contracting: str) 
 
 def _dot_flops(shape: str, rest: str, shapes: dict[str, str]) -> float:
     """FLOPs of one dot instruction."""
-    operands = _operands(rest)
+    operands = operand_names(rest)
     contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
     return _contraction_flops(shape, shapes.get(operands[0], "") if operands else "",
                               contracting.group(1) if contracting else "")
@@ -126,7 +118,7 @@ def _library_gemm_flops(shape: str, rest: str, shapes: dict[str, str]) -> float:
     if not re.search(r'custom_call_target="[^"]*(gemm|matmul)', rest):
         return 0.0
     contracting = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', rest)
-    operands = _operands(rest)
+    operands = operand_names(rest)
     if not (contracting and operands):
         return 0.0
     return _contraction_flops(shape, shapes.get(operands[0], ""), contracting.group(1))
@@ -206,7 +198,7 @@ def parse_program(hlo_text: str) -> dict[str, dict]:
                 kind = "elementwise and other"
             program[name] = {"kind": kind, "shape": shape, "op": op_name,
                              "flops": instruction_flops(instruction, shapes, set()),
-                             "bytes": _bytes(shape) + sum(_bytes(shapes.get(operand, "")) for operand in _operands(rest))}
+                             "bytes": _bytes(shape) + sum(_bytes(shapes.get(operand, "")) for operand in operand_names(rest))}
     return program
 
 

@@ -298,7 +298,8 @@ ENTRY %main (a: bf16[32768,768], b: bf16[768,3072]) -> bf16[32768,3072] {
 
 @pytest.mark.fast
 def test_bytes_of_array_and_tuple_shapes_and_operands_of_an_instruction():
-    from roformer.bench.profile import _bytes, _operands
+    from roformer.bench.gpu_cost import operand_names as _operands
+    from roformer.bench.profile import _bytes
     assert _bytes("bf16[128,768]{1,0}") == 128 * 768 * 2 and _bytes("f32[]") == 4
     assert _bytes("(bf16[128,768]{1,0}, pred[64,512]{1,0}, c64[2]{0})") == 128 * 768 * 2 + 64 * 512 + 16
     assert _operands("%a, %b.1), kind=kLoop, calls=%fused_dot, metadata={op_name=\"f(%x)\"}") == ["a", "b.1"]
