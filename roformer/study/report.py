@@ -27,6 +27,7 @@ from roformer.study import figures as study_figures, stats as study_stats
 from roformer.study.end_state_report import (end_state_lines, end_state_summary, format_tokens, header,
                                              member_indices)
 from roformer.study.preregistration import Preregistration
+from roformer.study.wall_clock_report import wall_clock_lines, wall_clock_summary
 from roformer.files import write_json_atomic, write_text_atomic
 
 REPORT_MD, REPORT_JSON = "study.md", "study.json"
@@ -132,6 +133,7 @@ def summarize(config, workdir: Path, runs: dict[str, tuple[dict, dict]] | None =
     for scheme in order:
         result["schemes_info"][scheme] = _over_training(config, *runs[scheme], result["budgets"][-1]["rows"][scheme]["rate"])
     result["end_state"] = end_state_summary(config, prereg, runs, result)
+    result["wall_clock"] = wall_clock_summary(config, runs, result)
     return result
 
 
@@ -262,7 +264,7 @@ def markdown(config, result: dict, manifest: dict) -> str:
     lines = ["# Position schemes compared (`configs/study.py`)", "", *header(prereg), ""]
     if not result["schemes"]:
         return "\n".join(lines + ["No scheme has finished yet."]) + "\n"
-    lines += end_state_lines(result)
+    lines += end_state_lines(result) + wall_clock_lines(result)
     info = result["schemes_info"]
     any_info = next(iter(info.values()))
     train_tokens = manifest.get("train_tokens", 0)
