@@ -269,6 +269,30 @@ def power_table(sds: Sequence[float], margin: float, *, power: float = 0.8, alph
             for sd in sds]
 
 
+def simulated_verdicts(seeds: int, sd: float, margin: float, *, difference: float = 0.0, trials: int = 2000,
+                       items: int = 200, item_sd: float = 0.0, samples: int = 2000, seed: int = 0) -> dict[str, float]:
+    """How often the study's own `compare` (seed x item bootstrap, t-scaled intervals, TOST at
+    `margin`) gives each verdict when `seeds` paired seeds differ by `difference` on average
+    with sd `sd` per seed, over `trials` simulated comparisons: {verdict: fraction}.
+
+    Each trial draws a per-seed difference N(difference, sd^2) and, per item (`items`, 100
+    predictions each), a further N(0, item_sd^2) per prediction on the scheme's side, on
+    top of a reference loss of 5 nats per prediction. item_sd 0: the seeds' spread alone, the
+    case the power table's formulas (`tost_power`, `difference_power`) describe."""
+    from roformer.study.stats import compare
+
+    rng = np.random.default_rng(seed)
+    weight = np.full(items, 100.0)
+    reference = np.full((seeds, items), 5.0) * weight
+    counts: dict[str, int] = {}
+    for _ in range(trials):
+        per_seed = rng.normal(difference, sd, seeds)[:, None] + rng.normal(0.0, item_sd, (seeds, items))
+        verdict = compare(reference + per_seed * weight, reference, weight, margin=margin, samples=samples,
+                          seed=seed)["verdict"]
+        counts[verdict] = counts.get(verdict, 0) + 1
+    return {verdict: n / trials for verdict, n in sorted(counts.items())}
+
+
 # --------------------------------------------------------------------------- verdicts
 
 

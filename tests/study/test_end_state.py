@@ -232,3 +232,15 @@ def test_an_equivalence_without_order_is_flagged():
     # The flag stays when the verdict itself is withheld: the reader still learns why.
     assert end_state.end_state_verdict(comparison("equivalent"), scheme="alibi", reference="none", flat=False,
                                        uses_order=ORDER)["flag"]
+
+
+def test_the_studys_own_compare_declares_equivalence_about_as_often_as_the_paired_t_tost():
+    """scripts/equivalence_power_sim.py's simulation: the bootstrap's verdicts against the exact
+    formula at a true difference of 0, and no "equivalent" at twice the margin."""
+    trials = 400
+    verdicts = end_state.simulated_verdicts(6, 0.05, 0.05, trials=trials, items=20, samples=500)
+    equivalent = sum(v for k, v in verdicts.items() if k.startswith("equivalent"))
+    assert equivalent == pytest.approx(end_state.tost_power(6, 0.05, 0.05), abs=4 * math.sqrt(0.25 / trials))
+    assert sum(verdicts.values()) == pytest.approx(1.0)
+    apart = end_state.simulated_verdicts(6, 0.03, 0.05, difference=0.1, trials=100, items=20, samples=500)
+    assert not any(k.startswith("equivalent") for k in apart) and apart["higher"] > 0.9

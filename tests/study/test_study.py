@@ -675,6 +675,9 @@ def test_the_device_script_at_smoke_size(tmp_path):
     # The time table has a row for each group, those beyond the grids too, and their sum.
     assert "| rope, beyond the grid (" in text and f"In all: {2 * len(SCHEMES)} groups" in text
     assert "| tokens/s training | tokens/s evaluation |" in text
+    # Each scheme's throughput measured after its compiling chunk, and the comparison read at equal time.
+    assert "## At equal wall-clock time against rope" in text
+    assert all(report["wall_clock"]["throughput"][s]["member_tokens_per_s"] > 0 for s in SCHEMES)
     # The report command writes the same report from the records and the recorded config.
     (tmp_path / "work" / "study.md").unlink()
     assert study.write_report(tmp_path / "work").read_text() == text
@@ -685,7 +688,8 @@ def test_the_device_script_at_smoke_size(tmp_path):
     env = {**env, "STUDY_WORKDIR": str(tmp_path / "fresh"), "RESUME_FROM": " ".join(map(str, kept))}
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and (again.stdout + again.stderr).count(" members, from ") == len(SCHEMES)
-    assert json.loads((out / "study.json").read_text())["budgets"] == report["budgets"]
+    resumed = json.loads((out / "study.json").read_text())
+    assert resumed["budgets"] == report["budgets"] and resumed["wall_clock"]["throughput"] == report["wall_clock"]["throughput"]
 
 
 def test_a_group_compiled_on_a_worker_thread_trains_alike_without_compiling_again(caplog):
