@@ -8,6 +8,7 @@ configs/ablation.py:reference's (the reference recipe: tiny model, trained vocab
 `study` section is the study's own. Variants (each the keys it changes in `VARIANTS`):
   gpu_tiny, gpu_mini, gpu_small   the comparison sized for a GPU in under 9 minutes each
   gpu_tiny_long                   gpu_tiny to 41M tokens per member, resumed over several calls
+  gpu_tiny_end                    rope and learned to 82M tokens per member: the end state
   gpu_smoke                       the pipeline at CPU-test size, on the embedded corpus
 Any key can be changed on the command line, e.g. `--config.study.schemes=rope,learned`.
 """
@@ -28,6 +29,7 @@ def get_config(arg=None):
     reference = ablation.get_config("reference")
     c.pretrain = reference.pretrain
     c.study = ml_collections.ConfigDict(STUDY)
+    c.recipe_check = ml_collections.ConfigDict(RECIPE_CHECK)
     for key, value in variant_keys(arg).items():
         *sections, name = key.split(".")
         node = c
@@ -106,6 +108,22 @@ STUDY = {
 }
 
 
+# `python -m roformer.study recipe` (roformer.study.recipe_check): the study's warmup and batch
+# were chosen with rope; this trains `scheme` at other warmups and batches (at equal tokens) on
+# the tuning seeds only and applies the rule below, fixed before it runs. Not part of any
+# scheme's record: the study's fingerprints read only the `study` and `pretrain` sections.
+RECIPE_CHECK = {
+    "scheme": "learned",
+    "warmup_steps": "100,200,400",            # at the study's batch (the study's 200 among them)
+    "batch_sizes": "8,16,32",                 # at equal tokens: budgets, evaluations and warmup scaled
+    "margin": 0.02,                           # nats of the scheme's validation loss at the last budget
+    "margin_reason": "less than half the equivalence margin: a recipe that costs less cannot turn a verdict alone",
+    "inherited": "the reference recipe's, chosen with rope as the baseline: batch 16 the recipe sweep's best at "
+                 "equal tokens, warmup 10% of the first budget's 2,000 steps, no warmup and 30% within its noise "
+                 "(docs/results/2026-11-24-recipe-sweep.md)",
+}
+
+
 # Each variant: the variant it builds on (None: the defaults) and the keys it changes, by
 # their dotted paths.
 VARIANTS = {
@@ -117,6 +135,15 @@ VARIANTS = {
     # (gpu_tiny's 4.1M is before they start): 2-3 schemes within `time_limit_s`, the rest resumed.
     "gpu_tiny_long": ("gpu_tiny", {
         "study.budget_steps": "5000,10000,15000,20000",
+        "study.eval_every": 500,
+    }),
+    # The end state (docs/end-state.md): rope against learned (BERT's default against RoFormer's
+    # claim) to 82M tokens per member, log-spaced budgets with three in the last quarter of the
+    # log-token range for the flat test. One scheme's group fits one call of the default time
+    # limit on an H100 or H200 at gpu_tiny's measured tokens/s; each call resumes the last.
+    "gpu_tiny_end": ("gpu_tiny", {
+        "study.schemes": "rope,learned",
+        "study.budget_steps": "2500,5000,10000,20000,30000,40000",
         "study.eval_every": 500,
     }),
     "gpu_mini": ("gpu_tiny", {
@@ -156,6 +183,8 @@ VARIANTS = {
         # On a CPU the device is the host's own cores, so compiling ahead competes with training:
         # one group ahead runs the path at the least cost.
         "study.compile_ahead": 1,
+        "recipe_check.warmup_steps": "2,4",
+        "recipe_check.batch_sizes": "4,8",
         "pretrain.model.hidden_size": 32,
         "pretrain.model.intermediate_size": 64,
         "pretrain.model.num_layers": 1,

@@ -5,13 +5,17 @@
     python -m roformer.study split RECORDS.tar.gz DIR
     python -m roformer.study stage WORKDIR RECORDS.tar.gz...
     python -m roformer.study report WORKDIR | RECORDS.tar.gz|RECORDS_DIR DIR
+    python -m roformer.study recipe --config=configs/study.py:gpu_tiny --workdir=DIR
 
 The first trains (or resumes) every scheme's group in DIR and writes DIR/study.md; it exits
 with status 3 when study.time_limit_s stopped it before its last group (the same command
 resumes). `pack` writes the splits for a machine without the corpus (study.data_pack reads
 them), `split` cuts a records archive into one archive per scheme, `stage` puts records
 archives where the next run in WORKDIR takes their finished schemes, and `report` writes the
-report of finished schemes from a workdir or records archives without training.
+report of finished schemes from a workdir or records archives without training. `recipe` checks
+the study's warmup and batch for recipe_check.scheme (learned) on the tuning seeds
+(roformer.study.recipe_check) into DIR/recipe_check.json, which DIR's report reads; exit status
+3 when study.time_limit_s stopped it (the same command resumes).
 """
 import sys
 from pathlib import Path
@@ -20,7 +24,7 @@ from absl import flags
 
 from roformer import cli
 
-COMMANDS = {"pack": (1, 1), "split": (2, 2), "stage": (2, None), "report": (1, 2)}   # positional counts
+COMMANDS = {"pack": (1, 1), "split": (2, 2), "stage": (2, None), "report": (1, 2), "recipe": (0, 0)}   # positional counts
 
 
 def main(argv):
@@ -42,12 +46,28 @@ def main(argv):
     elif command == "split":
         for path in records.split_records(Path(args[0]), Path(args[1])):
             print(f"{path}: {path.stat().st_size:,} bytes")
+    elif command == "recipe":
+        check_recipe(session)
     elif command == "stage":
         for folder in records.stage_archives(Path(args[0]), args[1:]):
             print(f"{(folder / 'SOURCE').read_text().strip()}: staged in {folder}")
     else:
         path = session.write_report(Path(args[0]), Path(args[1]) if len(args) == 2 else None)
         print(f"{path}: the report of its finished schemes")
+
+
+def check_recipe(session) -> None:
+    from roformer.ablation.parallel import use_compile_cache
+    from roformer.ablation.runner import COMPILE_CACHE_DIR
+    from roformer.study import recipe_check
+
+    if flags.FLAGS.config is None or flags.FLAGS.workdir is None:
+        raise cli.UsageError("recipe: give --config=configs/study.py:VARIANT and --workdir=DIR (the study's)")
+    use_compile_cache(Path(flags.FLAGS.workdir).resolve() / COMPILE_CACHE_DIR)
+    result = recipe_check.run(flags.FLAGS.config, flags.FLAGS.workdir)
+    print("\n".join(recipe_check.recipe_lines(flags.FLAGS.config, result)), flush=True)
+    if not result["complete"]:
+        sys.exit(session.PARTIAL_EXIT)
 
 
 def train(session) -> None:

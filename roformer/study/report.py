@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from roformer import config_files as plan
-from roformer.study import figures as study_figures, stats as study_stats
+from roformer.study import figures as study_figures, recipe_check, stats as study_stats
 from roformer.study.end_state_report import (end_state_lines, end_state_summary, format_tokens, header,
                                              member_indices)
 from roformer.study.preregistration import Preregistration
@@ -134,6 +134,7 @@ def summarize(config, workdir: Path, runs: dict[str, tuple[dict, dict]] | None =
         result["schemes_info"][scheme] = _over_training(config, *runs[scheme], result["budgets"][-1]["rows"][scheme]["rate"])
     result["end_state"] = end_state_summary(config, prereg, runs, result)
     result["wall_clock"] = wall_clock_summary(config, runs, result)
+    result["recipe_check"] = recipe_check.load_result(workdir)
     return result
 
 
@@ -286,6 +287,7 @@ def markdown(config, result: dict, manifest: dict) -> str:
         "table corrected together (Holm, family-wise 5%), else what remains of it; 'equivalent above': the margin TOST "
         "needs, the 90% interval's end farthest from 0 (equivalent at every margin above it, at none at or below), to "
         "hold against a margin of one's own.", ""]
+    lines += recipe_check.recipe_lines(config, result.get("recipe_check"))
     for budget in result["budgets"]:
         lines += [f"## Budget {format_tokens(budget['tokens'])} tokens ({budget['steps']} steps)", "",
                   f"| scheme | rate (tuning seeds' validation) | test loss [95%] | vs {result['reference']} [95%] | verdict | "

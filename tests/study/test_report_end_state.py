@@ -71,8 +71,9 @@ def test_the_report_leads_with_the_preregistration_then_m_of_t(written):
     title = "# Position schemes compared (`configs/study.py`)\n\n"
     assert md.startswith(title + "\n".join(header_lines(prereg)) + "\n\n## Compute multiplier M(T) against rope\n")
     headings = [line for line in md.splitlines() if line.startswith("## ")]
-    assert headings[:4] == ["## Pre-registered", "## Compute multiplier M(T) against rope",
-                            "## End state against rope", f"## Budget {report.format_tokens(BUDGETS[0] * 128)} "
+    assert headings[:6] == ["## Pre-registered", "## Compute multiplier M(T) against rope",
+                            "## End state against rope", "## At equal wall-clock time against rope",
+                            "## Warmup and batch", f"## Budget {report.format_tokens(BUDGETS[0] * 128)} "
                             f"tokens ({BUDGETS[0]} steps)"]
     assert "| alibi | 1.90 [1.90, 1.90] |" in md
     assert "scored seeds 1, 2; rates chosen on tuning seeds 0 only" in md
