@@ -2,11 +2,13 @@
 # The position-scheme comparison of configs/study.py:VARIANT in one command (docs/study.md).
 # gpu_tiny, gpu_mini and gpu_small train every scheme's grid within the default time limits on
 # one H100 or H200; the rates beyond a grid's edge (study.extend_edges) may need the command
-# again. gpu_tiny_long (gpu_tiny to 41M tokens) takes several such runs, each resuming the
-# last; gpu_smoke is the same pipeline in a minute or two on a CPU. OUTDIR gets eight files:
+# again. gpu_tiny_long (gpu_tiny to 41M tokens) and gpu_tiny_end (rope and learned to 82M: the
+# end state, docs/end-state.md) take several such runs, each resuming the last; gpu_smoke is the
+# same pipeline in a minute or two on a CPU. OUTDIR gets eight files:
 #   OUTDIR/study.md, study.json, study_*.png (4)  the report
 #   OUTDIR/records.tar.gz                         each scheme's record and per-item test losses,
-#                                                 the data manifest and the config
+#                                                 the data manifest and the config (and the
+#                                                 recipe check's result, when one ran)
 #   OUTDIR/log.txt                                everything printed, with the device and versions
 # The study itself runs in STUDY_WORKDIR (default /tmp/roformer-study/VARIANT): a second run on
 # the same machine resumes there, skipping finished schemes; on a fresh machine,
@@ -27,15 +29,19 @@
 # in the report (written again from the records when the study did not exit cleanly), and the
 # same command resumes with the rest. Exit status: 0 the study is whole; 3 stopped by
 # study.time_limit_s, 124 by LIMIT_S (both partial: resume); anything else failed.
+# RECIPE_CHECK=1: once the study is whole, the check of its warmup and batch for learned
+# positions on the tuning seeds (python -m roformer.study recipe; docs/study.md) within what is
+# left of LIMIT_S, resumed by the same command; the report then carries its result.
 # Usage: scripts/gpu_comparison.sh OUTDIR VARIANT [--config.KEY=VALUE ...]
 #   (PYTHON=... to choose the interpreter, STUDY_DATA=... for another pack)
 set -u
 out=${1:?usage: scripts/gpu_comparison.sh OUTDIR VARIANT [--config.KEY=VALUE ...]}
 variant=${2:?usage: scripts/gpu_comparison.sh OUTDIR VARIANT [--config.KEY=VALUE ...]}
 shift 2
-case " gpu_tiny gpu_tiny_long gpu_mini gpu_small gpu_smoke " in
+case " gpu_tiny gpu_tiny_long gpu_tiny_end gpu_mini gpu_small gpu_smoke " in
   *" $variant "*) ;;
-  *) echo "unknown variant '$variant'; choose gpu_tiny, gpu_tiny_long, gpu_mini, gpu_small or gpu_smoke" >&2; exit 2 ;;
+  *) echo "unknown variant '$variant'; choose gpu_tiny, gpu_tiny_long, gpu_tiny_end, gpu_mini, gpu_small or gpu_smoke" >&2
+     exit 2 ;;
 esac
 py=${PYTHON:-python3}
 out=$(realpath -m "$out")
@@ -53,6 +59,8 @@ work=${STUDY_WORKDIR:-/tmp/roformer-study/$variant}
 mkdir -p "$out" "$work"
 if [[ ${#resume[@]} -gt 0 ]]; then
   "$py" -m roformer.study stage "$work" "${resume[@]}" || { echo "RESUME_FROM: not staged" >&2; exit 2; }
+  # The recipe check's result travels in the same archives (the last one holding it wins).
+  for records in "${resume[@]}"; do tar -xzf "$records" -C "$work" recipe_check.json 2>/dev/null; done
 fi
 # Compiled programs outside OUTDIR, which keeps only the report, records and log; a rerun on
 # the same machine loads them.
@@ -64,10 +72,24 @@ start=$SECONDS
 timeout --signal=TERM "${LIMIT_S:-530}" "$py" -m roformer.study --config="configs/study.py:$variant" \
   --workdir="$work" "${extra[@]}" "$@" 2>&1 | tee -a "$out/log.txt"
 status=${PIPESTATUS[0]}
+if [[ ${RECIPE_CHECK:-0} == 1 && $status -eq 0 ]]; then
+  left=$(( ${LIMIT_S:-530} - (SECONDS - start) ))
+  if (( left > 30 )); then
+    timeout --signal=TERM "$left" "$py" -m roformer.study recipe --config="configs/study.py:$variant" \
+      --workdir="$work" "${extra[@]}" "$@" 2>&1 | tee -a "$out/log.txt"
+    status=${PIPESTATUS[0]}
+  else
+    echo "recipe check: not started ($left s left of LIMIT_S); the same command runs it" | tee -a "$out/log.txt"
+    status=3
+  fi
+  # The study's report again, now with the check's result (it was written before the check).
+  [[ -f $work/recipe_check.json ]] && timeout 45 "$py" -m roformer.study report "$work" 2>&1 | tee -a "$out/log.txt"
+fi
 # The records first: they are what a later run resumes from, and an outer limit that cuts the
 # report's rewrite must not cost them. Records of other settings (schemes/stale) stay behind.
+recipe=(); [[ -f $work/recipe_check.json ]] && recipe=(recipe_check.json)
 tar -czf "$out/records.tar.gz" -C "$work" --exclude=schemes/stale schemes data_manifest.json study_config.json \
-  2>/dev/null
+  "${recipe[@]}" 2>/dev/null
 # The last report written during training, at once: an outer limit that cuts the rewrite below
 # still leaves one.
 cp "$work"/study.md "$work"/study.json "$work"/study_*.png "$out"/ 2>/dev/null

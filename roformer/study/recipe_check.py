@@ -34,10 +34,11 @@ from roformer.config_files import fingerprint, split_list
 from roformer.errors import ConfigError
 from roformer.files import write_json_atomic
 from roformer.study.preregistration import Preregistration
+from roformer.study.records import RECIPE_CHECK
 
 log = logging.getLogger("roformer.study")
 
-RESULT = "recipe_check.json"
+RESULT = RECIPE_CHECK   # DIR/recipe_check.json: it travels with the records (roformer.study.records)
 SUBDIR = "recipe_check"
 
 

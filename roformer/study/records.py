@@ -33,6 +33,7 @@ CONFIG_RECORD = "study_config.json"
 DATA_MANIFEST = "data_manifest.json"
 INCOMING_DIR = "incoming"            # archives staged for take_finished, one folder each
 STALE_DIR = f"{SCHEMES_DIR}/stale"   # a workdir's records of other settings, set aside
+RECIPE_CHECK = "recipe_check.json"   # roformer.study.recipe_check's result, read by the report
 
 
 def save_scheme(workdir: Path, scheme: str, record: dict, arrays: dict[str, np.ndarray]) -> None:
@@ -73,12 +74,12 @@ def split_records(archive: Path, directory: Path) -> list[Path]:
 
 
 def _unpack(archive: Path, into: Path) -> None:
-    """The records, data manifest and config of `archive` into `into` (nothing else)."""
+    """The records, data manifest, config and recipe check of `archive` into `into` (nothing else)."""
     try:
         with tarfile.open(archive) as tar:
             for member in tar.getmembers():
                 name = member.name.removeprefix("./")
-                wanted = name in (CONFIG_RECORD, DATA_MANIFEST) or record_scheme(name) is not None
+                wanted = name in (CONFIG_RECORD, DATA_MANIFEST, RECIPE_CHECK) or record_scheme(name) is not None
                 if member.isfile() and wanted:
                     (into / name).parent.mkdir(parents=True, exist_ok=True)
                     write_bytes_atomic(into / name, tar.extractfile(member).read())

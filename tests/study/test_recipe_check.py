@@ -114,3 +114,47 @@ def test_the_check_at_smoke_size_and_the_studys_report_reading_it(tmp_path):
     run_study(config, tmp_path)
     text = (tmp_path / report.REPORT_MD).read_text()
     assert "## Warmup and batch" in text and "Checked for learned on tuning seeds 0, 1" in text and "Result: " in text
+
+
+def _script(tmp_path, variant, env):
+    """scripts/gpu_comparison.sh with a stand-in interpreter that records each command; its study
+    leaves a config and one record, its recipe check a result and RECIPE_EXIT."""
+    import subprocess
+    from pathlib import Path
+
+    work = tmp_path / "work"
+    stub = tmp_path / "python"
+    stub.write_text(f"""#!/bin/sh
+echo "$@" >> {tmp_path / "calls"}
+case "$*" in
+  *"roformer.study recipe"*) echo {{}} > {work / "recipe_check.json"}; exit ${{RECIPE_EXIT:-0}} ;;
+  *"roformer.study --config"*) mkdir -p {work / "schemes"}; echo {{}} > {work / "study_config.json"}
+                      echo {{}} > {work / "schemes" / "rope.json"}; exit 0 ;;
+esac
+""")
+    stub.chmod(0o755)
+    (tmp_path / "pack.npz").write_bytes(b"")
+    (tmp_path / "calls").unlink(missing_ok=True)
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run(["bash", str(repo / "scripts/gpu_comparison.sh"), str(tmp_path / "out"), variant],
+                            env={"PATH": "/usr/bin:/bin", "PYTHON": str(stub), "STUDY_DATA": str(tmp_path / "pack.npz"),
+                                 "STUDY_WORKDIR": str(work), **env}, capture_output=True, text=True, cwd=repo)
+    calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").is_file() else []
+    return result, [" ".join(c.split(" ")[1:3]) for c in calls if c.startswith("-m ")]
+
+
+def test_the_device_script_runs_the_end_state_variant_and_the_recipe_check_after_the_study(tmp_path):
+    import tarfile
+
+    result, calls = _script(tmp_path, "gpu_tiny_end", {"RECIPE_CHECK": "1"})
+    assert result.returncode == 0, result.stderr
+    assert calls == ["roformer.study --config=configs/study.py:gpu_tiny_end", "roformer.study recipe",
+                     "roformer.study report"]                   # the report again, with the check
+    with tarfile.open(tmp_path / "out" / "records.tar.gz") as archive:
+        assert "recipe_check.json" in archive.getnames()
+    # Stopped by its time limit: partial, the same command resumes it.
+    result, calls = _script(tmp_path, "gpu_tiny_end", {"RECIPE_CHECK": "1", "RECIPE_EXIT": "3"})
+    assert result.returncode == 3 and "partial" in (tmp_path / "out" / "log.txt").read_text()
+    # Without RECIPE_CHECK the script is the study alone.
+    result, calls = _script(tmp_path, "gpu_tiny", {})
+    assert result.returncode == 0 and calls == ["roformer.study --config=configs/study.py:gpu_tiny"]
