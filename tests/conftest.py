@@ -12,7 +12,7 @@ import pytest
 
 from helpers import REPO_ROOT, SHARED_DATA   # first: it sets XLA's flags before jax is imported
 
-# The tiny finished pretraining run (tiny_cache, finished_run, run_copy) several modules' tests read.
+# The tiny finished pretraining run (tiny_cache, tiny_run, tiny_run_copy) several modules' tests read.
 pytest_plugins = ["helpers.refusals"]
 
 

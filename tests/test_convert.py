@@ -479,19 +479,19 @@ def test_to_hf_writes_files_others_can_read(tmp_path):
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
 
 
-def test_to_hf_onto_a_file_is_one_line(finished_run, tmp_path, capsys):
+def test_to_hf_onto_a_file_is_one_line(tiny_run, tmp_path, capsys):
     target = tmp_path / "model"
     target.write_text("a file")
-    err = one_line_error(capsys, lambda: convert.main(["to-hf", str(finished_run), str(target)]))
+    err = one_line_error(capsys, lambda: convert.main(["to-hf", str(tiny_run), str(target)]))
     assert "is a file, not a directory" in err and target.read_text() == "a file"
 
 
-def test_an_export_stopped_midway_is_refused_by_from_hf(finished_run, tmp_path, monkeypatch, capsys):
+def test_an_export_stopped_midway_is_refused_by_from_hf(tiny_run, tmp_path, monkeypatch, capsys):
     def stopped(*args, **kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(convert, "save_hf_tokenizer", stopped)
     with pytest.raises(SystemExit):
-        convert.main(["to-hf", str(finished_run), str(tmp_path / "hf")])
+        convert.main(["to-hf", str(tiny_run), str(tmp_path / "hf")])
     assert (tmp_path / "hf" / "model.safetensors").is_file() and (tmp_path / "hf" / "config.json").is_file()
     capsys.readouterr()
     err = one_line_error(capsys, lambda: convert.main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "ours")]))

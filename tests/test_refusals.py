@@ -19,10 +19,10 @@ from roformer.workdir_lock import WorkdirBusy
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_a_refused_setting_writes_nothing(run_copy, tiny_cache, tmp_path):
-    refused_leaves_it_alone(run_copy, make_config(tiny_cache, **{"train.steps": 0}), ConfigError,
+def test_a_refused_setting_writes_nothing(tiny_run_copy, tiny_cache, tmp_path):
+    refused_leaves_it_alone(tiny_run_copy, make_config(tiny_cache, **{"train.steps": 0}), ConfigError,
                             "train.steps=0 is not allowed")
-    refused_leaves_it_alone(run_copy, make_config(tiny_cache, **{"train.keep_checkpoints": -1, "train.steps": 8}),
+    refused_leaves_it_alone(tiny_run_copy, make_config(tiny_cache, **{"train.keep_checkpoints": -1, "train.steps": 8}),
                             ConfigError, "train.keep_checkpoints=-1 is not allowed")
     fresh = tmp_path / "fresh" / "run"
     with pytest.raises(ConfigError, match="train.checkpoint_every=0"):
@@ -30,15 +30,15 @@ def test_a_refused_setting_writes_nothing(run_copy, tiny_cache, tmp_path):
     assert not (tmp_path / "fresh").exists()
 
 
-def test_a_refused_resume_of_another_model_writes_nothing(run_copy, tiny_cache):
-    refused_leaves_it_alone(run_copy, make_config(tiny_cache, **{"model.hidden_size": 64, "train.steps": 8}),
+def test_a_refused_resume_of_another_model_writes_nothing(tiny_run_copy, tiny_cache):
+    refused_leaves_it_alone(tiny_run_copy, make_config(tiny_cache, **{"model.hidden_size": 64, "train.steps": 8}),
                             ConfigError, "hidden_size: checkpoint=32 config=64")
 
 
-def test_a_refused_resume_of_another_corpus_or_masking_writes_nothing(run_copy, tiny_cache, tmp_path):
+def test_a_refused_resume_of_another_corpus_or_masking_writes_nothing(tiny_run_copy, tiny_cache, tmp_path):
     """The probes' case: resuming with another corpus (its own trained tokenizer) or another
     mask rate is refused, and the run's tokenizer and config.json still describe its checkpoints."""
-    refused_leaves_it_alone(run_copy, make_config(tiny_cache, **{"data.mask_rate": 0.3, "train.steps": 8}),
+    refused_leaves_it_alone(tiny_run_copy, make_config(tiny_cache, **{"data.mask_rate": 0.3, "train.steps": 8}),
                             ConfigError, "data iterator state has")
     text = tmp_path / "other.txt"
     text.write_text("\n\n".join(f"another corpus, document {i}, with words of its own: " + " ".join(
@@ -46,16 +46,16 @@ def test_a_refused_resume_of_another_corpus_or_masking_writes_nothing(run_copy, 
     other = make_config(tiny_cache, **{"train.steps": 8})
     other.data.source, other.data.files = "files", str(text)
     # a tokenizer of another size is refused as another model, one of the same size by the corpus check
-    refused_leaves_it_alone(run_copy, other, ConfigError, "data iterator state has|vocab_size: checkpoint=")
+    refused_leaves_it_alone(tiny_run_copy, other, ConfigError, "data iterator state has|vocab_size: checkpoint=")
 
 
-def test_a_workdir_in_use_is_refused_before_anything_is_written(run_copy, tiny_cache):
+def test_a_workdir_in_use_is_refused_before_anything_is_written(tiny_run_copy, tiny_cache):
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom roformer.workdir_lock import workdir_lock\n"
                                "with workdir_lock(sys.argv[1]):\n    print('locked', flush=True)\n    time.sleep(60)\n",
-                               str(run_copy)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+                               str(tiny_run_copy)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        refused_leaves_it_alone(run_copy, make_config(tiny_cache, **{"train.steps": 8}), WorkdirBusy,
+        refused_leaves_it_alone(tiny_run_copy, make_config(tiny_cache, **{"train.steps": 8}), WorkdirBusy,
                                 "in use by another run")
     finally:
         holder.kill()
@@ -90,29 +90,29 @@ def test_a_step_the_device_cannot_hold_is_refused_before_the_state_is_made(tiny_
     assert [p.name for p in workdir.rglob("*") if p.is_file() and not p.name.startswith(".")] == []
 
 
-def test_a_resume_that_changes_the_tokenizer_settings_is_refused(run_copy, tiny_cache):
+def test_a_resume_that_changes_the_tokenizer_settings_is_refused(tiny_run_copy, tiny_cache):
     """The run keeps the tokenizer it trained: a new data.vocab_size or data.lowercase would
     change nothing but config.json, which would then lie."""
-    refused_leaves_it_alone(run_copy, make_config(tiny_cache, **{"data.vocab_size": 600, "train.steps": 8}),
+    refused_leaves_it_alone(tiny_run_copy, make_config(tiny_cache, **{"data.vocab_size": 600, "train.steps": 8}),
                             ConfigError, r"data.vocab_size=600 \(the run's is 500\)")
-    refused_leaves_it_alone(run_copy, make_config(tiny_cache, **{"data.lowercase": False, "train.steps": 8}),
+    refused_leaves_it_alone(tiny_run_copy, make_config(tiny_cache, **{"data.lowercase": False, "train.steps": 8}),
                             ConfigError, r"data.lowercase=False \(the run's is True\)")
 
 
-def test_a_checkpoint_without_data_state_says_the_order_starts_again(run_copy, tiny_cache, caplog):
-    step = run_copy / "checkpoints" / "4"
+def test_a_checkpoint_without_data_state_says_the_order_starts_again(tiny_run_copy, tiny_cache, caplog):
+    step = tiny_run_copy / "checkpoints" / "4"
     (step / "checksums.json").unlink()   # a checkpoint of a version that saved none
     (step / "data" / "metadata").write_text("{}")
     with caplog.at_level(logging.WARNING):
-        train_and_evaluate(make_config(tiny_cache, **{"train.steps": 6}), run_copy)
+        train_and_evaluate(make_config(tiny_cache, **{"train.steps": 6}), tiny_run_copy)
     warnings = [r.getMessage() for r in caplog.records if "data-iterator state" in r.getMessage()]
     assert len(warnings) == 1 and "starts again at the corpus's first row" in warnings[0]
 
 
-def test_metrics_jsonl_a_directory_is_refused_before_anything_is_written(run_copy, tiny_cache):
-    (run_copy / "metrics.jsonl").unlink()
-    (run_copy / "metrics.jsonl").mkdir()
-    refused_leaves_it_alone(run_copy, make_config(tiny_cache, **{"train.steps": 8}), ConfigError,
+def test_metrics_jsonl_a_directory_is_refused_before_anything_is_written(tiny_run_copy, tiny_cache):
+    (tiny_run_copy / "metrics.jsonl").unlink()
+    (tiny_run_copy / "metrics.jsonl").mkdir()
+    refused_leaves_it_alone(tiny_run_copy, make_config(tiny_cache, **{"train.steps": 8}), ConfigError,
                             "metrics.jsonl is a directory, not the run's metrics log")
 
 

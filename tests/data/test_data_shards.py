@@ -141,7 +141,7 @@ def test_empty_corpus_is_an_error(tmp_path, tokenizer):
     assert not list((tmp_path / "cache" / "shards").iterdir())     # no half-built entry left behind
 
 
-def test_token_ids_beyond_the_vocabulary_make_a_cache_entry_unusable(finished_run, tiny_cache, tmp_path):
+def test_token_ids_beyond_the_vocabulary_make_a_cache_entry_unusable(tiny_run, tiny_cache, tmp_path):
     from roformer.data.shards import open_shards
 
     entry = next((tiny_cache / "shards").iterdir())

@@ -28,8 +28,8 @@ def tiny_cache(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def finished_run(tmp_path_factory, tiny_cache) -> Path:
-    """The tiny run finished: 4 steps, a checkpoint at step 4. Read only: `run_copy` to change it."""
+def tiny_run(tmp_path_factory, tiny_cache) -> Path:
+    """The tiny run finished: 4 steps, a checkpoint at step 4. Read only: `tiny_run_copy` to change it."""
     from roformer.train import train_and_evaluate
 
     workdir = tmp_path_factory.mktemp("finished") / "run"
@@ -38,10 +38,10 @@ def finished_run(tmp_path_factory, tiny_cache) -> Path:
 
 
 @pytest.fixture
-def run_copy(finished_run, tmp_path) -> Path:
+def tiny_run_copy(tiny_run, tmp_path) -> Path:
     """A copy of the finished tiny run, this test's to change."""
     workdir = tmp_path / "run"
-    shutil.copytree(finished_run, workdir)
+    shutil.copytree(tiny_run, workdir)
     return workdir
 
 

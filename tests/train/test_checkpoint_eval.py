@@ -87,12 +87,12 @@ def test_a_missing_workdir_or_step_is_refused(run, tmp_path):
 
 
 @needs_unwritable
-def test_evaluate_refuses_an_unwritable_result_before_computing(finished_run, monkeypatch, capsys):
+def test_evaluate_refuses_an_unwritable_result_before_computing(tiny_run, monkeypatch, capsys):
     from roformer import evaluate
     from roformer.train import checkpoint_eval
 
     monkeypatch.setattr(checkpoint_eval, "evaluate_checkpoint", lambda *a, **k: pytest.fail("computed first"))
     with pytest.raises(SystemExit) as stopped:
-        evaluate.main(["--workdir", str(finished_run), "--out", str(UNWRITABLE / "eval.json")])
+        evaluate.main(["--workdir", str(tiny_run), "--out", str(UNWRITABLE / "eval.json")])
     err = capsys.readouterr().err.strip()
     assert stopped.value.code == 2 and err.startswith("error: cannot write the held-out metrics eval.json into")
