@@ -1,7 +1,8 @@
 """Test setup shared by every test module: the environment (XLA's flags, set by importing
 `helpers` first), the suite's compilation cache, the order of the tests and the check of
-their lane markers, and the fixtures every package's tests use. Helpers that tests import
-live in tests/helpers/, not here."""
+their lane markers, and the fixtures every package's tests use (those of the tiny finished
+run are written in tests/helpers/refusals.py). Helpers that tests import live in
+tests/helpers/, not here."""
 import os
 import shutil
 import tempfile
@@ -10,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO_ROOT, SHARED_DATA   # first: it sets XLA's flags before jax is imported
+
+# The tiny finished pretraining run (tiny_cache, tiny_run, tiny_run_copy) several modules' tests read.
+pytest_plugins = ["helpers.refusals"]
 
 
 def pytest_configure(config):

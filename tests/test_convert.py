@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from helpers import needs_torch, needs_transformers
+from helpers import needs_torch, needs_transformers, one_line_error
 from roformer import checkpoint_source, convert
 from roformer.data.tokenizer import WordPieceTokenizer
+from roformer.errors import ConfigError
 from roformer.model import ModelConfig, RoFormerForMaskedLM, RoFormerModel, backend
 from roformer.train.checkpoint import Checkpointer
 
@@ -476,3 +477,56 @@ def test_to_hf_writes_files_others_can_read(tmp_path):
     for name in ("model.safetensors", "config.json"):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_to_hf_onto_a_file_is_one_line(tiny_run, tmp_path, capsys):
+    target = tmp_path / "model"
+    target.write_text("a file")
+    err = one_line_error(capsys, lambda: convert.main(["to-hf", str(tiny_run), str(target)]))
+    assert "is a file, not a directory" in err and target.read_text() == "a file"
+
+
+def test_an_export_stopped_midway_is_refused_by_from_hf(tiny_run, tmp_path, monkeypatch, capsys):
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(convert, "save_hf_tokenizer", stopped)
+    with pytest.raises(SystemExit):
+        convert.main(["to-hf", str(tiny_run), str(tmp_path / "hf")])
+    assert (tmp_path / "hf" / "model.safetensors").is_file() and (tmp_path / "hf" / "config.json").is_file()
+    capsys.readouterr()
+    err = one_line_error(capsys, lambda: convert.main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "ours")]))
+    assert "is an export that did not finish" in err
+
+
+def test_a_damaged_saved_model_is_one_line(tmp_path):
+    from flax import nnx
+
+    from roformer.model import ModelConfig, RoFormerForSequenceClassification
+
+    model = RoFormerForSequenceClassification(ModelConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
+                                                          intermediate_size=32, max_position_embeddings=32),
+                                              2, rngs=nnx.Rngs(0))
+    saved = convert.save_converted(model, tmp_path / "seed0")
+    meta = (saved / convert.OUR_CONFIG_FILE).read_text()
+    convert.load_converted(saved)
+
+    def refused(match: str) -> None:
+        with pytest.raises(ConfigError, match=match):
+            convert.load_converted(saved)
+
+    (saved / convert.OUR_CONFIG_FILE).write_text("")   # a save killed mid-way, before the atomic writes
+    refused("model_config.json cannot be read .*the model there is damaged")
+    (saved / convert.OUR_CONFIG_FILE).write_text(json.dumps({**json.loads(meta), "head": "regression"}))
+    refused("model_config.json cannot be read")
+    wrong = json.loads(meta)
+    wrong["model"]["hidden_size"] = 24
+    (saved / convert.OUR_CONFIG_FILE).write_text(json.dumps(wrong))
+    refused("parameters in .* cannot be read as the model model_config.json describes")
+    (saved / convert.OUR_CONFIG_FILE).write_text(meta)
+    (saved / "params" / "_METADATA").unlink()
+    refused("parameters in .* cannot be read")
+    rng = np.random.default_rng(0)
+    for path in (saved / "params").rglob("*"):
+        if path.is_file():
+            path.write_bytes(rng.bytes(path.stat().st_size or 64))
+    refused("parameters in .* cannot be read")

@@ -163,3 +163,44 @@ def test_the_ablation_checks_its_pretraining_and_glue_sections_too():
     for refused in ("pretrain.train.checkpoint_every=0 is not allowed", "glue.learning_rate=-1.0 is not allowed",
                     "pretrain.model.hidden_dropout=1.5 is not allowed"):
         assert refused in str(error.value)
+
+
+def test_inf_and_nan_are_refused_by_every_float_rule():
+    from roformer.data.config import RULES as DATA_RULES
+    from roformer.glue import settings as glue_settings
+    from roformer.model.encoder import RULES as MODEL_RULES
+    from roformer.settings import refusal
+    from roformer.train.config import RULES as TRAIN_RULES, TrainConfig
+
+    tables = {"train.": TRAIN_RULES, "data.": DATA_RULES, "model.": MODEL_RULES,
+              "config.": {**glue_settings.PROTOCOL_RULES, **glue_settings.RUN_RULES}}
+    floats = [(prefix + key, rule) for prefix, rules in tables.items() for key, rule in rules.items()
+              if rule.startswith("float")]
+    assert len(floats) >= 15
+    for key, rule in floats:
+        for value in (float("inf"), float("-inf"), float("nan")):
+            assert refusal(key, value, rule), f"{key}={value} passes {rule!r}"
+    with pytest.raises(ConfigError, match=r"^train.eps=inf is not allowed: a number > 0$"):
+        TrainConfig(eps=float("inf"))
+    from roformer.configs import glue as glue_config
+    config = glue_config.get_config()
+    config.num_epochs = float("inf")
+    with pytest.raises(ConfigError, match="config.num_epochs=inf is not allowed"):
+        glue_settings.check_config(config)
+
+
+def test_a_negative_device_count_is_refused():
+    from roformer.train.sharding import make_mesh
+
+    with pytest.raises(ConfigError, match=r"^mesh.num_devices=-3 is not allowed: an integer >= 0$"):
+        make_mesh({"num_devices": -3, "data": -1, "fsdp": 1, "tensor": 1})
+
+
+def test_glue_max_seq_len_beyond_any_example_is_refused():
+    from roformer.configs import glue as glue_config
+    from roformer.glue.settings import check_config
+
+    config = glue_config.get_config()
+    config.max_seq_len = 10**9
+    with pytest.raises(ConfigError, match=r"config.max_seq_len=1000000000 is not allowed: an integer in \[8, 65536\]"):
+        check_config(config)

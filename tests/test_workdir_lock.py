@@ -12,6 +12,8 @@ from pathlib import Path
 import jax
 import pytest
 
+from helpers import finishes
+from roformer import workdir_lock as lock_module
 from roformer.configs import glue as glue_config
 from roformer.configs import tiny
 from roformer.ablation import plan, runner, stages
@@ -281,3 +283,29 @@ def test_a_full_disk_when_the_lock_is_written_leaves_no_lock_file(tmp_path, monk
     assert list((tmp_path / "run").iterdir()) == []
     with workdir_lock(tmp_path / "run"):   # space freed: the next run goes ahead
         pass
+
+
+def take_and_release(workdir: Path) -> None:
+    with workdir_lock(workdir):
+        pass
+
+
+def test_an_empty_lock_with_a_future_mtime_is_taken_over(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(lock_module, "UNREADABLE_GRACE_S", 0.3)
+    lock = tmp_path / "workdir.lock"
+    lock.touch()
+    future = lock.stat().st_mtime + 365 * 24 * 3600
+    os.utime(lock, (future, future))
+    with caplog.at_level(logging.INFO, logger="roformer"):
+        assert finishes(lambda: take_and_release(tmp_path), 20), "waited on an empty lock dated in the future"
+    assert "waiting up to" in caplog.text and "taking over an empty or unreadable lock file" in caplog.text
+    assert not lock.exists()
+
+
+def test_a_dangling_symlink_lock_is_removed(tmp_path, caplog):
+    lock = tmp_path / "workdir.lock"
+    lock.symlink_to(tmp_path / "nowhere" / "lock")
+    with caplog.at_level(logging.WARNING, logger="roformer"):
+        assert finishes(lambda: take_and_release(tmp_path), 20), "waited on a symbolic link to nothing"
+    assert "a symbolic link to nothing" in caplog.text
+    assert not lock.is_symlink()

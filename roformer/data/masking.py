@@ -69,10 +69,7 @@ class MlmMasker:
         keys = rng.random((B, L), dtype=np.float32)
         keys[~candidate] = 2.0
         k = min(self.max_predictions, L)
-        # The k smallest keys per row (unordered), then ordered: rank r < n picks the token.
-        smallest = np.argpartition(keys, k - 1, axis=1)[:, :k] if k < L else np.broadcast_to(np.arange(L), (B, L))
-        order = np.argsort(np.take_along_axis(keys, smallest, axis=1), axis=1)
-        picked = np.take_along_axis(smallest, order, axis=1)
+        picked = smallest_keys_in_order(keys, k)   # rank r < n picks the token
         take = np.arange(k) < num_predict[:, None]
         chosen = np.zeros((B, L), dtype=bool)
         rows = np.broadcast_to(np.arange(B)[:, None], (B, k))
@@ -92,9 +89,7 @@ class MlmMasker:
         keys = rng.random((B, L), dtype=np.float32)
         keys[~starts] = 2.0
         # At most P words can be kept (each has >= 1 token): order only the P smallest keys.
-        k = min(self.max_predictions, L)
-        smallest = np.argpartition(keys, k - 1, axis=1)[:, :k] if k < L else np.broadcast_to(np.arange(L), (B, L))
-        order = np.take_along_axis(smallest, np.argsort(np.take_along_axis(keys, smallest, axis=1), axis=1), axis=1)
+        order = smallest_keys_in_order(keys, min(self.max_predictions, L))
         ordered_words = np.take_along_axis(word_key, order, axis=1)
         ordered_len = np.where(np.take_along_axis(starts, order, axis=1), word_len[ordered_words], L + 1)
         keep = np.cumsum(ordered_len, axis=1) <= num_predict[:, None]
@@ -137,3 +132,11 @@ def mask_rows_on_device(key, rows: dict, *, special, replacement_ids, mask_id: i
     return {"input_ids": masked, "token_type_ids": jnp.zeros_like(ids), "positions": rows["positions"],
             "segment_ids": rows["segment_ids"], "masked_positions": positions, "masked_labels": labels.astype(jnp.int32),
             "masked_weights": weights.astype(jnp.float32)}
+
+
+def smallest_keys_in_order(keys: np.ndarray, k: int) -> np.ndarray:
+    """[B, k]: each row's columns of its k smallest keys, smallest first (the k smallest found
+    unordered, then only they sorted)."""
+    B, L = keys.shape
+    smallest = np.argpartition(keys, k - 1, axis=1)[:, :k] if k < L else np.broadcast_to(np.arange(L), (B, L))
+    return np.take_along_axis(smallest, np.argsort(np.take_along_axis(keys, smallest, axis=1), axis=1), axis=1)

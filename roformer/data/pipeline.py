@@ -80,15 +80,10 @@ class PretrainData:
     def __init__(self, corpus: shards_lib.TokenCorpus, tokenizer: WordPieceTokenizer, masker: MlmMasker, *,
                  seq_len: int, batch_size: int, packing: str, heldout_fraction: float, seed: int,
                  process_index: int = 0, process_count: int = 1) -> None:
-        check_stream_settings(seq_len=seq_len, batch_size=batch_size, packing=packing,
-                              process_index=process_index, process_count=process_count)
-        self.corpus, self.tokenizer, self.masker = corpus, tokenizer, masker
-        self.seq_len, self.batch_size, self.packing, self.seed = seq_len, batch_size, packing, int(seed)
-        self.heldout_fraction = heldout_fraction
-        self.process_index, self.process_count = process_index, process_count
-        self.vocab_size = tokenizer.vocab_size
-        self.pad_id, self.cls_id = tokenizer.pad_id, tokenizer.cls_id
-        self.sep_id, self.mask_id = tokenizer.sep_id, tokenizer.mask_id
+        self.set_stream_settings(tokenizer, masker, seq_len=seq_len, batch_size=batch_size, packing=packing,
+                                 heldout_fraction=heldout_fraction, seed=seed, process_index=process_index,
+                                 process_count=process_count)
+        self.corpus = corpus
         if corpus.num_docs < 2:
             # The split keeps documents whole (no text on both sides), so one document cannot
             # give both training and held-out data, whatever data.heldout_fraction is.
@@ -121,6 +116,23 @@ class PretrainData:
         self.stream_id = sha256_json([
             corpus.content_id, seq_len, batch_size, packing, heldout_fraction, masker.mask_rate,
             masker.max_predictions, masker.whole_word])[:16]
+
+    def set_stream_settings(self, tokenizer: WordPieceTokenizer, masker: MlmMasker, *, seq_len: int,
+                            batch_size: int, packing: str, heldout_fraction: float, seed: int, process_index: int,
+                            process_count: int) -> None:
+        """The batch streams' settings, refused in one line when out of range, and the
+        tokenizer's ids the rows use: the part of the setup that does not read the corpus, so
+        a corpus still being built (roformer.data.streaming) shares it."""
+        check_stream_settings(seq_len=seq_len, batch_size=batch_size, packing=packing,
+                              process_index=process_index, process_count=process_count)
+        heldout_by_hash(np.zeros(0, np.uint64), heldout_fraction)   # its range check
+        self.tokenizer, self.masker = tokenizer, masker
+        self.seq_len, self.batch_size, self.packing, self.seed = seq_len, batch_size, packing, int(seed)
+        self.heldout_fraction = heldout_fraction
+        self.process_index, self.process_count = process_index, process_count
+        self.vocab_size = tokenizer.vocab_size
+        self.pad_id, self.cls_id = tokenizer.pad_id, tokenizer.cls_id
+        self.sep_id, self.mask_id = tokenizer.sep_id, tokenizer.mask_id
 
     def unigram_loss(self) -> float:
         """Entropy (nats) of the training documents' non-special token distribution: the

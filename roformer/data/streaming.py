@@ -33,8 +33,8 @@ import numpy as np
 from roformer.data import shard_build
 from roformer.data.config import DataConfig
 from roformer.data.packing import PackPlan, plan_rows
-from roformer.data.pipeline import (BatchIterator, PretrainData, cache_directory, check_stream_settings,
-                                    heldout_by_hash, make_masker, resolve_tokenizer)
+from roformer.data.pipeline import (BatchIterator, PretrainData, cache_directory, heldout_by_hash, make_masker,
+                                    resolve_tokenizer)
 from roformer.data.shards import FILES, TokenCorpus, cache_key
 from roformer.data.sources import TextSource, make_source, sha256_json
 from roformer.data.tokenizer import WordPieceTokenizer
@@ -292,16 +292,10 @@ class StreamedPretrainData(PretrainData):
     def __init__(self, ledger: ShardLedger, identity: str, tokenizer: WordPieceTokenizer, masker, *, seq_len: int,
                  batch_size: int, packing: str, heldout_fraction: float, seed: int, process_index: int = 0,
                  process_count: int = 1, description: dict | None = None) -> None:
-        check_stream_settings(seq_len=seq_len, batch_size=batch_size, packing=packing,
-                              process_index=process_index, process_count=process_count)
-        heldout_by_hash(np.zeros(0, np.uint64), heldout_fraction)   # its range check
-        self.ledger, self.tokenizer, self.masker = ledger, tokenizer, masker
-        self.seq_len, self.batch_size, self.packing, self.seed = seq_len, batch_size, packing, int(seed)
-        self.heldout_fraction = heldout_fraction
-        self.process_index, self.process_count = process_index, process_count
-        self.vocab_size = tokenizer.vocab_size
-        self.pad_id, self.cls_id = tokenizer.pad_id, tokenizer.cls_id
-        self.sep_id, self.mask_id = tokenizer.sep_id, tokenizer.mask_id
+        self.set_stream_settings(tokenizer, masker, seq_len=seq_len, batch_size=batch_size, packing=packing,
+                                 heldout_fraction=heldout_fraction, seed=seed, process_index=process_index,
+                                 process_count=process_count)
+        self.ledger = ledger
         self.block_tokens = BLOCK_TOKENS
         self._description = description or {}
         self._train_docs: np.ndarray | None = None

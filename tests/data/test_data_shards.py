@@ -1,5 +1,6 @@
 """Token shard cache: built once, reused, invalidated by a changed source/tokenizer, rebuilt when damaged."""
 import json
+import zlib
 
 import numpy as np
 import pytest
@@ -138,3 +139,24 @@ def test_empty_corpus_is_an_error(tmp_path, tokenizer):
     with pytest.raises(ValueError, match="corpus is empty"):
         _load(stubs, tokenizer, tmp_path / "cache")
     assert not list((tmp_path / "cache" / "shards").iterdir())     # no half-built entry left behind
+
+
+def test_token_ids_beyond_the_vocabulary_make_a_cache_entry_unusable(tiny_run, tiny_cache, tmp_path):
+    from roformer.data.shards import open_shards
+
+    entry = next((tiny_cache / "shards").iterdir())
+    damaged = tmp_path / entry.name
+    damaged.mkdir()
+    for path in entry.iterdir():
+        (damaged / path.name).write_bytes(path.read_bytes())
+    manifest = json.loads((damaged / "manifest.json").read_text())
+    assert open_shards(damaged, {})[0] is not None
+    meta = manifest["shards"][0]["files"]["tokens"]
+    tokens = np.load(damaged / meta["file"])
+    tokens[3] = manifest["vocab_size"] + 7   # what a damaged or crafted entry holds
+    np.save(damaged / meta["file"], tokens)
+    meta["bytes"] = (damaged / meta["file"]).stat().st_size
+    meta["crc32"] = zlib.crc32((damaged / meta["file"]).read_bytes())
+    (damaged / "manifest.json").write_text(json.dumps(manifest))
+    corpus, problem = open_shards(damaged, {})
+    assert corpus is None and f"beyond the vocabulary of {manifest['vocab_size']}" in problem

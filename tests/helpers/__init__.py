@@ -9,6 +9,7 @@ starts inherits them.
 """
 import importlib.util
 import os
+import threading
 from importlib import metadata
 from pathlib import Path
 
@@ -119,3 +120,26 @@ def tiny_run_config(cache: Path, overrides: dict, **extra):
         section, name = key.split(".")
         config[section][name] = value
     return config
+
+
+def finishes(fn, seconds: float) -> bool:
+    """Whether fn() returns within `seconds` (it runs in a daemon thread: a hang is left behind)."""
+    done = threading.Event()
+    threading.Thread(target=lambda: (fn(), done.set()), daemon=True).start()
+    return done.wait(seconds)
+
+
+def one_line_error(capsys, fn) -> str:
+    """The `error: ...` line the command lines print for what `fn` raises (exit status 2)."""
+    from roformer import cli
+
+    with pytest.raises(SystemExit) as stopped, cli.user_errors():
+        fn()
+    err = capsys.readouterr().err.strip()
+    assert stopped.value.code == cli.EXIT_USER_ERROR and err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+UNWRITABLE = Path("/sys/kernel")   # a directory even root cannot create files in
+needs_unwritable = pytest.mark.skipif(not UNWRITABLE.is_dir() or os.access(UNWRITABLE, os.W_OK) and os.getuid() != 0,
+                                      reason="needs Linux's sysfs, where no process may create a file")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers import MICRO_MODEL, REPO_ROOT, patient, tiny_run_config
+from helpers import MICRO_MODEL, REPO_ROOT, UNWRITABLE, needs_unwritable, patient, tiny_run_config
 from roformer.errors import ConfigError
 from roformer.train import read_metrics, train_and_evaluate
 from roformer.train.checkpoint_eval import evaluate_checkpoint
@@ -84,3 +84,15 @@ def test_a_missing_workdir_or_step_is_refused(run, tmp_path):
     (tmp_path / "fresh" / "checkpoints").mkdir(parents=True)
     with pytest.raises(ConfigError, match="has no checkpoint yet"):
         evaluate_checkpoint(tmp_path / "fresh")
+
+
+@needs_unwritable
+def test_evaluate_refuses_an_unwritable_result_before_computing(tiny_run, monkeypatch, capsys):
+    from roformer import evaluate
+    from roformer.train import checkpoint_eval
+
+    monkeypatch.setattr(checkpoint_eval, "evaluate_checkpoint", lambda *a, **k: pytest.fail("computed first"))
+    with pytest.raises(SystemExit) as stopped:
+        evaluate.main(["--workdir", str(tiny_run), "--out", str(UNWRITABLE / "eval.json")])
+    err = capsys.readouterr().err.strip()
+    assert stopped.value.code == 2 and err.startswith("error: cannot write the held-out metrics eval.json into")

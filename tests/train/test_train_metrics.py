@@ -1,5 +1,7 @@
 """roformer.train.metrics: the throughput timer, and the metrics writer's JSONL and TensorBoard
 files."""
+import json
+import logging
 import re
 import tomllib
 from pathlib import Path
@@ -94,3 +96,20 @@ def test_tensorboard_is_a_dependency_and_reads_the_event_files(tmp_path):
     writer.close()
     events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard")).Reload()
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(3, 2.5)]
+
+
+def test_damaged_metrics_lines_are_skipped_with_one_warning(tmp_path, caplog):
+    from roformer.train.metrics import _drop_rows_after, read_metrics
+
+    good = [json.dumps({"step": s, "loss": 5.0 - s / 10}).encode() for s in (1, 2, 3, 4)]
+    flipped = bytearray(good[1])
+    flipped[5] |= 0x80   # one high bit
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b"\n".join([good[0], bytes(flipped), b"\x00\xff\xfe binary", good[2],
+                                 b'{"step": "3x", "loss": 1}', good[3]]) + b"\n")
+    with caplog.at_level(logging.WARNING):
+        rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 3, 4]
+    assert "skipped 3 damaged line(s) (line 2, ...)" in caplog.text
+    _drop_rows_after(path, 3)   # a resume at step 3 rewrites it readable
+    assert path.read_text().splitlines() == [json.dumps(json.loads(g)) for g in good[:1] + good[2:3]]

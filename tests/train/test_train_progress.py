@@ -99,3 +99,12 @@ def test_the_rate_leaves_out_the_first_step_and_its_compilation(caplog):
     with caplog.at_level(logging.INFO, logger="roformer.train"):
         bar.close()
     assert caplog.messages == ["pretrain: step 11 of 100 (11%), 1 steps/s, 1m29s left"]
+
+
+def test_a_ctrl_c_stop_is_labelled_sigint():
+    from roformer.pretrain import next_steps
+    from roformer.train.progress import summary_line
+
+    summary = {"final_step": 7, "start_step": 0, "preempted": True, "stop_signal": "SIGINT"}
+    assert summary_line(summary) == "summary: 7 steps (stopped: SIGINT)"
+    assert next_steps(summary, "runs/x").startswith("stopped at step 7 (SIGINT); run the same command again")
