@@ -321,7 +321,7 @@ class CommandFlags:
         self._specs: dict[str, tuple] = {}   # name -> (default, type, choices, list-valued)
         self._required: list[str] = []
 
-    def define(self, name: str, *, default=None, help: str = "", type: Callable = str,  # noqa: A002 - absl's word
+    def define(self, name: str, *, default=None, help: str = "", type: Callable = str,
                choices: Sequence | None = None, many: bool = False, repeat: bool = False,
                metavar: str | None = None, required: bool = False) -> None:
         """A flag `--name`: `type=bool` a switch (`--name`/`--noname`); `many` a list given as
@@ -354,6 +354,7 @@ class CommandFlags:
         if asks_for_help(["", *argv]):
             print(self.help_text())
             raise SystemExit(0)
+        self.flag_values.unparse_flags()   # a second parse starts from the defaults again
         positional = self.flag_values(["", *argv])[1:]
         missing = [f"--{name}" for name in self._required if not self.flag_values[name].present]
         if missing:

@@ -28,9 +28,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     (("roformer.data", "tokenizer", "train", "--help"), ["--vocab-size:", "--out:"]),
     (("roformer.convert", "--help"), ["from-hf", "to-hf", "--rope-layout:"]),
     (("roformer.bench", "--help"), ["python -m roformer.bench <rope|step"]),
-    (("roformer.capability", "--help"), ["config keys of configs/capability.py"]),
     (("roformer.convert", "to-hf", "--help"), ["--step"]),
-    (("roformer.bench", "step", "--help"), ["--seq-lens: [comma-separated] (default: 128,512)"]),
     (("roformer.evaluate", "--help"), ["--workdir", "--step", "--eval-batches", "--out"]),
 ])
 def test_help_exits_0(args, expected):

@@ -24,13 +24,13 @@ COMMANDS = {
     "roformer.pretrain": (["--help"], "--workdir:", ["--config=configs/tiny.py"]),
     "roformer.glue": (["--help"], "--eval_only:", ["--workdir=unused", "stray"]),
     "roformer.ablate": (["--help"], "--report_to:", ["--config=configs/ablation.py:smoke", "--workdir=unused", "stray"]),
-    "roformer.capability": (["--help"], "--workdir:", ["--config=configs/capability.py:smoke", "--workdir=unused",
+    "roformer.capability": (["--help"], "config keys of configs/capability.py", ["--config=configs/capability.py:smoke", "--workdir=unused",
                                                         "stray"]),
     "roformer.study": (["--help"], "--workdir:", ["no_such_command"]),
     "roformer.data": (["prepare", "--help"], "--processes:", ["tokenizer", "encode", "some text"]),
     "roformer.convert": (["--help"], "--rope-layout:", ["to-hf", "only_one_directory"]),
     "roformer.evaluate": (["--help"], "--eval-batches:", ["--step=3"]),
-    "roformer.bench": (["step", "--help"], "--seq-lens:", ["step", "--seq-lens=128,many"]),
+    "roformer.bench": (["step", "--help"], "--seq-lens: [comma-separated] (default: 128,512)", ["step", "--seq-lens=128,many"]),
 }
 # Started by the project's own code with a protocol of their own, never by a user.
 WORKERS = {
@@ -56,6 +56,7 @@ def runs_as_program(tree: ast.Module) -> bool:
                for node in tree.body)
 
 
+@pytest.mark.fast
 def test_no_module_parses_its_command_line_with_argparse():
     """absl flags are the one flag parser (roformer.cli.run, roformer.cli.CommandFlags)."""
     offenders = []
@@ -68,6 +69,7 @@ def test_no_module_parses_its_command_line_with_argparse():
     assert not offenders, f"use roformer.cli (absl flags) instead of another parser in: {offenders}"
 
 
+@pytest.mark.fast
 def test_every_program_in_the_package_is_a_listed_command_or_worker():
     programs = {name for name, tree in sources().items() if runs_as_program(tree)}
     assert programs == {*COMMANDS, *WORKERS}, programs ^ {*COMMANDS, *WORKERS}
@@ -77,6 +79,7 @@ def test_every_program_in_the_package_is_a_listed_command_or_worker():
         assert "cli.run(" in text or "@cli.entry_point" in text, name
 
 
+@pytest.mark.fast
 def test_every_console_script_runs_a_command():
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert set(scripts) == {f"roformer-{name.split('.')[1]}" for name in COMMANDS}
@@ -90,6 +93,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=patient(300))
 
 
+@pytest.mark.slow   # two processes a command, most of their time importing jax: 20-60 s each on a busy 2-core host
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_help_lists_the_flags_and_a_user_error_is_one_line(command, tmp_path):
     help_args, flag, error_args = COMMANDS[command]
@@ -102,6 +106,7 @@ def test_help_lists_the_flags_and_a_user_error_is_one_line(command, tmp_path):
     assert not (tmp_path / "unused").exists()
 
 
+@pytest.mark.fast
 def test_command_flags_parse_lists_switches_and_defaults():
     command = cli.CommandFlags("usage")
     command.define("--seq-lens", type=int, many=True, default=[128, 512])
