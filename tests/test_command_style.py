@@ -57,10 +57,12 @@ def runs_as_program(tree: ast.Module) -> bool:
 
 
 @pytest.mark.fast
-def test_no_module_parses_its_command_line_with_argparse():
-    """absl flags are the one flag parser (roformer.cli.run, roformer.cli.CommandFlags)."""
+def test_no_module_or_script_parses_its_command_line_with_argparse():
+    """absl flags are the one flag parser (roformer.cli.run, roformer.cli.CommandFlags), in the
+    package and in scripts/ alike."""
     offenders = []
-    for name, tree in sources().items():
+    scripts = {path.name: ast.parse(path.read_text()) for path in sorted((REPO / "scripts").glob("*.py"))}
+    for name, tree in {**sources(), **scripts}.items():
         for node in ast.walk(tree):
             names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
                      [node.module] if isinstance(node, ast.ImportFrom) else [])
