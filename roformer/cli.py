@@ -21,6 +21,13 @@
   0 shows INFO, 1 DEBUG, -1 warnings only (for every logger).
 - **`--help`** prints the command's usage and every config key with its default (of the
   file given with `--config`, else of the command's default config file) and exits 0.
+- **One flag style:** every command's flags are absl flags, `--name=value` or `--name value`,
+  a list as `--name=a,b,c`, a boolean as `--name` / `--noname`; a command with subcommands
+  (`python -m roformer.convert to-hf`, `roformer.bench cost`, `roformer.data prepare`,
+  `roformer.study report`) takes the subcommand as its first positional argument. The
+  commands with a config file run through `run` (flags in absl's global FLAGS, defined when
+  the module runs as a program); the others define theirs in a `CommandFlags` of their own,
+  which a test can parse in-process as often as it likes.
 """
 from __future__ import annotations
 
@@ -33,7 +40,8 @@ import os
 import re
 import runpy
 import sys
-from collections.abc import Callable, Iterator
+import types
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from absl import app, flags
@@ -114,7 +122,8 @@ def user_errors() -> Iterator[None]:
 
 
 def entry_point(main: Callable) -> Callable:
-    """Decorator for an argparse `main(argv)`: user errors become one line and status 2."""
+    """Decorator for a command's `main(argv)` (argv without the program name, parsed with
+    `CommandFlags`): user errors become one line and status 2."""
     @functools.wraps(main)
     def wrapped(*args, **kwargs):
         with user_errors():
@@ -292,3 +301,94 @@ def _flatten(tree: dict, prefix: str = "") -> Iterator[tuple[str, object]]:
             yield from _flatten(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}", value
+
+
+# --------------------------------------------------------------------------- commands without a config file
+
+
+class CommandFlags:
+    """The flags of a command that reads no config file (convert, evaluate, bench, data's
+    tokenizer), as absl flags in a `FlagValues` of their own: `define` them, then `parse`
+    the command line into a namespace (`--seq-lens` is `args.seq_lens`).
+
+    A flag keeps its `default` object as it is when not given (a list of ints, None); a
+    given value is converted with `type` and checked against `choices`, and one that does
+    not convert is a `UsageError` naming the flag."""
+
+    def __init__(self, usage: str):
+        self.usage = usage
+        self.flag_values = flags.FlagValues()
+        self._specs: dict[str, tuple] = {}   # name -> (default, type, choices, list-valued)
+        self._required: list[str] = []
+
+    def define(self, name: str, *, default=None, help: str = "", type: Callable = str,
+               choices: Sequence | None = None, many: bool = False, repeat: bool = False,
+               metavar: str | None = None, required: bool = False) -> None:
+        """A flag `--name`: `type=bool` a switch (`--name`/`--noname`); `many` a list given as
+        `--name=a,b`; `repeat` a list given as `--name=a --name=b` (for values holding commas
+        or spaces); `metavar` names the value in --help."""
+        name, values = name.lstrip("-"), self.flag_values
+        text = f"{help} " if help else ""
+        if choices is not None:
+            text += f"[{'|'.join(map(str, choices))}{', comma-separated' if many else ''}]"
+        elif many:
+            text += "[comma-separated]" if metavar is None else f"[{metavar},...]"
+        elif repeat or metavar:
+            text += f"[{metavar or 'VALUE'}{'; repeat the flag for more' if repeat else ''}]"
+        if type is bool:
+            default = bool(default)
+            flags.DEFINE_boolean(name, default, text.strip(), flag_values=values)
+        elif repeat:
+            flags.DEFINE_multi_string(name, None, text.strip(), flag_values=values)
+        elif many:
+            flags.DEFINE_list(name, None, text.strip(), flag_values=values)
+        else:
+            flags.DEFINE_string(name, None, text.strip(), flag_values=values)
+        self._specs[name] = (default, type, choices, many or repeat)
+        if required:
+            self._required.append(name)
+
+    def parse(self, argv: Sequence[str]) -> tuple[types.SimpleNamespace, list[str]]:
+        """(the flags' values, the positional arguments) of `argv` (without the program name);
+        `--help` prints `help_text()` and exits 0."""
+        if asks_for_help(["", *argv]):
+            print(self.help_text())
+            raise SystemExit(0)
+        self.flag_values.unparse_flags()   # a second parse starts from the defaults again
+        positional = self.flag_values(["", *argv])[1:]
+        missing = [f"--{name}" for name in self._required if not self.flag_values[name].present]
+        if missing:
+            raise UsageError(f"{' and '.join(missing)} required (see --help)")
+        values = {}
+        for name, (default, convert, choices, is_list) in self._specs.items():
+            flag = self.flag_values[name]
+            if not flag.present:
+                values[name.replace("-", "_")] = default
+                continue
+            given = flag.value
+            converted = [self._convert(name, item, convert, choices) for item in given] if is_list else (
+                self._convert(name, given, convert, choices) if convert is not bool else given)
+            values[name.replace("-", "_")] = converted
+        return types.SimpleNamespace(**values), positional
+
+    @staticmethod
+    def _convert(name: str, text: str, convert: Callable, choices: Sequence | None):
+        try:
+            value = convert(text)
+        except (TypeError, ValueError) as error:
+            raise UsageError(f"--{name}={text}: {error}") from None
+        if choices is not None and value not in choices:
+            raise UsageError(f"--{name}={text}: not one of {', '.join(map(str, choices))}")
+        return value
+
+    def help_text(self) -> str:
+        """The usage, then every flag with its help and default."""
+        lines = [self.usage.strip(), "", "flags:"]
+        for name, (default, _, _, is_list) in self._specs.items():
+            shown = ",".join(map(str, default)) if is_list and default else default
+            text = self.flag_values[name].help.replace("(no help available)", "").strip()
+            if shown not in (None, "", False, []) and "default" not in text:
+                text = f"{text} (default: {shown})".strip()
+            lines.append(f"  --{name}: {text}".rstrip())
+        lines.append(f"environment: {TRACEBACK_ENV}=1 shows the traceback of an error")
+        return "\n".join(lines)

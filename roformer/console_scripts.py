@@ -43,3 +43,7 @@ def data() -> None:
 
 def evaluate() -> None:
     _run_module("roformer.evaluate")
+
+
+def study() -> None:
+    _run_module("roformer.study")

@@ -1,7 +1,7 @@
 """Weights in and out of HF `transformers` RoFormer format.
 
-    python -m roformer.convert from-hf HF_DIR OUT_DIR [--rope-layout half] [--dtype bfloat16]
-    python -m roformer.convert to-hf OUR_DIR_OR_PRETRAIN_WORKDIR OUT_DIR [--step N]
+    python -m roformer.convert from-hf HF_DIR OUT_DIR [--rope-layout=half] [--dtype=bfloat16]
+    python -m roformer.convert to-hf OUR_DIR_OR_PRETRAIN_WORKDIR OUT_DIR [--step=N]
 
 HF_DIR is a transformers RoFormer directory (config.json + model.safetensors, a
 sharded *.index.json, or pytorch_model.bin) holding a `RoFormerForMaskedLM`,
@@ -25,13 +25,13 @@ in eval mode (dropout off), ready for inference; call `.train()` to fine-tune it
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import importlib.metadata
 import json
 import logging
 import shutil
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -638,37 +638,47 @@ def save_hf_tokenizer(tokenizer, out_dir: str | Path, *, model_max_length: int) 
 
 # ------------------------------------------------------------------------------- CLI
 
+COMMANDS = ("from-hf", "to-hf")
+
+
+def command_flags() -> cli.CommandFlags:
+    """The flags of both commands (each reads its own)."""
+    command = cli.CommandFlags("\n".join(__doc__.split("\n\n")[:2]))
+    command.define("--rope-layout", default="interleaved", choices=rope.ROPE_LAYOUTS,
+                   help="from-hf: our pair layout; 'half' permutes q/k features accordingly")
+    command.define("--dtype", default="float32", choices=sorted(DTYPES),
+                   help="from-hf: compute dtype stored in our config (params stay float32)")
+    command.define("--step", type=int, default=-1, help="to-hf: the pretraining step to export (default: newest)")
+    return command
+
+
 @cli.entry_point
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m roformer.convert", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    from_hf = commands.add_parser("from-hf", help="HF RoFormer directory -> our format")
-    from_hf.add_argument("hf_dir")
-    from_hf.add_argument("out_dir")
-    from_hf.add_argument("--rope-layout", default="interleaved", choices=rope.ROPE_LAYOUTS,
-                         help="our pair layout; 'half' permutes q/k features accordingly")
-    from_hf.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
-                         help="compute dtype stored in our config (params stay float32)")
-    to_hf = commands.add_parser("to-hf", help="our format or a pretraining workdir -> HF RoFormer directory")
-    to_hf.add_argument("src_dir", help="from-hf output (model_config.json) or a pretraining workdir "
-                                       "(checkpoints/)")
-    to_hf.add_argument("out_dir")
-    to_hf.add_argument("--step", type=int, default=-1, help="pretraining step (default: newest)")
-    args = parser.parse_args(argv)
-
-    out_dir = Path(args.out_dir)
+    """`python -m roformer.convert from-hf|to-hf SRC OUT_DIR [flags]` (`argv` without the program name)."""
+    args, positional = command_flags().parse(sys.argv[1:] if argv is None else argv)
+    if not positional or positional[0] not in COMMANDS:
+        raise cli.UsageError(f"give a command: {' or '.join(COMMANDS)} (see --help)")
+    if len(positional) != 3:
+        raise cli.UsageError(f"{positional[0]} takes two directories, the source and OUT_DIR; got {positional[1:]}")
+    command, src, out_dir = positional[0], Path(positional[1]), Path(positional[2])
     if out_dir.exists() and not out_dir.is_dir():   # before the model is read
         raise ConfigError(f"{out_dir} is a file, not a directory: give a directory to write the model into")
-    if args.command == "from-hf":
-        _check_hf_dir(Path(args.hf_dir))
-        config, model = load_hf(args.hf_dir, rope_layout=args.rope_layout, dtype=args.dtype)
-        with exporting(out_dir):
-            out = save_converted(model, out_dir)
-            _copy_tokenizer_files(Path(args.hf_dir), out)
-        print(f"wrote {_model_head(model)} model ({config.num_layers} layers, hidden {config.hidden_size}) "
-              f"to {out}")
-        return
-    src = Path(args.src_dir)
+    if command == "from-hf":
+        from_hf_command(src, out_dir, rope_layout=args.rope_layout, dtype=args.dtype)
+    else:
+        to_hf_command(src, out_dir, step=args.step)
+
+
+def from_hf_command(hf_dir: Path, out_dir: Path, **overrides) -> None:
+    _check_hf_dir(hf_dir)
+    config, model = load_hf(hf_dir, **overrides)
+    with exporting(out_dir):
+        out = save_converted(model, out_dir)
+        _copy_tokenizer_files(hf_dir, out)
+    print(f"wrote {_model_head(model)} model ({config.num_layers} layers, hidden {config.hidden_size}) to {out}")
+
+
+def to_hf_command(src: Path, out_dir: Path, *, step: int) -> None:
     if not src.is_dir():
         raise cli.UsageError(f"to-hf: {src}: no such directory (expected a from-hf output or a pretraining "
                              "workdir)")
@@ -686,7 +696,7 @@ def main(argv: list[str] | None = None) -> None:
                 write_hf_tokenizer_config(out, lowercase=lowercase, model_max_length=config.max_position_embeddings)
     elif PretrainWorkdir.holds_run(src):
         run = PretrainWorkdir(src)
-        step = run.resolve_step(args.step)
+        step = run.resolve_step(step)
         config, model = load_pretrain_workdir(src, step=step)
         source = f" (step {step} of {src})"
         exported = with_trained_positions(config, run.longest_seq_len())
@@ -705,7 +715,6 @@ def main(argv: list[str] | None = None) -> None:
         raise cli.UsageError(f"to-hf: {src} has neither {OUR_CONFIG_FILE} (from-hf output) nor {CHECKPOINTS}/ "
                              "(a pretraining workdir)")
     print(f"wrote HF {HF_ARCHITECTURES[_model_head(model)]}{source} to {out}")
-
 
 if __name__ == "__main__":
     main()

@@ -10,7 +10,7 @@ checkpoint is read. GLUE scores of fine-tuned models: `python -m roformer.glue -
 """
 from __future__ import annotations
 
-import argparse
+import sys
 from pathlib import Path
 
 from roformer import cli
@@ -27,15 +27,21 @@ def summary_line(result: dict) -> str:
     return line
 
 
+def command_flags() -> cli.CommandFlags:
+    command = cli.CommandFlags(__doc__)
+    command.define("--workdir", required=True, help="a pretraining workdir (checkpoints/, config.json)")
+    command.define("--step", type=int, default=-1, help="checkpoint step (default: newest)")
+    command.define("--eval-batches", type=int, default=0,
+                   help="held-out batches to score (default: the run's train.eval_batches)")
+    command.define("--out", default="", help="result file (default: WORKDIR/eval_<step>.json)")
+    return command
+
+
 @cli.entry_point
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m roformer.evaluate", description=__doc__.split("\n")[0])
-    parser.add_argument("--workdir", required=True, help="a pretraining workdir (checkpoints/, config.json)")
-    parser.add_argument("--step", type=int, default=-1, help="checkpoint step (default: newest)")
-    parser.add_argument("--eval-batches", type=int, default=0,
-                        help="held-out batches to score (default: the run's train.eval_batches)")
-    parser.add_argument("--out", default="", help="result file (default: WORKDIR/eval_<step>.json)")
-    args = parser.parse_args(argv)
+    args, positional = command_flags().parse(sys.argv[1:] if argv is None else argv)
+    if positional:
+        raise cli.UsageError(f"unexpected arguments: {positional}")
     from roformer.train.checkpoint_eval import evaluate_checkpoint   # jax: after --help
     from roformer.workdir import PretrainWorkdir
 

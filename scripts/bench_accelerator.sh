@@ -120,7 +120,7 @@ keep_trace() {   # the profiler's trace up to DIR itself, beside the compiled pr
 
 ab() {   # the levers' A/B, then under each XLA flag set, then one table of them all
   local sets=() set index=0 limit=${AB_LEVERS_S:-310} continued=()
-  # AB_SHAPES, AB_FLAG_SHAPE and AB_ARGS (more levers options, e.g. a CPU smoke test's
+  # AB_SHAPES (commas or spaces between shapes), AB_FLAG_SHAPE and AB_ARGS (more levers options, e.g. a CPU smoke test's
   # "--rounds 1 --iters 1 --vocab-size 512"), AB_HF_SHAPE and AB_HF_ARGS (more hf options)
   # change what is timed. For a shorter time limit: AB_LEVERS_S (the levers' limit; no build
   # starts in its last 35 s), AB_FLAG_SETS=none, AB_HF=0. For the shapes an earlier run's time
@@ -130,8 +130,9 @@ ab() {   # the levers' A/B, then under each XLA flag set, then one table of them
   # Compiled steps kept outside OUTDIR: a rerun on the same machine loads them instead of
   # compiling each variant again (the builds are most of the levers' time).
   local -x JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/roformer-ab-jax-cache}
+  local shapes=${AB_SHAPES:-base/512/64,base/128/256,small/512/64}
   # shellcheck disable=SC2086
-  bench ab_levers "$limit" levers --shapes ${AB_SHAPES:-base/512/64 base/128/256 small/512/64} \
+  bench ab_levers "$limit" levers --shapes="${shapes// /,}" \
     --budget-s $((limit - 35)) --rounds 3 --iters 5 "${continued[@]}" ${AB_ARGS:-}
   [[ ${AB_FLAG_SETS:-} == none ]] || IFS=';' read -ra sets <<<"${AB_FLAG_SETS:---xla_gpu_enable_cublaslt=true}"
   for set in "${sets[@]}"; do
@@ -140,7 +141,7 @@ ab() {   # the levers' A/B, then under each XLA flag set, then one table of them
     # (a build takes 20-27 s at base/512 on an H200, and no build starts past the budget less
     # 1.2x the longest so far: room for the baseline's and all's, from the process's start)
     XLA_FLAGS="${XLA_FLAGS:-} $set" bench "ab_flags$index" 85 levers --shapes "${AB_FLAG_SHAPE:-base/512/64}" \
-      --variants baseline all --other-variants baseline --budget-s 70 --rounds 3 --iters 5 ${AB_ARGS:-}
+      --variants=baseline,all --other-variants=baseline --budget-s 70 --rounds 3 --iters 5 ${AB_ARGS:-}
   done
   [[ ${AB_HF:-1} == 0 ]] || ab_hf
   "$py" scripts/bench_ab_table.py "$out" "$index"
@@ -163,14 +164,14 @@ print(adopted.dropout_rng_impl if adopted else 'threefry2x32', ','.join(adopted.
 
 confirm() {   # the GPU default forms against none (levers), the default profiled, and the peers
   # shellcheck disable=SC2086
-  bench confirm_levers 300 levers --shapes base/512/64 base/128/256 --variants baseline gpu_default rope_half_pairs fused_qkv \
-    --other-variants baseline gpu_default --budget-s 260 --rounds 3 --iters 5 ${AB_ARGS:-}
+  bench confirm_levers 300 levers --shapes=base/512/64,base/128/256 --variants=baseline,gpu_default,rope_half_pairs,fused_qkv \
+    --other-variants=baseline,gpu_default --budget-s 260 --rounds 3 --iters 5 ${AB_ARGS:-}
   bench confirm_profile 120 profile --size base --seq-len 512 --batch 64 --scheme rope --dtype bfloat16 \
     --attention-impl cudnn --attention-dropout 0 --top 40 --trace-dir "$out/confirm_trace"
   keep_trace "$out/confirm_trace"
   # shellcheck disable=SC2086
   XLA_PYTHON_CLIENT_PREALLOCATE=false bench confirm_hf 160 hf --shapes "${AB_HF_SHAPE:-base/512/64}" \
-    --peers hf_torch hf_torch_compile hf_torch_compile_masked_head --dtype bfloat16 --attention-dropout 0 \
+    --peers=hf_torch,hf_torch_compile,hf_torch_compile_masked_head --dtype bfloat16 --attention-dropout 0 \
     --rounds 3 --iters 3 ${AB_HF_ARGS:-}
 }
 
@@ -179,11 +180,11 @@ run_step() {
     profile) bench profile 120 profile --size base --seq-len 512 --batch 64 --scheme rope --dtype bfloat16 \
                --attention-impl cudnn --attention-dropout 0 --top 40 --trace-dir "$out/profile_trace"
              keep_trace "$out/profile_trace" ;;
-    gpu) bench gpu 300 gpu --sizes base small mini tiny --seq-lens 512 128 --rope-batch 32 --budget-s 240 ;;
-    runs_tiny) bench runs_tiny 75 runs --shapes tiny/128/16 --modes one procs vmap --parallel 8 --rounds 3 --steps 30 ;;
-    runs_mini) bench runs_mini 100 runs --shapes mini/128/32 --modes one procs vmap --parallel 8 --rounds 3 --steps 30 ;;
-    runs64_tiny) bench runs64_tiny 60 runs --shapes tiny/128/16 --modes one vmap --parallel 64 --rounds 3 --steps 20 ;;
-    runs64_mini) bench runs64_mini 60 runs --shapes mini/128/32 --modes one vmap --parallel 64 --rounds 3 --steps 20 ;;
+    gpu) bench gpu 300 gpu --sizes=base,small,mini,tiny --seq-lens=512,128 --rope-batch 32 --budget-s 240 ;;
+    runs_tiny) bench runs_tiny 75 runs --shapes tiny/128/16 --modes=one,procs,vmap --parallel 8 --rounds 3 --steps 30 ;;
+    runs_mini) bench runs_mini 100 runs --shapes mini/128/32 --modes=one,procs,vmap --parallel 8 --rounds 3 --steps 30 ;;
+    runs64_tiny) bench runs64_tiny 60 runs --shapes tiny/128/16 --modes=one,vmap --parallel 64 --rounds 3 --steps 20 ;;
+    runs64_mini) bench runs64_mini 60 runs --shapes mini/128/32 --modes=one,vmap --parallel 64 --rounds 3 --steps 20 ;;
     ablation_vmap) ablations ;;
     flags) bench flags 500 flags --timeout-s 80 --combine-below 0.99 --step-args "--sizes base --seq-lens 512 --batch 64 --schemes rope \
              --dtype bfloat16 --attention-impl cudnn --attention-dropout 0 --rounds 3 --iters 5" ;;

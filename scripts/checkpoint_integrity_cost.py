@@ -10,7 +10,6 @@ of each; the step's bytes are in `bytes`.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -26,18 +25,21 @@ import optax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from roformer import checksums  # noqa: E402
+from roformer import checksums, cli  # noqa: E402
 from roformer.model import ModelConfig, RoFormerForMaskedLM  # noqa: E402
 from roformer.train.checkpoint import Checkpointer  # noqa: E402
 
 
+@cli.entry_point
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", default="base")
-    parser.add_argument("--vocab-size", type=int, default=30522)
-    parser.add_argument("--dir", required=True, help="scratch directory (removed and made again)")
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    command = cli.CommandFlags(__doc__)
+    command.define("--size", default="base")
+    command.define("--vocab-size", type=int, default=30522)
+    command.define("--dir", required=True, help="scratch directory (removed and made again)")
+    command.define("--repeats", type=int, default=3)
+    args, positional = command.parse(sys.argv[1:])
+    if positional:
+        raise cli.UsageError(f"unexpected arguments: {positional}")
     config = ModelConfig.from_preset(args.size, vocab_size=args.vocab_size)
     params = nnx.to_pure_dict(nnx.state(RoFormerForMaskedLM(config, rngs=nnx.Rngs(0)), nnx.Param))
     # AdamW's moments start at zero, which orbax's compressed storage shrinks to nothing: give them

@@ -17,10 +17,11 @@ Results: docs/results/2026-11-29-decision-rules-cpu.md.
 """
 from __future__ import annotations
 
-import argparse
+import sys
 
 import numpy as np
 
+from roformer import cli
 from roformer.study import stats as study_stats
 from roformer.bench.common import ratio_stats
 from roformer.bench.levers import paid
@@ -74,10 +75,14 @@ def power(gain: float, sigma: float, trials: int, rng) -> tuple[float, float]:
     return first / trials, both / trials
 
 
+@cli.entry_point
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=20_000)
-    trials = parser.parse_args().trials
+    command = cli.CommandFlags(__doc__.splitlines()[0])
+    command.define("--trials", type=int, default=20_000)
+    args, positional = command.parse(sys.argv[1:])
+    if positional:
+        raise cli.UsageError(f"unexpected arguments: {positional}")
+    trials = args.trials
     rng = np.random.default_rng(0)
     print("| comparisons | family-wise error, before | now | no correction |\n|---|---|---|---|")
     for m in (3, 6):

@@ -137,8 +137,8 @@ for stage in $stages; do
         ${GLUE_ARGS:-}
       cp "$work/$stage/glue_results.json" "$out/$results" 2>/dev/null ;;
     glue_loop)
-      run_stage glue_loop 150 "$py" -m roformer.bench glue_loop --variants finetune bare --steps-per-call 16 \
-        --paddings step call packed --rounds 2 ${GLUE_LOOP_ARGS:---preset base --accel gpu --batch 32 --max-len 128 --steps 192} \
+      run_stage glue_loop 150 "$py" -m roformer.bench glue_loop --variants=finetune,bare --steps-per-call 16 \
+        --paddings=step,call,packed --rounds 2 ${GLUE_LOOP_ARGS:---preset base --accel gpu --batch 32 --max-len 128 --steps 192} \
         --json "$out/glue_loop.json" ;;
     export)
       [ -f "$work/pretrain/summary.json" ] || { echo "=== export: skipped (no pretraining workdir)" | tee -a "$log"; continue; }

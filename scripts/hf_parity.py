@@ -10,7 +10,6 @@ or the difference is above --tolerance.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -29,12 +28,16 @@ SENTENCES = [
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("workdir")
-    parser.add_argument("hf_dir")
-    parser.add_argument("--json", default="")
-    parser.add_argument("--tolerance", type=float, default=1e-3)
-    args = parser.parse_args(argv)
+    from roformer import cli
+
+    command = cli.CommandFlags(__doc__.split("\n\n")[0])
+    command.define("--json", default="")
+    command.define("--tolerance", type=float, default=1e-3)
+    with cli.user_errors():
+        args, positional = command.parse(sys.argv[1:] if argv is None else argv)
+        if len(positional) != 2:
+            raise cli.UsageError(f"give WORKDIR and HF_DIR; got {positional}")
+    args.workdir, args.hf_dir = positional
 
     import torch
     from transformers import AutoModelForMaskedLM, AutoTokenizer

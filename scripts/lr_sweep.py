@@ -15,7 +15,6 @@ lr_sweep.md hold the same.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -23,9 +22,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))   # the project's package, also when it is not installed
+from roformer import cli  # noqa: E402
 from roformer.files import write_json_atomic, write_text_atomic  # noqa: E402
 
-DEFAULT_RATES = "1e-3,2e-3,4e-3"
+DEFAULT_RATES = [1e-3, 2e-3, 4e-3]
 
 
 def rate_workdir(root: Path, rate: str) -> Path:
@@ -89,19 +89,18 @@ def to_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+@cli.entry_point
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", required=True, type=Path)
-    parser.add_argument("--rates", default=DEFAULT_RATES, help=f"comma list (default {DEFAULT_RATES})")
-    parser.add_argument("--report", action="store_true", help="only collect and print the table")
-    args, extra = parser.parse_known_args()
-    bad = [a for a in extra if not a.startswith("--config.")]
-    if bad:
-        parser.error(f"unexpected arguments {bad}; only --config.* flags pass through to roformer.ablate")
-    try:
-        rates = [f"{float(r):g}" for r in args.rates.split(",") if r.strip()]
-    except ValueError:
-        parser.error(f"--rates={args.rates!r}: a comma list of numbers")
+    command = cli.CommandFlags(__doc__.split("\n\n")[0] + "\n\n--config.* flags pass through to roformer.ablate.")
+    command.define("--workdir", required=True, type=Path)
+    command.define("--rates", many=True, type=float, default=DEFAULT_RATES)
+    command.define("--report", type=bool, help="only collect and print the table")
+    extra = [a for a in sys.argv[1:] if a.startswith("--config.")]   # roformer.ablate's, passed on as they are
+    args, positional = command.parse([a for a in sys.argv[1:] if not a.startswith("--config.")])
+    if positional:
+        raise cli.UsageError(f"unexpected arguments {positional}; only --config.* flags pass through to "
+                             "roformer.ablate")
+    rates = [f"{r:g}" for r in args.rates]
     failed = 0
     if not args.report:
         for rate in rates:

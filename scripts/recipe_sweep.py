@@ -23,7 +23,6 @@ same step and share one timing.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import shutil
@@ -37,6 +36,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from roformer import cli  # noqa: E402
 from roformer.configs import SCHEME_FILES  # noqa: E402
 from roformer.configs.ablation import SHARED_DATA  # noqa: E402
 from roformer.model import ModelConfig  # noqa: E402
@@ -225,18 +225,19 @@ def report(root: Path, variants: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@cli.entry_point
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", required=True, type=Path)
-    parser.add_argument("--only", default="", help="comma list of variants (default: all)")
-    parser.add_argument("--report", action="store_true", help="only write the table")
-    parser.add_argument("--speed", action="store_true",
-                        help=f"time each variant alone ({SPEED_STEPS} steps) into {SPEED_FILE}, then the table")
-    args = parser.parse_args()
-    variants = [v for v in args.only.split(",") if v] or list(VARIANTS)
-    unknown = sorted(set(variants) - set(VARIANTS))
-    if unknown:
-        parser.error(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
+    command = cli.CommandFlags(__doc__.split("\n\n")[0])
+    command.define("--workdir", required=True, type=Path)
+    command.define("--only", many=True, default=list(VARIANTS), choices=list(VARIANTS),
+                   help="the variants to run (default: all)")
+    command.define("--report", type=bool, help="only write the table")
+    command.define("--speed", type=bool,
+                   help=f"time each variant alone ({SPEED_STEPS} steps) into {SPEED_FILE}, then the table")
+    args, positional = command.parse(sys.argv[1:])
+    if positional:
+        raise cli.UsageError(f"unexpected arguments: {positional}")
+    variants = args.only
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.speed:
         speed_path = args.workdir / SPEED_FILE

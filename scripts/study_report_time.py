@@ -13,7 +13,6 @@ and notebooks/study_report.ipynb read as they read a real one.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import shutil
 import sys
@@ -26,7 +25,7 @@ sys.path.insert(0, str(REPO))   # the project's package, also when it is not ins
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from roformer.cli import load_config  # noqa: E402
+from roformer.cli import CommandFlags, UsageError, entry_point, load_config  # noqa: E402
 from roformer.config_files import CONFIG_DIR  # noqa: E402
 from roformer.study import plan as study_plan, report as study_report, session as study, stats as study_stats  # noqa: E402
 from roformer.study.records import save_scheme  # noqa: E402
@@ -65,12 +64,15 @@ def fake_record(plan, data, scheme: str, rng: np.random.Generator) -> tuple[dict
     return record, {"test_weight": test_weight, **sums}
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("variant", help="a configs/study.py variant, e.g. gpu_tiny")
-    parser.add_argument("--pack", default="", help="its data pack (python -m roformer.study pack)")
-    parser.add_argument("--dir", required=True, help="scratch directory (removed and made again)")
-    args = parser.parse_args(argv)
+    command = CommandFlags(__doc__)
+    command.define("--pack", default="", help="its data pack (python -m roformer.study pack)")
+    command.define("--dir", required=True, help="scratch directory (removed and made again)")
+    args, positional = command.parse(sys.argv[1:] if argv is None else argv)
+    if len(positional) != 1:
+        raise UsageError(f"give one configs/study.py variant, e.g. gpu_tiny; got {positional}")
+    args.variant = positional[0]
     config = load_config(f"{CONFIG_DIR / 'study.py'}:{args.variant}")
     config.study.data_pack = args.pack
     plan = study_plan.build_plan(config)

@@ -156,14 +156,14 @@ def test_the_ab_step_fits_a_shorter_time_limit_when_told_so(tmp_path):
     # a flag set's run has room for both its builds (20-27 s each on an H200) within its budget
     assert "--budget-s 275" in whole[0] and "--budget-s 70" in whole[1]
     short = commands(AB_LEVERS_S="200", AB_FLAG_SETS="none", AB_HF="0", AB_SHAPES="base/512/64",
-                     AB_ARGS="--variants baseline pallas_residual_norm rbg_dropout")
-    assert short == ["-m roformer.bench levers --shapes base/512/64 --budget-s 165 --rounds 3 --iters 5 --variants "
-                     "baseline pallas_residual_norm rbg_dropout --json OUT/ab_levers.json",
+                     AB_ARGS="--variants=baseline,pallas_residual_norm,rbg_dropout")
+    assert short == ["-m roformer.bench levers --shapes=base/512/64 --budget-s 165 --rounds 3 --iters 5 "
+                     "--variants=baseline,pallas_residual_norm,rbg_dropout --json OUT/ab_levers.json",
                      "scripts/bench_ab_table.py OUT 0"]
     # the shapes an earlier call's budget left: its adopted levers, not the levers alone again
     later = commands(AB_ADOPTED_FROM="kept/ab_levers.json", AB_SHAPES="base/128/256 small/512/64",
                      AB_FLAG_SETS="none", AB_HF="0")
-    assert later == ["-m roformer.bench levers --shapes base/128/256 small/512/64 --budget-s 275 --rounds 3 --iters 5 "
+    assert later == ["-m roformer.bench levers --shapes=base/128/256,small/512/64 --budget-s 275 --rounds 3 --iters 5 "
                      "--adopted-from kept/ab_levers.json --json OUT/ab_levers.json", "scripts/bench_ab_table.py OUT 0"]
     # the script's status is its worst step's: a levers run cut at its limit shows in the call's rc
     stub.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\ncase "$*" in *"bench levers"*) exit 124 ;; esac\n')

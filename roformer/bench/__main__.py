@@ -1,8 +1,11 @@
-"""python -m roformer.bench <rope|step|profile|hf|scaling|input|gpu|runs|flags|levers|glue_loop|cost> [options] [--json OUT]
+"""python -m roformer.bench <rope|step|profile|hf|scaling|input|gpu|runs|flags|levers|glue_loop|cost> [flags] [--json=OUT]
 
-Each benchmark is a module roformer/bench/<name>.py exposing add_args(parser) and
-run(args) -> dict with a "rows" list, plus anything else worth keeping: the
-alternating-run ratio summaries under "comparisons", "columns" (the row keys to
+`python -m roformer.bench <benchmark> --help` lists that benchmark's flags (lists
+comma-separated: `--seq-lens=128,512`).
+
+Each benchmark is a module roformer/bench/<name>.py exposing define_flags(command) (its
+absl flags, roformer.cli.CommandFlags) and run(args) -> dict with a "rows" list, plus
+anything else worth keeping: the alternating-run ratio summaries under "comparisons", "columns" (the row keys to
 print when rows carry more than fits a table), further tables under "tables"
 ({title: {"rows", "columns"}}) and one-line "notes" (what could not be measured, and
 why). This entry point prints the rows as a markdown table, the other tables, the
@@ -12,12 +15,13 @@ only; targets are judged in the dated result pages.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+from roformer import cli
 from roformer.bench.common import format_table, write_json
 from roformer.host_memory import retain_host_memory
 from roformer.machine import machine_info
@@ -25,27 +29,32 @@ from roformer.machine import machine_info
 BENCHMARKS = ("rope", "step", "profile", "hf", "scaling", "input", "gpu", "runs", "flags", "levers", "glue_loop", "cost")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """Pick the benchmark first, then import only that module (hf pulls in torch)."""
-    top = argparse.ArgumentParser(prog="python -m roformer.bench", description=__doc__,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    top.add_argument("benchmark", choices=BENCHMARKS)
-    top.add_argument("options", nargs=argparse.REMAINDER, help="options of that benchmark (--help lists them)")
-    chosen = top.parse_args(argv)
-    module = importlib.import_module(f"roformer.bench.{chosen.benchmark}")
-    parser = argparse.ArgumentParser(prog=f"python -m roformer.bench {chosen.benchmark}",
-                                     description=module.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", type=Path, default=None, help="write the result as JSON to this file")
-    module.add_args(parser)
-    args = parser.parse_args(chosen.options)
-    args.benchmark = chosen.benchmark
+def parse_args(argv: list[str]) -> SimpleNamespace:
+    """The benchmark (the first argument), then its flags; only that module is imported (hf
+    pulls in torch)."""
+    name = argv[0] if argv else ""
+    if name not in BENCHMARKS:
+        if argv and cli.asks_for_help(["", name]):
+            print(__doc__)
+            raise SystemExit(0)
+        if not argv:
+            raise cli.UsageError(f"give a benchmark: python -m roformer.bench <{'|'.join(BENCHMARKS)}> (see --help)")
+        raise cli.UsageError(f"no benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}")
+    module = importlib.import_module(f"roformer.bench.{name}")
+    command = cli.CommandFlags(f"python -m roformer.bench {name} [flags]\n\n{module.__doc__.strip()}")
+    command.define("--json", type=Path, default=None, help="write the result as JSON to this file")
+    module.define_flags(command)
+    args, positional = command.parse(argv[1:])
+    if positional:
+        raise cli.UsageError(f"unexpected arguments: {positional} (a list flag takes commas: --seq-lens=128,512)")
+    args.benchmark = name
     return args
 
 
+@cli.entry_point
 def main(argv: list[str] | None = None) -> int:
     host_memory_retained = retain_host_memory()   # as the training commands do; before jax runs
-    args = parse_args(argv)
+    args = parse_args(sys.argv[1:] if argv is None else list(argv))
     module = importlib.import_module(f"roformer.bench.{args.benchmark}")
     load_before = os.getloadavg()[0]
     result = module.run(args)
@@ -73,6 +82,4 @@ def _comparison_line(comparison: dict) -> str:
 
 
 if __name__ == "__main__":
-    from roformer import cli
-
-    sys.exit(cli.entry_point(main)())
+    sys.exit(main())

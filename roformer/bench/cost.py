@@ -18,15 +18,16 @@ compile takes minutes on a small CPU: --hlo-dir keeps each program and reads it 
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from collections.abc import Mapping
 
+from roformer import cli
 from roformer import deviceless
 from roformer.bench import gpu_cost, workload
 from roformer.errors import ConfigError
@@ -80,24 +81,24 @@ COMPARE_COLUMNS = ("variant", "gpu", "kernels", "GB_memory_bound", "pred_ms", "d
                    "forms", "compile_s")
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpu", nargs="+", default=["h200"], choices=sorted(deviceless.GPU_KINDS))
-    parser.add_argument("--size", default="base")
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--scheme", default="rope")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    parser.add_argument("--attention-impl", default="auto", choices=["auto", "xla", "cudnn"])
-    parser.add_argument("--hidden-dropout", type=float, default=0.1)
-    parser.add_argument("--attention-dropout", type=float, default=0.0)
-    parser.add_argument("--dropout-rng-impl", default="threefry2x32")
-    parser.add_argument("--vocab-size", type=int, default=30522)
-    parser.add_argument("--forms", default=None,
-                        help="backend forms, comma-separated ('' for none; default: the GPU's default set)")
-    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[;...]",
-                        help="a variant predicted beside the step (repeatable)")
-    parser.add_argument("--hlo-dir", type=Path, default=None,
-                        help="keep each compiled program here, and read one already there instead of compiling")
+def define_flags(command: cli.CommandFlags) -> None:
+    command.define("--gpu", many=True, default=["h200"], choices=sorted(deviceless.GPU_KINDS))
+    command.define("--size", default="base")
+    command.define("--seq-len", type=int, default=512)
+    command.define("--batch", type=int, default=64)
+    command.define("--scheme", default="rope")
+    command.define("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    command.define("--attention-impl", default="auto", choices=["auto", "xla", "cudnn"])
+    command.define("--hidden-dropout", type=float, default=0.1)
+    command.define("--attention-dropout", type=float, default=0.0)
+    command.define("--dropout-rng-impl", default="threefry2x32")
+    command.define("--vocab-size", type=int, default=30522)
+    command.define("--forms", default=None,
+                   help="backend forms, comma-separated ('' for none; default: the GPU's default set)")
+    command.define("--variant", repeat=True, default=[], metavar="NAME:KEY=VALUE[;...]",
+                   help="a variant predicted beside the step (repeatable)")
+    command.define("--hlo-dir", type=Path, default=None,
+                   help="keep each compiled program here, and read one already there instead of compiling")
 
 
 def parse_variant(text: str, base: StepSpec) -> tuple[str, StepSpec]:
@@ -122,7 +123,7 @@ def parse_variant(text: str, base: StepSpec) -> tuple[str, StepSpec]:
     return name, dataclasses.replace(base, compiler_options=options, **changes)
 
 
-def base_spec(args: argparse.Namespace) -> StepSpec:
+def base_spec(args: SimpleNamespace) -> StepSpec:
     forms = None if args.forms is None else tuple(form for form in args.forms.split(",") if form)
     return StepSpec(size=args.size, seq_len=args.seq_len, batch=args.batch, scheme=args.scheme,
                                dtype=args.dtype, attention_impl=args.attention_impl,
@@ -172,7 +173,7 @@ def predict_program(program: dict, gpu: str) -> dict:
             "peak_GB": program["memory"].get("peak_memory_in_bytes", 0) / 1e9}
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: SimpleNamespace) -> dict:
     base = base_spec(args)
     variants = [("baseline", base)] + [parse_variant(text, base) for text in args.variant]
     compare, tables, notes, details = [], {}, [], {}

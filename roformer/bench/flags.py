@@ -22,7 +22,6 @@ launched; on a CPU, XLA:CPU's scheduling, vector width and math settings.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -31,6 +30,9 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import NamedTuple
+from types import SimpleNamespace
+
+from roformer import cli
 
 REFERENCE = ""
 CANDIDATES = {
@@ -56,20 +58,20 @@ TABLE_COLUMNS = ("xla_flags", "size", "seq", "scheme", "batch", "ms_step", "toke
 DEFAULT_STEP_ARGS = "--sizes tiny --seq-lens 128 --batch 16 --schemes rope --rounds 5 --iters 10"
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--flag-set", action="append", default=None, metavar="FLAGS",
-                        help="XLA flags (space-separated) to time against none; repeat for more sets, "
-                             "written as --flag-set=\"--xla_...=... --xla_...\" (default: this platform's "
-                             "candidates)")
-    parser.add_argument("--step-args", default=DEFAULT_STEP_ARGS,
-                        help="options of the step benchmark, in one string (python -m roformer.bench step "
-                             f"--help); default: {DEFAULT_STEP_ARGS!r}")
-    parser.add_argument("--timeout-s", type=float, default=600.0,
-                        help="time limit of each flag set's process")
-    parser.add_argument("--combine-below", type=float, default=0.0,
-                        help="then time the sets whose every row took less than this fraction of the "
-                             "reference's step time, all together, in one more process (e.g. 0.99; "
-                             "0: no combination)")
+def define_flags(command: cli.CommandFlags) -> None:
+    command.define("--flag-set", repeat=True, default=None, metavar="FLAGS",
+                   help="XLA flags (space-separated) to time against none; repeat for more sets, "
+                        "written as --flag-set=\"--xla_...=... --xla_...\" (default: this platform's "
+                        "candidates)")
+    command.define("--step-args", default=DEFAULT_STEP_ARGS,
+                   help="options of the step benchmark, in one string (python -m roformer.bench step "
+                        f"--help); default: {DEFAULT_STEP_ARGS!r}")
+    command.define("--timeout-s", type=float, default=600.0,
+                   help="time limit of each flag set's process")
+    command.define("--combine-below", type=float, default=0.0,
+                   help="then time the sets whose every row took less than this fraction of the "
+                        "reference's step time, all together, in one more process (e.g. 0.99; "
+                        "0: no combination)")
 
 
 class StepRun(NamedTuple):
@@ -118,7 +120,7 @@ def say(step_run: StepRun) -> StepRun:
     return step_run
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: SimpleNamespace) -> dict:
     # This process starts no jax backend while the steps run: on a GPU it would hold memory
     # their processes need. The platform, which picks the default candidates, is the first
     # reference process's.

@@ -23,16 +23,17 @@ model's state built abstractly), and a progress-bar update.
 """
 from __future__ import annotations
 
-import argparse
 import io
 import statistics
 import time
+from types import SimpleNamespace
 
 import jax
 import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
+from roformer import cli
 from roformer.accelerator import ACCELERATOR_SETTINGS
 from roformer.glue import finetune as finetune_lib
 from roformer.glue.features import Features, PaddedRows, bucket_lengths, planned_train_batches
@@ -43,28 +44,28 @@ COLUMNS = ("variant", "steps_per_call", "padding", "steps_s", "steps_s_min", "st
            "host_ms_step", "x_host")
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default=None, metavar="SIZE",
-                        help="a model of this preset (base: what a GPU run fine-tunes) instead of the micro model "
-                             "of --hidden/--layers/--vocab-size")
-    parser.add_argument("--accel", default="cpu", choices=sorted(ACCELERATOR_SETTINGS),
-                        help="the accelerator setting of the model (gpu: bf16 compute, no attention dropout, "
-                             "the fused attention kernel)")
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
-                        help="the loops to time (per-step loop: one program per padded length, compiled apart)")
-    parser.add_argument("--hidden", type=int, default=32, help="hidden size of the micro model (1 head per 16)")
-    parser.add_argument("--layers", type=int, default=1)
-    parser.add_argument("--vocab-size", type=int, default=1000)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--max-len", type=int, default=128, help="max_seq_len (buckets 16, 32, ... up to it)")
-    parser.add_argument("--steps", type=int, default=400, help="optimizer steps per timed loop")
-    parser.add_argument("--steps-per-call", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--paddings", nargs="+", choices=finetune_lib.TRAIN_PADDINGS[1:], default=["step"],
-                        help="how finetune and bare pad a step's batch (roformer.glue.finetune.TRAIN_PADDINGS)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
-    parser.add_argument("--program-size", default=None, metavar="PRESET",
-                        help="also build the train program of a model of this preset (base: what a GPU run "
-                             "compiles) and report its size, compile time and serialized size")
+def define_flags(command: cli.CommandFlags) -> None:
+    command.define("--preset", default=None, metavar="SIZE",
+                   help="a model of this preset (base: what a GPU run fine-tunes) instead of the micro model "
+                        "of --hidden/--layers/--vocab-size")
+    command.define("--accel", default="cpu", choices=sorted(ACCELERATOR_SETTINGS),
+                   help="the accelerator setting of the model (gpu: bf16 compute, no attention dropout, "
+                        "the fused attention kernel)")
+    command.define("--variants", many=True, choices=VARIANTS, default=list(VARIANTS),
+                   help="the loops to time (per-step loop: one program per padded length, compiled apart)")
+    command.define("--hidden", type=int, default=32, help="hidden size of the micro model (1 head per 16)")
+    command.define("--layers", type=int, default=1)
+    command.define("--vocab-size", type=int, default=1000)
+    command.define("--batch", type=int, default=32)
+    command.define("--max-len", type=int, default=128, help="max_seq_len (buckets 16, 32, ... up to it)")
+    command.define("--steps", type=int, default=400, help="optimizer steps per timed loop")
+    command.define("--steps-per-call", type=int, many=True, default=[1, 16])
+    command.define("--paddings", many=True, choices=finetune_lib.TRAIN_PADDINGS[1:], default=["step"],
+                   help="how finetune and bare pad a step's batch (roformer.glue.finetune.TRAIN_PADDINGS)")
+    command.define("--rounds", type=int, default=3, help="alternating rounds")
+    command.define("--program-size", default=None, metavar="PRESET",
+                   help="also build the train program of a model of this preset (base: what a GPU run "
+                        "compiles) and report its size, compile time and serialized size")
 
 
 def synthetic_features(n: int, max_len: int, vocab_size: int, seed: int = 0) -> Features:
@@ -77,7 +78,7 @@ def synthetic_features(n: int, max_len: int, vocab_size: int, seed: int = 0) -> 
                     np.arange(n))
 
 
-def model_config(args: argparse.Namespace) -> ModelConfig:
+def model_config(args: SimpleNamespace) -> ModelConfig:
     """The micro model, or the --preset one, with the --accel setting."""
     if args.preset:
         return ModelConfig.from_preset(args.preset, **ACCELERATOR_SETTINGS[args.accel])
@@ -86,7 +87,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
                           "attention_dropout": 0.0, **ACCELERATOR_SETTINGS[args.accel]})
 
 
-def protocol(args: argparse.Namespace) -> finetune_lib.Protocol:
+def protocol(args: SimpleNamespace) -> finetune_lib.Protocol:
     """The fine-tuning protocol every timed loop and program here runs."""
     return finetune_lib.Protocol(
         learning_rate=4e-5, batch_size=args.batch, num_epochs=1.0, max_steps=args.steps, warmup_fraction=0.1,
@@ -97,7 +98,7 @@ def protocol(args: argparse.Namespace) -> finetune_lib.Protocol:
 class Setup:
     """The classifier, its programs and one plan of `steps` steps."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: SimpleNamespace):
         self.protocol = protocol(args)
         config = model_config(args)
         self.features = synthetic_features(args.batch * args.steps, args.max_len, config.vocab_size)
@@ -210,7 +211,7 @@ def breakdown(setup: Setup, steps_per_call: int) -> list[dict]:
             for name, us, per in rows_out]
 
 
-def train_program_size(preset: str, args: argparse.Namespace) -> list[dict]:
+def train_program_size(preset: str, args: SimpleNamespace) -> list[dict]:
     """The train programs a fine-tuning run of a `preset` classifier compiles (one call of
     `steps_per_call` steps; padding `step`: one program, every padded length a branch;
     `call`: one program per padded length; `packed`: the program of batch/4 rows of the
@@ -242,7 +243,7 @@ def train_program_size(preset: str, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: SimpleNamespace) -> dict:
     setup = Setup(args)
     shapes = [(k, padding) for k in args.steps_per_call for padding in args.paddings]
     setup.programs.prepare({p for shape in shapes for p in setup.call_programs(*shape)}, [])   # outside the timing

@@ -25,14 +25,15 @@ run (exit 2); --cpu-dry-run runs the same path there, for tests at tiny size.
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import importlib.metadata
 import sys
 import time
+from types import SimpleNamespace
 
 import jax
 
+from roformer import cli
 from roformer.bench import rope as rope_bench
 from roformer.bench.common import failure, ratio_stats, write_json
 from roformer.bench.step import default_peak_size, step_figures, time_with_matmul, vendor_peak
@@ -47,21 +48,21 @@ ROPE_COLUMNS = ("shape", "dtype", "pass", "variant", "ms", "GB/s", "x_copy", "x_
 VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", nargs="+", default=["tiny", "mini", "small", "medium", "base"],
-                        choices=list(PRESETS))
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[128, 512])
-    parser.add_argument("--tokens", type=int, default=32768, help="tokens per step (batch = tokens / seq)")
-    parser.add_argument("--vocab-size", type=int, default=30522)
-    parser.add_argument("--rope-lengths", type=int, nargs="+", default=[512, 4096])
-    parser.add_argument("--rope-batch", type=int, default=8)
-    parser.add_argument("--peak-size", type=int, default=0, help="bf16 matmul side (0: 8192)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=10, help="steps per variant per round (median taken)")
-    parser.add_argument("--budget-s", type=float, default=540.0,
-                        help="start no group that would end (by the previous group's time) past this")
-    parser.add_argument("--cpu-dry-run", action="store_true",
-                        help="run on a CPU anyway (for tests, at tiny sizes; the figures mean nothing)")
+def define_flags(command: cli.CommandFlags) -> None:
+    command.define("--sizes", many=True, default=["tiny", "mini", "small", "medium", "base"],
+                   choices=list(PRESETS))
+    command.define("--seq-lens", type=int, many=True, default=[128, 512])
+    command.define("--tokens", type=int, default=32768, help="tokens per step (batch = tokens / seq)")
+    command.define("--vocab-size", type=int, default=30522)
+    command.define("--rope-lengths", type=int, many=True, default=[512, 4096])
+    command.define("--rope-batch", type=int, default=8)
+    command.define("--peak-size", type=int, default=0, help="bf16 matmul side (0: 8192)")
+    command.define("--rounds", type=int, default=3)
+    command.define("--iters", type=int, default=10, help="steps per variant per round (median taken)")
+    command.define("--budget-s", type=float, default=540.0,
+                   help="start no group that would end (by the previous group's time) past this")
+    command.define("--cpu-dry-run", type=bool,
+                   help="run on a CPU anyway (for tests, at tiny sizes; the figures mean nothing)")
 
 
 def attention_kernels(platform: str) -> tuple[list[str], list[str]]:
@@ -71,7 +72,7 @@ def attention_kernels(platform: str) -> tuple[list[str], list[str]]:
     return ["xla"], [f"fused attention (cuDNN) is GPU-only: on {platform} only XLA attention is timed"]
 
 
-def train_group(size: str, seq_len: int, kernels: list[str], args: argparse.Namespace,
+def train_group(size: str, seq_len: int, kernels: list[str], args: SimpleNamespace,
                 table_peak: float | None) -> list[dict]:
     """learned and rope on the first (fused) kernel, rope on the others; alternating rounds."""
     batch = max(args.tokens // seq_len, 1)
@@ -112,7 +113,7 @@ def versions() -> dict:
     return dict(sorted(found.items()))
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: SimpleNamespace) -> dict:
     platform = jax.default_backend()
     if platform == "cpu" and not args.cpu_dry_run:
         print("roformer.bench gpu: no GPU or TPU found (jax backend: cpu); run it on an accelerator host",
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace) -> dict:
     return result(partial=False)
 
 
-def timed_group(size: str, seq_len: int, kernels: list[str], args: argparse.Namespace,
+def timed_group(size: str, seq_len: int, kernels: list[str], args: SimpleNamespace,
                 table_peak: float | None, notes: list[str]) -> list[dict]:
     """train_group, falling back to XLA attention alone when a group with the fused kernel
     fails, and to a note when that fails too."""
@@ -182,7 +183,7 @@ def timed_group(size: str, seq_len: int, kernels: list[str], args: argparse.Name
     return []
 
 
-def write_partial(args: argparse.Namespace, result: dict) -> None:
+def write_partial(args: SimpleNamespace, result: dict) -> None:
     """The result so far, where --json will put the whole one."""
     if args.json is not None:
         write_json(args.json, {"benchmark": "gpu", "machine": machine_info(), **result})

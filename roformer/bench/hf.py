@@ -44,7 +44,6 @@ accelerator the table lacks, against that matmul (`matmul_GFLOP_s` gives it in b
 """
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import json
 import os
@@ -53,9 +52,11 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
+from roformer import cli
 from roformer.bench.common import TRAIN_STEP_WARMUP, alternate, ratio_stats
 from roformer.bench.step import default_peak_size, step_figures, time_with_matmul, vendor_peak
 from roformer.bench.workload import build_train_workload, num_predictions, synthetic_batch, train_config
@@ -75,39 +76,39 @@ def shape_arg(text: str) -> tuple[str, int, int]:
     """'mini/128/32' -> ('mini', 128, 32): model size preset / sequence length / batch."""
     parts = text.split("/")
     if len(parts) != 3 or parts[0] not in PRESETS or not all(p.isdigit() and int(p) > 0 for p in parts[1:]):
-        raise argparse.ArgumentTypeError(f"expected SIZE/SEQ/BATCH with SIZE in {list(PRESETS)}, got {text!r}")
+        raise ValueError(f"expected SIZE/SEQ/BATCH with SIZE in {list(PRESETS)}, got {text!r}")
     return parts[0], int(parts[1]), int(parts[2])
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shapes", type=shape_arg, nargs="+",
-                        default=[shape_arg(s) for s in ("mini/128/32", "small/128/32", "mini/512/8")],
-                        help="SIZE/SEQ/BATCH of each comparison (default: mini/128/32 small/128/32 "
-                             "mini/512/8; the last keeps 4,096 tokens per step)")
-    parser.add_argument("--peers", nargs="+", default=list(DEFAULT_PEERS), choices=PEERS,
-                        help=f"default: {' '.join(DEFAULT_PEERS)}")
-    parser.add_argument("--flax-python", default=os.environ.get(FLAX_PYTHON_ENV) or sys.executable,
-                        help=f"Python with transformers<5, flax, jax, optax for hf_flax (default: "
-                             f"${FLAX_PYTHON_ENV}, else this interpreter)")
-    parser.add_argument("--torch-compile-backend", default="inductor",
-                        help="torch.compile backend of hf_torch_compile (inductor; aot_eager compiles fast)")
-    parser.add_argument("--vocab-size", type=int, default=30522)
-    parser.add_argument("--attention-impl", default="auto", choices=ATTENTION_IMPLEMENTATIONS)
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="our compute dtype; bfloat16 runs the PyTorch peers under bf16 autocast")
-    parser.add_argument("--attention-dropout", type=float, default=None,
-                        help="attention dropout of every model (default: ModelConfig's)")
-    parser.add_argument("--dropout-rng-impl", default="threefry2x32", choices=("threefry2x32", "rbg"),
-                        help="our dropout keys' implementation (train.dropout_rng_impl); the peers draw torch's")
-    parser.add_argument("--torch-device", default="auto", choices=("auto", "cpu", "cuda"),
-                        help="where the PyTorch peers run (auto: the GPU when jax runs on one, with fused AdamW)")
-    parser.add_argument("--peak-size", type=int, default=0, help="matmul side for the MFU peak (0: auto)")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=2)
-    parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default (all cores)")
-    parser.add_argument("--torch-process", choices=("own", "this"), default="own",
-                        help="run the PyTorch peers in a process of their own, as they ship (own), or in "
-                             "this one, with the malloc settings of roformer.host_memory (this)")
+def define_flags(command: cli.CommandFlags) -> None:
+    command.define("--shapes", type=shape_arg, many=True,
+                   default=[shape_arg(s) for s in ("mini/128/32", "small/128/32", "mini/512/8")],
+                   help="SIZE/SEQ/BATCH of each comparison (default: mini/128/32,small/128/32,"
+                        "mini/512/8; the last keeps 4,096 tokens per step)")
+    command.define("--peers", many=True, default=list(DEFAULT_PEERS), choices=PEERS,
+                   help=f"default: {','.join(DEFAULT_PEERS)}")
+    command.define("--flax-python", default=os.environ.get(FLAX_PYTHON_ENV) or sys.executable,
+                   help=f"Python with transformers<5, flax, jax, optax for hf_flax (default: "
+                        f"${FLAX_PYTHON_ENV}, else this interpreter)")
+    command.define("--torch-compile-backend", default="inductor",
+                   help="torch.compile backend of hf_torch_compile (inductor; aot_eager compiles fast)")
+    command.define("--vocab-size", type=int, default=30522)
+    command.define("--attention-impl", default="auto", choices=ATTENTION_IMPLEMENTATIONS)
+    command.define("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="our compute dtype; bfloat16 runs the PyTorch peers under bf16 autocast")
+    command.define("--attention-dropout", type=float, default=None,
+                   help="attention dropout of every model (default: ModelConfig's)")
+    command.define("--dropout-rng-impl", default="threefry2x32", choices=("threefry2x32", "rbg"),
+                   help="our dropout keys' implementation (train.dropout_rng_impl); the peers draw torch's")
+    command.define("--torch-device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where the PyTorch peers run (auto: the GPU when jax runs on one, with fused AdamW)")
+    command.define("--peak-size", type=int, default=0, help="matmul side for the MFU peak (0: auto)")
+    command.define("--rounds", type=int, default=5)
+    command.define("--iters", type=int, default=2)
+    command.define("--torch-threads", type=int, default=0, help="0: torch's default (all cores)")
+    command.define("--torch-process", choices=("own", "this"), default="own",
+                   help="run the PyTorch peers in a process of their own, as they ship (own), or in "
+                        "this one, with the malloc settings of roformer.host_memory (this)")
 
 
 def hf_config_dict(config: ModelConfig) -> dict:
@@ -261,7 +262,7 @@ def flax_port_peer(python: str, config: ModelConfig, batch: dict[str, np.ndarray
         return ChildPeer([python, str(Path(__file__).with_name("hf_flax_peer.py"))], request)
 
 
-def torch_process_peer(config: ModelConfig, seq_len: int, batch_size: int, args: argparse.Namespace,
+def torch_process_peer(config: ModelConfig, seq_len: int, batch_size: int, args: SimpleNamespace,
                        compile_backend: str | None = None, masked_head: bool = False) -> ChildPeer:
     """HF PyTorch's train step (eager, or under torch.compile) in its own process of this Python
     (hf_torch_peer.py), as it ships: without this process's malloc settings."""
@@ -271,7 +272,7 @@ def torch_process_peer(config: ModelConfig, seq_len: int, batch_size: int, args:
     return ChildPeer([sys.executable, "-m", "roformer.bench.hf_torch_peer"], request)
 
 
-def build_peers(names, config: ModelConfig, seq_len: int, batch_size: int, args: argparse.Namespace):
+def build_peers(names, config: ModelConfig, seq_len: int, batch_size: int, args: SimpleNamespace):
     """name -> step callable for every peer that could be built, name -> reason for the
     others, and the closers of the peers' processes."""
     batch = synthetic_batch(config, batch_size, seq_len)
@@ -296,7 +297,7 @@ def build_peers(names, config: ModelConfig, seq_len: int, batch_size: int, args:
     return steps, unavailable, closers
 
 
-def torch_device(args: argparse.Namespace) -> str:
+def torch_device(args: SimpleNamespace) -> str:
     """Where the PyTorch peers run: --torch-device, or for auto the GPU when jax runs on one."""
     if args.torch_device != "auto":
         return args.torch_device
@@ -305,7 +306,7 @@ def torch_device(args: argparse.Namespace) -> str:
     return "cuda" if jax.default_backend() == "gpu" else "cpu"
 
 
-def bench_shape(size: str, seq_len: int, batch_size: int, args: argparse.Namespace):
+def bench_shape(size: str, seq_len: int, batch_size: int, args: SimpleNamespace):
     """Rows (ours first, then each measured peer) and comparisons of one shape, and the
     peers that could not run with the reason."""
     dropout = {} if args.attention_dropout is None else {"attention_dropout": args.attention_dropout}
@@ -359,7 +360,7 @@ def installed_version(package: str) -> str | None:
         return None
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: SimpleNamespace) -> dict:
     versions = {"torch": installed_version("torch"), "transformers": installed_version("transformers")}
     if args.torch_process == "this" and any(name.startswith("hf_torch") for name in args.peers) and versions["torch"]:
         import torch   # imported here: heavy and optional (the dev extra)

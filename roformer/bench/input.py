@@ -16,14 +16,15 @@ Measures, on the shared Wikipedia files by default:
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import resource
 import statistics
 import tempfile
 import time
+from types import SimpleNamespace
 
+from roformer import cli
 from roformer.config_files import shared_data
 from roformer.data import DataConfig, make_pretrain_data
 from roformer.data.prepare import prepare_locally
@@ -35,26 +36,26 @@ from roformer.data.workers import StreamSpec, WorkerStreams
 
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
+def define_flags(command: cli.CommandFlags) -> None:
     SHARED_DATA = shared_data()
-    parser.add_argument("--files", default=str(SHARED_DATA / "wikipedia_en" / "wiki_*"),
-                        help="glob of text / WikiExtractor files to tokenize")
-    parser.add_argument("--vocab", default=str(SHARED_DATA / "vocab" / "bert-base-uncased-vocab.txt"))
-    parser.add_argument("--seq-len", type=int, nargs="+", default=[128, 512])
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--batches", type=int, default=100, help="batches per timing round")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--packing", choices=["packed", "document"], default="packed")
-    parser.add_argument("--whole-word", action="store_true", help="whole-word masking")
-    parser.add_argument("--num-workers", type=int, default=0, help="tokenizer threads (0 = all cores)")
-    parser.add_argument("--processes", type=int, nargs="*", default=[1, 2],
-                        help="local process counts to build the shards with (prepare rows)")
-    parser.add_argument("--streams", type=int, default=16, help="batch streams for the streams rows (0: none)")
-    parser.add_argument("--stream-workers", type=int, nargs="*", default=[2], help="worker processes for the streams rows")
-    parser.add_argument("--stream-pause", type=float, default=0.02, help="seconds before each step, made-ahead rows")
+    command.define("--files", default=str(SHARED_DATA / "wikipedia_en" / "wiki_*"),
+                   help="glob of text / WikiExtractor files to tokenize")
+    command.define("--vocab", default=str(SHARED_DATA / "vocab" / "bert-base-uncased-vocab.txt"))
+    command.define("--seq-len", type=int, many=True, default=[128, 512])
+    command.define("--batch-size", type=int, default=64)
+    command.define("--batches", type=int, default=100, help="batches per timing round")
+    command.define("--rounds", type=int, default=5)
+    command.define("--packing", choices=["packed", "document"], default="packed")
+    command.define("--whole-word", type=bool, help="whole-word masking")
+    command.define("--num-workers", type=int, default=0, help="tokenizer threads (0 = all cores)")
+    command.define("--processes", type=int, many=True, default=[1, 2],
+                   help="local process counts to build the shards with (prepare rows)")
+    command.define("--streams", type=int, default=16, help="batch streams for the streams rows (0: none)")
+    command.define("--stream-workers", type=int, many=True, default=[2], help="worker processes for the streams rows")
+    command.define("--stream-pause", type=float, default=0.02, help="seconds before each step, made-ahead rows")
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: SimpleNamespace) -> dict:
     tokenizer = load_tokenizer(args.vocab)
     source = FilesSource(args.files)
     rows = []
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> dict:
                                      "read_parse_s": round(read_seconds, 3), "cache_reuse_s": round(reuse_seconds, 3)}}
 
 
-def _stream_rows(cfg: DataConfig, args: argparse.Namespace) -> list[dict]:
+def _stream_rows(cfg: DataConfig, args: SimpleNamespace) -> list[dict]:
     """The caller's time for one batch of each of `args.streams` streams per step, at the
     first --seq-len: made in this process, and taken from worker processes."""
     seq_len, count = args.seq_len[0], args.streams

@@ -59,7 +59,6 @@ the result so far is written after every shape.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 import hashlib
@@ -69,9 +68,11 @@ import os
 import re
 import sys
 import time
+from types import SimpleNamespace
 
 import jax
 
+from roformer import cli
 from roformer.bench.common import failure, ratio_stats, write_json
 from roformer.bench.step import default_peak_size, step_figures, time_with_matmul, vendor_peak
 from roformer.bench.workload import build_train_workload
@@ -109,30 +110,30 @@ TABLE_COLUMNS = ("stage", "size", "seq", "batch", "variant", "xla_flags", "ms_st
                  "x_tokens_min", "x_tokens_max", "loss_step1", "dloss_step1", "dgrad_step1", "program", "failed")
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shapes", nargs="+", default=["base/512/64", "base/128/256", "small/512/64"],
-                        help="size/seq_len/batch, measured in this order")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
-                        help="variants of the first shape (baseline is always measured)")
-    parser.add_argument("--other-variants", nargs="+", default=[BASELINE, ADOPTED],
-                        choices=[*VARIANTS, ADOPTED],
-                        help="variants of the other shapes; `adopted` is the levers that paid alone at the "
-                             "first shape, together (timed there too, against the baseline, after the "
-                             "levers), left out when none did")
-    parser.add_argument("--adopt-above", type=float, default=1.005,
-                        help="a lever is adopted when its median x_tokens is at least this and every "
-                             "round's is above 1")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    parser.add_argument("--attention-impl", default=None, choices=["auto", "xla", "cudnn"],
-                        help="default: cudnn on a GPU, auto elsewhere")
-    parser.add_argument("--vocab-size", type=int, default=30522)
-    parser.add_argument("--peak-size", type=int, default=0, help="side of the matmul probe (0: the platform's)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=5, help="steps per variant per round (median taken)")
-    parser.add_argument("--budget-s", type=float, default=0.0, help="start no build past this (0: no limit)")
-    parser.add_argument("--adopted-from", default=None, metavar="JSON",
-                        help="a finished run's result: its adopted levers are timed against the baseline at "
-                             "every shape, without measuring each lever again (the shapes its budget left)")
+def define_flags(command: cli.CommandFlags) -> None:
+    command.define("--shapes", many=True, default=["base/512/64", "base/128/256", "small/512/64"],
+                   help="size/seq_len/batch, measured in this order")
+    command.define("--variants", many=True, default=list(VARIANTS), choices=list(VARIANTS),
+                   help="variants of the first shape (baseline is always measured)")
+    command.define("--other-variants", many=True, default=[BASELINE, ADOPTED],
+                   choices=[*VARIANTS, ADOPTED],
+                   help="variants of the other shapes; `adopted` is the levers that paid alone at the "
+                        "first shape, together (timed there too, against the baseline, after the "
+                        "levers), left out when none did")
+    command.define("--adopt-above", type=float, default=1.005,
+                   help="a lever is adopted when its median x_tokens is at least this and every "
+                        "round's is above 1")
+    command.define("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    command.define("--attention-impl", default=None, choices=["auto", "xla", "cudnn"],
+                   help="default: cudnn on a GPU, auto elsewhere")
+    command.define("--vocab-size", type=int, default=30522)
+    command.define("--peak-size", type=int, default=0, help="side of the matmul probe (0: the platform's)")
+    command.define("--rounds", type=int, default=3)
+    command.define("--iters", type=int, default=5, help="steps per variant per round (median taken)")
+    command.define("--budget-s", type=float, default=0.0, help="start no build past this (0: no limit)")
+    command.define("--adopted-from", default=None, metavar="JSON",
+                   help="a finished run's result: its adopted levers are timed against the baseline at "
+                        "every shape, without measuring each lever again (the shapes its budget left)")
 
 
 def parse_shape(text: str) -> tuple[str, int, int]:
@@ -142,7 +143,7 @@ def parse_shape(text: str) -> tuple[str, int, int]:
     return size, int(seq_len), int(batch)
 
 
-def build(size: str, seq_len: int, batch: int, variant: Variant, args: argparse.Namespace):
+def build(size: str, seq_len: int, batch: int, variant: Variant, args: SimpleNamespace):
     """The variant's workload, compiled under its forms, and its first step's loss and gradient
     norm ({"loss", "grad_norm"})."""
     config = ModelConfig.from_preset(size, position="rope", dtype=args.dtype, vocab_size=args.vocab_size,
@@ -184,7 +185,7 @@ class Budget:
 class Group:
     """One shape's workloads, built one by one under the budget, then timed together."""
 
-    def __init__(self, shape: str, args: argparse.Namespace, budget: Budget, notes: list[str]):
+    def __init__(self, shape: str, args: SimpleNamespace, budget: Budget, notes: list[str]):
         self.shape, self.args, self.budget, self.notes = shape, args, budget, notes
         self.size, self.seq_len, self.batch = parse_shape(shape)
         self.built, self.variants, self.first, self.failed = {}, {}, {}, {}
@@ -365,7 +366,7 @@ def adopted_from_file(path: str) -> Variant | None:
         raise SystemExit(f"--adopted-from {path}: cannot take its adopted levers ({failure(error)})") from None
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: SimpleNamespace) -> dict:
     if args.attention_impl is None:
         args.attention_impl = "cudnn" if jax.default_backend() == "gpu" else "auto"
     continued = args.adopted_from is not None

@@ -19,7 +19,6 @@ products run below the rate of a large square matmul, and whether they use every
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import gzip
 import json
@@ -29,10 +28,12 @@ import resource
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
 
+from roformer import cli
 from roformer.bench import step as step_bench
 from roformer.bench.common import TRAIN_STEP_WARMUP, failure, time_call, warm_up
 from roformer.bench.gpu_cost import operand_names
@@ -49,28 +50,28 @@ _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%(\S+) .*\{\s*$")
 _RANDOM = ("random_bits", "_bernoulli", "threefry", "rng_bit_generator", "_uniform")
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--size", default="mini", choices=list(PRESETS))
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=32, help="sequences per step")
-    parser.add_argument("--scheme", default="rope", choices=sorted(POSITION_SCHEMES))
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--vocab-size", type=int, default=30522)
-    parser.add_argument("--attention-dropout", type=float, default=None,
-                        help="override attention dropout (default: the model config's 0.1)")
-    parser.add_argument("--hidden-dropout", type=float, default=None,
-                        help="override hidden dropout (default: the model config's 0.1)")
-    parser.add_argument("--attention-impl", default="auto", choices=ATTENTION_IMPLEMENTATIONS,
-                        help="jax.nn.dot_product_attention implementation (cudnn: the fused kernel on a GPU, "
-                             "with --attention-dropout 0)")
-    parser.add_argument("--steps", type=int, default=3, help="traced steps (after 3 untraced)")
-    parser.add_argument("--top", type=int, default=25, help="rows of the most expensive ops")
-    parser.add_argument("--trace-dir", type=Path, default=None,
-                        help="keep the trace here (TensorBoard/Perfetto); default: a temporary directory")
-    parser.add_argument("--from-trace", type=Path, default=None,
-                        help="read a trace kept with --trace-dir (e.g. copied from a GPU machine) "
-                             "instead of tracing: its train_step.hlo.txt and newest *.trace.json.gz, "
-                             "--steps traced steps; prints the kinds and the most expensive ops")
+def define_flags(command: cli.CommandFlags) -> None:
+    command.define("--size", default="mini", choices=list(PRESETS))
+    command.define("--seq-len", type=int, default=128)
+    command.define("--batch", type=int, default=32, help="sequences per step")
+    command.define("--scheme", default="rope", choices=sorted(POSITION_SCHEMES))
+    command.define("--dtype", default="float32", choices=["float32", "bfloat16"])
+    command.define("--vocab-size", type=int, default=30522)
+    command.define("--attention-dropout", type=float, default=None,
+                   help="override attention dropout (default: the model config's 0.1)")
+    command.define("--hidden-dropout", type=float, default=None,
+                   help="override hidden dropout (default: the model config's 0.1)")
+    command.define("--attention-impl", default="auto", choices=ATTENTION_IMPLEMENTATIONS,
+                   help="jax.nn.dot_product_attention implementation (cudnn: the fused kernel on a GPU, "
+                        "with --attention-dropout 0)")
+    command.define("--steps", type=int, default=3, help="traced steps (after 3 untraced)")
+    command.define("--top", type=int, default=25, help="rows of the most expensive ops")
+    command.define("--trace-dir", type=Path, default=None,
+                   help="keep the trace here (TensorBoard/Perfetto); default: a temporary directory")
+    command.define("--from-trace", type=Path, default=None,
+                   help="read a trace kept with --trace-dir (e.g. copied from a GPU machine) "
+                        "instead of tracing: its train_step.hlo.txt and newest *.trace.json.gz, "
+                        "--steps traced steps; prints the kinds and the most expensive ops")
 
 
 def _dims(shape: str) -> list[int]:
@@ -411,7 +412,7 @@ def read_kept_trace(trace_dir: Path, steps: int, top: int) -> dict:
             "settings": {"from_trace": str(trace_dir), "steps": steps, "top": top}}
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: SimpleNamespace) -> dict:
     if args.from_trace:
         return read_kept_trace(args.from_trace, args.steps, args.top)
     config = step_bench.model_config(args.size, args.scheme, args, args.seq_len,

@@ -27,12 +27,13 @@ shape (x_real), medians of per-round ratios with min and max.
 """
 from __future__ import annotations
 
-import argparse
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from roformer import cli
 from roformer.bench.common import alternate, ratio_stats
 from roformer.model import backend, rope
 
@@ -42,16 +43,16 @@ TABLE_COLUMNS = ("shape", "dtype", "pass", "variant", "ms", "GB/s", "x_copy", "x
                  "x_real", "x_real_min", "x_real_max")
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096],
-                        help="sequence lengths (tokens per row)")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="rows per tensor")
-    parser.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES)
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
-    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds per shape")
-    parser.add_argument("--iters", type=int, default=5, help="calls per variant per round (median taken)")
+def define_flags(command: cli.CommandFlags) -> None:
+    command.define("--lengths", type=int, many=True, default=[128, 256, 512, 1024, 2048, 4096],
+                   help="sequence lengths (tokens per row)")
+    command.define("--batches", type=int, many=True, default=[1, 8], help="rows per tensor")
+    command.define("--passes", many=True, default=list(PASSES), choices=PASSES)
+    command.define("--heads", type=int, default=12)
+    command.define("--head-dim", type=int, default=64)
+    command.define("--dtypes", many=True, default=["float32"], choices=["float32", "bfloat16"])
+    command.define("--rounds", type=int, default=7, help="alternating rounds per shape")
+    command.define("--iters", type=int, default=5, help="calls per variant per round (median taken)")
 
 
 def scale_copy(x):
@@ -166,7 +167,7 @@ def bench_shape(batch, length, heads, head_dim, dtype, *, backward, rounds, iter
     return rows
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: SimpleNamespace) -> dict:
     rows = []
     for dtype in args.dtypes:
         for batch in args.batches:

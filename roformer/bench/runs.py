@@ -34,16 +34,17 @@ together, so mind the memory at larger shapes (`--modes` runs fewer).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import statistics
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 # Nothing here imports jax at module level: the worker process sets its cores and malloc
 # first (`python -m roformer.bench.runs --worker`).
+from roformer import cli
 from roformer import machine
 from roformer.ablation import parallel as parallel_runs   # `parallel` here counts runs
 
@@ -63,16 +64,16 @@ def reference_run() -> dict:
             "hidden_dropout": model.hidden_dropout, "attention_dropout": model.attention_dropout}
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shapes", nargs="+", default=["tiny/128/16", "mini/128/32"],
-                        help="size/seq_len/batch of the run")
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--parallel", type=int, default=0,
-                        help="runs at once in procs and vmap, processes in procs_vmap (0: one per core)")
-    parser.add_argument("--seeds-per-process", type=int, default=2, help="vmapped seeds per process in procs_vmap")
-    parser.add_argument("--scheme", default="rope", help="position scheme of the runs")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds")
-    parser.add_argument("--steps", type=int, default=30, help="steps of every run per round")
+def define_flags(command: cli.CommandFlags) -> None:
+    command.define("--shapes", many=True, default=["tiny/128/16", "mini/128/32"],
+                   help="size/seq_len/batch of the run")
+    command.define("--modes", many=True, default=list(MODES), choices=MODES)
+    command.define("--parallel", type=int, default=0,
+                   help="runs at once in procs and vmap, processes in procs_vmap (0: one per core)")
+    command.define("--seeds-per-process", type=int, default=2, help="vmapped seeds per process in procs_vmap")
+    command.define("--scheme", default="rope", help="position scheme of the runs")
+    command.define("--rounds", type=int, default=5, help="alternating rounds")
+    command.define("--steps", type=int, default=30, help="steps of every run per round")
 
 
 def parse_shape(text: str) -> tuple[str, int, int]:
@@ -135,7 +136,7 @@ def run_round(workers: list[Worker], steps: int) -> tuple[float, float]:
     return time.perf_counter() - start, sum(r["cpu_s"] for r in results)
 
 
-def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
+def bench_shape(shape: str, args: SimpleNamespace) -> list[dict]:
     from roformer.bench.common import ratio_stats   # imports jax: see the note at the imports
 
     steps_per_run = reference_run()["steps"]
@@ -187,7 +188,7 @@ def per_run(ready: list[dict], workers: list[Worker], key: str) -> float:
     return max(r[key] / w.seeds for r, w in zip(ready, workers))
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: SimpleNamespace) -> dict:
     rows = []
     for shape in args.shapes:
         rows += bench_shape(shape, args)

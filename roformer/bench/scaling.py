@@ -7,29 +7,30 @@ shortest length. All schemes of one length run in alternating rounds (see `step`
 """
 from __future__ import annotations
 
-import argparse
+from types import SimpleNamespace
 
+from roformer import cli
 from roformer.bench import step
 from roformer.errors import ConfigError
 from roformer.model import PRESETS
 from roformer.model.positions import POSITION_SCHEMES
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--size", default="tiny", choices=list(PRESETS))
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
-    parser.add_argument("--tokens", type=int, default=4096, help="tokens per step (batch = tokens / length)")
-    parser.add_argument("--schemes", nargs="+", default=list(POSITION_SCHEMES), choices=sorted(POSITION_SCHEMES))
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--attention-impl", default="auto", choices=step.ATTENTION_IMPLEMENTATIONS)
-    parser.add_argument("--attention-dropout", type=float, default=None)
-    parser.add_argument("--vocab-size", type=int, default=30522)
-    parser.add_argument("--peak-size", type=int, default=0, help="matmul side for the peak probe (0: auto)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=2)
+def define_flags(command: cli.CommandFlags) -> None:
+    command.define("--size", default="tiny", choices=list(PRESETS))
+    command.define("--seq-lens", type=int, many=True, default=[128, 256, 512, 1024, 2048])
+    command.define("--tokens", type=int, default=4096, help="tokens per step (batch = tokens / length)")
+    command.define("--schemes", many=True, default=list(POSITION_SCHEMES), choices=sorted(POSITION_SCHEMES))
+    command.define("--dtype", default="float32", choices=["float32", "bfloat16"])
+    command.define("--attention-impl", default="auto", choices=step.ATTENTION_IMPLEMENTATIONS)
+    command.define("--attention-dropout", type=float, default=None)
+    command.define("--vocab-size", type=int, default=30522)
+    command.define("--peak-size", type=int, default=0, help="matmul side for the peak probe (0: auto)")
+    command.define("--rounds", type=int, default=3)
+    command.define("--iters", type=int, default=2)
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: SimpleNamespace) -> dict:
     for seq_len in args.seq_lens:
         if args.tokens % seq_len:
             raise ConfigError(f"--tokens {args.tokens} must be a multiple of every --seq-lens entry ({seq_len})")

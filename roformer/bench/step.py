@@ -12,15 +12,16 @@ them) are medians of per-round ratios with their min and max.
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import jax
 
+from roformer import cli
 from roformer.model.attention import ATTENTION_IMPLEMENTATIONS
 from roformer.bench.common import TRAIN_STEP_WARMUP, alternate, ratio_stats
 from roformer.bench.workload import TrainWorkload, build_train_workload
@@ -36,32 +37,32 @@ TABLE_COLUMNS = ("size", "seq", "scheme", "dropout_rng", "hidden_dropout", "batc
                  "x_learned_max", "x_dropout_ref", "x_hidden_ref")
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", nargs="+", default=["tiny", "mini", "small", "base"], choices=list(PRESETS))
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[128, 512])
-    parser.add_argument("--schemes", nargs="+", default=list(POSITION_SCHEMES), choices=sorted(POSITION_SCHEMES))
-    parser.add_argument("--batch", type=int, default=8, help="sequences per step")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
-    parser.add_argument("--attention-impl", default="auto", choices=ATTENTION_IMPLEMENTATIONS,
-                        help="jax.nn.dot_product_attention implementation (cudnn on GPU)")
-    parser.add_argument("--attention-dropout", type=float, default=None,
-                        help="override attention dropout (0 lets softmax attention use the fused kernel "
-                             "in training; default: the model config's 0.1)")
-    parser.add_argument("--dropout-rng-impls", nargs="+", default=["threefry2x32"], choices=DROPOUT_RNG_IMPLS,
-                        help="dropout key implementations (train.dropout_rng_impl) to time side by side; "
-                             "x_dropout_ref is each one's step time over the first's")
-    parser.add_argument("--hidden-dropouts", type=float, nargs="+", default=[None],
-                        help="hidden dropout rates to time side by side (default: the model config's); "
-                             "x_hidden_ref is each one's step time over the first's, e.g. 0.1 0 for "
-                             "what the dropout masks cost")
-    parser.add_argument("--vocab-size", type=int, default=30522)
-    parser.add_argument("--peak-size", type=int, default=0,
-                        help="side of the square matmul probing the peak (0: 2048 on CPU, 8192 otherwise)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
-    parser.add_argument("--iters", type=int, default=2, help="steps per scheme per round (median taken)")
+def define_flags(command: cli.CommandFlags) -> None:
+    command.define("--sizes", many=True, default=["tiny", "mini", "small", "base"], choices=list(PRESETS))
+    command.define("--seq-lens", type=int, many=True, default=[128, 512])
+    command.define("--schemes", many=True, default=list(POSITION_SCHEMES), choices=sorted(POSITION_SCHEMES))
+    command.define("--batch", type=int, default=8, help="sequences per step")
+    command.define("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
+    command.define("--attention-impl", default="auto", choices=ATTENTION_IMPLEMENTATIONS,
+                   help="jax.nn.dot_product_attention implementation (cudnn on GPU)")
+    command.define("--attention-dropout", type=float, default=None,
+                   help="override attention dropout (0 lets softmax attention use the fused kernel "
+                        "in training; default: the model config's 0.1)")
+    command.define("--dropout-rng-impls", many=True, default=["threefry2x32"], choices=DROPOUT_RNG_IMPLS,
+                   help="dropout key implementations (train.dropout_rng_impl) to time side by side; "
+                        "x_dropout_ref is each one's step time over the first's")
+    command.define("--hidden-dropouts", type=float, many=True, default=[None],
+                   help="hidden dropout rates to time side by side (default: the model config's); "
+                        "x_hidden_ref is each one's step time over the first's, e.g. 0.1,0 for "
+                        "what the dropout masks cost")
+    command.define("--vocab-size", type=int, default=30522)
+    command.define("--peak-size", type=int, default=0,
+                   help="side of the square matmul probing the peak (0: 2048 on CPU, 8192 otherwise)")
+    command.define("--rounds", type=int, default=3, help="alternating rounds")
+    command.define("--iters", type=int, default=2, help="steps per scheme per round (median taken)")
 
 
-def model_config(size: str, scheme: str, args: argparse.Namespace, max_len: int,
+def model_config(size: str, scheme: str, args: SimpleNamespace, max_len: int,
                  hidden_dropout: float | None = None) -> ModelConfig:
     overrides = dict(position=scheme, dtype=args.dtype, vocab_size=args.vocab_size,
                      max_position_embeddings=max(512, max_len))
@@ -117,7 +118,7 @@ def step_figures(workload: TrainWorkload, seconds: list[float], measured_peaks: 
             "mfu_best_peak": workload.flops_per_step / step_s / max(peaks)}
 
 
-def bench_group(size: str, seq_len: int, batch: int, schemes, args: argparse.Namespace,
+def bench_group(size: str, seq_len: int, batch: int, schemes, args: SimpleNamespace,
                 max_len: int | None = None, dropout_rng_impls=("threefry2x32",),
                 hidden_dropouts=(None,)) -> list[dict]:
     """Time every (scheme, dropout key implementation, hidden dropout) at one (size, seq_len)
@@ -166,7 +167,7 @@ def bench_group(size: str, seq_len: int, batch: int, schemes, args: argparse.Nam
     return rows
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: SimpleNamespace) -> dict:
     rows = []
     for size in args.sizes:
         for seq_len in args.seq_lens:

@@ -2,8 +2,8 @@
 
   python -m roformer.data prepare --config=configs/rotary.py --config.data.source=files \\
       --config.data.files='corpus/*.txt' [--processes=4]
-  python -m roformer.data tokenizer train --source files --files 'corpus/*.txt' --vocab-size 8000 --out vocab_dir
-  python -m roformer.data tokenizer encode --vocab vocab_dir "Some text to look at"
+  python -m roformer.data tokenizer train --source=files --files='corpus/*.txt' --vocab-size=8000 --out=vocab_dir
+  python -m roformer.data tokenizer encode --vocab=vocab_dir "Some text to look at"
 
 `prepare` builds the cache entry (trained tokenizer, token shards) that a pretraining
 or ablation run with the same config reads, so the run starts without tokenizing.
@@ -18,13 +18,10 @@ either file works as `--config.data.vocab`.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import sys
-from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from roformer import cli
@@ -41,15 +38,16 @@ SOURCE_FIELDS = ("source", "files", "file_format", "hf_path", "hf_name", "hf_spl
 CHOICES = {"source": SOURCES, "file_format": FILE_FORMATS}
 
 
+@cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv if argv is None else argv
-    command = argv[1] if len(argv) > 1 else ""
+    """The command (`prepare` or `tokenizer`) is the first of `argv` (without the program name)."""
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv else ""
     if command in ("-h", "--help", "help"):
         print(__doc__)
         return 0
     if command == "tokenizer":
-        with cli.user_errors():   # a bad file or vocabulary is one line, as in the other commands
-            return tokenizer_main(argv[2:])
+        return tokenizer_main(argv[1:])
     if command == "prepare":
         # defined here, not on import, so that importing this module defines no absl flags
         config_flags.DEFINE_config_file("config", None, "Pretraining or ablation config file "
@@ -59,28 +57,17 @@ def main(argv: list[str] | None = None) -> int:
         flags.DEFINE_integer("process_count", -1, "Hosts sharing data.cache_dir that split the work; -1: from "
                                                   "the config's distributed section, or 1.")
         flags.mark_flag_as_required("config")
-        prepare_argv = [f"{argv[0]} prepare", *argv[2:]]
-        cli.resolve_config_arg(prepare_argv)
-        spec = cli.config_spec(prepare_argv)
-        with cli.user_errors():   # as the other commands: a missing config file is one line
-            if spec is not None and not Path(spec.partition(":")[0]).is_file():
-                raise cli.UsageError(f"--config={spec}: no such config file {spec.partition(':')[0]}")
-            if cli.asks_for_help(prepare_argv):   # the flags and config keys, exit 0
-                print(cli.help_text(__doc__, spec or str(cli.CONFIG_DIR / "base.py"), given=spec is not None))
-                return 0
-        with cli.user_errors():
-            app.run(_prepare_main, argv=prepare_argv)
-    print(__doc__, file=sys.stderr)
-    return 2
+        sys.argv[1:] = argv[1:]   # the flags after the command, as cli.run reads them
+        cli.run(_prepare_main, doc=__doc__, help_config=cli.CONFIG_DIR / "base.py")
+    raise cli.UsageError(f"give a command, prepare or tokenizer (see --help); got {command!r}" if command
+                         else "give a command, prepare or tokenizer (see --help)")
 
 
 # ---------------------------------------------------------------- prepare
 
 def _prepare_main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+        raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
     config = FLAGS.config.pretrain if "pretrain" in FLAGS.config else FLAGS.config   # an ablation config
     data = DataConfig.from_mapping(config.data)
     if config.train.init_from:   # a warm start reads its checkpoint's tokenizer
@@ -102,7 +89,7 @@ def _prepare_main(argv: list[str]) -> None:
 def _process_index_and_count(config) -> tuple[int, int]:
     if FLAGS.process_count > 0:
         if not 0 <= FLAGS.process_index < FLAGS.process_count:
-            raise app.UsageError(f"--process_index={FLAGS.process_index} must be in [0, --process_count="
+            raise cli.UsageError(f"--process_index={FLAGS.process_index} must be in [0, --process_count="
                                  f"{FLAGS.process_count})")
         return FLAGS.process_index, FLAGS.process_count
     dist = config.distributed
@@ -119,41 +106,52 @@ def _process_index_and_count(config) -> tuple[int, int]:
 
 # ---------------------------------------------------------------- tokenizer
 
-def build_tokenizer_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m roformer.data tokenizer",
-                                     description="Train a WordPiece vocabulary on a data source, or encode text.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser("train", help="train a WordPiece vocabulary on a data source")
+TOKENIZER_USAGE = """python -m roformer.data tokenizer train --source=files --files='corpus/*.txt' --vocab-size=8000 --out=DIR
+python -m roformer.data tokenizer encode --vocab=DIR "Some text to look at"
+
+`train` learns a WordPiece vocabulary on a data source; `encode` prints the tokens and ids of some text."""
+
+
+def tokenizer_flags(command: str) -> cli.CommandFlags:
+    """The flags of `tokenizer train` (the data settings' own names and defaults) or `tokenizer encode`."""
+    flags_ = cli.CommandFlags(TOKENIZER_USAGE)
+    if command == "encode":
+        flags_.define("--vocab", required=True, help="vocab.txt, tokenizer.json or a directory with one")
+        flags_.define("--cased", type=bool, help="for a cased vocab.txt")
+        return flags_
     defaults = DataConfig()
-    for field in SOURCE_FIELDS:   # the data settings' own names and defaults
+    for field in SOURCE_FIELDS:
         default = getattr(defaults, field)
-        flag = "--" + field.replace("_", "-")
-        if isinstance(default, bool):
-            train.add_argument(flag, action="store_true")
-        else:
-            train.add_argument(flag, default=default, choices=CHOICES.get(field))
-    train.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
-    train.add_argument("--min-frequency", type=int, default=2)
-    train.add_argument("--cased", action="store_true", help="keep case and accents (default: lowercase)")
-    train.add_argument("--out", required=True, help="directory for tokenizer.json and vocab.txt")
-    encode = commands.add_parser("encode", help="print the tokens and ids of some text")
-    encode.add_argument("--vocab", required=True, help="vocab.txt, tokenizer.json or a directory with one")
-    encode.add_argument("--cased", action="store_true", help="for a cased vocab.txt")
-    encode.add_argument("text", nargs="+")
-    return parser
+        flags_.define("--" + field.replace("_", "-"), default=default, choices=CHOICES.get(field),
+                      type=bool if isinstance(default, bool) else str)
+    flags_.define("--vocab-size", type=int, default=defaults.vocab_size)
+    flags_.define("--min-frequency", type=int, default=2)
+    flags_.define("--cased", type=bool, help="keep case and accents (default: lowercase)")
+    flags_.define("--out", required=True, help="directory for tokenizer.json and vocab.txt")
+    return flags_
 
 
 def tokenizer_main(argv: list[str]) -> int:
-    args = build_tokenizer_parser().parse_args(argv)
-    if args.command == "train":
+    command = argv[0] if argv else ""
+    if command not in ("train", "encode"):
+        if cli.asks_for_help(["", *argv]):
+            print(TOKENIZER_USAGE)
+            return 0
+        raise cli.UsageError("tokenizer: give a command, train or encode (see --help)")
+    args, text = tokenizer_flags(command).parse(argv[1:])
+    if command == "train":
+        if text:
+            raise cli.UsageError(f"tokenizer train: unexpected arguments {text}")
         source = make_source(DataConfig(**{field: getattr(args, field) for field in SOURCE_FIELDS}))
         tokenizer = WordPieceTokenizer.train(source.documents(), vocab_size=args.vocab_size,
                                              lowercase=not args.cased, min_frequency=args.min_frequency)
         path = tokenizer.save(args.out)
         print(f"wrote {path} and {path.parent / 'vocab.txt'} ({tokenizer.vocab_size} tokens) from {source}")
     else:
+        if not text:
+            raise cli.UsageError("tokenizer encode: give the text to encode")
         tokenizer = load_tokenizer(args.vocab, lowercase=not args.cased)
-        encoding = tokenizer.encode(" ".join(args.text))
+        encoding = tokenizer.encode(" ".join(text))
         print(json.dumps({"tokens": encoding.tokens, "ids": encoding.ids}))
     return 0
 

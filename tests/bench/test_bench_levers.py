@@ -4,8 +4,18 @@ import json
 import numpy as np
 import pytest
 
+from roformer import cli
 from roformer.bench import levers
 from roformer.bench.__main__ import main
+
+
+def flags_of(argv: list[str]):
+    """The levers benchmark's flags as its command line gives them (without --json)."""
+    command = cli.CommandFlags("levers")
+    levers.define_flags(command)
+    args, _ = command.parse(argv)
+    args.json = None
+    return args
 
 
 @pytest.mark.slow   # builds every variant's train step: minutes on 2 cores
@@ -46,7 +56,6 @@ def test_the_budget_keeps_a_build_for_the_adopted_levers_confirmation(monkeypatc
     had no room for the adopted set, so nothing could be adopted. When a build takes longer than
     the forecast (20 s) and leaves no room, the note says the set was not timed, not that it did
     not pay."""
-    import argparse
     import types
 
     clock = [0.0]
@@ -61,10 +70,7 @@ def test_the_budget_keeps_a_build_for_the_adopted_levers_confirmation(monkeypatc
     monkeypatch.setattr(levers, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(levers, "build", build)
     monkeypatch.setattr(levers.Group, "time", time)
-    parser = argparse.ArgumentParser()
-    levers.add_args(parser)
-    args = parser.parse_args(["--shapes", "tiny/16/2", "--budget-s", "45",
-                              "--variants", "rope_half_pairs", "fused_qkv", "rbg_dropout"])
+    args = flags_of(["--shapes", "tiny/16/2", "--budget-s", "45", "--variants=rope_half_pairs,fused_qkv,rbg_dropout"])
     args.json = None
     result = levers.run(args)
     stages = [(row["stage"], row["variant"]) for row in result["rows"]]
@@ -195,7 +201,6 @@ def test_the_segment_mask_variant_is_the_baseline_with_the_packed_rows_mask():
 def test_a_variant_that_fails_to_build_is_a_row_saying_why_and_the_rest_still_run(monkeypatch):
     """A kernel that does not lower on the device is reported in the table, not a crash of
     the A/B, and is never adopted."""
-    import argparse
 
     def build(size, seq_len, batch, variant, args):
         if "pallas_residual_norm" in variant.forms:
@@ -207,9 +212,7 @@ def test_a_variant_that_fails_to_build_is_a_row_saying_why_and_the_rest_still_ru
 
     monkeypatch.setattr(levers, "build", build)
     monkeypatch.setattr(levers.Group, "time", time)
-    parser = argparse.ArgumentParser()
-    levers.add_args(parser)
-    args = parser.parse_args(["--shapes", "tiny/16/2", "--variants", "pallas_residual_norm", "fused_qkv"])
+    args = flags_of(["--shapes", "tiny/16/2", "--variants=pallas_residual_norm,fused_qkv"])
     args.json = None
     result = levers.run(args)
     rows = [(row["stage"], row["variant"], row.get("failed")) for row in result["rows"]]

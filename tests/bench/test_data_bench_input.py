@@ -1,15 +1,14 @@
 """The input benchmark runs end to end on a small slice of the shared data."""
-import argparse
-
+from roformer import cli
 from roformer.bench import input as input_bench
 
 
 def test_input_benchmark_reports_every_stage(shared_data):
-    parser = argparse.ArgumentParser()
-    input_bench.add_args(parser)
-    args = parser.parse_args(["--files", str(shared_data / "wikipedia_en" / "wiki_0[78]"), "--seq-len", "32", "64",
-                              "--batch-size", "4", "--batches", "3", "--rounds", "1", "--processes", "1", "2",
-                              "--streams", "2", "--stream-workers", "1", "--stream-pause", "0.01"])
+    command = cli.CommandFlags("input")
+    input_bench.define_flags(command)
+    args, _ = command.parse(["--files", str(shared_data / "wikipedia_en" / "wiki_0[78]"), "--seq-len=32,64",
+                             "--batch-size", "4", "--batches", "3", "--rounds", "1", "--processes=1,2",
+                             "--streams", "2", "--stream-workers", "1", "--stream-pause", "0.01"])
     result = input_bench.run(args)
     stages = [row["stage"] for row in result["rows"]]
     assert stages[0].startswith("raw encode") and stages[1].startswith("shards build")
