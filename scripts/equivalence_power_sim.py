@@ -12,8 +12,10 @@ Results: docs/results/2026-12-07-equivalence-power-cpu.md.
 """
 from __future__ import annotations
 
-import argparse
+import sys
 import time
+
+from roformer import cli
 
 from roformer.study.end_state import simulated_verdicts, tost_power
 
@@ -25,10 +27,14 @@ def equivalent_rate(verdicts: dict[str, float]) -> float:
     return sum(share for verdict, share in verdicts.items() if verdict.startswith("equivalent"))
 
 
+@cli.entry_point
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=4000)
-    trials = parser.parse_args().trials
+    command = cli.CommandFlags(__doc__.splitlines()[0])
+    command.define("--trials", type=int, default=4000)
+    args, positional = command.parse(sys.argv[1:])
+    if positional:
+        raise cli.UsageError(f"unexpected arguments: {positional}")
+    trials = args.trials
     start = time.perf_counter()
     print("| setting | paired seed sd | P(equivalent), simulated with compare | exact paired-t TOST | "
           "P(higher or lower), simulated |")
