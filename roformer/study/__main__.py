@@ -5,13 +5,18 @@
     python -m roformer.study split RECORDS.tar.gz DIR
     python -m roformer.study stage WORKDIR RECORDS.tar.gz...
     python -m roformer.study report WORKDIR | RECORDS.tar.gz|RECORDS_DIR DIR
+    python -m roformer.study downstream --config=configs/study.py:VARIANT DIR WORKDIR|KEPT.tar.gz|KEPT_DIR...
 
 The first trains (or resumes) every scheme's group in DIR and writes DIR/study.md; it exits
 with status 3 when study.time_limit_s stopped it before its last group (the same command
 resumes). `pack` writes the splits for a machine without the corpus (study.data_pack reads
 them), `split` cuts a records archive into one archive per scheme, `stage` puts records
 archives where the next run in WORKDIR takes their finished schemes, and `report` writes the
-report of finished schemes from a workdir or records archives without training.
+report of finished schemes from a workdir or records archives without training. `downstream`
+fine-tunes the members a study kept (its workdir's kept/, or kept.tar.gz archives) on the GLUE
+tasks of the config's downstream section, on the CPU, in DIR (resuming there), and writes
+DIR/downstream.md: which tasks separate the reference from the control, and each scheme's
+paired difference to the reference.
 """
 import sys
 from pathlib import Path
@@ -20,7 +25,7 @@ from absl import flags
 
 from roformer import cli
 
-COMMANDS = {"pack": (1, 1), "split": (2, 2), "stage": (2, None), "report": (1, 2)}   # positional counts
+COMMANDS = {"pack": (1, 1), "split": (2, 2), "stage": (2, None), "report": (1, 2), "downstream": (2, None)}   # positional counts
 
 
 def main(argv):
@@ -42,12 +47,26 @@ def main(argv):
     elif command == "split":
         for path in records.split_records(Path(args[0]), Path(args[1])):
             print(f"{path}: {path.stat().st_size:,} bytes")
+    elif command == "downstream":
+        downstream(args[0], args[1:])
     elif command == "stage":
         for folder in records.stage_archives(Path(args[0]), args[1:]):
             print(f"{(folder / 'SOURCE').read_text().strip()}: staged in {folder}")
     else:
         path = session.write_report(Path(args[0]), Path(args[1]) if len(args) == 2 else None)
         print(f"{path}: the report of its finished schemes")
+
+
+def downstream(workdir: str, sources: list[str]) -> None:
+    from roformer.study.downstream import REPORT_MD, run_downstream
+
+    if flags.FLAGS.config is None:
+        raise cli.UsageError("downstream: give --config=configs/study.py:VARIANT (its downstream section)")
+    summary = run_downstream(flags.FLAGS.config, workdir, sources)
+    print((Path(workdir) / REPORT_MD).read_text())
+    left = f"; not fine-tuned yet: {len(summary['missing'])} run(s)" if summary["missing"] else ""
+    print(f"done: report in {workdir}/{REPORT_MD}; tasks that pass the control: "
+          f"{', '.join(summary['counted']) or 'none'}{left}", flush=True)
 
 
 def train(session) -> None:
