@@ -5,7 +5,7 @@
     python -m roformer.study split RECORDS.tar.gz DIR
     python -m roformer.study stage WORKDIR RECORDS.tar.gz...
     python -m roformer.study report WORKDIR | RECORDS.tar.gz|RECORDS_DIR DIR
-    python -m roformer.study downstream --config=configs/study.py:VARIANT DIR WORKDIR|KEPT.tar.gz|KEPT_DIR...
+    python -m roformer.study downstream --config=configs/study.py:VARIANT DIR WORKDIR|RECORDS.tar.gz|RECORDS_DIR...
 
 The first trains (or resumes) every scheme's group in DIR and writes DIR/study.md; it exits
 with status 3 when study.time_limit_s stopped it before its last group (the same command
@@ -13,7 +13,7 @@ resumes). `pack` writes the splits for a machine without the corpus (study.data_
 them), `split` cuts a records archive into one archive per scheme, `stage` puts records
 archives where the next run in WORKDIR takes their finished schemes, and `report` writes the
 report of finished schemes from a workdir or records archives without training. `downstream`
-fine-tunes the members a study kept (its workdir's kept/, or kept.tar.gz archives) on the GLUE
+fine-tunes the members a study kept (its workdir's kept/, or records archives holding them) on the GLUE
 tasks of the config's downstream section, on the CPU, in DIR (resuming there), and writes
 DIR/downstream.md: which tasks separate the reference from the control, and each scheme's
 paired difference to the reference.

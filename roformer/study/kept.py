@@ -32,10 +32,10 @@ from flax import nnx
 
 from roformer.errors import ConfigError
 from roformer.files import write_bytes_atomic, write_json_atomic
+from roformer.study.records import KEPT_DIR
 
 log = logging.getLogger("roformer.study")
 
-KEPT_DIR = "kept"
 MEMBER_FILE = "member.json"
 
 
@@ -159,13 +159,14 @@ def _unpack(archive: Path, into: Path) -> None:
                     (into / name).parent.mkdir(parents=True, exist_ok=True)
                     write_bytes_atomic(into / name, tar.extractfile(member).read())
     except (tarfile.TarError, OSError) as error:
-        raise ConfigError(f"cannot read kept-members archive {archive}: {error}") from error
+        raise ConfigError(f"cannot read archive {archive}: {error}") from error
 
 
 def gather(sources: Sequence[str | Path], into: Path) -> dict[tuple[str, int], KeptMember]:
     """Per (scheme, seed), the kept member to fine-tune, from `sources`: study workdirs (their
-    kept/), kept archives (scripts/gpu_comparison.sh's kept.tar.gz) or folders of them; archives
-    are unpacked into `into`/<n>. Where several hold a seed, the one chosen on the record with
+    kept/), archives holding kept/ or folders of them; archives
+    are unpacked into `into`/<n> (records archives hold them too: scripts/gpu_comparison.sh's
+    records.tar.gz, or `split`'s per-scheme archives). Where several hold a seed, the one chosen on the record with
     the most members is taken (the later source on a tie), and the others are said in a line."""
     roots: list[Path] = []
     for source in map(Path, sources):

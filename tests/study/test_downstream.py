@@ -1,6 +1,7 @@
 """The downstream arm: the members a study keeps (roformer.study.kept), the verdict rules
 (roformer.study.downstream_rules) on synthetic scores, and `python -m roformer.study downstream`
 at smoke size on the CPU."""
+import io
 import json
 import os
 import subprocess
@@ -17,7 +18,8 @@ from flax import nnx
 from roformer import config_files
 from roformer.cli import load_config
 from roformer.errors import ConfigError
-from roformer.study import downstream, kept, plan as study_plan, session
+from roformer.study import downstream, kept, plan as study_plan, records as study_records, session
+from roformer.study.records import SCHEMES_DIR
 from roformer.study.downstream_rules import control_passes, paired
 
 REPO = Path(__file__).resolve().parents[2]
@@ -205,10 +207,12 @@ def _archive(path: Path, members: dict) -> Path:
     """A kept archive holding member.json files only: {(scheme, seed): record_members}."""
     with tarfile.open(path, "w:gz") as tar:
         for (scheme, seed), count in members.items():
+            info = tarfile.TarInfo(f"{SCHEMES_DIR}/{scheme}.json")   # a record, for split_records
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"{}"))
             meta = json.dumps({"scheme": scheme, "seed": seed, "rate": 1e-3, "record_members": count}).encode()
             info = tarfile.TarInfo(f"{kept.KEPT_DIR}/{scheme}/seed{seed}/{kept.MEMBER_FILE}")
             info.size = len(meta)
-            import io
             tar.addfile(info, io.BytesIO(meta))
     return path
 
@@ -222,6 +226,16 @@ def test_of_several_archives_the_member_chosen_on_the_larger_record_is_taken(tmp
     assert members[("rope", 2)].meta["record_members"] == 9
     with pytest.raises(ConfigError, match="neither a study workdir with kept members"):
         kept.gather([tmp_path / "nothing"], tmp_path / "into2")
+
+
+def test_split_gives_each_scheme_its_kept_members(tmp_path):
+    archive = _archive(tmp_path / "records.tar.gz", {("rope", 2): 6, ("none", 2): 6, ("none", 3): 6})
+    split = study_records.split_records(archive, tmp_path / "split")
+    assert [p.name for p in split] == ["records-none.tar.gz", "records-rope.tar.gz"]
+    members = kept.gather([tmp_path / "split"], tmp_path / "into")
+    assert sorted(members) == [("none", 2), ("none", 3), ("rope", 2)]
+    with tarfile.open(split[1]) as tar:
+        assert tar.getnames() == [f"{kept.KEPT_DIR}/rope/seed2/{kept.MEMBER_FILE}", f"{SCHEMES_DIR}/rope.json"]
 
 
 # --------------------------------------------------------------------------- the command at smoke size
