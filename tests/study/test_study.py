@@ -227,13 +227,16 @@ def test_a_pack_made_with_other_settings_is_made_again_and_one_up_to_date_is_kep
     made = []
     monkeypatch.setattr(study, "study_splits", lambda config: made.append(1) or SimpleNamespace(manifest={}))
     monkeypatch.setattr(study_data, "save_pack", lambda data, where, key: np.savez(
-        where, meta=np.asarray(json.dumps({"key": key}))))
+        where, meta=np.asarray(json.dumps({"key": key, "tokenizer": "{}"}))))
     assert study_data.pack_key(path) is None
     assert "up to date" not in study.make_pack(config, path) and made == [1]
     assert study_data.pack_key(path) == study.data_key(config)
     assert "up to date" in study.make_pack(config, path) and made == [1]
-    np.savez(path, meta=np.asarray(json.dumps({"key": "made before the order variants changed"})))
+    np.savez(path, meta=np.asarray(json.dumps({"key": "made before the order variants changed", "tokenizer": "{}"})))
     assert "up to date" not in study.make_pack(config, path) and made == [1, 1]
+    # one of these settings made before packs held the tokenizer (which kept members need)
+    np.savez(path, meta=np.asarray(json.dumps({"key": study.data_key(config)})))
+    assert "up to date" not in study.make_pack(config, path) and made == [1, 1, 1]
 
 
 def test_splits_are_disjoint_documents():
