@@ -223,7 +223,7 @@ VARIANTS = {
         "downstream.glue.seeds": 2,
         "downstream.glue.learning_rate": 1e-3,
         "downstream.glue.num_epochs": 1.0,
-        "downstream.glue.max_seq_len": 64,
+        "downstream.glue.max_seq_len": 32,        # the smoke model's positions (a learned table holds 32)
         "downstream.glue.max_train_examples": 300,
         "downstream.glue.max_eval_examples": 200,
         "downstream.glue.per_task.sst2.max_train_examples": 300,
