@@ -107,9 +107,8 @@ class DownstreamPlan:
 
 def order_schemes(plan: DownstreamPlan, schemes) -> list[str]:
     """Reference, control, then the study's order, then any other."""
-    first = [plan.rules.reference, plan.rules.control]
-    rest = [s for s in plan.schemes if s not in first] + sorted(s for s in schemes if s not in plan.schemes)
-    return [s for s in first + rest if s in schemes]
+    listed = [plan.rules.reference, plan.rules.control, *plan.schemes, *sorted(schemes)]
+    return [s for s in dict.fromkeys(listed) if s in schemes]
 
 
 def run_dir(workdir: Path, scheme: str, seed: int, task: str) -> Path:

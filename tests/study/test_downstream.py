@@ -81,7 +81,10 @@ def test_each_scheme_is_judged_against_the_reference_only_on_tasks_that_pass_the
     summary = downstream.summarize(plan, table)
     assert summary["counted"] == ["cola"]
     cola = summary["tasks"]["cola"]["schemes"]
-    assert list(cola) == ["rope", "none", "alibi", "sinusoidal", "learned"]   # reference, control, the study's order
+    # reference, control, the study's order (gpu_smoke: rope, alibi, sinusoidal), then the others, each once
+    assert list(cola) == ["rope", "none", "alibi", "sinusoidal", "learned"]
+    assert downstream.order_schemes(plan, {"t5", "none", "rope", "alibi", "learned"}) == [
+        "rope", "none", "alibi", "learned", "t5"]
     assert cola["alibi"]["verdict"] == "equivalent"
     assert cola["sinusoidal"]["verdict"] == "lower"
     assert cola["learned"]["verdict"] == "undecided"
