@@ -166,19 +166,19 @@ VARIANTS = {
         "study.budget_steps": "5000,10000,15000,20000",
         "study.eval_every": 500,
     }),
-    # gpu_mini to 32.8M tokens per member, the budget of the pretrained mini that separated
-    # from random init on CoLA (docs/results/2026-11-22-glue-pretraining-evidence.md): the
-    # members the downstream arm fine-tunes. Several runs, each resuming the last.
-    "gpu_mini_long": ("gpu_mini", {
-        "study.budget_steps": "4000,8000,12000,16000",
-        "study.eval_every": 400,
-    }),
     "gpu_mini": ("gpu_tiny", {
         "pretrain.model.size": "mini",
         "study.learning_rates": "5e-4,1e-3,2e-3",
         "study.budget_steps": "240,480,720,960",
         "study.eval_every": 48,
         "study.warmup_steps": 96,
+    }),
+    # gpu_mini to 32.8M tokens per member, the budget of the pretrained mini that separated
+    # from random init on CoLA (docs/results/2026-11-22-glue-pretraining-evidence.md): the
+    # members the downstream arm fine-tunes. Several runs, each resuming the last.
+    "gpu_mini_long": ("gpu_mini", {
+        "study.budget_steps": "4000,8000,12000,16000",
+        "study.eval_every": 400,
     }),
     "gpu_small": ("gpu_tiny", {                  # the stretch: 4 x 512, 8 heads
         "pretrain.model.size": "small",
