@@ -37,8 +37,8 @@ FINETUNES_DIR = "finetunes"
 SOURCES_DIR = "sources"          # kept-members archives unpacked
 SCORES_FILE = "scores.json"      # a whole run's dev scores, beside its GLUE outputs
 CACHE_DIR = "xla_cache"          # compiled GLUE programs, shared by every run of DIR
-# Set per run by the stage, so not part of a run's fingerprint.
-RUN_KEYS = ("task", "init", "compilation_cache_dir", "progress_bar")
+# Set per run by the stage, or where the data lie: not part of a run's fingerprint.
+RUN_KEYS = ("task", "init", "compilation_cache_dir", "progress_bar", "data_dir", "hf_cache_dir", "tfds_data_dir")
 
 
 @dataclasses.dataclass(frozen=True)

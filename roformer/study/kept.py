@@ -194,4 +194,10 @@ def gather(sources: Sequence[str | Path], into: Path) -> dict[tuple[str, int], K
     if not chosen:
         raise ConfigError(f"no kept members in {', '.join(map(str, sources))}: a study keeps them with "
                           "downstream.keep_members (on in configs/study.py)")
-    return {key: member for key, (_, member) in sorted(chosen.items())}
+    taken = {key: member for key, (_, member) in sorted(chosen.items())}
+    for scheme in sorted({scheme for scheme, _ in taken}):
+        prints = {str(m.meta.get("fingerprint")) for (s, _), m in taken.items() if s == scheme}
+        if len(prints) > 1:
+            log.warning("%s: its kept members come from records of different settings (fingerprints %s): "
+                        "their pretraining differs", scheme, ", ".join(sorted(prints)))
+    return taken

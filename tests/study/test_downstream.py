@@ -206,14 +206,15 @@ def test_a_pack_without_the_tokenizer_is_refused_before_training_when_members_ar
     assert kept.Keeper.start(tmp_path, plan, data) is None
 
 
-def _archive(path: Path, members: dict) -> Path:
+def _archive(path: Path, members: dict, fingerprint: str = "f") -> Path:
     """A kept archive holding member.json files only: {(scheme, seed): record_members}."""
     with tarfile.open(path, "w:gz") as tar:
         for (scheme, seed), count in members.items():
             info = tarfile.TarInfo(f"{SCHEMES_DIR}/{scheme}.json")   # a record, for split_records
             info.size = 2
             tar.addfile(info, io.BytesIO(b"{}"))
-            meta = json.dumps({"scheme": scheme, "seed": seed, "rate": 1e-3, "record_members": count}).encode()
+            meta = json.dumps({"scheme": scheme, "seed": seed, "rate": 1e-3, "record_members": count,
+                               "fingerprint": fingerprint}).encode()
             info = tarfile.TarInfo(f"{kept.KEPT_DIR}/{scheme}/seed{seed}/{kept.MEMBER_FILE}")
             info.size = len(meta)
             tar.addfile(info, io.BytesIO(meta))
@@ -229,6 +230,14 @@ def test_of_several_archives_the_member_chosen_on_the_larger_record_is_taken(tmp
     assert members[("rope", 2)].meta["record_members"] == 9
     with pytest.raises(ConfigError, match="neither a study workdir with kept members"):
         kept.gather([tmp_path / "nothing"], tmp_path / "into2")
+
+
+def test_members_of_one_scheme_from_records_of_other_settings_are_said(tmp_path, caplog):
+    archives = [_archive(tmp_path / "a.tar.gz", {("rope", 2): 6}, "old"),
+                _archive(tmp_path / "b.tar.gz", {("rope", 3): 6, ("none", 2): 6}, "new")]
+    kept.gather(archives, tmp_path / "into")
+    assert "rope: its kept members come from records of different settings (fingerprints new, old)" in caplog.text
+    assert "none:" not in caplog.text
 
 
 def test_split_gives_each_scheme_its_kept_members(tmp_path):
