@@ -9,14 +9,17 @@ configs/ablation.py:reference's (the reference recipe: tiny model, trained vocab
   gpu_tiny, gpu_mini, gpu_small   the comparison sized for a GPU in under 9 minutes each
   gpu_tiny_long                   gpu_tiny to 41M tokens per member, resumed over several calls
   gpu_tiny_end                    rope and learned to 82M tokens per member: the end state
+  gpu_mini_long                   gpu_mini to 32.8M tokens: the members the downstream arm fine-tunes
   gpu_smoke                       the pipeline at CPU-test size, on the embedded corpus
 Any key can be changed on the command line, e.g. `--config.study.schemes=rope,learned`.
+The `downstream` section is the downstream arm's (roformer.study.downstream): which members the
+study keeps and how `python -m roformer.study downstream` fine-tunes and judges them.
 """
 import math
 
 import ml_collections
 
-from roformer.configs import ablation
+from roformer.configs import ablation, glue
 from roformer.errors import ConfigError
 
 
@@ -30,18 +33,26 @@ def get_config(arg=None):
     c.pretrain = reference.pretrain
     c.study = ml_collections.ConfigDict(STUDY)
     c.recipe_check = ml_collections.ConfigDict(RECIPE_CHECK)
+    c.downstream = ml_collections.ConfigDict(DOWNSTREAM)
+    c.downstream.glue = glue.get_config()
+    for key, value in DOWNSTREAM_GLUE.items():
+        set_key(c.downstream.glue, key, value)
     for key, value in variant_keys(arg).items():
-        *sections, name = key.split(".")
-        node = c
-        for section in sections:
-            node = node[section]
-        node[name] = value
+        set_key(c, key, value)
     # Not what the study trains (study.budget_steps is): part of each scheme's record
     # fingerprint, so it keeps the value the records made before the study had a config file of
     # its own were made with (the reference's token budget at this batch shape).
     train = c.pretrain.train
     c.pretrain.train.steps = math.ceil(reference.budget_tokens / (train.batch_size * train.seq_len))
     return c
+
+
+def set_key(config, key, value):
+    """config's value at the dotted path `key`."""
+    *sections, name = key.split(".")
+    for section in sections:
+        config = config[section]
+    config[name] = value
 
 
 def variant_keys(arg):
@@ -124,6 +135,42 @@ RECIPE_CHECK = {
 }
 
 
+# The downstream arm (roformer.study.downstream, docs/study.md): the study keeps each scheme's
+# chosen-rate scored members (kept/<scheme>/seed<k>: roformer.convert's format with the
+# tokenizer), and `python -m roformer.study downstream` fine-tunes each on the CPU with
+# roformer.glue for every task x fine-tuning seed. The verdict rules are fixed here, before any
+# member is fine-tuned, and printed at the top of its report. None of these keys changes a
+# scheme's record (they are not study.* keys).
+DOWNSTREAM = {
+    "keep_members": True,              # the study saves the chosen-rate scored members (MBs each)
+    # CoLA and STS-B need word order; SST-2 barely does (a `none` model scored with rope there):
+    # the order-insensitive control, expected to fail the positive control below.
+    "tasks": "cola,stsb,sst2",
+    # The positive control: a task counts only where the reference (study.reference) scores
+    # above this scheme, the interval of their paired difference over pretraining seeds above 0.
+    "control": "none",
+    "level": 0.95,                     # the paired intervals' (equivalence: its two one-sided tests at 1 - level)
+    "equivalence_margin": 1.0,         # points of the task's headline metric (x100)
+    "equivalence_reason": "half the 1-2 point GLUE differences between position schemes papers report",
+}
+
+
+# `downstream.glue` is configs/glue.py's config with these keys changed (the stage sets task,
+# init and the compilation cache per run): a pretrained mini reached CoLA MCC 19.0 with this
+# protocol (docs/results/2026-11-22-glue-pretraining-evidence.md); every row of CoLA and STS-B,
+# SST-2 (a control) at CoLA's 8,551 rows; 3 fine-tuning seeds per member (averaged within it).
+DOWNSTREAM_GLUE = {
+    "seeds": 3,
+    "learning_rate": 2e-4,
+    "num_epochs": 5.0,
+    "batch_size": 32,
+    "max_seq_len": 128,
+    "per_task.sst2.max_train_examples": 8551,
+    "save_models": "none",
+    "progress_bar": False,
+}
+
+
 # Each variant: the variant it builds on (None: the defaults) and the keys it changes, by
 # their dotted paths.
 VARIANTS = {
@@ -152,6 +199,13 @@ VARIANTS = {
         "study.budget_steps": "240,480,720,960",
         "study.eval_every": 48,
         "study.warmup_steps": 96,
+    }),
+    # gpu_mini to 32.8M tokens per member, the budget of the pretrained mini that separated
+    # from random init on CoLA (docs/results/2026-11-22-glue-pretraining-evidence.md): the
+    # members the downstream arm fine-tunes. Several runs, each resuming the last.
+    "gpu_mini_long": ("gpu_mini", {
+        "study.budget_steps": "4000,8000,12000,16000",
+        "study.eval_every": 400,
     }),
     "gpu_small": ("gpu_tiny", {                  # the stretch: 4 x 512, 8 heads
         "pretrain.model.size": "small",
@@ -194,5 +248,13 @@ VARIANTS = {
         "pretrain.data.vocab_size": 1000,
         "pretrain.train.seq_len": 32,
         "pretrain.train.batch_size": 4,
+        # The downstream arm at test size: a few hundred rows, one epoch, two fine-tuning seeds.
+        "downstream.glue.seeds": 2,
+        "downstream.glue.learning_rate": 1e-3,
+        "downstream.glue.num_epochs": 1.0,
+        "downstream.glue.max_seq_len": 32,        # the smoke model's positions (a learned table holds 32)
+        "downstream.glue.max_train_examples": 300,
+        "downstream.glue.max_eval_examples": 200,
+        "downstream.glue.per_task.sst2.max_train_examples": 300,
     }),
 }

@@ -2,13 +2,16 @@
 # The position-scheme comparison of configs/study.py:VARIANT in one command (docs/study.md).
 # gpu_tiny, gpu_mini and gpu_small train every scheme's grid within the default time limits on
 # one H100 or H200; the rates beyond a grid's edge (study.extend_edges) may need the command
-# again. gpu_tiny_long (gpu_tiny to 41M tokens) and gpu_tiny_end (rope and learned to 82M: the
-# end state, docs/end-state.md) take several such runs, each resuming the last; gpu_smoke is the
-# same pipeline in a minute or two on a CPU. OUTDIR gets eight files:
+# again. gpu_tiny_long (gpu_tiny to 41M tokens), gpu_tiny_end (rope and learned to 82M: the
+# end state, docs/end-state.md) and gpu_mini_long (the downstream arm's members) take several
+# such runs, each resuming the last; gpu_smoke is the same pipeline in a minute or two on a CPU.
+# OUTDIR gets eight files:
 #   OUTDIR/study.md, study.json, study_*.png (4)  the report
 #   OUTDIR/records.tar.gz                         each scheme's record and per-item test losses,
-#                                                 the data manifest and the config (and the
-#                                                 recipe check's result, when one ran)
+#                                                 the data manifest and the config, the recipe
+#                                                 check's result (when one ran) and the
+#                                                 chosen-rate members kept for the downstream arm
+#                                                 (kept/, downstream.keep_members)
 #   OUTDIR/log.txt                                everything printed, with the device and versions
 # The study itself runs in STUDY_WORKDIR (default /tmp/roformer-study/VARIANT): a second run on
 # the same machine resumes there, skipping finished schemes; on a fresh machine,
@@ -38,9 +41,9 @@ set -u
 out=${1:?usage: scripts/gpu_comparison.sh OUTDIR VARIANT [--config.KEY=VALUE ...]}
 variant=${2:?usage: scripts/gpu_comparison.sh OUTDIR VARIANT [--config.KEY=VALUE ...]}
 shift 2
-case " gpu_tiny gpu_tiny_long gpu_tiny_end gpu_mini gpu_small gpu_smoke " in
+case " gpu_tiny gpu_tiny_long gpu_tiny_end gpu_mini gpu_mini_long gpu_small gpu_smoke " in
   *" $variant "*) ;;
-  *) echo "unknown variant '$variant'; choose gpu_tiny, gpu_tiny_long, gpu_tiny_end, gpu_mini, gpu_small or gpu_smoke" >&2
+  *) echo "unknown variant '$variant'; choose gpu_tiny, gpu_tiny_long, gpu_tiny_end, gpu_mini, gpu_mini_long, gpu_small or gpu_smoke" >&2
      exit 2 ;;
 esac
 py=${PYTHON:-python3}
@@ -86,10 +89,13 @@ if [[ ${RECIPE_CHECK:-0} == 1 && $status -eq 0 ]]; then
   [[ -f $work/recipe_check.json ]] && timeout 45 "$py" -m roformer.study report "$work" 2>&1 | tee -a "$out/log.txt"
 fi
 # The records first: they are what a later run resumes from, and an outer limit that cuts the
-# report's rewrite must not cost them. Records of other settings (schemes/stale) stay behind.
+# report's rewrite must not cost them. Records of other settings (schemes/stale) stay behind. The
+# kept members travel with them (on a fresh machine, only those this run kept: keep each run's
+# archive for `python -m roformer.study downstream`, which takes several).
 recipe=(); [[ -f $work/recipe_check.json ]] && recipe=(recipe_check.json)
+kept=(); [[ -d $work/kept ]] && kept=(kept)
 tar -czf "$out/records.tar.gz" -C "$work" --exclude=schemes/stale schemes data_manifest.json study_config.json \
-  "${recipe[@]}" 2>/dev/null
+  "${recipe[@]}" "${kept[@]}" 2>/dev/null
 # The last report written during training, at once: an outer limit that cuts the rewrite below
 # still leaves one.
 cp "$work"/study.md "$work"/study.json "$work"/study_*.png "$out"/ 2>/dev/null

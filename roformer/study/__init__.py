@@ -22,8 +22,15 @@ One data flow, one module per step, each importing only the ones above it:
                  the report's lead: the scored curves, M(T), the flat test and the end-state
                  verdicts, and their lines
     report.py    the report (study.md, study.json) from the records
+    kept.py      the chosen-rate scored members a study keeps for the downstream arm, on disk
     session.py   the study: the splits, the loop over the schemes' groups, resume, the report
                  after each group
+    downstream_rules.py
+                 the downstream arm's pre-registered rules: the `none` control, paired
+                 intervals over pretraining seeds, verdicts
+    downstream.py
+                 the downstream arm: each kept member fine-tuned with roformer.glue per task,
+                 resumable, and its report (downstream.md)
 
 What it shares with pretraining lives where pretraining keeps it: the train step and per-row
 sums (roformer.train.steps), device-side masking (roformer.data.masking), a scheme's

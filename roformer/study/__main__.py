@@ -6,6 +6,7 @@
     python -m roformer.study stage WORKDIR RECORDS.tar.gz...
     python -m roformer.study report WORKDIR | RECORDS.tar.gz|RECORDS_DIR DIR
     python -m roformer.study recipe --config=configs/study.py:gpu_tiny --workdir=DIR
+    python -m roformer.study downstream --config=configs/study.py:VARIANT DIR WORKDIR|RECORDS.tar.gz|RECORDS_DIR...
 
 The first trains (or resumes) every scheme's group in DIR and writes DIR/study.md; it exits
 with status 3 when study.time_limit_s stopped it before its last group (the same command
@@ -15,7 +16,10 @@ archives where the next run in WORKDIR takes their finished schemes, and `report
 report of finished schemes from a workdir or records archives without training. `recipe` checks
 the study's warmup and batch for recipe_check.scheme (learned) on the tuning seeds
 (roformer.study.recipe_check) into DIR/recipe_check.json, which DIR's report reads; exit status
-3 when study.time_limit_s stopped it (the same command resumes).
+3 when study.time_limit_s stopped it (the same command resumes). `downstream` fine-tunes the
+members a study kept (its workdir's kept/, or records archives holding them) on the GLUE tasks of the config's downstream section, on the CPU, in DIR (resuming there), and writes
+DIR/downstream.md: which tasks separate the reference from the control, and each scheme's
+paired difference to the reference.
 """
 import sys
 from pathlib import Path
@@ -24,7 +28,7 @@ from absl import flags
 
 from roformer import cli
 
-COMMANDS = {"pack": (1, 1), "split": (2, 2), "stage": (2, None), "report": (1, 2), "recipe": (0, 0)}   # positional counts
+COMMANDS = {"pack": (1, 1), "split": (2, 2), "stage": (2, None), "report": (1, 2), "recipe": (0, 0), "downstream": (2, None)}   # positional counts
 
 
 def main(argv):
@@ -48,6 +52,8 @@ def main(argv):
             print(f"{path}: {path.stat().st_size:,} bytes")
     elif command == "recipe":
         check_recipe(session)
+    elif command == "downstream":
+        downstream(args[0], args[1:])
     elif command == "stage":
         for folder in records.stage_archives(Path(args[0]), args[1:]):
             print(f"{(folder / 'SOURCE').read_text().strip()}: staged in {folder}")
@@ -68,6 +74,18 @@ def check_recipe(session) -> None:
     print("\n".join(recipe_check.recipe_lines(flags.FLAGS.config, result)), flush=True)
     if not result["complete"]:
         sys.exit(session.PARTIAL_EXIT)
+
+
+def downstream(workdir: str, sources: list[str]) -> None:
+    from roformer.study.downstream import REPORT_MD, run_downstream
+
+    if flags.FLAGS.config is None:
+        raise cli.UsageError("downstream: give --config=configs/study.py:VARIANT (its downstream section)")
+    summary = run_downstream(flags.FLAGS.config, workdir, sources)
+    print((Path(workdir) / REPORT_MD).read_text())
+    left = f"; not fine-tuned yet: {len(summary['missing'])} run(s)" if summary["missing"] else ""
+    print(f"done: report in {workdir}/{REPORT_MD}; tasks that pass the control: "
+          f"{', '.join(summary['counted']) or 'none'}{left}", flush=True)
 
 
 def train(session) -> None:

@@ -50,6 +50,10 @@ class StudyData:
     test: dict                   # masked batch [T * draws, L]
     test_items: np.ndarray       # int [T * draws]: the item (document) each test row belongs to
     manifest: dict
+    # The tokenizer (its tokenizers JSON), saved beside each member the study keeps for the
+    # downstream arm (roformer.study.kept): GLUE text is tokenized as the corpus was. "": a pack
+    # made before packs held it.
+    tokenizer_json: str = ""
 
     @property
     def train_tokens(self) -> int:
@@ -110,7 +114,8 @@ def build(data_cfg: DataConfig, *, seq_len: int, test_fraction: float, validatio
                 "test_item": TEST_ITEM, "seq_len": seq_len, "order_variants": ORDER_VARIANTS,
                 "docs_per_split": {name: int((split == i).sum()) for i, name in enumerate(("train", "validation", "test"))}}
     out = StudyData(tokenizer.vocab_size, tokenizer.pad_id, tokenizer.mask_id, special, max_predictions,
-                    data_cfg.mask_rate, train, validation, variants, test, items, manifest)
+                    data_cfg.mask_rate, train, validation, variants, test, items, manifest,
+                    tokenizer.tokenizer.to_str())
     manifest.update(train_tokens=out.train_tokens, test_predictions=out.test_predictions,
                     validation_predictions=int(validation["masked_weights"].sum()))
     return out
@@ -262,7 +267,7 @@ def save_pack(data: StudyData, path, key: str) -> None:
         arrays.update({f"variants/{name}/{k}": small(k, v) for k, v in batch.items()})
     meta = {"key": key, "manifest": data.manifest, "vocab_size": data.vocab_size, "pad_id": data.pad_id,
             "mask_id": data.mask_id, "max_predictions": data.max_predictions, "mask_rate": data.mask_rate,
-            "variants": list(data.variants)}
+            "variants": list(data.variants), "tokenizer": data.tokenizer_json}
     buffer = io.BytesIO()
     np.savez_compressed(buffer, meta=np.asarray(json.dumps(meta)), **arrays)
     Path(path).parent.mkdir(parents=True, exist_ok=True)   # the pack's folder may not exist yet
@@ -270,12 +275,14 @@ def save_pack(data: StudyData, path, key: str) -> None:
 
 
 def pack_key(path) -> str | None:
-    """The key a pack at `path` was made with; None when there is no readable pack there."""
+    """The key a pack at `path` was made with; None when there is no readable pack there, or
+    one made before packs held the tokenizer (made again: the study keeps it with its members)."""
     import json
 
     try:
         with np.load(path) as pack:
-            return json.loads(str(pack["meta"]))["key"]
+            meta = json.loads(str(pack["meta"]))
+            return meta["key"] if meta.get("tokenizer") else None
     except (OSError, ValueError, KeyError):
         return None
 
@@ -300,4 +307,4 @@ def load_pack(path, key: str) -> StudyData:
     return StudyData(meta["vocab_size"], meta["pad_id"], meta["mask_id"], arrays["special"].astype(bool),
                      meta["max_predictions"], meta["mask_rate"], part("train/"), part("validation/"),
                      {name: part(f"variants/{name}/") for name in names}, part("test/"),
-                     arrays["test_items"].astype(np.int64), meta["manifest"])
+                     arrays["test_items"].astype(np.int64), meta["manifest"], meta.get("tokenizer", ""))

@@ -127,6 +127,7 @@ class SchemeRun:
         self.states: dict | None = None   # the members' initial states, until run() takes them
         self.programs_s, self.init_s, self.compiled_ahead = 0.0, 0.0, False
         self.evaluated_rows = 0   # rows per member through the evaluation program, padding included
+        self.params = None        # after run(): every member's final (last budget's) parameters, stacked
 
     def compile(self) -> SchemeRun:
         """Build this group's programs and compile each for the shapes it will be called with
@@ -198,6 +199,7 @@ class SchemeRun:
                      len(group) * self.tokens_per_step * st.eval_every / max(elapsed, 1e-9))
         budget_records.append(self._budget(programs, states, ends[-1], test_loss, timing, self.diverged,
                                            trunk_eval=evals[-1]))
+        self.params = states["params"]
         trained_steps = ends[-1] - st.eval_every + sum(end - start for start, end in branches[:-1])
         timing["wall_s"] = time.perf_counter() - started
         # Every chunk but the first (which compiled the program) is in train_s.

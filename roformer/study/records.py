@@ -34,6 +34,7 @@ DATA_MANIFEST = "data_manifest.json"
 INCOMING_DIR = "incoming"            # archives staged for take_finished, one folder each
 STALE_DIR = f"{SCHEMES_DIR}/stale"   # a workdir's records of other settings, set aside
 RECIPE_CHECK = "recipe_check.json"   # roformer.study.recipe_check's result, read by the report
+KEPT_DIR = "kept"                    # the members kept for the downstream arm (roformer.study.kept)
 
 
 def save_scheme(workdir: Path, scheme: str, record: dict, arrays: dict[str, np.ndarray]) -> None:
@@ -53,11 +54,19 @@ def record_scheme(name: str) -> str | None:
     return path.stem if path.parent == Path(SCHEMES_DIR) and path.suffix in (".json", ".npz") else None
 
 
+def kept_scheme(name: str) -> str | None:
+    """The scheme whose kept member (kept/<scheme>/seed<k>/...) the archive member `name` is a
+    file of, else None."""
+    parts = Path(name).parts
+    return parts[1] if len(parts) > 3 and parts[0] == KEPT_DIR else None
+
+
 def split_records(archive: Path, directory: Path) -> list[Path]:
     """An archive of scheme records (scripts/gpu_comparison.sh's records.tar.gz) as one archive
-    per scheme, DIR/records-<scheme>.tar.gz, each with the data manifest and the config: what a
-    study spread over several machines keeps between them (scripts/gpu_comparison.sh takes
-    several in RESUME_FROM), each file a scheme's size."""
+    per scheme, DIR/records-<scheme>.tar.gz, each with the data manifest and the config (and
+    the scheme's kept members, where the archive holds them): what a study spread over several
+    machines keeps between them (scripts/gpu_comparison.sh takes several in RESUME_FROM,
+    `python -m roformer.study downstream` their kept members), each file a scheme's size."""
     directory.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive) as source:
         members = {m.name.removeprefix("./"): m for m in source.getmembers() if m.isfile()}
@@ -67,7 +76,7 @@ def split_records(archive: Path, directory: Path) -> list[Path]:
         for scheme in schemes:
             path = directory / f"records-{scheme}.tar.gz"
             with tarfile.open(path, "w:gz") as target:
-                for name in shared + sorted(n for n in members if record_scheme(n) == scheme):
+                for name in shared + sorted(n for n in members if scheme in (record_scheme(n), kept_scheme(n))):
                     target.addfile(members[name], source.extractfile(members[name]))
             written.append(path)
     return written

@@ -56,7 +56,7 @@ import numpy as np
 
 from roformer import workdir_kind
 from roformer.config_files import fingerprint, split_list
-from roformer.study import data as study_data, stats as study_stats
+from roformer.study import data as study_data, kept, stats as study_stats
 from roformer.study.records import (CONFIG_RECORD, DATA_MANIFEST, SCHEMES_DIR, open_records, save_scheme,
                                              take_finished)
 from roformer.study.preregistration import FIELDS as PREREGISTRATION_FIELDS
@@ -200,6 +200,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                           f"study.min_test_predictions={st.min_test_predictions}: raise study.test_fraction or "
                           "study.test_mask_draws")
     estimates = check_memory(plan, data)
+    keeper = kept.Keeper.start(workdir, plan, data)   # the downstream arm's members, when the config keeps them
     log.info("data ready in %.0f s: %s; memory estimate per group %s", time.perf_counter() - t0,
              json.dumps(data.manifest), {k: f"{v / 2**30:.2f} GiB" for k, v in estimates.items()})
     # Recorded once the settings passed every check, so a run refused at its start leaves the
@@ -260,7 +261,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                  f"compiled ahead in {t['programs_s']:.0f} s, waited {waited:.0f} s" if run.compiled_ahead
                  else f"compiled here in {t['programs_s']:.0f} s", t["first_eval_s"], t["compile_s"], t["train_s"],
                  t["eval_s"], t["tokens_per_s"])
-        return record, test_loss
+        return record, test_loss, run.params
 
     ahead = CompileAhead(prepare, int(st.compile_ahead))
     saving = threading.Lock()
@@ -293,10 +294,13 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                 [(("edges", later), (later, group)) for later, _, _, group in edges]
             for key, args in following[:ahead.groups]:
                 submit(key, *args)
-            record, test_loss = train(scheme, scheme)
+            record, test_loss, params = train(scheme, scheme)
             record.update(fingerprint=fingerprints[scheme], memory_estimate_bytes=estimates[scheme])
             with saving:
                 save_scheme(workdir, scheme, record, {"test_weight": test_weight, **test_loss})
+            if keeper:
+                keeper.keep(scheme, record, params, plan.members())
+            del params
             report.request()
             list_edges(scheme)
         # Every scheme's grid first, so the comparison is whole before any group beyond a grid trains.
@@ -306,11 +310,14 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             for later, _, _, later_group in edges[k + 1:k + 1 + ahead.groups]:
                 submit(("edges", later), later, later_group)
             log.info("%s: a budget chose a rate at the edge of the grid: training %s too", scheme, extra)
-            edge, edge_loss = train(("edges", scheme), scheme, group)
+            edge, edge_loss, params = train(("edges", scheme), scheme, group)
             record, arrays = merge_groups(record, arrays, edge, edge_loss)
             record["edges"] = {"rates": extra, "members": len(edge["members"]), "timing": edge["timing"]}
             with saving:
                 save_scheme(workdir, scheme, record, arrays)
+            if keeper:   # the choice may have moved to a rate beyond the grid
+                keeper.keep(scheme, record, params, group)
+            del params
             report.request()
     finally:
         ahead.close()

@@ -227,13 +227,16 @@ def test_a_pack_made_with_other_settings_is_made_again_and_one_up_to_date_is_kep
     made = []
     monkeypatch.setattr(study, "study_splits", lambda config: made.append(1) or SimpleNamespace(manifest={}))
     monkeypatch.setattr(study_data, "save_pack", lambda data, where, key: np.savez(
-        where, meta=np.asarray(json.dumps({"key": key}))))
+        where, meta=np.asarray(json.dumps({"key": key, "tokenizer": "{}"}))))
     assert study_data.pack_key(path) is None
     assert "up to date" not in study.make_pack(config, path) and made == [1]
     assert study_data.pack_key(path) == study.data_key(config)
     assert "up to date" in study.make_pack(config, path) and made == [1]
-    np.savez(path, meta=np.asarray(json.dumps({"key": "made before the order variants changed"})))
+    np.savez(path, meta=np.asarray(json.dumps({"key": "made before the order variants changed", "tokenizer": "{}"})))
     assert "up to date" not in study.make_pack(config, path) and made == [1, 1]
+    # one of these settings made before packs held the tokenizer (which kept members need)
+    np.savez(path, meta=np.asarray(json.dumps({"key": study.data_key(config)})))
+    assert "up to date" not in study.make_pack(config, path) and made == [1, 1, 1]
 
 
 def test_splits_are_disjoint_documents():
@@ -666,6 +669,10 @@ def test_the_device_script_at_smoke_size(tmp_path):
     # What a lent machine sends back: at most 8 files, none in a subfolder.
     assert len(list(out.iterdir())) <= 8 and all(p.is_file() for p in out.iterdir())
     assert (out / "records.tar.gz").stat().st_size > 0
+    import tarfile
+    with tarfile.open(out / "records.tar.gz") as archive:   # with each scheme's kept member (its scored seed)
+        assert sorted(n for n in archive.getnames() if n.endswith("member.json")) == [
+            f"kept/{s}/seed1/member.json" for s in sorted(SCHEMES)]
     # Every group after the first had its programs compiled while the one before trained, the
     # first group beyond a grid while the last grid trained.
     records = {s: json.loads((tmp_path / "work" / study.SCHEMES_DIR / f"{s}.json").read_text()) for s in SCHEMES}
