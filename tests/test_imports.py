@@ -354,7 +354,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "roformer.study.session.run_study": "the study's driver: the splits, the loop over the groups, resume and the "
                                         "report in one pass, to be split by step",
     "roformer.study.report.markdown": "the study's report page, to be split by section",
-    "roformer.train.seeds._train_group": "the vmapped seeds' loop, to be split with pretraining's",
 }
 
 
