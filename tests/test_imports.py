@@ -351,8 +351,6 @@ MAX_FUNCTION_LINES = 80
 # The functions over it, each with why it is not split yet. The list only shrinks: a function
 # split (or gone) leaves it, and nothing joins it.
 LONG_FUNCTIONS: dict[str, str] = {
-    "roformer.study.session.run_study": "the study's driver: the splits, the loop over the groups, resume and the "
-                                        "report in one pass, to be split by step",
     "roformer.study.report.markdown": "the study's report page, to be split by section",
 }
 
