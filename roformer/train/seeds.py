@@ -217,10 +217,9 @@ def _start_seeds(cleanup: contextlib.ExitStack, seeds: list[_Seed], setup: Train
         # Each seed's tokens/s and MFU are its own: the group's step time, one seed's tokens.
         timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,
                                 peak_flops=peak_flops, num_devices=1)
-        seed.log = TrainLog(writer, timer, progress.progress_bar(total=0, desc="", enabled=False),
-                            seed.checkpointer, guard,
-                            first_loss=logged["first_loss"],
-                            mark={"phase": seed.train_iter.phase, "seq_len": tc.seq_len})
+        seed.log = TrainLog(writer, timer, progress.progress_bar(total=0, desc="", enabled=False), seed.checkpointer,
+                            guard, first_loss=logged["first_loss"], mark={"phase": seed.train_iter.phase,
+                                                                           "seq_len": tc.seq_len})
 
 
 def _stream_batches(cleanup: contextlib.ExitStack, seeds: list[_Seed], tc: TrainConfig,
