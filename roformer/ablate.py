@@ -18,8 +18,8 @@ NTK, YaRN, a larger RoPE base), evaluated at that length after every few steps. 
     ablation.json, ablation.md, loss_curves.png, extrapolation.png, extension.png
 
 Every scheme of one seed gets the same `config.pretrain` (data, data order, masking,
-initialisation of the shared parameters, optimiser, budget); only the model keys of
-the scheme's config file are applied on top. The seeds run in turn (every scheme of
+initialisation of the shared parameters, optimiser, budget); only the scheme's model
+keys (model.position; attention for rope_linear) are applied on top. The seeds run in turn (every scheme of
 seed 0 first), so an interrupted ablation already compares all schemes; the context
 extension runs once every seed's pretraining is done. Re-running
 skips stages that finished with the same config, resumes interrupted training from its

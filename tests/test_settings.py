@@ -142,7 +142,7 @@ def test_every_numeric_ablation_setting_refuses_bad_values_in_one_line(key):
             node[name] = value
         # the key and value; what is allowed follows (in the plan's own words for the keys it checks)
         shown = f"{'config.' if not sections else ''}{key}={node[name]!r}"
-        return lambda: validation.validate(config), shown
+        return lambda: validation.validate(plan.build_plan(config, "/ablation")), shown
 
     for value in [*BAD[:2], *([] if key in ABLATION_ZERO else [0])]:
         run, shown = validate(value)
@@ -159,7 +159,7 @@ def test_the_ablation_checks_its_pretraining_and_glue_sections_too():
     config.pretrain.model.hidden_dropout = 1.5
     config.glue.learning_rate = -1.0
     with pytest.raises(ConfigError) as error:
-        validation.validate(config)
+        validation.validate(plan.build_plan(config, "/ablation"))
     for refused in ("pretrain.train.checkpoint_every=0 is not allowed", "glue.learning_rate=-1.0 is not allowed",
                     "pretrain.model.hidden_dropout=1.5 is not allowed"):
         assert refused in str(error.value)

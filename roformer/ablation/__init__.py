@@ -3,10 +3,11 @@
 One data flow, one module per step, each importing only the ones above it:
 
     parallel.py       cores for runs side by side on a CPU host (imports nothing of the ablation's)
-    plan.py           what runs: the plan (typed runs with their configs, workdirs and stage
-                      fingerprints), computed once from the config; the stage registry
     settings.py       the numeric settings' rules
-    validation.py     the config checked before anything trains, every problem in one error
+    plan.py           what runs: the plan (each scheme's pretraining config, typed runs with their
+                      configs, workdirs and stage fingerprints), computed first and once from the
+                      config; the stage registry
+    validation.py     the plan checked before anything trains, every problem in one error
     state.py          ablation_state.json (per run and stage) and the one status rule
     stages.py         a planned run's stages (pretrain, extrapolation, glue; extension,
                       extension_eval) by their runners, in order, skipped when done, failures recorded
@@ -20,7 +21,7 @@ One data flow, one module per step, each importing only the ones above it:
     report_md.py      the report as markdown
     report.py         the report's files, written and read back (no I/O but its own files)
     collect.py        the runs' records and metrics read back into the report's rows
-    runner.py         the session: validate, pin the vocabulary, build the plan, run its runs in
+    runner.py         the session: build the plan, validate it, pin the vocabulary, run its runs in
                       turn or side by side, rewrite the report after each
     job.py            the process one run executes in when runs go side by side
 

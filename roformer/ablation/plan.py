@@ -5,9 +5,10 @@ initialisation of the shared parameters, optimiser, budget); only the scheme's m
 (roformer.train.config.arm_model_keys: model.position, and attention for rope_linear) are
 applied on top. A run is a `PlannedRun`: (scheme, seed) for the
 comparison, (extension method, seed) for the context extension, with its configs, workdir
-and the fingerprints of its stages. The runner, the stages, the progress lines and the
-report's rows all read the one `Plan`; none goes back to the raw config for a derived
-value. The settings are checked first, by roformer.ablation.validation. Nothing here trains.
+and the fingerprints of its stages. The plan comes first: validation
+(roformer.ablation.validation), the runner, the stages, the progress lines and the report's
+rows all read the one `Plan`; none goes back to the raw config for a derived value. Nothing
+here trains.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any
 import ml_collections
 
 from roformer import config_files
+from roformer.ablation.settings import setting_problems
 from roformer.config_files import CONFIG_DIR, split_list
 from roformer.data.config import without_neutral_settings
 from roformer.errors import ConfigError
@@ -75,22 +77,6 @@ def parse_scheme_values(value: str, key: str, kind: type) -> dict[str, Any]:
     return out
 
 
-def scheme_seeds(config: ml_collections.ConfigDict, scheme: str) -> int:
-    """How many pretraining seeds (0, 1, ...) `scheme` runs: config.scheme_seeds, else config.seeds."""
-    return parse_scheme_values(config.get("scheme_seeds", ""), "scheme_seeds", int).get(scheme, config.seeds)
-
-
-def scheme_pretrain_config(config: ml_collections.ConfigDict, scheme: str, seed: int = 0
-                           ) -> ml_collections.ConfigDict:
-    """config.pretrain with the scheme's model keys and learning rate (config.scheme_learning_rates),
-    the shared step budget and the seed."""
-    cfg = arm_pretrain_config(config.pretrain, scheme, steps=pretrain_steps(config), seed=seed)
-    rates = parse_scheme_values(config.get("scheme_learning_rates", ""), "scheme_learning_rates", float)
-    if scheme in rates:
-        cfg.train.learning_rate = rates[scheme]
-    return cfg
-
-
 def extension_model_keys(method: str, ext: ml_collections.ConfigDict, seq_len: int) -> dict[str, Any]:
     if method == "none":        # plain extrapolation: positions simply go further
         return {}
@@ -125,25 +111,6 @@ def extension_config(scheme_cfg: ml_collections.ConfigDict, ext: ml_collections.
     for key, value in extension_model_keys(method, ext, seq_len).items():
         cfg.model[key] = value
     return cfg
-
-
-def extension_seeds(config: ml_collections.ConfigDict) -> int:
-    """How many pretraining seeds (0, 1, ...) the context extension continues from."""
-    return int(config.extension.seeds) or int(config.seeds)
-
-
-def glue_tasks(config: ml_collections.ConfigDict) -> tuple[str, ...]:
-    """The GLUE tasks the scheme runs fine-tune on: none when config.stages leaves out "glue"
-    or glue.task is "" (the command line's way to skip it)."""
-    if "glue" not in split_list(config.get("stages", SCHEME_STAGES)):
-        return ()
-    return tuple(split_list(config.glue.task))
-
-
-def scheme_stage_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
-    """The stages of a scheme's run, in order: config.stages, less GLUE when it has no task."""
-    tasks = glue_tasks(config)
-    return tuple(name for name in split_list(config.get("stages", SCHEME_STAGES)) if name != "glue" or tasks)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -201,13 +168,16 @@ class Plan:
     schemes: tuple[str, ...]
     seeds: dict[str, int]               # pretraining seeds per scheme
     steps: int                          # the shared pretraining budget in steps
+    stage_names: tuple[str, ...]        # a scheme run's stages, in order (config.stages, less glue without a task)
     glue_tasks: tuple[str, ...]         # () when no run fine-tunes
     factors: tuple[int, ...]            # extrapolation lengths, multiples of the pretraining length
     scalings: tuple[str, ...]           # eval-only rope scalings of the extrapolation table
+    scheme_configs: dict[str, ml_collections.ConfigDict]   # scheme -> its pretraining config (seed 0)
     extension_methods: tuple[str, ...]  # () when the context extension is off
     extension_seeds: int
     scheme_runs: tuple[PlannedRun, ...]      # every scheme of seed 0 first: an interrupted ablation compares them
     extension_runs: tuple[PlannedRun, ...]   # once every seed is pretrained
+    problems: tuple[str, ...] = ()      # settings that could not be read (validate reports them); no runs then
 
     @property
     def runs(self) -> tuple[PlannedRun, ...]:
@@ -216,6 +186,12 @@ class Plan:
 
     def run(self, name: str) -> PlannedRun:
         return next(r for r in self.runs if r.name == name)
+
+    def use_vocabulary(self, vocab: str) -> None:
+        """Every run's configs read `vocab` (the vocabulary pinned in the workdir); the
+        fingerprints stay those of the config as written, so moving the workdir resumes it."""
+        for run in self.runs:
+            run.train_config.data.vocab = run.pretrain_config.data.vocab = vocab
 
 
 def pretrain_workdir(workdir: Path, scheme: str, seed: int) -> Path:
@@ -229,52 +205,156 @@ def extension_workdir(workdir: Path, method: str, seed: int) -> Path:
 
 
 def build_plan(config: ml_collections.ConfigDict, workdir: str | Path, vocab: str | None = None) -> Plan:
-    """The plan of a valid config (roformer.ablation.validation.validate) in `workdir`. With
-    `vocab` (the pinned vocabulary) every run's configs read it; fingerprints stay those of
-    the config as written, so moving the workdir resumes it."""
+    """The plan of `config` in `workdir`, the first thing an ablation computes: validation
+    (roformer.ablation.validation.validate) and every later stage read it. A setting of the
+    wrong type or range (roformer.ablation.settings) is refused here in one ConfigError, as
+    nothing can be derived from it; a list item or a name that cannot be read is named in the
+    plan's `problems` and no run is planned, so validation reports it with every other problem
+    in one error. With `vocab` (the pinned vocabulary) every run's configs read it."""
     workdir = Path(workdir)
+    given_stages = tuple(split_list(config.get("stages", SCHEME_STAGES)))
+    glue_tasks = tuple(split_list(config.glue.task)) if "glue" in given_stages else ()
+    refused = setting_problems(config, glue=bool(glue_tasks))
+    if refused:   # what follows computes with these values
+        raise ConfigError("ablation config: " + "; ".join(refused))
+    problems: list[str] = []
     schemes = tuple(split_list(config.schemes))
-    seeds = {scheme: scheme_seeds(config, scheme) for scheme in schemes}
-    factors = tuple(int(f) for f in split_list(config.extrapolation.factors))
-    scalings = tuple(split_list(config.extrapolation.scalings))
-    # What an evaluation's fingerprint covers: its section, lists in the comma form
-    # existing workdirs recorded, so a list written either way resumes them.
-    sections = {"glue": config.glue, "extrapolation": {
-        **config.extrapolation.to_dict(), "factors": ",".join(map(str, factors)), "scalings": ",".join(scalings)}}
-
-    def stages(names: tuple[str, ...], trained: str) -> tuple[StageSpec, ...]:
-        return tuple(StageSpec(name, trained if STAGES[name].section is None
-                               else fingerprint(trained, sections[STAGES[name].section])) for name in names)
-
-    scheme_cfgs = {scheme: scheme_pretrain_config(config, scheme) for scheme in schemes}
-    names = scheme_stage_names(config)
-    scheme_runs = []
-    for seed in range(max(seeds.values(), default=0)):   # every scheme of seed 0 first
-        for scheme in (s for s in schemes if seed < seeds[s]):
-            cfg, run_dir = _seeded(scheme_cfgs[scheme], seed), pretrain_workdir(workdir, scheme, seed)
-            glue = None
-            if "glue" in names:
-                glue = ml_collections.ConfigDict(config.glue.to_dict())
-                glue.init = str(run_dir)
-            scheme_runs.append(PlannedRun(f"{scheme}/seed{seed}", "scheme", scheme, seed, run_dir, cfg, cfg,
-                                          stages(names, fingerprint(cfg)), glue_config=glue,
-                                          glue_workdir=workdir / "glue" / scheme / f"seed{seed}" if glue else None))
-    ext = config.extension
-    methods = tuple(split_list(ext.methods)) if ext.enabled else ()
-    ext_seeds = extension_seeds(config) if ext.enabled else 0
-    extension_runs = []
-    for seed in range(ext_seeds):
-        source = _seeded(scheme_cfgs[ext.scheme], seed)
-        for method in methods:
-            cfg = extension_config(source, ext, method, pretrain_workdir(workdir, ext.scheme, seed))
-            extension_runs.append(PlannedRun(f"extension/{method}/seed{seed}", "extension", method, seed,
-                                             extension_workdir(workdir, method, seed), cfg, source,
-                                             stages(EXTENSION_STAGES, fingerprint(fingerprint(source), cfg))))
+    steps = pretrain_steps(config)
+    seeds = _read_seeds(config, schemes, problems)
+    scheme_cfgs = _read_scheme_configs(config, schemes, steps, problems)
+    stage_names = _read_stages(given_stages, glue_tasks, problems)
+    factors = _read_factors(config, problems)
+    methods, ext_seeds = _read_extension(config, schemes, problems)
+    plan = Plan(config, workdir, schemes, seeds, steps, stage_names, glue_tasks, factors,
+                tuple(split_list(config.extrapolation.scalings)), scheme_cfgs, methods, ext_seeds, (), (),
+                tuple(problems))
+    if problems:
+        return plan
+    plan = dataclasses.replace(plan, scheme_runs=_scheme_runs(plan), extension_runs=_extension_runs(plan))
     if vocab:
-        for run in scheme_runs + extension_runs:
-            run.train_config.data.vocab = run.pretrain_config.data.vocab = vocab
-    return Plan(config, workdir, schemes, seeds, pretrain_steps(config), glue_tasks(config), factors, scalings,
-                methods, ext_seeds, tuple(scheme_runs), tuple(extension_runs))
+        plan.use_vocabulary(vocab)
+    return plan
+
+
+def _read_seeds(config: ml_collections.ConfigDict, schemes: tuple[str, ...], problems: list[str]) -> dict[str, int]:
+    """Per scheme, how many pretraining seeds (0, 1, ...) it runs: config.scheme_seeds, else config.seeds."""
+    if not isinstance(config.seeds, int) or isinstance(config.seeds, bool) or config.seeds < 1:
+        problems.append(f"config.seeds={config.seeds!r}: give the number of pretraining seeds (>= 1)")
+    given = _read_scheme_values(config, "scheme_seeds", int, schemes, problems)
+    return {scheme: given.get(scheme, config.seeds) for scheme in schemes}
+
+
+def _read_scheme_values(config: ml_collections.ConfigDict, key: str, kind: type, schemes: tuple[str, ...],
+                        problems: list[str]) -> dict[str, Any]:
+    """config.<key>'s per-scheme exceptions ('rope=5,learned=3'): each a listed scheme's, > 0."""
+    try:
+        values = parse_scheme_values(config.get(key, ""), key, kind)
+    except ValueError as error:
+        problems.append(str(error))
+        return {}
+    unknown = sorted(set(values) - set(schemes))
+    if unknown:
+        problems.append(f"config.{key} names {unknown}, not in config.schemes {list(schemes)}")
+    if any(v <= 0 for v in values.values()):
+        problems.append(f"config.{key}={config.get(key)!r}: every value must be > 0")
+    return values
+
+
+def _read_scheme_configs(config: ml_collections.ConfigDict, schemes: tuple[str, ...], steps: int,
+                         problems: list[str]) -> dict[str, ml_collections.ConfigDict]:
+    """Each scheme's pretraining config (seed 0): config.pretrain with the scheme's model keys
+    (roformer.train.config.arm_pretrain_config), the shared step budget and its learning rate
+    (config.scheme_learning_rates). The one place a scheme's config is derived."""
+    rates = _read_scheme_values(config, "scheme_learning_rates", float, schemes, problems)
+    configs = {}
+    for scheme in schemes:
+        try:
+            configs[scheme] = arm_pretrain_config(config.pretrain, scheme, steps=steps)
+        except ValueError as error:
+            problems.append(str(error))
+            continue
+        if scheme in rates:
+            configs[scheme].train.learning_rate = rates[scheme]
+    return configs
+
+
+def _read_stages(given: tuple[str, ...], glue_tasks: tuple[str, ...], problems: list[str]) -> tuple[str, ...]:
+    """A scheme run's stages: pretraining first (the others use its model), each once; GLUE
+    left out when it has no task."""
+    known = [name for name, kind in STAGES.items() if kind.run_kind == "scheme"]
+    if not given or given[0] != "pretrain" or len(set(given)) != len(given) or set(given) - set(known):
+        problems.append(f"config.stages={given!r}: pretrain, then any of {', '.join(known[1:])}, each once")
+    return tuple(name for name in given if name in known and (name != "glue" or glue_tasks))
+
+
+def _read_factors(config: ml_collections.ConfigDict, problems: list[str]) -> tuple[int, ...]:
+    factors = split_list(config.extrapolation.factors)
+    if not factors or not all(f.isdigit() and int(f) >= 1 for f in factors) or "1" not in factors:
+        problems.append(f"extrapolation.factors={config.extrapolation.factors!r}: list of whole "
+                        "multiples of the pretraining length, including 1")
+        return ()
+    return tuple(int(f) for f in factors)
+
+
+def _read_extension(config: ml_collections.ConfigDict, schemes: tuple[str, ...],
+                    problems: list[str]) -> tuple[tuple[str, ...], int]:
+    """The context extension's methods and seeds ((), 0 when it is off), and the settings its
+    runs are computed from: the scheme it extends, the factor, the steps."""
+    ext = config.extension
+    if not ext.enabled:
+        return (), 0
+    if ext.scheme not in schemes:
+        problems.append(f"extension.scheme={ext.scheme!r} is not one of config.schemes {list(schemes)}")
+    if ext.factor < 2 or config.pretrain.train.batch_size % ext.factor:
+        problems.append(f"extension.factor={ext.factor}: must be >= 2 and divide pretrain.train.batch_size="
+                        f"{config.pretrain.train.batch_size} (the extension keeps the tokens per step)")
+    if ext.steps < 1 or ext.eval_every < 1 or ext.steps % ext.eval_every:
+        problems.append(f"extension.steps={ext.steps} must be a positive multiple of "
+                        f"extension.eval_every={ext.eval_every}")
+    return tuple(split_list(ext.methods)), int(ext.seeds) or int(config.seeds)
+
+
+def _fingerprinted_sections(plan: Plan) -> dict[str, Any]:
+    """What an evaluation's fingerprint covers: its section, lists in the comma form existing
+    workdirs recorded, so a list written either way resumes them."""
+    config = plan.config
+    return {"glue": config.glue, "extrapolation": {
+        **config.extrapolation.to_dict(), "factors": ",".join(map(str, plan.factors)),
+        "scalings": ",".join(plan.scalings)}}
+
+
+def _stage_specs(plan: Plan, names: tuple[str, ...], trained: str) -> tuple[StageSpec, ...]:
+    """The stages `names` of a run whose training has the fingerprint `trained`."""
+    sections = _fingerprinted_sections(plan)
+    return tuple(StageSpec(name, trained if STAGES[name].section is None
+                           else fingerprint(trained, sections[STAGES[name].section])) for name in names)
+
+
+def _scheme_runs(plan: Plan) -> tuple[PlannedRun, ...]:
+    runs = []
+    for seed in range(max(plan.seeds.values(), default=0)):   # every scheme of seed 0 first
+        for scheme in (s for s in plan.schemes if seed < plan.seeds[s]):
+            cfg, run_dir = _seeded(plan.scheme_configs[scheme], seed), pretrain_workdir(plan.workdir, scheme, seed)
+            glue = None
+            if "glue" in plan.stage_names:
+                glue = ml_collections.ConfigDict(plan.config.glue.to_dict())
+                glue.init = str(run_dir)
+            runs.append(PlannedRun(f"{scheme}/seed{seed}", "scheme", scheme, seed, run_dir, cfg, cfg,
+                                   _stage_specs(plan, plan.stage_names, fingerprint(cfg)), glue_config=glue,
+                                   glue_workdir=plan.workdir / "glue" / scheme / f"seed{seed}" if glue else None))
+    return tuple(runs)
+
+
+def _extension_runs(plan: Plan) -> tuple[PlannedRun, ...]:
+    ext, runs = plan.config.extension, []
+    for seed in range(plan.extension_seeds):
+        source = _seeded(plan.scheme_configs[ext.scheme], seed)
+        for method in plan.extension_methods:
+            cfg = extension_config(source, ext, method, pretrain_workdir(plan.workdir, ext.scheme, seed))
+            runs.append(PlannedRun(f"extension/{method}/seed{seed}", "extension", method, seed,
+                                   extension_workdir(plan.workdir, method, seed), cfg, source,
+                                   _stage_specs(plan, EXTENSION_STAGES, fingerprint(fingerprint(source), cfg))))
+    return tuple(runs)
 
 
 def _seeded(cfg: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigDict:

@@ -57,15 +57,18 @@ POLL_S = 0.2
 
 def run_ablation(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """Run (or resume) the whole ablation in `workdir` and write the report; returns it.
-    A workdir another live run is using is refused (roformer.workdir_lock); the stages'
-    own runs lock their sub-workdirs."""
-    validate(config)
+    The plan comes first and is validated before anything is written; a workdir another
+    live run is using is refused (roformer.workdir_lock); the stages' own runs lock their
+    sub-workdirs."""
+    plan = build_plan(config, Path(workdir).resolve())
+    validate(plan)
     with workdir_lock(workdir):
         workdir_kind.claim(workdir, workdir_kind.ABLATION)   # before anything is written
-        return _run_ablation(config, Path(workdir).resolve())
+        return _run_ablation(plan)
 
 
-def _run_ablation(config: ml_collections.ConfigDict, workdir: Path) -> dict:
+def _run_ablation(plan: Plan) -> dict:
+    workdir, config = plan.workdir, plan.config
     workdir.mkdir(parents=True, exist_ok=True)
     state = AblationState(workdir)
     if is_main_process():
@@ -73,7 +76,7 @@ def _run_ablation(config: ml_collections.ConfigDict, workdir: Path) -> dict:
         write_text_atomic(workdir / CONFIG_RECORD, config.to_json_best_effort(indent=2) + "\n")
 
     started = time.time()
-    plan = build_plan(config, workdir, pin_vocabulary(config, workdir))
+    plan.use_vocabulary(pin_vocabulary(plan))
     result = None
     with progress.reporting(plan, enabled=is_main_process()):
         try:
@@ -109,36 +112,38 @@ def report_snapshot(config: ml_collections.ConfigDict, workdir: str | Path, out_
     if not (workdir / CONFIG_RECORD).is_file():
         raise ConfigError(f"{workdir} holds no ablation ({CONFIG_RECORD} is missing): give the workdir of "
                           "a `python -m roformer.ablate` run")
-    validate(config)
+    plan = build_plan(config, workdir)
+    validate(plan)
     state = AblationState(workdir)
     # Runs going side by side keep their records in parallel/ until they end: read them too,
     # without writing anything.
     for path in sorted((workdir / JOBS_DIR).glob("*.state.json")):
         for run, records in json.loads(path.read_text()).items():
             state.data.setdefault(run, {}).update(records)
-    result = collect.build_report(build_plan(config, workdir), state)
+    result = collect.build_report(plan, state)
     report.write_report(result, out_dir)
     return result
 
 
-def pin_vocabulary(config: ml_collections.ConfigDict, workdir: Path) -> str:
+def pin_vocabulary(plan: Plan) -> str:
     """The one vocabulary every run of the ablation reads: pretrain.data.vocab when set, else
     WORKDIR/tokenizer.json, taken from a run that already trained (an older workdir) or from
     the data pipeline on first use. WordPiece training is not deterministic (hash-map order
     inside `tokenizers`, huggingface/tokenizers#1794) and its cache is keyed by the files'
     paths, sizes and mtimes, so without a pin a resumed ablation on a new machine, or after
     the text was re-copied, would give its remaining runs a different vocabulary."""
-    if config.pretrain.data.vocab:
-        return str(config.pretrain.data.vocab)
+    data, workdir = plan.config.pretrain.data, plan.workdir
+    if data.vocab:
+        return str(data.vocab)
     pinned = workdir / PINNED_TOKENIZER
     if is_main_process() and not pinned.is_file():
-        write_text_atomic(pinned, _trained_vocabulary(config, workdir))
+        write_text_atomic(pinned, _trained_vocabulary(data, workdir))
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("ablation vocabulary pinned")
     return str(pinned)
 
 
-def _trained_vocabulary(config: ml_collections.ConfigDict, workdir: Path) -> str:
+def _trained_vocabulary(data: ml_collections.ConfigDict, workdir: Path) -> str:
     """tokenizer.json text of the first run that trained (an older workdir), else of the data
     pipeline's vocabulary for the corpus (trained and cached on first use)."""
     # The checkpoint reader and the data pipeline (orbax, tokenizers): only when pinning.
@@ -151,7 +156,7 @@ def _trained_vocabulary(config: ml_collections.ConfigDict, workdir: Path) -> str
     trained = [f for f in trained if f.is_file()]
     if trained:
         return trained[0].read_text()
-    return corpus_tokenizer(DataConfig.from_mapping(config.pretrain.data)).tokenizer.to_str()
+    return corpus_tokenizer(DataConfig.from_mapping(data)).tokenizer.to_str()
 
 
 def _run_in_turn(plan: Plan, state: AblationState, runs: list[PlannedRun]) -> dict | None:

@@ -1,5 +1,6 @@
 """What each numeric setting of an ablation config (configs/ablation.py) allows, and the
-pretraining and GLUE sections' own rules, as problems for `validation.validate` to report."""
+pretraining and GLUE sections' own rules, as problems `plan.build_plan` refuses before it
+derives anything from them."""
 from __future__ import annotations
 
 import numbers
@@ -8,9 +9,9 @@ import ml_collections
 
 from roformer.settings import problems
 
-# The keys validation.validate does not range-check itself; those it does (seeds, parallel,
-# vmap_seeds, the extension's factor, seeds, steps and eval_every, with messages of their own)
-# are only checked here to be numbers where it compares them, so no comparison meets text.
+# The keys the plan and its validation do not range-check themselves; those they do (seeds,
+# parallel, vmap_seeds, the extension's factor, seeds, steps and eval_every, with messages of their own)
+# are only checked here to be numbers where they compare them, so no comparison meets text.
 RULES = {"order_threshold": "float > 0", "budget_tokens": "int >= 0", "progress_every_s": "float >= 0"}
 EXTRAPOLATION_RULES = {"num_docs": "int >= 1", "batch_size": "int >= 1"}
 EXTENSION_RULES = {"seeds": "int", "factor": "int", "base": "float > 0", "steps": "int", "eval_every": "int",

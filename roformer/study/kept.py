@@ -105,6 +105,8 @@ class Keeper:
     def keep(self, scheme: str, record: dict, params, group: Sequence) -> list[Path]:
         """Save the members of `group` (its stacked `params`, in group order) that `record`'s
         choice scores; returns their folders."""
+        if not record["members"]:
+            return []
         prereg = self.plan.preregistration
         positions = {member.index: i for i, member in enumerate(group)}
         chosen = [m for m in chosen_members(record, prereg.tuning_seeds, prereg.scored_seeds)

@@ -50,6 +50,7 @@ class StudyPlan:
     pretrain: dict                      # scheme -> the pretraining config its group trains
     preregistration: Preregistration | None = None   # None: it could not be read (a problem)
     problems: tuple[str, ...] = ()      # settings that could not be read (validate reports them)
+    models: dict = dataclasses.field(default_factory=dict)   # scheme -> its model, at a placeholder vocabulary
 
     @property
     def study(self) -> ml_collections.ConfigDict:
@@ -60,9 +61,10 @@ class StudyPlan:
         """The train section every scheme shares (batch, length, optimizer settings)."""
         return self.config.pretrain.train
 
-    def model_config(self, scheme: str, vocab_size: int = 8000, pad_token_id: int = 0) -> ModelConfig:
-        """The scheme's model (at the data's vocabulary)."""
-        return build_model_config(self.pretrain[scheme].model, vocab_size=vocab_size, pad_token_id=pad_token_id)
+    def model_config(self, scheme: str, vocab_size: int = ModelConfig.vocab_size, pad_token_id: int = 0
+                     ) -> ModelConfig:
+        """The scheme's model (`models`) at the data's vocabulary."""
+        return dataclasses.replace(self.models[scheme], vocab_size=vocab_size, pad_token_id=pad_token_id)
 
     def members(self, rates_: list[float] | None = None, first_index: int = 0) -> list[Member]:
         """Every (rate, seed) of a scheme's group, rate-major: member first_index + r * seeds + s.
@@ -93,11 +95,13 @@ def build_plan(config) -> StudyPlan:
             return ()
 
     schemes = tuple(split_list(st.schemes))
-    pretrain = {}
-    for scheme in schemes:
+    pretrain, models = {}, {}
+    for scheme in schemes:   # the one place a scheme's pretraining and model config are derived
         try:
             pretrain[scheme] = arm_pretrain_config(config.pretrain, scheme, steps=pretrain_steps(config))
+            models[scheme] = build_model_config(pretrain[scheme].model, vocab_size=ModelConfig.vocab_size)
         except ValueError as error:
+            pretrain.pop(scheme, None)
             problems.append(f"scheme {scheme!r}: {error}")
     rates = parsed("learning_rates", float, "a comma list of distinct rates, each > 0")
     budgets = tuple(sorted(parsed("budget_steps", int, f"distinct positive multiples of study.eval_every={st.eval_every}")))
@@ -107,7 +111,7 @@ def build_plan(config) -> StudyPlan:
     except ConfigError as error:
         preregistration = None
         problems.append(str(error))
-    return StudyPlan(config, schemes, rates, budgets, windows, pretrain, preregistration, tuple(problems))
+    return StudyPlan(config, schemes, rates, budgets, windows, pretrain, preregistration, tuple(problems), models)
 
 
 def validate(plan: StudyPlan) -> None:
@@ -119,8 +123,7 @@ def validate(plan: StudyPlan) -> None:
         problems.append(f"study.schemes={st.schemes!r}: list each scheme once")
     if st.reference not in schemes:
         problems.append(f"study.reference={st.reference!r} is not one of study.schemes {schemes}")
-    for scheme in plan.pretrain:
-        model = plan.model_config(scheme)
+    for scheme, model in plan.models.items():
         if model.position == "alibi" and model.num_heads < ALIBI_MIN_HEADS:
             problems.append(f"scheme {scheme!r}: ALiBi with {model.num_heads} heads has no slope >= 1/4 (no head can "
                             f"prefer an adjacent token); give the model >= {ALIBI_MIN_HEADS} heads "

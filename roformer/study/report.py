@@ -259,18 +259,31 @@ def limits(config, result: dict, manifest: dict) -> list[str]:
 
 
 def markdown(config, result: dict, manifest: dict) -> str:
-    st, train = config.study, config.pretrain.train
-    prereg = Preregistration.from_config(st)
+    prereg = Preregistration.from_config(config.study)
     # The pre-registration first: every number below is read with it.
     lines = ["# Position schemes compared (`configs/study.py`)", "", *header(prereg), ""]
     if not result["schemes"]:
         return "\n".join(lines + ["No scheme has finished yet."]) + "\n"
     lines += end_state_lines(result) + wall_clock_lines(result)
-    info = result["schemes_info"]
-    any_info = next(iter(info.values()))
+    lines += _setup_lines(config, result, manifest)
+    lines += recipe_check.recipe_lines(config, result.get("recipe_check"))
+    lines += _budget_tables(result)
+    lines += _rate_lines(result)
+    lines += _order_lines(config.study, result)
+    lines += _signal_lines(result)
+    lines += ["", "## What this does and does not show", "", *limits(config, result, manifest)]
+    lines += _time_lines(result)
+    return "\n".join(lines) + "\n"
+
+
+def _setup_lines(config, result: dict, manifest: dict) -> list[str]:
+    """What every scheme shared (model, batch, rates, schedule, budgets, splits) and how the
+    intervals and verdicts are read."""
+    st, train = config.study, config.pretrain.train
+    any_info = next(iter(result["schemes_info"].values()))
     train_tokens = manifest.get("train_tokens", 0)
     last_tokens = result["budgets"][-1]["tokens"]
-    lines += [
+    return [
         f"device: {any_info['device']}, model: {config.pretrain.model.size} "
         f"({config.pretrain.model.get('num_heads') or 'preset'} heads), batch {train.batch_size} x {train.seq_len}, "
         f"{_count(st.seeds, 'seed')} x rates {st.learning_rates} per scheme ({any_info['members']} members in one vmapped "
@@ -287,7 +300,11 @@ def markdown(config, result: dict, manifest: dict) -> str:
         "table corrected together (Holm, family-wise 5%), else what remains of it; 'equivalent above': the margin TOST "
         "needs, the 90% interval's end farthest from 0 (equivalent at every margin above it, at none at or below), to "
         "hold against a margin of one's own.", ""]
-    lines += recipe_check.recipe_lines(config, result.get("recipe_check"))
+
+
+def _budget_tables(result: dict) -> list[str]:
+    """Per budget: each scheme's chosen rate, test loss and verdict against the reference."""
+    lines = []
     for budget in result["budgets"]:
         lines += [f"## Budget {format_tokens(budget['tokens'])} tokens ({budget['steps']} steps)", "",
                   f"| scheme | rate (tuning seeds' validation) | test loss [95%] | vs {result['reference']} [95%] | verdict | "
@@ -304,10 +321,16 @@ def markdown(config, result: dict, manifest: dict) -> str:
             lines.append(f"| {scheme} | {row['rate']:g}{edge} | {row['test_loss']:.3f} [{row['lo']:.3f}, {row['hi']:.3f}] "
                          f"| {vs_text} | {verdict} | {family} | {bound} | {diverged} |")
         lines.append("")
+    return lines
+
+
+def _rate_lines(result: dict) -> list[str]:
+    """Validation loss by rate at the last budget, and the rates trained beyond a grid's edge."""
+    info = result["schemes_info"]
     last_rows = result["budgets"][-1]["rows"]
     columns = sorted({float(r) for s in result["schemes"] for r in last_rows[s]["validation_by_rate"]})
-    lines += ["## Validation loss by rate at the last budget (mean over seeds)", "",
-              "| scheme | " + " | ".join(f"{r:g}" for r in columns) + " |", "|---|" + "---|" * len(columns)]
+    lines = ["## Validation loss by rate at the last budget (mean over seeds)", "",
+             "| scheme | " + " | ".join(f"{r:g}" for r in columns) + " |", "|---|" + "---|" * len(columns)]
     for scheme in result["schemes"]:
         by_rate = {float(r): v for r, v in last_rows[scheme]["validation_by_rate"].items()}
         lines.append(f"| {scheme} | " + " | ".join(f"{by_rate[r]:.3f}" if r in by_rate else "—" for r in columns) + " |")
@@ -316,9 +339,16 @@ def markdown(config, result: dict, manifest: dict) -> str:
     if extended:
         lines += ["", "Rates beyond the grid (`study.extend_edges`: a budget chose a rate at the grid's edge, so the "
                   f"same seeds trained one step further): {'; '.join(extended)}."]
+    return lines
+
+
+def _order_lines(st, result: dict) -> list[str]:
+    """Word order: each scheme's onsets, its order-horizon spectrum at the end and when each
+    window's gap reached the threshold."""
+    info = result["schemes_info"]
     widest = f"shuffle{max(int(w) for w in plan.split_list(st.windows))}"
-    lines += ["", f"## Word order: onsets (gap under `{widest}` >= {st.order_threshold} nats, chosen rate)", "",
-              "| scheme | started | at the first evaluation (left-censored) | onsets (tokens) |", "|---|---|---|---|"]
+    lines = ["", f"## Word order: onsets (gap under `{widest}` >= {st.order_threshold} nats, chosen rate)", "",
+             "| scheme | started | at the first evaluation (left-censored) | onsets (tokens) |", "|---|---|---|---|"]
     for scheme in result["schemes"]:
         onsets = info[scheme]["onsets"]
         started = [o for o in onsets if o["started"]]
@@ -336,19 +366,30 @@ def markdown(config, result: dict, manifest: dict) -> str:
         first = info[scheme]["spectrum_onset"]
         lines.append(f"| {scheme} | " + " | ".join(format_tokens(first[n]) if first[n] is not None else "never"
                                                     for n in names) + " |")
-    lines += ["", "## Position signal over training (median over seeds: first -> last evaluation)", ""]
+    return lines
+
+
+def _signal_lines(result: dict) -> list[str]:
+    """Each scheme's position signal, first -> last evaluation."""
+    info = result["schemes_info"]
+    lines = ["", "## Position signal over training (median over seeds: first -> last evaluation)", ""]
     for scheme in result["schemes"]:
         signal = info[scheme]["signal"]
         text = "; ".join(f"{k} {v['median'][0]:.4g} -> {v['median'][-1]:.4g}" for k, v in signal.items())
         lines.append(f"- {scheme}: {text or 'no parameters or constants (nothing to follow)'}")
-    lines += ["", "## What this does and does not show", "", *limits(config, result, manifest)]
-    lines += ["", "## Time", "", "Programs: compiling the group's programs and initialising its members, on a "
-              "worker thread while the group before trained (`study.compile_ahead`; waited: what training then "
-              "waited for them) or here. First "
-              "chunk: the first `eval_every` steps, with their compilation where the programs were not compiled "
-              "before. Tokens/s: training's (forward and backward) and evaluation's (forward only), all members.", "",
-              "| scheme | parameters | memory estimate | programs | first chunk | training | evaluation | all | "
-              "tokens/s training | tokens/s evaluation |", "|---|---|---|---|---|---|---|---|---|---|"]
+    return lines
+
+
+def _time_lines(result: dict) -> list[str]:
+    """Each group's time: programs, first chunk, training, evaluation, throughput."""
+    info = result["schemes_info"]
+    lines = ["", "## Time", "", "Programs: compiling the group's programs and initialising its members, on a "
+             "worker thread while the group before trained (`study.compile_ahead`; waited: what training then "
+             "waited for them) or here. First "
+             "chunk: the first `eval_every` steps, with their compilation where the programs were not compiled "
+             "before. Tokens/s: training's (forward and backward) and evaluation's (forward only), all members.", "",
+             "| scheme | parameters | memory estimate | programs | first chunk | training | evaluation | all | "
+             "tokens/s training | tokens/s evaluation |", "|---|---|---|---|---|---|---|---|---|---|"]
     groups = []
     for scheme in result["schemes"]:
         groups.append((f"{scheme} | {info[scheme]['parameters']:,} | {info[scheme]['memory_estimate_gib']:.2f} GiB",
@@ -364,7 +405,7 @@ def markdown(config, result: dict, manifest: dict) -> str:
     lines += ["", f"In all: {len(groups)} groups, {sum(t['wall_s'] for _, t in groups):.0f} s from each group's turn "
               f"to its record, {waited:.0f} s of it waiting for programs (compiled here or not ready yet).",
               "", f"Figures: {', '.join(study_figures.figure_names(info))}."]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _programs_time(timing: dict) -> str:

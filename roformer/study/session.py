@@ -192,14 +192,8 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     workdir = Path(workdir).resolve()
     workdir_kind.claim(workdir, workdir_kind.STUDY)   # before anything is written
     (workdir / SCHEMES_DIR).mkdir(parents=True, exist_ok=True)
-    st = plan.study
     t0 = time.perf_counter()
-    data = study_splits(plan)
-    if data.test_predictions < st.min_test_predictions:
-        raise ConfigError(f"the test split holds {data.test_predictions} masked predictions, fewer than "
-                          f"study.min_test_predictions={st.min_test_predictions}: raise study.test_fraction or "
-                          "study.test_mask_draws")
-    estimates = check_memory(plan, data)
+    data, estimates = _checked_data(plan)
     keeper = kept.Keeper.start(workdir, plan, data)   # the downstream arm's members, when the config keeps them
     log.info("data ready in %.0f s: %s; memory estimate per group %s", time.perf_counter() - t0,
              json.dumps(data.manifest), {k: f"{v / 2**30:.2f} GiB" for k, v in estimates.items()})
@@ -208,51 +202,91 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     workdir_kind.record(workdir, workdir_kind.STUDY)
     write_text_atomic(workdir / CONFIG_RECORD, config.to_json_best_effort(indent=2) + "\n")
     write_json_atomic(workdir / DATA_MANIFEST, {**data.manifest, "setup_s": time.perf_counter() - t0})
-    test_weight = study_stats.item_sums(np.zeros((1, len(data.test_items))), data.test["masked_weights"].sum(-1),
-                                        data.test_items)[1]
-    # The forecast of a group's time: the longest any group took once its programs were
-    # compiled, plus the longest compilation unless the group's programs are compiled already
-    # (on a worker thread): a group compiled ahead does not wait for them.
-    longest = {"run": 0.0, "programs": 0.0}
+    fingerprints = {scheme: scheme_fingerprint(plan, scheme, data.manifest) for scheme in plan.schemes}
+    finished = take_finished(workdir, fingerprints)
+    groups = _Groups(plan, data, workdir, t0, keeper)
+    try:
+        for scheme in plan.schemes:
+            if scheme in finished:
+                groups.list_edges(scheme)
+        complete = groups.train_grids([scheme for scheme in plan.schemes if scheme not in finished], fingerprints,
+                                      estimates)
+        if complete:   # every scheme's grid first, so the comparison is whole before any group beyond a grid trains
+            groups.train_edges()
+    finally:
+        groups.ahead.close()
+        written = groups.report.close()
+    # The last write on the worker began after the last record was saved: it is the final
+    # report, unless it failed or nothing was trained.
+    return written if written is not None else study_report.write(config, workdir)
 
-    def out_of_time(what: str, key) -> bool:
-        elapsed = time.perf_counter() - t0
-        compiling = 0.0 if ahead.ready(key) else longest["programs"]
-        if st.time_limit_s and longest["run"] and elapsed + longest["run"] + compiling > st.time_limit_s:
+
+def _checked_data(plan: StudyPlan) -> tuple[study_data.StudyData, dict[str, int]]:
+    """The splits, refused when the test split is too small, and each scheme's memory estimate
+    (refused when a group would not fit)."""
+    data = study_splits(plan)
+    if data.test_predictions < plan.study.min_test_predictions:
+        raise ConfigError(f"the test split holds {data.test_predictions} masked predictions, fewer than "
+                          f"study.min_test_predictions={plan.study.min_test_predictions}: raise study.test_fraction "
+                          "or study.test_mask_draws")
+    return data, check_memory(plan, data)
+
+
+class _Groups:
+    """The session's groups: prepared ahead (study.compile_ahead), trained in turn, each
+    refused a start it could not finish within study.time_limit_s, saved as a record and
+    followed by a report; then the groups beyond the grids' edges (study.extend_edges)."""
+
+    def __init__(self, plan: StudyPlan, data: study_data.StudyData, workdir: Path, t0: float,
+                 keeper: kept.Keeper | None = None):
+        self.plan, self.data, self.workdir, self.t0, self.keeper = plan, data, workdir, t0, keeper
+        self.test_weight = study_stats.item_sums(np.zeros((1, len(data.test_items))),
+                                                 data.test["masked_weights"].sum(-1), data.test_items)[1]
+        # The forecast of a group's time: the longest any group took once its programs were
+        # compiled, plus the longest compilation unless the group's programs are compiled already
+        # (on a worker thread): a group compiled ahead does not wait for them.
+        self.longest = {"run": 0.0, "programs": 0.0}
+        self.aux: dict = {}   # the data on the device: put there by this thread, once a group needs it
+        self.ahead = CompileAhead(self.prepare, int(plan.study.compile_ahead))
+        self.saving = threading.Lock()
+        self.report = ReportInBackground(plan.config, workdir, self.saving)
+        # The groups beyond the grids' edges: (scheme, its record and test sums, the rates beyond
+        # its grid, their group), listed as each scheme's grid is known, so the first of them can
+        # compile ahead while the last grids train.
+        self.edges: list[tuple] = []
+
+    def out_of_time(self, what: str, key) -> bool:
+        st, elapsed = self.plan.study, time.perf_counter() - self.t0
+        compiling = 0.0 if self.ahead.ready(key) else self.longest["programs"]
+        if st.time_limit_s and self.longest["run"] and elapsed + self.longest["run"] + compiling > st.time_limit_s:
             log.warning("time limit: %s and what follows not started (%.0f s gone; a group took up to %.0f s once "
                         "compiled%s; study.time_limit_s=%.0f); the same command resumes with them", what, elapsed,
-                        longest["run"], f", and compiling up to {compiling:.0f} s" if compiling else
+                        self.longest["run"], f", and compiling up to {compiling:.0f} s" if compiling else
                         ", and its programs are compiled", st.time_limit_s)
             return True
         return False
 
-    schemes = plan.schemes
-    fingerprints = {scheme: scheme_fingerprint(plan, scheme, data.manifest) for scheme in schemes}
-    finished = take_finished(workdir, fingerprints)
-    todo = [scheme for scheme in schemes if scheme not in finished]
-    aux: dict = {}   # the data on the device: put there by this thread, once a group needs it
+    def device_data(self) -> None:
+        if not self.aux:
+            self.aux.update(device_arrays(self.plan, self.data))
 
-    def device_data() -> None:
-        if not aux:
-            aux.update(device_arrays(plan, data))
+    def prepare(self, scheme: str, group=None) -> SchemeRun:
+        return SchemeRun(self.plan, scheme, self.data, self.aux, group).compile()
 
-    def prepare(scheme: str, group=None) -> SchemeRun:
-        return SchemeRun(plan, scheme, data, aux, group).compile()
+    def submit(self, key, *args) -> None:
+        self.device_data()
+        self.ahead.submit(key, *args)
 
-    def submit(key, *args) -> None:
-        device_data()
-        ahead.submit(key, *args)
-
-    def train(key, *args):
+    def train(self, key, *args):
         """Train the group prepared under `key` (waiting for it, or preparing it now)."""
-        device_data()
+        self.device_data()
         waited = time.perf_counter()
-        run = ahead.take(key, *args)
+        run = self.ahead.take(key, *args)
         waited = time.perf_counter() - waited
         record, test_loss = run.run()
         t = record["timing"]
-        longest["run"] = max(longest["run"], t["wall_s"])   # from its programs ready to its record
-        longest["programs"] = max(longest["programs"], t["programs_s"])
+        self.longest["run"] = max(self.longest["run"], t["wall_s"])   # from its programs ready to its record
+        self.longest["programs"] = max(self.longest["programs"], t["programs_s"])
         t["programs_wait_s"] = waited
         t["wall_s"] += waited
         log.info("%s: %d members done in %.0f s (set-up %.0f s, programs and initial states %s, first evaluation "
@@ -263,68 +297,56 @@ def run_study(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                  t["eval_s"], t["tokens_per_s"])
         return record, test_loss, run.params
 
-    ahead = CompileAhead(prepare, int(st.compile_ahead))
-    saving = threading.Lock()
-    report = ReportInBackground(config, workdir, saving)
-    # The groups beyond the grids' edges: (scheme, its record and test sums, the rates beyond
-    # its grid, their group), listed as each scheme's grid is known, so the first of them can
-    # compile ahead while the last grids train.
-    edges: list[tuple] = []
+    def save(self, scheme: str, record: dict, arrays: dict, params, group) -> None:
+        """The scheme's record and test sums, then the members the downstream arm keeps (the
+        choice may have moved to a rate beyond the grid)."""
+        with self.saving:
+            save_scheme(self.workdir, scheme, record, arrays)
+        if self.keeper:
+            self.keeper.keep(scheme, record, params, group)
+        self.report.request()
 
-    def list_edges(scheme: str) -> None:
-        if not st.extend_edges:
+    def list_edges(self, scheme: str) -> None:
+        from roformer.study import report as study_report
+
+        if not self.plan.study.extend_edges:
             return
-        record, arrays = study_report.load_scheme(workdir, scheme)
+        record, arrays = study_report.load_scheme(self.workdir, scheme)
         trained = sorted({m["rate"] for m in record["members"]})
         extra = edge_rates(trained, [study_report.choose_rate(record, b) for b in record["budgets"]])
         if "edges" not in record and extra:
-            edges.append((scheme, (record, arrays), extra, plan.members(extra, first_index=len(record["members"]))))
+            self.edges.append((scheme, (record, arrays), extra,
+                               self.plan.members(extra, first_index=len(record["members"]))))
 
-    for scheme in schemes:
-        if scheme not in todo:
-            list_edges(scheme)
-
-    try:
-        complete = True
+    def train_grids(self, todo: list[str], fingerprints: dict[str, str], estimates: dict[str, int]) -> bool:
+        """Each scheme's grid in `todo`, in turn; whether all of them trained (none out of time)."""
         for k, scheme in enumerate(todo):
-            if out_of_time(scheme, scheme):
-                complete = False
-                break
+            if self.out_of_time(scheme, scheme):
+                return False
             following = [(later, (later,)) for later in todo[k + 1:]] + \
-                [(("edges", later), (later, group)) for later, _, _, group in edges]
-            for key, args in following[:ahead.groups]:
-                submit(key, *args)
-            record, test_loss, params = train(scheme, scheme)
+                [(("edges", later), (later, group)) for later, _, _, group in self.edges]
+            for key, args in following[:self.ahead.groups]:
+                self.submit(key, *args)
+            record, test_loss, params = self.train(scheme, scheme)
             record.update(fingerprint=fingerprints[scheme], memory_estimate_bytes=estimates[scheme])
-            with saving:
-                save_scheme(workdir, scheme, record, {"test_weight": test_weight, **test_loss})
-            if keeper:
-                keeper.keep(scheme, record, params, plan.members())
+            self.save(scheme, record, {"test_weight": self.test_weight, **test_loss}, params, self.plan.members())
             del params
-            report.request()
-            list_edges(scheme)
-        # Every scheme's grid first, so the comparison is whole before any group beyond a grid trains.
-        for k, (scheme, (record, arrays), extra, group) in enumerate(edges if complete else []):
-            if out_of_time(f"{scheme}'s rates beyond the grid", ("edges", scheme)):
+            self.list_edges(scheme)
+        return True
+
+    def train_edges(self) -> None:
+        """The groups beyond the grids' edges, each joined to its scheme's record."""
+        for k, (scheme, (record, arrays), extra, group) in enumerate(self.edges):
+            if self.out_of_time(f"{scheme}'s rates beyond the grid", ("edges", scheme)):
                 break
-            for later, _, _, later_group in edges[k + 1:k + 1 + ahead.groups]:
-                submit(("edges", later), later, later_group)
+            for later, _, _, later_group in self.edges[k + 1:k + 1 + self.ahead.groups]:
+                self.submit(("edges", later), later, later_group)
             log.info("%s: a budget chose a rate at the edge of the grid: training %s too", scheme, extra)
-            edge, edge_loss, params = train(("edges", scheme), scheme, group)
+            edge, edge_loss, params = self.train(("edges", scheme), scheme, group)
             record, arrays = merge_groups(record, arrays, edge, edge_loss)
             record["edges"] = {"rates": extra, "members": len(edge["members"]), "timing": edge["timing"]}
-            with saving:
-                save_scheme(workdir, scheme, record, arrays)
-            if keeper:   # the choice may have moved to a rate beyond the grid
-                keeper.keep(scheme, record, params, group)
+            self.save(scheme, record, arrays, params, group)
             del params
-            report.request()
-    finally:
-        ahead.close()
-        written = report.close()
-    # The last write on the worker began after the last record was saved: it is the final
-    # report, unless it failed or nothing was trained.
-    return written if written is not None else study_report.write(config, workdir)
 
 
 def write_report(source: Path, into: Path | None = None) -> Path:

@@ -11,6 +11,7 @@ evaluation roformer.train.evaluation's, each shared with the vmapped seeds
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -64,8 +65,77 @@ def train_and_evaluate(config, workdir: str | Path) -> dict:
         return summary
 
 
+@dataclasses.dataclass
+class _PhaseInputs:
+    """What a phase trains, read and checked before anything is written to the workdir."""
+    tc: TrainConfig
+    mesh: object
+    init_source: object      # the warm start's checkpoint, or None
+    data: object
+    model_cfg: object
+    init_params: dict | None   # a fresh warm start's parameters, until they are on the device
+
+
+@dataclasses.dataclass
+class _Phase:
+    """A phase's running parts, made by `_start_phase` and stepped by `_step_loop`."""
+    tc: TrainConfig
+    mesh: object
+    model_cfg: object
+    checkpointer: object
+    state: dict
+    rest: dict
+    start_step: int
+    train_iter: object
+    train_step: object
+    eval_step: object
+    stats_step: object
+    eval_batches: object
+    train_log: TrainLog
+    timer: ThroughputTimer
+    stop: StopFlag
+    profiler: object
+    evaluated: dict = dataclasses.field(default_factory=dict)   # step -> held-out loss, for its checkpoint
+
+    def evaluate(self, step: int) -> dict:
+        row, = held_out_rows(self.eval_step, self.stats_step, self.state["params"], self.rest, self.eval_batches)
+        self.train_log.write(step, row)
+        self.evaluated.update({step: row["eval_loss"]})
+        self.train_log.check_eval(step, row["eval_loss"])
+        return row
+
+    def save(self, step: int) -> None:
+        bookkeeping.save_checkpoint(self.checkpointer, step, self.state, self.train_iter, self.model_cfg, self.tc,
+                                    self.evaluated.get(step))
+
+
 def _train_phase(config, workdir: Path) -> dict:
     """One phase (or a whole run without phases): setup, the step loop, the summary."""
+    inputs = _phase_inputs(config, workdir)
+    tc, mesh, data, is_main = inputs.tc, inputs.mesh, inputs.data, jax.process_index() == 0
+    # closes the progress bar, signal handler, logs, checkpoints; a stop's own line outlives what closing them meets
+    with stop_reason_kept(), contextlib.ExitStack() as cleanup:
+        cleanup.callback(data.close)   # a cache still building for this run stops with it
+        checkpointer, finished = bookkeeping.open_run(cleanup, workdir, tc, inputs.model_cfg, is_main=is_main)
+        if finished is not None:
+            return finished
+        phase = _start_phase(cleanup, config, workdir, inputs, checkpointer, is_main)
+        wall_start = time.perf_counter()
+        step, preempted, last_eval = _step_loop(phase)
+
+    summary = bookkeeping.run_summary(workdir, final_step=step, start_step=phase.start_step, preempted=preempted,
+                                      train_log=phase.train_log, last_eval=last_eval,
+                                      wall_time_s=time.perf_counter() - wall_start, num_devices=mesh.devices.size,
+                                      num_processes=jax.process_count(), data=data,
+                                      stop_signal=phase.stop.signal if preempted else None)
+    if is_main:
+        bookkeeping.write_summary(workdir, summary)
+    return summary
+
+
+def _phase_inputs(config, workdir: Path) -> _PhaseInputs:
+    """The phase's settings, mesh, data and model, each checked before anything is written:
+    a refusal leaves no files."""
     tc = TrainConfig.from_section(config.train)
     mesh = _make_mesh(config.mesh, tc)
     init_source = warm_start.find_init_checkpoint(tc.init_from, tc.init_step) if tc.init_from else None
@@ -88,104 +158,94 @@ def _train_phase(config, workdir: Path) -> dict:
     if init_source is not None and not PretrainWorkdir.holds_run(workdir):   # a fresh start will use them
         init_params = warm_start.load_init_params(init_source, model_cfg, warm_start.abstract_params(model_cfg),
                                                   data.tokenizer.hash, grow_positions=tc.init_grow_positions)
-    is_main = jax.process_index() == 0
+    return _PhaseInputs(tc, mesh, init_source, data, model_cfg, init_params)
 
-    # closes the progress bar, signal handler, logs, checkpoints; a stop's own line outlives what closing them meets
-    with stop_reason_kept(), contextlib.ExitStack() as cleanup:
-        cleanup.callback(data.close)   # a cache still building for this run stops with it
-        checkpointer, finished = bookkeeping.open_run(cleanup, workdir, tc, model_cfg, is_main=is_main)
-        if finished is not None:
-            return finished
-        # the device kind's (None on a CPU: MFU is not reported there)
-        peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
-        setup = TrainSetup(model_cfg, *bookkeeping.run_optimizer(tc), mesh, seed=tc.seed,
-                           dropout_rng_impl=tc.dropout_rng_impl)
-        cleanup.enter_context(jax.set_mesh(mesh))
-        train_jit = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
-        # On a device that reports its memory, a step that cannot fit is refused in one line before the
-        # state is made; the program compiled for the check is the one the loop runs.
-        state_structs = setup.sharded_abstract_state()
-        compiled.refuse_unfit_step(
-            train_jit, (state_structs, setup.sharded_abstract_rest(),
-                        compiled.step_batch(config.data, tc.seq_len, tc.batch_size, mesh)),
-            fsdp=mesh.shape["fsdp"], state_bytes=compiled.device_bytes(state_structs))
-        rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step
-        state, start_step, train_iter = bookkeeping.restore_or_init(
-            setup, checkpointer, data, tc, init_source=init_source, init_params=init_params)
-        del init_params   # on the device now
-        if is_main:   # after every check that can refuse the run (the corpus's, at the restore)
-            bookkeeping.write_run_files(workdir, config, model_cfg, data.tokenizer)
-        eval_batches = held_out_batches(data, tc, mesh)
-        # the first call of each compiles it: announced, with its time (progress.announce_compile)
-        train_step = progress.announce_compile(train_jit, "the train step", enabled=is_main)
-        eval_step = progress.announce_compile(setup.jit_eval_step(), "the evaluation step", enabled=is_main)
-        # Linear attention forms no probabilities to measure.
-        stats_step = (progress.announce_compile(setup.jit_attention_stats_step(), "the attention-statistics step",
-                                                enabled=is_main)
-                      if tc.eval_attention_stats and model_cfg.attention == "softmax" else None)
-        writer = cleanup.enter_context(contextlib.closing(MetricsWriter(workdir, resume_step=start_step)))
-        stop = cleanup.enter_context(StopFlag())
-        profiler = cleanup.enter_context(profiling.StepProfiler(tc.profile_steps, workdir / "tensorboard",
-                                                                enabled=is_main))
-        bar = cleanup.enter_context(progress.progress_bar(total=tc.steps, initial=start_step, desc="pretrain",
-                                                          enabled=is_main and tc.progress_bar))
-        step_flops = flops.train_flops_per_step(model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
-                                                num_predictions=data.masker.max_predictions,
-                                                segmented=data.packing == "packed")
-        timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,
-                                peak_flops=peak_flops, num_devices=mesh.devices.size)   # the devices it runs on
-        logged = bookkeeping.logged_history(workdir, start_step, tc.divergence_window) if is_main else None
-        logged = logged if jax.process_count() == 1 else allgather_json(logged)[0]   # one guard everywhere
-        guard = bookkeeping.resumed_guard(tc, logged, start_step)
-        train_log = TrainLog(writer, timer, bar, checkpointer, guard, first_loss=logged["first_loss"],
-                             mark={"phase": train_iter.phase, "seq_len": tc.seq_len})   # on every metrics row
-        evaluated: dict = {}   # step -> held-out loss, for the checkpoint saved at that step
 
-        def evaluate(step: int) -> dict:
-            row, = held_out_rows(eval_step, stats_step, state["params"], rest, eval_batches)
-            train_log.write(step, row)
-            evaluated.update({step: row["eval_loss"]})
-            train_log.check_eval(step, row["eval_loss"])
-            return row
+def _start_phase(cleanup: contextlib.ExitStack, config, workdir: Path, inputs: _PhaseInputs, checkpointer,
+                 is_main: bool) -> _Phase:
+    """The compiled steps, the state (restored or initialised), the held-out batches and the
+    run's log, profiler and stop flag, each closed by `cleanup`."""
+    tc, mesh, data, model_cfg = inputs.tc, inputs.mesh, inputs.data, inputs.model_cfg
+    # the device kind's (None on a CPU: MFU is not reported there)
+    peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
+    setup = TrainSetup(model_cfg, *bookkeeping.run_optimizer(tc), mesh, seed=tc.seed,
+                       dropout_rng_impl=tc.dropout_rng_impl)
+    cleanup.enter_context(jax.set_mesh(mesh))
+    train_jit = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
+    # On a device that reports its memory, a step that cannot fit is refused in one line before the
+    # state is made; the program compiled for the check is the one the loop runs.
+    state_structs = setup.sharded_abstract_state()
+    compiled.refuse_unfit_step(
+        train_jit, (state_structs, setup.sharded_abstract_rest(),
+                    compiled.step_batch(config.data, tc.seq_len, tc.batch_size, mesh)),
+        fsdp=mesh.shape["fsdp"], state_bytes=compiled.device_bytes(state_structs))
+    rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step
+    state, start_step, train_iter = bookkeeping.restore_or_init(
+        setup, checkpointer, data, tc, init_source=inputs.init_source, init_params=inputs.init_params)
+    inputs.init_params = None   # on the device now
+    if is_main:   # after every check that can refuse the run (the corpus's, at the restore)
+        bookkeeping.write_run_files(workdir, config, model_cfg, data.tokenizer)
+    eval_batches = held_out_batches(data, tc, mesh)
+    # the first call of each compiles it: announced, with its time (progress.announce_compile)
+    train_step = progress.announce_compile(train_jit, "the train step", enabled=is_main)
+    eval_step = progress.announce_compile(setup.jit_eval_step(), "the evaluation step", enabled=is_main)
+    # Linear attention forms no probabilities to measure.
+    stats_step = (progress.announce_compile(setup.jit_attention_stats_step(), "the attention-statistics step",
+                                            enabled=is_main)
+                  if tc.eval_attention_stats and model_cfg.attention == "softmax" else None)
+    writer = cleanup.enter_context(contextlib.closing(MetricsWriter(workdir, resume_step=start_step)))
+    stop = cleanup.enter_context(StopFlag())
+    profiler = cleanup.enter_context(profiling.StepProfiler(tc.profile_steps, workdir / "tensorboard",
+                                                            enabled=is_main))
+    bar = cleanup.enter_context(progress.progress_bar(total=tc.steps, initial=start_step, desc="pretrain",
+                                                      enabled=is_main and tc.progress_bar))
+    step_flops = flops.train_flops_per_step(model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
+                                            num_predictions=data.masker.max_predictions,
+                                            segmented=data.packing == "packed")
+    timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,
+                            peak_flops=peak_flops, num_devices=mesh.devices.size)   # the devices it runs on
+    logged = bookkeeping.logged_history(workdir, start_step, tc.divergence_window) if is_main else None
+    logged = logged if jax.process_count() == 1 else allgather_json(logged)[0]   # one guard everywhere
+    guard = bookkeeping.resumed_guard(tc, logged, start_step)
+    train_log = TrainLog(writer, timer, bar, checkpointer, guard, first_loss=logged["first_loss"],
+                         mark={"phase": train_iter.phase, "seq_len": tc.seq_len})   # on every metrics row
+    return _Phase(tc, mesh, model_cfg, checkpointer, state, rest, start_step, train_iter, train_step, eval_step,
+                  stats_step, eval_batches, train_log, timer, stop, profiler)
 
-        def save(step: int) -> None:
-            bookkeeping.save_checkpoint(checkpointer, step, state, train_iter, model_cfg, tc, evaluated.get(step))
 
-        wall_start, step, preempted, last_eval = time.perf_counter(), start_step, False, {}
-        if step == 0 and tc.init_from:   # the warm start's own held-out loss, before any update
-            last_eval = evaluate(step)
-        while step < tc.steps:
-            profiler.before(step + 1)
-            state, metrics = train_step(state, rest, sharding.global_batch(next(train_iter), mesh))
-            step += 1
-            profiler.after(step, state)
-            train_log.add(step, metrics)
-            now = due(step, tc)
-            preempted = stop.should_stop(step, tc.log_every)
-            if now.log or now.checkpoint or preempted:
-                train_log.flush(step)
-            if preempted:
-                save(step)
-                log.warning("%s received: saved a checkpoint at step %d; exiting", stop.signal, step)
-                break
-            if not (now.eval or now.checkpoint):
-                continue
-            with timer.paused(ready=state):
-                if now.eval:
-                    last_eval = evaluate(step)
-                if now.checkpoint and train_log.may_save(step, final=step == tc.steps):
-                    save(step)
-        if not preempted and step == start_step:   # nothing left to train: report eval only
-            last_eval = evaluate(step)
-
-    summary = bookkeeping.run_summary(workdir, final_step=step, start_step=start_step, preempted=preempted,
-                                      train_log=train_log, last_eval=last_eval,
-                                      wall_time_s=time.perf_counter() - wall_start, num_devices=mesh.devices.size,
-                                      num_processes=jax.process_count(), data=data,
-                                      stop_signal=stop.signal if preempted else None)
-    if is_main:
-        bookkeeping.write_summary(workdir, summary)
-    return summary
+def _step_loop(phase: _Phase) -> tuple[int, bool, dict]:
+    """Train up to tc.steps with the log, evaluation and checkpoints due at each step; stops
+    at a signal (after saving). Returns (the last step, whether a signal stopped it, the last
+    evaluation)."""
+    tc, mesh, train_log, stop = phase.tc, phase.mesh, phase.train_log, phase.stop
+    step, preempted, last_eval = phase.start_step, False, {}
+    if step == 0 and tc.init_from:   # the warm start's own held-out loss, before any update
+        last_eval = phase.evaluate(step)
+    while step < tc.steps:
+        phase.profiler.before(step + 1)
+        phase.state, metrics = phase.train_step(phase.state, phase.rest,
+                                                sharding.global_batch(next(phase.train_iter), mesh))
+        step += 1
+        phase.profiler.after(step, phase.state)
+        train_log.add(step, metrics)
+        now = due(step, tc)
+        preempted = stop.should_stop(step, tc.log_every)
+        if now.log or now.checkpoint or preempted:
+            train_log.flush(step)
+        if preempted:
+            phase.save(step)
+            log.warning("%s received: saved a checkpoint at step %d; exiting", stop.signal, step)
+            break
+        if not (now.eval or now.checkpoint):
+            continue
+        with phase.timer.paused(ready=phase.state):
+            if now.eval:
+                last_eval = phase.evaluate(step)
+            if now.checkpoint and train_log.may_save(step, final=step == tc.steps):
+                phase.save(step)
+    if not preempted and step == phase.start_step:   # nothing left to train: report eval only
+        last_eval = phase.evaluate(step)
+    return step, preempted, last_eval
 
 
 def _make_mesh(mesh_cfg, tc: TrainConfig):

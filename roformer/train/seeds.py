@@ -160,83 +160,113 @@ def _train_group(configs, workdirs: list[Path], data_workers: int | None) -> lis
     wall_start = time.perf_counter()
 
     with contextlib.ExitStack() as cleanup:
-        seeds: list[_Seed] = []
-        for index, (config, workdir, t, data) in enumerate(zip(configs, workdirs, tcs, datas)):
-            checkpointer, finished = bookkeeping.open_run(cleanup, workdir, t, model_cfg)
-            if finished is not None:
-                results[index] = finished
-                continue
-            seeds.append(_Seed(index, config, workdir, t, data, checkpointer))
+        seeds = _open_seeds(cleanup, configs, workdirs, tcs, datas, model_cfg, results)
         if not seeds:
             return results
-
-        peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
         setup = TrainSetup(model_cfg, *_group_optimizer(tcs), mesh, seed=tc.seed, dropout_rng_impl=tc.dropout_rng_impl)
         cleanup.enter_context(jax.set_mesh(mesh))
         rest = setup.init_rest()   # RNG streams only: every step re-derives them from its seed's key
-        step_flops = flops.train_flops_per_step(model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
-                                                num_predictions=datas[0].masker.max_predictions,
-                                                segmented=datas[0].packing == "packed")
-        for seed in seeds:   # every restore's checks (the corpus's, say) before any workdir is written
-            seed.state, seed.start_step, seed.train_iter = bookkeeping.restore_or_init(
-                setup, seed.checkpointer, seed.data, seed.tc)
-            seed.step = seed.start_step
-        for seed in seeds:
-            bookkeeping.write_run_files(seed.workdir, seed.config, model_cfg, seed.data.tokenizer)
-            writer = cleanup.enter_context(contextlib.closing(MetricsWriter(seed.workdir, resume_step=seed.start_step)))
-            logged = bookkeeping.logged_history(seed.workdir, seed.start_step, tc.divergence_window)
-            guard = bookkeeping.resumed_guard(tc, logged, seed.start_step)
-            # Each seed's tokens/s and MFU are its own: the group's step time, one seed's tokens.
-            timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,
-                                    peak_flops=peak_flops, num_devices=1)
-            seed.log = TrainLog(writer, timer, progress.progress_bar(total=0, desc="", enabled=False),
-                                seed.checkpointer, guard,
-                                first_loss=logged["first_loss"],
-                                mark={"phase": seed.train_iter.phase, "seq_len": tc.seq_len})
-
-        workers = default_data_workers(len(seeds)) if data_workers is None else min(data_workers, len(seeds))
-        if workers > 0:
-            streams = WorkerStreams([StreamSpec(DataConfig.from_mapping(seed.config.data), tc.seq_len, tc.batch_size,
-                                                seed.tc.seed, seed.train_iter.get_state()) for seed in seeds], workers)
-            cleanup.callback(streams.close)
-            for index, seed in enumerate(seeds):
-                seed.train_iter = _WorkerStream(streams, index, seed.train_iter.phase)
-            log.info("%d seeds' batches made in %d processes", len(seeds), workers)
+        _start_seeds(cleanup, seeds, setup, model_cfg, tc, datas[0])
+        _stream_batches(cleanup, seeds, tc, data_workers)
         group = _Group(setup, model_cfg, rest, tc, held_out_batches(datas[0], tc, mesh),
                        member_rates=_member_rates(tcs))
         stop = cleanup.enter_context(StopFlag())
         bar = cleanup.enter_context(progress.progress_bar(total=tc.steps, initial=min(s.step for s in seeds),
                                                           desc=f"pretrain {len(seeds)} seeds",
                                                           enabled=tc.progress_bar))
-        preempted = False
-        while not preempted:
-            live = [s for s in seeds if s.error is None and s.step < tc.steps]
-            if not live:
-                break
-            low = min(s.step for s in live)
-            members = [s for s in live if s.step == low]
-            end = min([s.step for s in live if s.step > low] + [tc.steps])
-            preempted = group.train(members, end, stop, bar)
-        if not preempted:   # nothing left to train (summary.json was missing): report the evaluation only
-            untrained = [s for s in seeds if s.error is None and s.step == s.start_step]
-            if untrained:
-                group.evaluate(untrained, _stack([s.state for s in untrained]))
-        for seed in seeds:   # the last saves' outcome, each seed's own (a failed one stops that seed only)
-            if seed.error is None:
-                _guarded(seed, seed.checkpointer.wait)
+        preempted = _train_in_lockstep(group, seeds, tc, stop, bar)
 
     wall = time.perf_counter() - wall_start
     for seed in seeds:
-        if seed.error is not None:
-            results[seed.index] = seed.error
-            continue
-        summary = bookkeeping.run_summary(seed.workdir, final_step=seed.step, start_step=seed.start_step,
-                                          preempted=preempted, train_log=seed.log, last_eval=seed.last_eval,
-                                          wall_time_s=wall, num_devices=1, num_processes=1, data=seed.data,
-                                          seeds_in_step=len(seeds), stop_signal=stop.signal if preempted else None)
-        bookkeeping.write_summary(seed.workdir, summary)
-        results[seed.index] = summary
+        results[seed.index] = seed.error if seed.error is not None else _summary(
+            seed, len(seeds), preempted, wall, stop.signal if preempted else None)
     return results
+
+
+def _open_seeds(cleanup: contextlib.ExitStack, configs, workdirs: list[Path], tcs: list[TrainConfig], datas: list,
+                model_cfg, results: list) -> list[_Seed]:
+    """The seeds left to train, each with its checkpointer (closed by `cleanup`); a finished
+    seed's summary goes into `results` instead."""
+    seeds: list[_Seed] = []
+    for index, (config, workdir, t, data) in enumerate(zip(configs, workdirs, tcs, datas)):
+        checkpointer, finished = bookkeeping.open_run(cleanup, workdir, t, model_cfg)
+        if finished is not None:
+            results[index] = finished
+            continue
+        seeds.append(_Seed(index, config, workdir, t, data, checkpointer))
+    return seeds
+
+
+def _start_seeds(cleanup: contextlib.ExitStack, seeds: list[_Seed], setup: TrainSetup, model_cfg, tc: TrainConfig,
+                 data) -> None:
+    """Each seed's state (restored or initialised), run files, metrics writer and log (`tc`,
+    `data`: the first seed's, whose shapes every seed shares)."""
+    peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
+    step_flops = flops.train_flops_per_step(model_cfg, batch_size=tc.batch_size, seq_len=tc.seq_len,
+                                            num_predictions=data.masker.max_predictions,
+                                            segmented=data.packing == "packed")
+    for seed in seeds:   # every restore's checks (the corpus's, say) before any workdir is written
+        seed.state, seed.start_step, seed.train_iter = bookkeeping.restore_or_init(
+            setup, seed.checkpointer, seed.data, seed.tc)
+        seed.step = seed.start_step
+    for seed in seeds:
+        bookkeeping.write_run_files(seed.workdir, seed.config, model_cfg, seed.data.tokenizer)
+        writer = cleanup.enter_context(contextlib.closing(MetricsWriter(seed.workdir, resume_step=seed.start_step)))
+        logged = bookkeeping.logged_history(seed.workdir, seed.start_step, tc.divergence_window)
+        guard = bookkeeping.resumed_guard(tc, logged, seed.start_step)
+        # Each seed's tokens/s and MFU are its own: the group's step time, one seed's tokens.
+        timer = ThroughputTimer(tokens_per_step=tc.batch_size * tc.seq_len, flops_per_step=step_flops,
+                                peak_flops=peak_flops, num_devices=1)
+        seed.log = TrainLog(writer, timer, progress.progress_bar(total=0, desc="", enabled=False), seed.checkpointer,
+                            guard, first_loss=logged["first_loss"], mark={"phase": seed.train_iter.phase,
+                                                                           "seq_len": tc.seq_len})
+
+
+def _stream_batches(cleanup: contextlib.ExitStack, seeds: list[_Seed], tc: TrainConfig,
+                    data_workers: int | None) -> None:
+    """With data workers (`default_data_workers`), each seed reads its batches from a worker
+    process (the same batches) instead of making them here."""
+    workers = default_data_workers(len(seeds)) if data_workers is None else min(data_workers, len(seeds))
+    if workers <= 0:
+        return
+    streams = WorkerStreams([StreamSpec(DataConfig.from_mapping(seed.config.data), tc.seq_len, tc.batch_size,
+                                        seed.tc.seed, seed.train_iter.get_state()) for seed in seeds], workers)
+    cleanup.callback(streams.close)
+    for index, seed in enumerate(seeds):
+        seed.train_iter = _WorkerStream(streams, index, seed.train_iter.phase)
+    log.info("%d seeds' batches made in %d processes", len(seeds), workers)
+
+
+def _train_in_lockstep(group: _Group, seeds: list[_Seed], tc: TrainConfig, stop: StopFlag, bar) -> bool:
+    """Train the seeds up to tc.steps, the lowest ones first until they join the others;
+    returns whether a signal stopped them (each seed saved)."""
+    preempted = False
+    while not preempted:
+        live = [s for s in seeds if s.error is None and s.step < tc.steps]
+        if not live:
+            break
+        low = min(s.step for s in live)
+        members = [s for s in live if s.step == low]
+        end = min([s.step for s in live if s.step > low] + [tc.steps])
+        preempted = group.train(members, end, stop, bar)
+    if not preempted:   # nothing left to train (summary.json was missing): report the evaluation only
+        untrained = [s for s in seeds if s.error is None and s.step == s.start_step]
+        if untrained:
+            group.evaluate(untrained, _stack([s.state for s in untrained]))
+    for seed in seeds:   # the last saves' outcome, each seed's own (a failed one stops that seed only)
+        if seed.error is None:
+            _guarded(seed, seed.checkpointer.wait)
+    return preempted
+
+
+def _summary(seed: _Seed, seeds_in_step: int, preempted: bool, wall: float, stop_signal) -> dict:
+    """A seed's summary.json, written and returned."""
+    summary = bookkeeping.run_summary(seed.workdir, final_step=seed.step, start_step=seed.start_step,
+                                      preempted=preempted, train_log=seed.log, last_eval=seed.last_eval,
+                                      wall_time_s=wall, num_devices=1, num_processes=1, data=seed.data,
+                                      seeds_in_step=seeds_in_step, stop_signal=stop_signal)
+    bookkeeping.write_summary(seed.workdir, summary)
+    return summary
 
 
 class _WorkerStream:

@@ -64,7 +64,7 @@ def test_validate_refuses_a_bad_config_before_any_training(tmp_path, monkeypatch
     stages = FakeStages()
     stages.install(monkeypatch)
     config = small_config()
-    validation.validate(config)   # the smoke config itself is fine
+    validation.validate(plan.build_plan(config, "/ablation"))   # the smoke config itself is fine
     for change in changes:
         change(config)
     with pytest.raises(ValueError, match=message) as error:
@@ -92,7 +92,7 @@ def test_validate_names_every_problem_in_one_error(tmp_path, monkeypatch):
     # Extension settings are checked only when the extension runs.
     config = small_config()
     config.extension.update(enabled=False, methods=("none", "rotate"), factor=3)
-    validation.validate(config)
+    validation.validate(plan.build_plan(config, "/ablation"))
 
 
 def test_run_writes_report_skips_finished_and_reports_failures(tmp_path, monkeypatch):
@@ -295,7 +295,7 @@ def test_every_run_reads_one_pinned_vocabulary_kept_in_the_workdir(tmp_path, mon
     assert {cfg.data.vocab for cfg in stages.configs.values()} == {str(pinned)}
     assert result["setup"]["unigram_loss"] > 0
     saved = (fresh / STATE_FILE).read_text()
-    assert plan.fingerprint(plan.scheme_pretrain_config(config, "rope", 0)) in saved
+    assert plan.fingerprint(plan.build_plan(config, fresh).scheme_configs["rope"]) in saved
 
     # An older workdir whose first run trained its own vocabulary pins that one, not the
     # cached one a new run would get.

@@ -94,7 +94,7 @@ def test_validate_refuses_a_bad_parallel(value, message):
     config = small_config()
     config.parallel = value
     with pytest.raises(ValueError, match=message):
-        validation.validate(config)
+        validation.validate(plan.build_plan(config, "/ablation"))
 
 
 # --------------------------------------------------------------------------- orchestration with fake processes

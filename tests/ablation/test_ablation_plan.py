@@ -10,8 +10,9 @@ pytestmark = pytest.mark.fast   # the fast lane (docs/testing.md)
 
 
 def test_schemes_share_everything_but_the_model_position():
-    config = small_config("learned,sinusoidal,shaw,t5,rope,rope_linear")
-    cfgs = {s: plan.scheme_pretrain_config(config, s) for s in plan.split_list(config.schemes)}
+    config = small_config("learned,sinusoidal,shaw,t5,rope,rope_linear", seeds=3)
+    the_plan = plan.build_plan(config, "/ablation")
+    cfgs = the_plan.scheme_configs
     expected_steps = -(-config.budget_tokens // (config.pretrain.train.batch_size * config.pretrain.train.seq_len))
     for scheme, cfg in cfgs.items():
         assert cfg.data.to_dict() == config.pretrain.data.to_dict()
@@ -21,17 +22,22 @@ def test_schemes_share_everything_but_the_model_position():
             {k: v for k, v in config.pretrain.train.items() if k not in ("steps", "seed")}
         assert cfg.model.size == "tiny"
         assert cfg.model.max_position_embeddings == cfg.train.seq_len
-        # Another pretraining seed changes the seed and nothing else.
-        other = plan.scheme_pretrain_config(config, scheme, seed=2)
+        # Its run of seed 0 trains the scheme's config; another pretraining seed changes the seed and nothing else.
+        assert the_plan.run(f"{scheme}/seed0").train_config.to_dict() == cfg.to_dict()
+        other = the_plan.run(f"{scheme}/seed2").train_config
         assert other.train.seed == 2
-        other.train.seed = 0
-        assert other.to_dict() == cfg.to_dict()
+        other = other.to_dict()
+        other["train"]["seed"] = 0
+        assert other == cfg.to_dict()
     positions = {s: c.model.position for s, c in cfgs.items()}
     assert positions == {"learned": "learned", "sinusoidal": "sinusoidal", "shaw": "shaw", "t5": "t5",
                          "rope": "rope", "rope_linear": "rope"}
     assert cfgs["rope_linear"].model.attention == "linear" and cfgs["rope"].model.attention == "softmax"
+    unknown = plan.build_plan(small_config("learned,rotery"), "/ablation")
+    assert any("unknown scheme 'rotery'" in problem for problem in unknown.problems)
+    assert unknown.runs == () and set(unknown.scheme_configs) == {"learned"}
     with pytest.raises(ValueError, match="unknown scheme 'rotery'"):
-        plan.scheme_pretrain_config(config, "rotery")
+        validation.validate(unknown)
 
 
 def test_a_schemes_model_keys_are_the_librarys_and_its_config_file_sets_the_same():
@@ -57,12 +63,14 @@ def test_scheme_seeds_and_learning_rates_are_per_scheme_exceptions():
     config = small_config("learned,rope,none", seeds=2)
     config.scheme_seeds = "rope=3,none=1"
     config.scheme_learning_rates = "learned=1e-3"
-    validation.validate(config)
+    the_plan = plan.build_plan(config, "/ablation")
+    validation.validate(the_plan)
     # Every scheme of seed 0 first, then seed 1 of the schemes that have it, ...
-    assert [(r.key, r.seed) for r in plan.build_plan(config, "/ablation").scheme_runs] == [("learned", 0), ("rope", 0), ("none", 0), ("learned", 1), ("rope", 1),
-                                           ("rope", 2)]
-    assert plan.scheme_pretrain_config(config, "learned").train.learning_rate == 1e-3
-    assert plan.scheme_pretrain_config(config, "rope").train.learning_rate == config.pretrain.train.learning_rate
+    assert [(r.key, r.seed) for r in the_plan.scheme_runs] == [("learned", 0), ("rope", 0), ("none", 0), ("learned", 1),
+                                                                ("rope", 1), ("rope", 2)]
+    assert the_plan.scheme_configs["learned"].train.learning_rate == 1e-3
+    assert the_plan.run("learned/seed1").train_config.train.learning_rate == 1e-3
+    assert the_plan.scheme_configs["rope"].train.learning_rate == config.pretrain.train.learning_rate
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -75,11 +83,11 @@ def test_per_scheme_settings_are_checked_before_any_training(key, value, message
     config = small_config()
     config[key] = value
     with pytest.raises(ValueError, match=message):
-        validation.validate(config)
+        validation.validate(plan.build_plan(config, "/ablation"))
 
 
 def test_fingerprint_ignores_settings_that_only_watch_a_run():
-    cfg = plan.scheme_pretrain_config(small_config(), "rope")
+    cfg = plan.build_plan(small_config(), "/ablation").scheme_configs["rope"]
     fp = plan.fingerprint(cfg)
     cfg.train.progress_bar = not cfg.train.progress_bar
     cfg.train.divergence_factor = 3.0
@@ -91,11 +99,11 @@ def test_fingerprint_ignores_settings_that_only_watch_a_run():
 
 @pytest.mark.parametrize("variant", [None, "smoke", "reference", "onset"])
 def test_every_ablation_variant_is_a_valid_config(variant):
-    config = plan.load_config_file("ablation", variant)
-    validation.validate(config)
+    the_plan = plan.build_plan(plan.load_config_file("ablation", variant), "/ablation")
+    validation.validate(the_plan)
     if variant == "onset":   # 10x the reference's budget, more seeds where onsets vary most
-        assert plan.pretrain_steps(config) == 20_000
-        assert [plan.scheme_seeds(config, s) for s in ("rope", "learned", "none", "shaw")] == [5, 5, 5, 3]
+        assert the_plan.steps == 20_000
+        assert [the_plan.seeds[s] for s in ("rope", "learned", "none", "shaw")] == [5, 5, 5, 3]
 
 
 def test_list_settings_take_comma_lists_from_the_command_line_and_give_the_same_fingerprints():
@@ -110,8 +118,8 @@ def test_list_settings_take_comma_lists_from_the_command_line_and_give_the_same_
     config_flags.DEFINE_config_file("config", None, "ablation config", flag_values=values, sys_argv=argv)
     values(argv)
     config = values.config
-    validation.validate(config)
     the_plan = plan.build_plan(config, "/ablation")
+    validation.validate(the_plan)
     assert (the_plan.schemes, the_plan.factors, the_plan.scalings, the_plan.extension_methods) == (
         ("rope", "learned"), (1, 2), (), ("none", "linear"))
     assert the_plan.glue_tasks == ()
@@ -134,7 +142,7 @@ def test_stages_start_with_pretraining_and_name_each_scheme_stage_once(stages):
     config = small_config()
     config.stages = stages
     with pytest.raises(ValueError, match=r"config.stages=.*: pretrain, then any of extrapolation, glue, each once"):
-        validation.validate(config)
+        validation.validate(plan.build_plan(config, "/ablation"))
 
 
 def test_every_stage_the_plan_names_has_a_runner_and_belongs_to_one_kind_of_run():

@@ -80,14 +80,15 @@ def test_a_line_names_the_runs_that_trained_the_steps_left_and_the_time_left(tmp
 def test_training_runs_are_the_schemes_pretraining_then_the_extension(tmp_path):
     config = plan.load_config_file("ablation", "smoke")
     config.schemes, config.seeds = ("learned", "rope"), 2
-    runs = progress.training_runs(plan.build_plan(config, tmp_path))
-    steps = plan.pretrain_steps(config)
+    the_plan = plan.build_plan(config, tmp_path)
+    runs = progress.training_runs(the_plan)
+    steps = the_plan.steps
     assert runs[:4] == [TrainingRun(f"{s}/seed{k}", tmp_path / "pretrain" / s / f"seed{k}", steps)
                         for k in (0, 1) for s in ("learned", "rope")]
     methods = plan.split_list(config.extension.methods)
     assert runs[4:] == [TrainingRun(f"extension/{m}/seed{k}", tmp_path / "extension" / m / f"seed{k}",
                                     config.extension.steps)
-                        for k in range(plan.extension_seeds(config)) for m in methods]
+                        for k in range(the_plan.extension_seeds) for m in methods]
     config.extension.enabled = False
     assert len(progress.training_runs(plan.build_plan(config, tmp_path))) == 4
 
@@ -118,4 +119,4 @@ def test_validate_refuses_a_negative_progress_interval():
     config = plan.load_config_file("ablation", "smoke")
     config.progress_every_s = -1.0
     with pytest.raises(ValueError, match="config.progress_every_s="):
-        validation.validate(config)
+        validation.validate(plan.build_plan(config, "/ablation"))

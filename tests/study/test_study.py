@@ -1020,6 +1020,7 @@ class StandInRun:
     timing `wall_s` and `programs_s` give, and zero test sums."""
     compiled_ahead = False
     wall_s = programs_s = 0.0
+    params = None   # no members: a study that keeps members keeps none of these
 
     def __init__(self, plan, scheme, data, aux, group=None):
         self.scheme, self.budgets, self.key = scheme, plan.budgets, (scheme, group is not None)
