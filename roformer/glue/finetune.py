@@ -36,7 +36,6 @@ import ml_collections
 import numpy as np
 import optax
 from flax import nnx
-from tqdm.auto import tqdm
 
 from roformer.errors import ConfigError
 from roformer.glue.features import (Features, PaddedRows, bucket_lengths, eval_batches, pack_rows, planned_train_batches,
@@ -44,6 +43,7 @@ from roformer.glue.features import (Features, PaddedRows, bucket_lengths, eval_b
 from roformer.glue.program_store import ProgramStore, graph_text, tree_text
 from roformer.model import ModelConfig, RoFormerForSequenceClassification
 from roformer.train.optim import decay_mask, make_schedule
+from roformer.train.progress import progress_bar
 from roformer.train.steps import reseeded
 
 log = logging.getLogger("roformer.glue")
@@ -530,8 +530,8 @@ def finetune(classifier: Classifier, programs: Programs, features: Features, pro
     logged = []     # (step, losses of its call, index in them)
     in_flight = deque()
     start = time.perf_counter()
-    with tqdm(total=total_steps, desc=desc, unit="step", leave=False, dynamic_ncols=True,
-              disable=not progress) as bar:
+    # pretraining's progress: a bar on a terminal, a plain line now and then in a log
+    with progress_bar(total=total_steps, desc=desc, enabled=progress) as bar:
         for first, program in zip(range(0, total_steps, steps_per_call), per_call):
             batches = call_inputs(program, padded, plan, rates, first)
             params, opt_state, losses = compiled[program](params, opt_state, rest, jax.device_put(batches), base_key)

@@ -395,7 +395,7 @@ def test_the_progress_bar_counts_finished_steps_and_compiling_is_announced(monke
             events.append(("update", n))
 
     real_wait = jax.block_until_ready
-    monkeypatch.setattr(finetune_lib, "tqdm", Bar)
+    monkeypatch.setattr(finetune_lib, "progress_bar", Bar)
     monkeypatch.setattr(finetune_lib.jax, "block_until_ready",
                         lambda x: (events.append(("finished", None)), real_wait(x))[1])
     with caplog.at_level("INFO", logger="roformer.glue"):
@@ -405,3 +405,22 @@ def test_the_progress_bar_counts_finished_steps_and_compiling_is_announced(monke
     assert all(events[i - 1][0] == "finished" for i, (kind, _) in enumerate(events) if kind == "update")
     assert any(record.getMessage().startswith("compiling ") and " programs (" in record.getMessage()
                for record in caplog.records)
+
+
+def test_the_progress_into_a_log_is_plain_lines_of_finished_steps(monkeypatch, caplog):
+    """Into a file or a pipe (not a terminal) GLUE's progress is pretraining's: plain log
+    lines, no carriage-return redraws, ending at the task's step count (not the steps its
+    last call was padded to)."""
+    import io
+
+    features, protocol, classifier, programs = _small_run()
+    stream = io.StringIO()          # not a terminal
+    monkeypatch.setattr("sys.stderr", stream)
+    with caplog.at_level("INFO", logger="roformer"):
+        finetune_lib.finetune(classifier, programs, features, protocol, seed=0, pad_id=0, steps_per_call=3,
+                              desc="SST-2 seed 0")
+    total = protocol.total_steps(len(features))
+    assert total % 3                 # the last call is padded with steps the bar must not count
+    assert "\r" not in stream.getvalue()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SST-2 seed 0: step")]
+    assert lines and lines[-1].startswith(f"SST-2 seed 0: step {total} of {total} (100%)")
