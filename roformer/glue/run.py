@@ -32,7 +32,6 @@ from roformer.glue.finetune import (STEPS_PER_CALL, Classifier, Programs, Protoc
 from roformer.glue.init import encoder_state, load_init, resolve_model_config
 from roformer.glue.metrics import glue_scores, scores_line, task_metrics
 from roformer.glue.program_store import ProgramStore
-from roformer.glue.resume import SeedCheckpoints, data_digest
 from roformer.glue.readers import GlueDataError, check_data_dir, glue_source, local_path, read_split
 from roformer.glue.settings import check_config
 from roformer.glue.submission import finish_submission, write_predictions
@@ -235,7 +234,7 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
     every = config.get("checkpoint_every", 0)
     identity = {**(resume_identity or {}), "task": task.name, "protocol": dataclasses.asdict(protocol),
                 "train_padding": padding, "steps_per_call": STEPS_PER_CALL,
-                "train_data": data_digest(train_f.input_ids, train_f.labels)}
+                "train_data": resume.data_digest(train_f.input_ids, train_f.labels)}
     for seed in range(config.seeds):
         start = time.time()
         classifier = Classifier.split(create_model(model_config, task.num_labels, seed, init_state))
@@ -249,7 +248,7 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
                 train_programs(train_f, protocol, range(config.seeds), padding),
                 predicted_shapes([*eval_f.values(), *test_f.values()], predict_kw))
             predict(classifier, programs, train_f.head(2), **predict_kw)
-        checkpoints = (SeedCheckpoints(resume_dir / f"seed{seed}", {**identity, "seed": seed}, every)
+        checkpoints = (resume.SeedCheckpoints(resume_dir / f"seed{seed}", {**identity, "seed": seed}, every)
                        if resume_dir is not None and every > 0 else None)
         try:
             classifier, info = finetune(classifier, programs, train_f, protocol, seed=seed, pad_id=special.pad_id,
