@@ -454,7 +454,12 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
                     submission_dir=submission_dir, programs_cache=programs_cache,
                     models_dir=workdir / MODELS, resume_dir=resume.task_dir(workdir, name),
                     resume_identity={"init": header["init"], "model": header["model"], "vocab": header["vocab"]})
-            except (UserError, KeyboardInterrupt):
+            except KeyboardInterrupt:
+                if resume.task_dir(workdir, name).is_dir():
+                    log.warning("%s interrupted: the same command again goes on from its state saved in %s",
+                                TASKS[name].display, resume.task_dir(workdir, name))
+                raise
+            except UserError:
                 raise
             except Exception as error:   # one task failing keeps the others' results
                 log.exception("%s failed; the other tasks go on", TASKS[name].display)

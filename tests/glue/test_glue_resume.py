@@ -20,15 +20,16 @@ class Killed(BaseException):
 CALL_INPUTS = finetune_lib.call_inputs
 
 
-def count_calls(monkeypatch, kill_at: int = 0) -> list:
+def count_calls(monkeypatch, kill_at: int = 0, kill=Killed) -> list:
     """Count the calls of a train program (the first step of each); with `kill_at`, the
-    kill_at-th call (from 1) ends the run before it runs, as a kill there would."""
+    kill_at-th call (from 1) ends the run before it runs, as a kill there would (`kill`:
+    KeyboardInterrupt for a Ctrl-C)."""
     calls = []
 
     def counted(program, padded, plan, rates, first):
         calls.append(first)
         if len(calls) == kill_at:
-            raise Killed(f"killed before the call from step {first}")
+            raise kill(f"killed before the call from step {first}")
         return CALL_INPUTS(program, padded, plan, rates, first)
 
     monkeypatch.setattr(finetune_lib, "call_inputs", counted)
@@ -121,9 +122,9 @@ def _rows(workdir):
 
 @pytest.mark.slow
 def test_a_glue_run_killed_in_its_second_seed_resumes_there_and_ends_as_an_uninterrupted_run(
-        shared_data, vocab, tmp_path, monkeypatch):
-    """MRPC, 2 seeds of 40 steps (3 calls each), a state saved every 16 steps: killed before
-    seed 1's second call, the same run again trains only seed 1's last two calls (seed 0's
+        shared_data, vocab, tmp_path, monkeypatch, caplog):
+    """MRPC, 2 seeds of 40 steps (3 calls each), a state saved every 16 steps: stopped (Ctrl-C)
+    before seed 1's second call, which says how to go on, the same run again trains only seed 1's last two calls (seed 0's
     last state and seed 1's at step 16 are restored), and its results and metrics rows are
     the uninterrupted run's; the task's states go once its results are written."""
     config = tiny_config(shared_data, vocab, tasks="mrpc")
@@ -131,9 +132,11 @@ def test_a_glue_run_killed_in_its_second_seed_resumes_there_and_ends_as_an_unint
                   save_models="none")
     glue_run.run_glue(config, tmp_path / "whole")
 
-    count_calls(monkeypatch, kill_at=5)     # seed 0: calls from 0, 16, 32; seed 1: from 0, then killed
-    with pytest.raises(Killed):
+    count_calls(monkeypatch, kill_at=5, kill=KeyboardInterrupt)   # seed 0: calls from 0, 16, 32; seed 1: 0, stop
+    with pytest.raises(KeyboardInterrupt), caplog.at_level("WARNING", logger="roformer.glue"):
         glue_run.run_glue(config, tmp_path / "killed")
+    assert any(r.getMessage().startswith("MRPC interrupted: the same command again goes on from its state saved in")
+               for r in caplog.records)
     assert (tmp_path / "killed" / "resume" / "mrpc" / "seed0" / "40").is_dir()
     assert (tmp_path / "killed" / "resume" / "mrpc" / "seed1" / "16").is_dir()
 
