@@ -20,7 +20,7 @@ TASK_NAMES = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnl
 # Keys a task may override; the rest is shared.
 PER_TASK_KEYS = {"learning_rate": float, "batch_size": int, "num_epochs": float,
                  "max_steps": int, "warmup_fraction": float, "weight_decay": float,
-                 "max_seq_len": int, "max_train_examples": int}
+                 "max_seq_len": int, "max_train_examples": int, "grad_accum": int}
 
 
 def get_config(arg=None):
@@ -55,6 +55,10 @@ def get_config(arg=None):
     # Protocol.
     c.learning_rate = 4e-5
     c.batch_size = 32
+    # Gradient accumulation (pretraining's train.grad_accum): each step's batch_size examples
+    # run as grad_accum micro-batches of batch_size / grad_accum, their gradients summed before
+    # the one update: the same step in a micro-batch's memory, for a batch that does not fit.
+    c.grad_accum = 1
     c.num_epochs = 5.0
     c.max_steps = 0                 # > 0 caps the optimizer steps (smoke runs)
     c.warmup_fraction = 0.1
@@ -75,6 +79,10 @@ def get_config(arg=None):
     # RoFormerForSequenceClassification): "median", "all" seeds, or "none".
     c.save_models = "median"
     c.log_every = 50
+    # Every this many steps (rounded up to a call of 16) a seed's fine-tuning state is saved in
+    # <workdir>/resume/<task>/seed<k>, so that a killed run, run again, goes on from there with
+    # the same result; a task's states are removed once its results are written. 0 = off.
+    c.checkpoint_every = 1000
     c.progress_bar = True           # a bar per task and seed (on a terminal)
     # jax's persistent compilation cache: "auto" = ~/.cache/roformer-jax/xla on a GPU/TPU (off
     # on CPU), "" = off, else a directory. A rerun, another checkpoint or more seeds then

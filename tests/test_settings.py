@@ -23,7 +23,7 @@ DATA_ZERO = {"max_predictions_per_seq", "heldout_fraction", "num_workers"}
 MODEL_ZERO = {"hidden_dropout", "attention_dropout", "pad_token_id"}
 GLUE_ZERO = {"init_step", "num_epochs", "max_steps", "warmup_fraction", "weight_decay", "max_train_examples",
              "max_eval_examples", "b1", "b2", "clip_norm", "model.vocab_size", "model.hidden_dropout",
-             "model.attention_dropout"}
+             "model.attention_dropout", "checkpoint_every"}
 
 
 def numeric_fields(cls) -> list[str]:

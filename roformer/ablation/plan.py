@@ -372,9 +372,13 @@ def _seeded(cfg: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigD
 WATCH_ONLY_TRAIN_KEYS = ("progress_bar", "eval_attention_stats", "profile_steps")
 WATCH_ONLY_TRAIN_PREFIXES = ("divergence_",)
 # Likewise for the GLUE section: what it shows, which models it keeps, where compiled
-# programs are cached, how training batches are padded (the same batches in the same order)
-# and the attention kernel (the same math): auto picks what the device runs fastest.
-WATCH_ONLY_GLUE_KEYS = ("progress_bar", "compilation_cache_dir", "save_models", "train_padding", "eval_padding")
+# programs are cached, how training batches are padded (the same batches in the same order),
+# the micro-batches a step's gradients are accumulated over (the same step, in less memory;
+# global and per task), how often the fine-tuning state is saved (a resumed run's result is an
+# uninterrupted one's) and the attention kernel (the same math): auto picks what the device
+# runs fastest.
+WATCH_ONLY_GLUE_KEYS = ("progress_bar", "compilation_cache_dir", "save_models", "train_padding", "eval_padding",
+                        "grad_accum", "checkpoint_every")
 KERNEL_ONLY_MODEL_KEYS = ("attention_impl",)
 # Model settings that trade memory for compute with the same math (gradient checkpointing):
 # left out of every fingerprint, so a run with another value reruns nothing.
@@ -387,6 +391,8 @@ def _fingerprinted(part: Any) -> Any:
     data = part.to_dict()
     if "per_task" in data:   # a GLUE section (configs/glue.py)
         data = {k: v for k, v in data.items() if k not in WATCH_ONLY_GLUE_KEYS}
+        data["per_task"] = {task: {k: v for k, v in keys.items() if k not in WATCH_ONLY_GLUE_KEYS}
+                            for task, keys in data["per_task"].items()}
         data["model"] = {k: v for k, v in data["model"].items() if k not in KERNEL_ONLY_MODEL_KEYS}
     if "packing" in data and "source" in data:   # a data section
         data = without_neutral_settings(data)

@@ -1,11 +1,13 @@
-"""Examples -> model inputs: `[CLS] a [SEP] (b [SEP])`, token types, longest-first
-truncation, and length-bucketed padded batches (few distinct shapes -> few recompiles)."""
+"""Examples -> model inputs: `[CLS] a [SEP] (b [SEP])`, token types and longest-first
+truncation (the tokenizer's own template and truncation), and length-bucketed padded
+batches (few distinct shapes -> few recompiles)."""
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+from tokenizers import Tokenizer, processors
 
 from roformer.errors import ConfigError
 from roformer.glue.readers import Example
@@ -30,29 +32,22 @@ def tokenizer_special_ids(tokenizer) -> SpecialIds:
     return SpecialIds(ids["[CLS]"], ids["[SEP]"], ids["[PAD]"])
 
 
-def encode_texts(tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids without special tokens, batched through the Rust tokenizer."""
-    if hasattr(tokenizer, "encode_ids"):  # roformer.data's WordPieceTokenizer
-        return tokenizer.encode_ids(texts, add_special_tokens=False)
-    return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
-
-
-def truncate_longest_first(a: list[int], b: list[int] | None, budget: int):
-    """Trim the ends so len(a) + len(b) <= budget, always cutting the longer sequence.
-
-    Same lengths as HF `tokenizers`' longest_first (what transformers' run_glue uses):
-    a sequence shorter than half the budget is kept whole; otherwise both get half and
-    an odd token goes to the one that was longer (to `b` when they were equal).
-    """
-    if b is None:
-        return a[:budget], None
-    if len(a) + len(b) <= budget:
-        return a, b
-    if len(a) > len(b):
-        keep_b = min(len(b), budget // 2)
-        return a[:budget - keep_b], b[:keep_b]
-    keep_a = min(len(a), budget // 2)
-    return a[:keep_a], b[:budget - keep_a]
+def pair_encoder(tokenizer, max_seq_len: int) -> Tokenizer:
+    """A copy of `tokenizer`'s Rust tokenizer (an HF `tokenizers.Tokenizer`, or roformer.data's
+    WordPieceTokenizer around one) that encodes a text or a pair as `[CLS] a [SEP] (b [SEP])`
+    with token types 0/1, truncated longest first to `max_seq_len` tokens in all: what
+    transformers' run_glue gets from BertTokenizerFast(truncation="longest_first") (test). A
+    copy, because truncation and the template are settings of the tokenizer object, which the
+    caller keeps using (and saves with the fine-tuned models) as it is."""
+    special = tokenizer_special_ids(tokenizer)
+    rust = getattr(tokenizer, "tokenizer", tokenizer)
+    encoder = Tokenizer.from_str(rust.to_str())
+    encoder.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", special.cls_id), ("[SEP]", special.sep_id)])
+    encoder.enable_truncation(max_seq_len, strategy="longest_first")
+    encoder.no_padding()
+    return encoder
 
 
 @dataclasses.dataclass
@@ -196,24 +191,17 @@ def row_buckets(batch_size: int) -> tuple[int, ...]:
 
 def featurize(examples: Sequence[Example], tokenizer, max_seq_len: int,
               regression: bool = False) -> Features:
+    """Every example's model inputs, assembled and truncated by the Rust tokenizer
+    (`pair_encoder`), its batch encoder on all cores."""
     if max_seq_len < 8:
         raise ConfigError(f"max_seq_len must be at least 8, got {max_seq_len}")
-    special = tokenizer_special_ids(tokenizer)
-    ids_a = encode_texts(tokenizer, [e.text_a for e in examples])
-    has_b = [e.text_b is not None for e in examples]
-    ids_b_list = encode_texts(tokenizer, [e.text_b for e in examples if e.text_b is not None])
-    ids_b_iter = iter(ids_b_list)
-    input_ids, token_types = [], []
-    for a, pair in zip(ids_a, has_b):
-        b = next(ids_b_iter) if pair else None
-        a, b = truncate_longest_first(a, b, max_seq_len - (3 if pair else 2))
-        seq = [special.cls_id, *a, special.sep_id]
-        types = [0] * len(seq)
-        if b is not None:
-            seq += [*b, special.sep_id]
-            types += [1] * (len(b) + 1)
-        input_ids.append(np.asarray(seq, np.int32))
-        token_types.append(np.asarray(types, np.int32))
+    encoder = pair_encoder(tokenizer, max_seq_len)
+    # encode_batch_fast skips character offsets; older tokenizers lack it
+    encode = getattr(encoder, "encode_batch_fast", encoder.encode_batch)
+    encodings = encode([e.text_a if e.text_b is None else (e.text_a, e.text_b) for e in examples],
+                       add_special_tokens=True)
+    input_ids = [np.asarray(e.ids, np.int32) for e in encodings]
+    token_types = [np.asarray(e.type_ids, np.int32) for e in encodings]
     dtype = np.float32 if regression else np.int32
     labels = np.array([0 if e.label is None else e.label for e in examples], dtype)
     idx = np.array([e.idx for e in examples], np.int64)

@@ -36,14 +36,15 @@ import ml_collections
 import numpy as np
 import optax
 from flax import nnx
-from tqdm.auto import tqdm
 
 from roformer.errors import ConfigError
 from roformer.glue.features import (Features, PaddedRows, bucket_lengths, eval_batches, pack_rows, planned_train_batches,
                                     row_buckets)
 from roformer.glue.program_store import ProgramStore, graph_text, tree_text
+from roformer.glue.resume import SeedCheckpoints
 from roformer.model import ModelConfig, RoFormerForSequenceClassification
 from roformer.train.optim import decay_mask, make_schedule
+from roformer.train.progress import progress_bar
 from roformer.train.steps import reseeded
 
 log = logging.getLogger("roformer.glue")
@@ -91,16 +92,23 @@ def padded_form(platform: str | None = None) -> str:
 @dataclasses.dataclass(frozen=True)
 class TrainProgram:
     """What a compiled train program is specialised to: the batch size, the padded lengths
-    it can run (one branch each), the steps per call, and for packed batches the rows a
-    step's examples are packed into (0: a row per example)."""
+    it can run (one branch each), the steps per call, for packed batches the rows a
+    step's (or a micro-batch's) examples are packed into (0: a row per example), and the
+    micro-batches a step's gradients are accumulated over (config.grad_accum)."""
     batch_size: int
     lengths: tuple[int, ...]
     steps_per_call: int
     rows: int = 0
+    micro_batches: int = 1
 
     @classmethod
     def for_protocol(cls, protocol: "Protocol", steps_per_call: int = STEPS_PER_CALL) -> "TrainProgram":
-        return cls(protocol.batch_size, bucket_lengths(protocol.max_seq_len), steps_per_call)
+        return cls(protocol.batch_size, bucket_lengths(protocol.max_seq_len), steps_per_call,
+                   micro_batches=protocol.grad_accum)
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.batch_size // self.micro_batches
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -118,20 +126,29 @@ def call_programs(plan: list[tuple[int, np.ndarray]], protocol: "Protocol", padd
     `lengths`, the examples' token counts (`Features.lengths`), decides the rows of packed
     batches."""
     calls = [plan[first:first + steps_per_call] for first in range(0, len(plan), steps_per_call)]
+    micro = protocol.grad_accum
     if padding == "step":
         return [TrainProgram.for_protocol(protocol, steps_per_call)] * len(calls)
     if padding == "call":
-        return [TrainProgram(protocol.batch_size, (max(length for length, _ in call),), steps_per_call)
-                for call in calls]
+        return [TrainProgram(protocol.batch_size, (max(length for length, _ in call),), steps_per_call,
+                             micro_batches=micro) for call in calls]
     if padding != "packed" or lengths is None:
         raise ValueError(f"padding must be 'step', 'call' or 'packed' (with the examples' lengths), got {padding!r}")
-    width, buckets = protocol.max_seq_len, row_buckets(protocol.batch_size)
+    size = protocol.batch_size // micro
+    width, buckets = protocol.max_seq_len, row_buckets(size)
     programs = []
     for call in calls:
-        needed = max(pack_rows(lengths[examples], width)[2] for _, examples in call)
+        needed = max(pack_rows(lengths[part], width)[2] for _, examples in call
+                     for part in micro_batch_rows(examples, size, micro))
         programs.append(TrainProgram(protocol.batch_size, (width,), steps_per_call,
-                                     rows=next(n for n in buckets if n >= needed)))
+                                     rows=next(n for n in buckets if n >= needed), micro_batches=micro))
     return programs
+
+
+def micro_batch_rows(rows: np.ndarray, size: int, micro_batches: int) -> list[np.ndarray]:
+    """A step's example rows cut into `micro_batches` consecutive parts of `size` (a short
+    last batch leaves the last parts short or empty)."""
+    return [rows[i * size:(i + 1) * size] for i in range(micro_batches)]
 
 
 def processed_tokens(plan: list[tuple[int, np.ndarray]], protocol: "Protocol", padding: str, lengths: np.ndarray,
@@ -140,7 +157,7 @@ def processed_tokens(plan: list[tuple[int, np.ndarray]], protocol: "Protocol", p
     padding steps included (a program of one length computes them; step's branch does not)."""
     if padding == "step":
         return sum(length for length, _ in plan) * protocol.batch_size
-    return sum(max(p.lengths) * (p.rows or p.batch_size) * p.steps_per_call
+    return sum(max(p.lengths) * (p.rows * p.micro_batches or p.batch_size) * p.steps_per_call
                for p in call_programs(plan, protocol, padding, steps_per_call, lengths))
 
 
@@ -189,14 +206,20 @@ class Protocol:
     b2: float
     eps: float
     clip_norm: float
+    grad_accum: int = 1     # micro-batches per optimizer step (pretraining's train.grad_accum)
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict, task: str) -> "Protocol":
+        """The protocol of `task` under `config`; a key with a default here (grad_accum) may be
+        absent (the config.json of a run from before it)."""
         override = config.per_task.get(task, {}) if "per_task" in config else {}
         values = {}
         for field in dataclasses.fields(cls):
             value = override.get(field.name) if field.name in override else None
-            values[field.name] = config[field.name] if value is None else value
+            if value is None:
+                value = config[field.name] if field.default is dataclasses.MISSING else config.get(field.name,
+                                                                                                     field.default)
+            values[field.name] = value
         return cls(**values)
 
     def check(self, task: str) -> None:
@@ -206,6 +229,10 @@ class Protocol:
             raise ConfigError(f"{where} max_seq_len must be at least 8, got {self.max_seq_len}")
         if self.batch_size < 1:
             raise ConfigError(f"{where} batch_size must be at least 1, got {self.batch_size}")
+        if self.grad_accum < 1 or self.batch_size % self.grad_accum:
+            raise ConfigError(f"{where} batch_size={self.batch_size} must be a multiple of grad_accum="
+                              f"{self.grad_accum} (each step's gradients are accumulated over that many "
+                              "micro-batches of batch_size / grad_accum examples)")
         if self.num_epochs <= 0 and self.max_steps <= 0:
             raise ConfigError(f"{where} no training steps: num_epochs={self.num_epochs}, max_steps={self.max_steps}")
         if self.decay not in ("linear", "cosine"):
@@ -241,13 +268,17 @@ def unit_rate_adamw(b1: float, b2: float, eps: float, weight_decay: float, clip_
 
 
 def classification_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array,
-                        regression: bool) -> jax.Array:
-    """Weighted mean cross-entropy, or squared error for a regression head."""
+                        regression: bool, total_weight: jax.Array | None = None) -> jax.Array:
+    """Weighted mean cross-entropy, or squared error for a regression head; with
+    `total_weight` (a micro-batch's step's weight), the weighted sum over it, so that the
+    micro-batches' losses and gradients add up to the step's."""
     if regression:
         per_example = jnp.square(logits[:, 0] - labels.astype(jnp.float32))
     else:
         per_example = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    return jnp.sum(per_example * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+    if total_weight is None:
+        return jnp.sum(per_example * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+    return jnp.sum(per_example * weights) / total_weight
 
 
 def _forward(model, batch):
@@ -292,12 +323,16 @@ class Classifier:
         return model
 
 
-def _batch_spec(batch_size: int, length: int, inputs: Iterable[str], label_dtype, rows: int = 0) -> dict:
-    """Shapes and dtypes of a batch's `inputs`; with `rows`, of a packed batch (`PaddedRows.packed`)."""
-    token_shape = (rows or batch_size, length)
+def _batch_spec(batch_size: int, length: int, inputs: Iterable[str], label_dtype, rows: int = 0,
+                micro_batches: int = 1) -> dict:
+    """Shapes and dtypes of a batch's `inputs`; with `rows`, of a packed batch (`PaddedRows.packed`);
+    with `micro_batches` > 1, of that many micro-batches of batch_size / micro_batches, stacked."""
+    size = batch_size // micro_batches
+    lead = (micro_batches,) if micro_batches > 1 else ()
+    token_shape = (*lead, rows or size, length)
     shapes = {"input_ids": token_shape, "token_type_ids": token_shape, "segment_ids": token_shape,
-              "positions": token_shape, "cls_index": (batch_size,),
-              "lengths": (batch_size,), "labels": (batch_size,), "weights": (batch_size,)}
+              "positions": token_shape, "cls_index": (*lead, size),
+              "lengths": (*lead, size), "labels": (*lead, size), "weights": (*lead, size)}
     dtypes = {"labels": label_dtype, "weights": jnp.float32}
     return {k: jax.ShapeDtypeStruct(shapes[k], dtypes.get(k, jnp.int32)) for k in inputs}
 
@@ -332,11 +367,12 @@ class Programs:
         graphdef, regression = self.graphdef, self.regression
         forward = _packed_forward if packed else _forward
 
-        def loss_and_grads(params, rest, batch, base_key, step):
+        def loss_and_grads(params, rest, batch, base_key, step, total_weight=None):
             def loss_fn(params):
                 model = nnx.merge(graphdef, nnx.State(params), reseeded(rest, jax.random.fold_in(base_key, step)))
                 model.train()
-                return classification_loss(forward(model, batch), batch["labels"], batch["weights"], regression)
+                return classification_loss(forward(model, batch), batch["labels"], batch["weights"], regression,
+                                           total_weight)
 
             loss, grads = jax.value_and_grad(loss_fn)(params)
             return loss.astype(jnp.float32), grads
@@ -371,8 +407,13 @@ class Programs:
         call). With several lengths it takes branch len(lengths), which computes nothing;
         a program of one length has no branch at all and computes the zero gradients.
         No conditional skips the update, because a conditional on a GPU is a wait of the
-        host for the device. A packed program has one length, the rows' width."""
-        lengths, inputs = program.lengths, program.inputs
+        host for the device. A packed program has one length, the rows' width.
+        With micro-batches (config.grad_accum), a step's inputs are [micro_batches, ...] and its
+        gradients the sum over them, in a loop that keeps one micro-batch's activations alive
+        at a time: each micro-batch's loss is its weighted sum over the step's weight, so they
+        add up to the step's loss and gradients (test); micro-batch i draws its dropout from
+        the step's key folded with i."""
+        lengths, inputs, micro_batches = program.lengths, program.inputs, program.micro_batches
         loss_and_grads, update = self.gradients(packed=program.rows > 0), self.update
 
         def train_steps(params, opt_state, rest, batches, base_key):
@@ -381,7 +422,23 @@ class Programs:
                     batch = {k: xs[k][:, :length] if k in ("input_ids", "token_type_ids") else xs[k]
                              for k in inputs}
                     return loss_and_grads(params, rest, batch, base_key, xs["step"])
-                return run
+
+                def accumulated(params, xs):
+                    total_weight = jnp.maximum(jnp.sum(xs["weights"]), 1.0)
+                    step_key = jax.random.fold_in(base_key, xs["step"])
+
+                    def micro_batch(carry, micro):
+                        index, part = micro
+                        batch = {k: part[k][:, :length] if k in ("input_ids", "token_type_ids") else part[k]
+                                 for k in inputs}
+                        loss, grads = loss_and_grads(params, rest, batch, step_key, index, total_weight)
+                        return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+                    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+                    parts = (jnp.arange(micro_batches), {k: xs[k] for k in inputs})
+                    return jax.lax.scan(micro_batch, zeros, parts)[0]
+
+                return run if micro_batches == 1 else accumulated
 
             def padding_step(params, xs):
                 return jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params)
@@ -418,7 +475,7 @@ class Programs:
         steps = program.steps_per_call
         batches = {k: jax.ShapeDtypeStruct((steps, *v.shape), v.dtype) for k, v in
                    _batch_spec(program.batch_size, max(program.lengths), program.inputs, self.label_dtype,
-                               program.rows).items()}
+                               program.rows, program.micro_batches).items()}
         batches.update(learning_rate=jax.ShapeDtypeStruct((steps,), jnp.float32),
                        step=jax.ShapeDtypeStruct((steps,), jnp.int32),
                        branch=jax.ShapeDtypeStruct((steps,), jnp.int32))
@@ -491,16 +548,20 @@ def call_inputs(program: TrainProgram, padded: PaddedRows, plan: list[tuple[int,
     (padded lengths and rows, per step) with `rates` (per step): the batches stacked at the
     program's longest length (or packed into its rows), each step's branch (the first of the
     program's lengths that holds it; past the plan's end, a padding step), rate and number."""
-    steps, width = program.steps_per_call, max(program.lengths)
+    steps, width, micro = program.steps_per_call, max(program.lengths), program.micro_batches
     chunk = plan[first:first + steps]
     pad = steps - len(chunk)
     batches = [rows for _, rows in chunk] + [np.zeros(0, np.int64)] * pad
+    if micro > 1:   # each step's micro-batches in turn, then [steps * micro, ...] -> [steps, micro, ...]
+        batches = [part for rows in batches for part in micro_batch_rows(rows, program.micro_batch_size, micro)]
     if program.rows:
-        inputs = padded.packed(batches, program.batch_size, program.rows, width)
+        inputs = padded.packed(batches, program.micro_batch_size, program.rows, width)
     else:
-        inputs = padded.stacked(batches, program.batch_size)
+        inputs = padded.stacked(batches, program.micro_batch_size)
         for key in ("input_ids", "token_type_ids"):
             inputs[key] = np.ascontiguousarray(inputs[key][:, :, :width])
+    if micro > 1:
+        inputs = {k: v.reshape(steps, micro, *v.shape[1:]) for k, v in inputs.items()}
     inputs["branch"] = np.array([program.branch(length) for length, _ in chunk] + [len(program.lengths)] * pad,
                                 np.int32)
     inputs["learning_rate"] = np.pad(rates[first:first + len(chunk)], (0, pad), constant_values=0.0)   # padding: rate 0
@@ -511,28 +572,53 @@ def call_inputs(program: TrainProgram, padded: PaddedRows, plan: list[tuple[int,
 def finetune(classifier: Classifier, programs: Programs, features: Features, protocol: Protocol, *,
              seed: int, pad_id: int, desc: str = "", log_every: int = 50,
              log_fn: Callable[[dict], None] | None = None, progress: bool = True,
-             steps_per_call: int = STEPS_PER_CALL, padding: str = "step") -> tuple[Classifier, dict]:
+             steps_per_call: int = STEPS_PER_CALL, padding: str = "step",
+             checkpoints: SeedCheckpoints | None = None) -> tuple[Classifier, dict]:
     """Train from `classifier`; returns (the trained classifier, {"steps", "final_loss",
     "steps_per_sec"}). `padding`: "step", "call" or "packed" (TRAIN_PADDINGS). The losses are read
-    from the device once, after the last step."""
+    from the device once, after the last step, or at a save. With `checkpoints`
+    (roformer.glue.resume), training goes on from the newest state saved there, the same
+    calls from there as an uninterrupted run's (the same result, test), and the state is saved
+    after each call that passes a multiple of their `every` steps, and after the last."""
     total_steps = protocol.total_steps(len(features))
     # every step's rate at once, on the host: a rate computed per step by the schedule would
     # be a device computation whose value the host waits for, a sync every step
     rates = np.asarray(jax.device_get(protocol.schedule(total_steps)(np.arange(total_steps))), np.float32)
     plan = planned_train_batches(features, protocol.batch_size, protocol.max_seq_len, seed, total_steps)
     per_call = call_programs(plan, protocol, padding, steps_per_call, features.lengths)
-    compiled = {program: programs.train_steps(program) for program in set(per_call)}
     padded = PaddedRows.of(features, protocol.max_seq_len, pad_id)
-    # a copy: the program donates (frees) its input params, and the caller keeps its classifier
-    params = jax.device_put(classifier.params, may_alias=False)
-    opt_state = programs.tx.init(params)
+    start_step, rows, info = 0, [], {}    # rows: logged rows read from the device (or restored)
+    restored = checkpoints.restore(programs.abstract_params, programs.abstract_opt_state) if checkpoints else None
+    if restored is not None and restored[0] % steps_per_call and restored[0] != total_steps:
+        log.warning("%s: the state saved at step %d is not at a call's end; training from the start", desc, restored[0])
+        restored = None
+    if restored is not None:
+        start_step, params, opt_state, data = restored
+        rows, info = list(data.get("rows", [])), data.get("info", {})
+        log.info("%s: resumed at step %d of %d from %s", desc, start_step, total_steps, checkpoints.directory)
+    else:
+        # a copy: the program donates (frees) its input params, and the caller keeps its classifier
+        params = jax.device_put(classifier.params, may_alias=False)
+        opt_state = programs.tx.init(params)
+    compiled = {program: programs.train_steps(program)
+                for first, program in zip(range(0, total_steps, steps_per_call), per_call) if first >= start_step}
     rest, base_key = classifier.rest, jax.random.key(seed)
-    logged = []     # (step, losses of its call, index in them)
+    logged = []     # (step, losses of its call, index in them), not read yet
+
+    def read_logged() -> list[dict]:
+        fetched = jax.device_get([losses for _, losses, _ in logged])
+        read = [{"step": step, "loss": float(values[index]), "learning_rate": float(rates[step - 1])}
+                for (step, _, index), values in zip(logged, fetched)]
+        logged.clear()
+        return read
+
     in_flight = deque()
     start = time.perf_counter()
-    with tqdm(total=total_steps, desc=desc, unit="step", leave=False, dynamic_ncols=True,
-              disable=not progress) as bar:
+    # pretraining's progress: a bar on a terminal, a plain line now and then in a log
+    with progress_bar(total=total_steps, initial=start_step, desc=desc, enabled=progress) as bar:
         for first, program in zip(range(0, total_steps, steps_per_call), per_call):
+            if first < start_step:
+                continue
             batches = call_inputs(program, padded, plan, rates, first)
             params, opt_state, losses = compiled[program](params, opt_state, rest, jax.device_put(batches), base_key)
             last = min(first + steps_per_call, total_steps)
@@ -543,20 +629,25 @@ def finetune(classifier: Classifier, programs: Programs, features: Features, pro
                 bar.update(steps)              # the bar counts finished steps, not queued ones
             logged += [(step, losses, step - first - 1) for step in range(first + 1, last + 1)
                        if step % log_every == 0 or step == total_steps]
+            if checkpoints and last < total_steps and checkpoints.due(first, last):
+                rows += read_logged()          # before the next call takes (donates) params
+                checkpoints.save(last, params, opt_state, {"rows": rows})
         while in_flight:
             done, steps = in_flight.popleft()
             jax.block_until_ready(done)
             bar.update(steps)
-    fetched = jax.device_get([losses for _, losses, _ in logged])     # waits for the last step
+    rows += read_logged()     # waits for the last step
     seconds = time.perf_counter() - start
-    losses = [float(values[index]) for (_, _, index), values in zip(logged, fetched)]
-    for (step, _, _), loss in zip(logged, losses):
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"{desc}: loss is {loss} at step {step}")
+    for row in rows:
+        if not math.isfinite(row["loss"]):
+            raise FloatingPointError(f"{desc}: loss is {row['loss']} at step {row['step']}")
         if log_fn:
-            log_fn({"step": step, "loss": loss, "learning_rate": float(rates[step - 1])})
-    info = {"steps": total_steps, "final_loss": losses[-1] if losses else float("nan"),
-            "steps_per_sec": round(total_steps / max(seconds, 1e-9), 2)}
+            log_fn(dict(row))
+    if start_step < total_steps:
+        info = {"steps": total_steps, "final_loss": rows[-1]["loss"] if rows else float("nan"),
+                "steps_per_sec": round((total_steps - start_step) / max(seconds, 1e-9), 2)}
+        if checkpoints:   # a run killed in a later seed restores this one instead of training it
+            checkpoints.save(total_steps, params, opt_state, {"rows": rows, "info": info})
     return dataclasses.replace(classifier, params=params), info
 
 

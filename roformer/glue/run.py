@@ -26,8 +26,9 @@ from roformer.data.tokenizer import load_tokenizer
 from roformer.errors import ConfigError, UserError
 from roformer.files import write_json_atomic, write_text_atomic, writing
 from roformer.glue import features as features_lib
-from roformer.glue.finetune import (Classifier, Programs, Protocol, create_model, finetune, predict, predict_lengths,
-                                    predict_shapes, task_padding, train_programs)
+from roformer.glue import resume
+from roformer.glue.finetune import (STEPS_PER_CALL, Classifier, Programs, Protocol, create_model, finetune, predict,
+                                    predict_lengths, predict_shapes, task_padding, train_programs)
 from roformer.glue.init import encoder_state, load_init, resolve_model_config
 from roformer.glue.metrics import glue_scores, scores_line, task_metrics
 from roformer.glue.program_store import ProgramStore
@@ -53,8 +54,9 @@ class RunLog:
     tags, the run's config as text) and, where ROFORMER_WANDB_PROJECT names a project, its W&B
     run (grouped by workdir). The files (and `config.json`, given as `run_config`) are written
     with the first row, so a run refused while it reads and featurizes its data leaves none. A
-    task trains from scratch in every run, so its first row also replaces what an earlier
-    (killed) attempt logged for it: its rows and its TensorBoard runs."""
+    task's rows are all written by every run, so its first row also replaces what an earlier
+    (killed) attempt logged for it: its rows and its TensorBoard runs (a seed resumed from its
+    saved state, roformer.glue.resume, logs again the rows saved with it)."""
 
     def __init__(self, workdir: Path, run_config: dict):
         self._workdir = workdir
@@ -84,7 +86,7 @@ class RunLog:
         run = f"{task}_seed{seed}"
         backends = [JsonlBackend(workdir, labels={"task": task, "seed": seed}),
                     TensorBoardBackend(workdir / "tensorboard" / run, config=self._run_config)]
-        if wandb_project():   # a fresh W&B run per task and seed: each trains from scratch
+        if wandb_project():   # a fresh W&B run per task and seed: a rerun logs all its rows again
             backends.append(WandbBackend(workdir, wandb_project(), name=f"{workdir.name}/{run}", group=workdir.name,
                                          config=self._run_config, keep_id=False))
         return backends
@@ -204,7 +206,10 @@ class ProgramsCache:
 
 def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_state,
              run_log: RunLog, submission_dir: Path | None, programs_cache: ProgramsCache,
-             models_dir: Path) -> dict:
+             models_dir: Path, resume_dir: Path | None = None, resume_identity: dict | None = None) -> dict:
+    """Fine-tune and score `task` with every seed. With `resume_dir` (and config.checkpoint_every
+    > 0) each seed's state is saved in resume_dir/seed<k> and a rerun goes on from it
+    (roformer.glue.resume); `resume_identity` says what else the states depend on (init, model)."""
     protocol = Protocol.from_config(config, task.name)
     train = limit_examples(read_split(task, task.train_split, **data_kwargs(config)), protocol.max_train_examples)
     evals, tests, cut = eval_examples(task, config, with_tests=submission_dir is not None)
@@ -226,6 +231,10 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
 
     seeds, test_predictions, trained = {}, {}, {}
     task_start, programs = time.time(), None
+    every = config.get("checkpoint_every", 0)
+    identity = {**(resume_identity or {}), "task": task.name, "protocol": dataclasses.asdict(protocol),
+                "train_padding": padding, "steps_per_call": STEPS_PER_CALL,
+                "train_data": resume.data_digest(train_f.input_ids, train_f.labels)}
     for seed in range(config.seeds):
         start = time.time()
         classifier = Classifier.split(create_model(model_config, task.num_labels, seed, init_state))
@@ -239,10 +248,16 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
                 train_programs(train_f, protocol, range(config.seeds), padding),
                 predicted_shapes([*eval_f.values(), *test_f.values()], predict_kw))
             predict(classifier, programs, train_f.head(2), **predict_kw)
-        classifier, info = finetune(classifier, programs, train_f, protocol, seed=seed, pad_id=special.pad_id,
-                                    desc=f"{task.display} seed {seed}", log_every=config.log_every,
-                                    log_fn=lambda row, s=seed: run_log.write(task.name, s, row["step"], row),
-                                    progress=config.progress_bar, padding=padding)
+        checkpoints = (resume.SeedCheckpoints(resume_dir / f"seed{seed}", {**identity, "seed": seed}, every)
+                       if resume_dir is not None and every > 0 else None)
+        try:
+            classifier, info = finetune(classifier, programs, train_f, protocol, seed=seed, pad_id=special.pad_id,
+                                        desc=f"{task.display} seed {seed}", log_every=config.log_every,
+                                        log_fn=lambda row, s=seed: run_log.write(task.name, s, row["step"], row),
+                                        progress=config.progress_bar, padding=padding, checkpoints=checkpoints)
+        finally:
+            if checkpoints is not None:
+                checkpoints.close()   # a save in flight completes (a Ctrl-C keeps it)
         result = {"steps": info["steps"], "final_train_loss": info["final_loss"],
                   "train_steps_per_sec": info["steps_per_sec"],
                   "train_seconds": round(time.time() - start, 2)}
@@ -437,8 +452,14 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
                     TASKS[name], config, tokenizer=tokenizer, special=special,
                     model_config=model_config, init_state=init_state, run_log=run_log,
                     submission_dir=submission_dir, programs_cache=programs_cache,
-                    models_dir=workdir / MODELS)
-            except (UserError, KeyboardInterrupt):
+                    models_dir=workdir / MODELS, resume_dir=resume.task_dir(workdir, name),
+                    resume_identity={"init": header["init"], "model": header["model"], "vocab": header["vocab"]})
+            except KeyboardInterrupt:
+                if resume.task_dir(workdir, name).is_dir():
+                    log.warning("%s interrupted: the same command again goes on from its state saved in %s",
+                                TASKS[name].display, resume.task_dir(workdir, name))
+                raise
+            except UserError:
                 raise
             except Exception as error:   # one task failing keeps the others' results
                 log.exception("%s failed; the other tasks go on", TASKS[name].display)
@@ -446,6 +467,8 @@ def _run_glue(config: ml_collections.ConfigDict, workdir: Path) -> dict:
                 results["failed"] = failed
             results["glue"] = scores(results["tasks"])
             write_results(workdir, results)
+            if name in results["tasks"]:
+                resume.remove_task(workdir, name)   # its results are written: its states are not needed
     finally:
         run_log.close()
     if submission_dir is not None:

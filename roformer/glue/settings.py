@@ -13,10 +13,11 @@ PROTOCOL_RULES = {
     "warmup_fraction": "float in [0, 1]", "weight_decay": "float >= 0", "max_seq_len": f"int in [8, {MAX_SEQ_LEN}]",
     "max_train_examples": "int >= 0", "decay": "choice linear cosine", "b1": "float in [0, 1)",
     "b2": "float in [0, 1)", "eps": "float > 0", "clip_norm": "float >= 0",
+    "grad_accum": "int >= 1",
 }
 RUN_RULES = {
     "init_step": "int >= -1", "seeds": "int >= 1", "max_eval_examples": "int >= 0", "eval_batch_size": "int >= 1",
-    "predict_test": "bool", "log_every": "int >= 1", "lowercase": "bool", "progress_bar": "bool",
+    "predict_test": "bool", "log_every": "int >= 1", "checkpoint_every": "int >= 0", "lowercase": "bool", "progress_bar": "bool",
     "save_models": "choice median all none", "train_padding": "choice auto step call packed",
     "eval_padding": "choice auto bucket full",
 }

@@ -159,6 +159,9 @@ def test_glue_settings_that_only_show_cache_or_pick_a_kernel_leave_the_fingerpri
     glue.save_models = "none"
     glue.train_padding = "call"
     glue.model.attention_impl = "cudnn"
+    glue.grad_accum = 4
+    glue.per_task.rte.grad_accum = 2
+    glue.checkpoint_every = 0
     assert plan.fingerprint("pretrain", glue) == before
     glue.learning_rate *= 2
     assert plan.fingerprint("pretrain", glue) != before

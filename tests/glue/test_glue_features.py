@@ -7,8 +7,7 @@ import pytest
 
 from helpers import needs_transformers
 from roformer.data.tokenizer import load_tokenizer
-from roformer.glue.features import (bucket_lengths, eval_batches, featurize, planned_train_batches,
-                                    truncate_longest_first)
+from roformer.glue.features import bucket_lengths, eval_batches, featurize, pair_encoder, planned_train_batches
 from roformer.glue.readers import Example, read_split
 from roformer.glue.submission import SUBMISSION_FILES, write_predictions, zip_submission
 from roformer.glue.tasks import TASKS
@@ -42,12 +41,57 @@ def test_features_equal_transformers_bert_tokenizer(shared_data, vocab, tokenize
             assert types.tolist() == want["token_type_ids"], (task, max_len, e)
 
 
-def test_truncate_longest_first():
-    a, b = list(range(10)), list(range(100, 104))
-    assert truncate_longest_first(a, b, 20) == (a, b)
-    assert truncate_longest_first(a, b, 9) == (a[:5], b)        # only the longer one is cut
-    assert truncate_longest_first(a, list(range(100, 110)), 9) == (a[:4], list(range(100, 105)))
-    assert truncate_longest_first(a, None, 3) == (a[:3], None)
+def python_features(examples, tokenizer, max_seq_len):
+    """GLUE's features as they were assembled in Python before the tokenizer's own template
+    and truncation did it: the reference the Rust path must equal."""
+    def truncated(a, b, budget):    # longest first: cut the longer; halves when both are long
+        if b is None:
+            return a[:budget], None
+        if len(a) + len(b) <= budget:
+            return a, b
+        if len(a) > len(b):
+            keep_b = min(len(b), budget // 2)
+            return a[:budget - keep_b], b[:keep_b]
+        keep_a = min(len(a), budget // 2)
+        return a[:keep_a], b[:budget - keep_a]
+
+    ids, types = [], []
+    for e in examples:
+        a = tokenizer.encode_ids([e.text_a])[0]
+        b = None if e.text_b is None else tokenizer.encode_ids([e.text_b])[0]
+        a, b = truncated(a, b, max_seq_len - (2 if b is None else 3))
+        seq = [tokenizer.cls_id, *a, tokenizer.sep_id] + ([] if b is None else [*b, tokenizer.sep_id])
+        ids.append(seq)
+        types.append([0] * (len(a) + 2) + ([] if b is None else [1] * (len(b) + 1)))
+    return ids, types
+
+
+@pytest.mark.parametrize("task, split", [("cola", "validation"), ("sst2", "validation"), ("mrpc", "train"),
+                                         ("stsb", "validation"), ("qnli", "validation"), ("wnli", "train")])
+def test_the_tokenizers_template_and_truncation_give_the_python_assembled_features(shared_data, tokenizer,
+                                                                                  task, split):
+    """On real rows of single-sentence and pair tasks, at lengths that cut most pairs (both
+    halves, or only the longer text) and at one that cuts few: the same ids and token types."""
+    examples = read_split(TASKS[task], split, data_dir=shared_data / "glue")[:300]
+    for max_len in (8, 17, 40, 128):
+        want_ids, want_types = python_features(examples, tokenizer, max_len)
+        feats = featurize(examples, tokenizer, max_len)
+        assert [x.tolist() for x in feats.input_ids] == want_ids, (task, max_len)
+        assert [x.tolist() for x in feats.token_type_ids] == want_types, (task, max_len)
+    full = python_features(examples, tokenizer, 512)[0]
+    assert sum(len(ids) > 17 for ids in full) > 10       # rows 17 had to cut were among them
+    if task == "qnli":
+        assert sum(len(ids) > 40 for ids in full) > 50      # and many long pairs: both texts cut
+
+
+def test_the_pair_encoder_leaves_the_callers_tokenizer_as_it_was(tokenizer):
+    """Truncation and the template are set on a copy: the tokenizer a run saves with its
+    models encodes at full length as before."""
+    text = " ".join(["word"] * 50)
+    before = tokenizer.tokenizer.to_str()
+    assert len(pair_encoder(tokenizer, 16).encode(text, text).ids) == 16
+    assert tokenizer.tokenizer.to_str() == before
+    assert len(tokenizer.encode(text).ids) == 52
 
 
 def test_buckets_and_batches(tokenizer):

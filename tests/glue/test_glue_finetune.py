@@ -2,6 +2,7 @@
 same schedule, every program is compiled before training, a model that cannot predict fails
 before it trains, prediction on a cuDNN model takes a layout the kernel accepts, and a task
 that fails keeps the other tasks' results."""
+import dataclasses
 import json
 
 import jax
@@ -395,7 +396,7 @@ def test_the_progress_bar_counts_finished_steps_and_compiling_is_announced(monke
             events.append(("update", n))
 
     real_wait = jax.block_until_ready
-    monkeypatch.setattr(finetune_lib, "tqdm", Bar)
+    monkeypatch.setattr(finetune_lib, "progress_bar", Bar)
     monkeypatch.setattr(finetune_lib.jax, "block_until_ready",
                         lambda x: (events.append(("finished", None)), real_wait(x))[1])
     with caplog.at_level("INFO", logger="roformer.glue"):
@@ -405,3 +406,62 @@ def test_the_progress_bar_counts_finished_steps_and_compiling_is_announced(monke
     assert all(events[i - 1][0] == "finished" for i, (kind, _) in enumerate(events) if kind == "update")
     assert any(record.getMessage().startswith("compiling ") and " programs (" in record.getMessage()
                for record in caplog.records)
+
+
+def test_the_progress_into_a_log_is_plain_lines_of_finished_steps(monkeypatch, caplog):
+    """Into a file or a pipe (not a terminal) GLUE's progress is pretraining's: plain log
+    lines, no carriage-return redraws, ending at the task's step count (not the steps its
+    last call was padded to)."""
+    import io
+
+    features, protocol, classifier, programs = _small_run()
+    stream = io.StringIO()          # not a terminal
+    monkeypatch.setattr("sys.stderr", stream)
+    with caplog.at_level("INFO", logger="roformer"):
+        finetune_lib.finetune(classifier, programs, features, protocol, seed=0, pad_id=0, steps_per_call=3,
+                              desc="SST-2 seed 0")
+    total = protocol.total_steps(len(features))
+    assert total % 3                 # the last call is padded with steps the bar must not count
+    assert "\r" not in stream.getvalue()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SST-2 seed 0: step")]
+    assert lines and lines[-1].startswith(f"SST-2 seed 0: step {total} of {total} (100%)")
+
+
+@pytest.mark.parametrize("padding, grad_accum", [("step", 4), ("call", 2), ("packed", 4)])
+def test_accumulated_micro_batches_make_the_updates_of_the_whole_batch(padding, grad_accum):
+    """config.grad_accum: each step as k micro-batches of batch/k, gradients summed before
+    the update, gives the whole batch's losses and params (dropout off: micro-batches draw
+    their own masks) to float32 rounding, short last batch and padding steps included; its
+    program runs micro-batches of batch/k (k=4: 2 rows of 64 tokens each)."""
+    features, protocol, classifier, programs = _small_run(dropout=0.0)
+
+    def run(grad_accum):
+        logged = []
+        accumulated = dataclasses.replace(protocol, grad_accum=grad_accum)
+        trained, _ = finetune_lib.finetune(classifier, programs, features, accumulated, seed=3, pad_id=0,
+                                           log_every=1, log_fn=logged.append, progress=False, steps_per_call=3,
+                                           padding=padding)
+        return [row["loss"] for row in logged], jax.tree.leaves(trained.params)
+
+    whole_losses, whole_params = run(1)
+    losses, params = run(grad_accum)
+    np.testing.assert_allclose(losses, whole_losses, rtol=2e-5, atol=1e-6)
+    for ours, theirs in zip(params, whole_params):
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-4, atol=1e-6)
+    if padding != "step":
+        return
+    program = finetune_lib.TrainProgram(8, (64,), 3, micro_batches=4)
+    text = programs.lower_train(program).as_text()
+    assert "tensor<3x4x2x64xi32>" in text and "tensor<3x8x64xi32>" not in text
+
+
+def test_a_batch_that_grad_accum_does_not_divide_is_refused():
+    from roformer.errors import ConfigError
+
+    config = glue_config.get_config()
+    config.update(batch_size=12, grad_accum=8)
+    with pytest.raises(ConfigError, match="batch_size=12 must be a multiple of grad_accum=8"):
+        finetune_lib.Protocol.from_config(config, "rte").check("rte")
+    config.per_task.rte.grad_accum = 4
+    finetune_lib.Protocol.from_config(config, "rte").check("rte")
+    assert finetune_lib.Protocol.from_config(config, "rte").grad_accum == 4
