@@ -334,11 +334,11 @@ def make_model_config():
 
 
 def test_a_shard_build_stopped_by_sigterm_leaves_a_lock_the_next_build_takes_over(tmp_path, caplog):
-    """SIGTERM's default action ends a build before it can remove its lock file; the kernel
-    released the flock with the process, and the next build takes the file over, saying so."""
+    """SIGTERM's default action ends a build before it can remove its name beside the lock; the
+    kernel released the flock with the process, and the next build takes over, saying so."""
     target = tmp_path / "shards" / "entry"
     target.parent.mkdir()
-    (target.parent / ".entry.lock").write_text("host elsewhere pid 4194304\n")
+    (target.parent / ".entry.builder").write_text("host elsewhere pid 4194304\n")
     with caplog.at_level(logging.INFO, logger="roformer.data.cache_lock"):
         assert finishes(lambda: cache_lock.build_lock(target).__enter__(), 20)
     assert "taking over the lock left by a build that was stopped (host elsewhere pid 4194304)" in caplog.text
