@@ -1,7 +1,7 @@
 """Weights in and out of HF `transformers` RoFormer format.
 
     python -m roformer.convert from-hf HF_DIR OUT_DIR [--rope-layout half] [--dtype bfloat16]
-    python -m roformer.convert to-hf OUR_DIR_OR_PRETRAIN_WORKDIR OUT_DIR [--step N]
+    python -m roformer.convert to-hf OUR_DIR_OR_PRETRAIN_WORKDIR OUT_DIR [--step N] [--push_to_hub=USER/NAME]
 
 HF_DIR is a transformers RoFormer directory (config.json + model.safetensors, a
 sharded *.index.json, or pytorch_model.bin) holding a `RoFormerForMaskedLM`,
@@ -654,6 +654,9 @@ def main(argv: list[str] | None = None) -> None:
                                        "(checkpoints/)")
     to_hf.add_argument("out_dir")
     to_hf.add_argument("--step", type=int, default=-1, help="pretraining step (default: newest)")
+    to_hf.add_argument("--push_to_hub", default="", metavar="USER/NAME",
+                       help="then upload the export to this Hub repository (roformer/hub.py; token: $HF_TOKEN)")
+    to_hf.add_argument("--hub_private", action="store_true", help="create that repository private")
     args = parser.parse_args(argv)
 
     out_dir = Path(args.out_dir)
@@ -677,6 +680,7 @@ def main(argv: list[str] | None = None) -> None:
         with exporting(out_dir):
             out = save_hf(model, config, out_dir)
             source = ""
+            write_text_atomic(out / MODEL_CARD, model_card(model, [("source", f"the converted model in {src}")]))
             _copy_tokenizer_files(src, out)
             if not (out / "tokenizer_config.json").is_file() and any((out / n).is_file() for n in TOKENIZER_FILES):
                 # a vocabulary from an HF directory without one: BERT's default is uncased, and a
@@ -705,6 +709,9 @@ def main(argv: list[str] | None = None) -> None:
         raise cli.UsageError(f"to-hf: {src} has neither {OUR_CONFIG_FILE} (from-hf output) nor {CHECKPOINTS}/ "
                              "(a pretraining workdir)")
     print(f"wrote HF {HF_ARCHITECTURES[_model_head(model)]}{source} to {out}")
+    if args.push_to_hub:
+        from roformer import hub   # huggingface_hub only when asked for
+        print(f"pushed to {hub.push(out, args.push_to_hub, private=args.hub_private)}")
 
 
 if __name__ == "__main__":
