@@ -80,6 +80,6 @@ def test_a_killed_builder_does_not_block_and_its_leftover_is_said(tmp_path, capl
             assert waiting.wait(20), "a killed builder blocked the next one"
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate()
     assert "is being built by host elsewhere pid 4194304; waiting for it" in caplog.text
     assert "taking over the lock left by a build that was stopped (host elsewhere pid 4194304)" in caplog.text
