@@ -17,8 +17,9 @@
   Ctrl-C prints `error: interrupted (Ctrl-C)` and exits 130 (pretraining instead saves a
   checkpoint and exits 0, as on SIGTERM).
 - **Logging:** the project's own progress lines (INFO of the `roformer` loggers) show;
-  library INFO lines (jax, orbax, absl) do not, unless `--verbosity`/`-v` is given:
-  0 shows INFO, 1 DEBUG, -1 warnings only (for every logger).
+  library INFO lines (jax, orbax, absl) do not, nor XLA's own C++ log lines (its slow-compile
+  alarm; roformer.native_logs), unless `--verbosity`/`-v` is given: 0 shows INFO, 1 DEBUG,
+  -1 warnings only (for every logger).
 - **`--help`** prints the command's usage and every config key with its default (of the
   file given with `--config`, else of the command's default config file) and exits 0.
 - **One flag style:** every command's flags are absl flags, `--name=value` or `--name value`,
@@ -46,7 +47,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from roformer import config_files
+from roformer import config_files, native_logs
 from roformer.errors import UserError
 from roformer.files import DISK_FULL_ERRNOS
 from roformer.host_memory import retain_host_memory
@@ -116,6 +117,8 @@ def user_errors() -> Iterator[None]:
         raise SystemExit(EXIT_INTERRUPTED) from None
     except Exception as error:  # noqa: BLE001 - anything else is re-raised untouched
         if show_tracebacks() or not is_user_error(error):
+            if native_logs.hidden() and not is_user_error(error):
+                print(f"note: {native_logs.hint()}", file=sys.stderr, flush=True)
             raise
         print(f"error: {error_line(error)}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_USER_ERROR) from None
@@ -164,6 +167,7 @@ def _configure_logging() -> None:
     else:
         logging.getLogger().setLevel(logging.WARNING)
         logging.getLogger("roformer").setLevel(logging.INFO)
+        native_logs.hide()   # XLA's C++ lines too (the slow-compile alarm); before jax runs anything
 
 
 def _parse_flags(argv: list[str], *, doc: str, help_config) -> list[str]:

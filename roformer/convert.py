@@ -1,7 +1,7 @@
 """Weights in and out of HF `transformers` RoFormer format.
 
     python -m roformer.convert from-hf HF_DIR OUT_DIR [--rope-layout=half] [--dtype=bfloat16]
-    python -m roformer.convert to-hf OUR_DIR_OR_PRETRAIN_WORKDIR OUT_DIR [--step=N]
+    python -m roformer.convert to-hf OUR_DIR_OR_PRETRAIN_WORKDIR OUT_DIR [--step=N] [--push_to_hub=USER/NAME]
 
 HF_DIR is a transformers RoFormer directory (config.json + model.safetensors, a
 sharded *.index.json, or pytorch_model.bin) holding a `RoFormerForMaskedLM`,
@@ -649,6 +649,9 @@ def command_flags() -> cli.CommandFlags:
     command.define("--dtype", default="float32", choices=sorted(DTYPES),
                    help="from-hf: compute dtype stored in our config (params stay float32)")
     command.define("--step", type=int, default=-1, help="to-hf: the pretraining step to export (default: newest)")
+    command.define("--push_to_hub", default="", metavar="USER/NAME",
+                   help="to-hf: then upload the export to this Hub repository (roformer/hub.py; token: $HF_TOKEN)")
+    command.define("--hub_private", type=bool, default=False, help="to-hf: create that repository private")
     return command
 
 
@@ -666,7 +669,7 @@ def main(argv: list[str] | None = None) -> None:
     if command == "from-hf":
         from_hf_command(src, out_dir, rope_layout=args.rope_layout, dtype=args.dtype)
     else:
-        to_hf_command(src, out_dir, step=args.step)
+        to_hf_command(src, out_dir, step=args.step, push_to_hub=args.push_to_hub, hub_private=args.hub_private)
 
 
 def from_hf_command(hf_dir: Path, out_dir: Path, **overrides) -> None:
@@ -678,7 +681,7 @@ def from_hf_command(hf_dir: Path, out_dir: Path, **overrides) -> None:
     print(f"wrote {_model_head(model)} model ({config.num_layers} layers, hidden {config.hidden_size}) to {out}")
 
 
-def to_hf_command(src: Path, out_dir: Path, *, step: int) -> None:
+def to_hf_command(src: Path, out_dir: Path, *, step: int, push_to_hub: str = "", hub_private: bool = False) -> None:
     if not src.is_dir():
         raise cli.UsageError(f"to-hf: {src}: no such directory (expected a from-hf output or a pretraining "
                              "workdir)")
@@ -687,6 +690,7 @@ def to_hf_command(src: Path, out_dir: Path, *, step: int) -> None:
         with exporting(out_dir):
             out = save_hf(model, config, out_dir)
             source = ""
+            write_text_atomic(out / MODEL_CARD, model_card(model, [("source", f"the converted model in {src}")]))
             _copy_tokenizer_files(src, out)
             if not (out / "tokenizer_config.json").is_file() and any((out / n).is_file() for n in TOKENIZER_FILES):
                 # a vocabulary from an HF directory without one: BERT's default is uncased, and a
@@ -715,6 +719,10 @@ def to_hf_command(src: Path, out_dir: Path, *, step: int) -> None:
         raise cli.UsageError(f"to-hf: {src} has neither {OUR_CONFIG_FILE} (from-hf output) nor {CHECKPOINTS}/ "
                              "(a pretraining workdir)")
     print(f"wrote HF {HF_ARCHITECTURES[_model_head(model)]}{source} to {out}")
+    if push_to_hub:
+        from roformer import hub   # huggingface_hub only when asked for
+        print(f"pushed to {hub.push(out, push_to_hub, private=hub_private)}")
+
 
 if __name__ == "__main__":
     main()

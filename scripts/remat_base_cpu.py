@@ -1,4 +1,4 @@
-"""docs/results/2026-12-07-remat-cpu.md, base table: `python scripts/remat_base_cpu.py 4 512 mem`.
+"""docs/results/2026-12-07-remat.md, base table: `python scripts/remat_base_cpu.py 4 512 mem`.
 
 XLA's buffer assignment (memory_analysis) of the compiled base/512 train step with
 model.remat none|full|dots on this CPU, then the step time of each (median of 2)."""

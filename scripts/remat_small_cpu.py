@@ -1,4 +1,4 @@
-"""docs/results/2026-12-07-remat-cpu.md, small-model table: `python scripts/remat_small_cpu.py`."""
+"""docs/results/2026-12-07-remat.md, small-model table: `python scripts/remat_small_cpu.py`."""
 import json
 import time
 

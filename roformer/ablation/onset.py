@@ -84,15 +84,19 @@ def fraction_started(observations: Iterable[tuple[float, bool]]) -> list[dict]:
     `observations` are (tokens, started): the onset of a run that started, or the last
     evaluation of one that has not (censored there). Returns one point per distinct onset:
     `tokens`, `at_risk` (runs not started and still observed just before), `started` (onsets
-    there) and `fraction` (1 - the product of (1 - started/at_risk) so far)."""
-    obs = sorted(observations)
-    survival, points = 1.0, []
-    for tokens in sorted({t for t, started in obs if started}):
-        at_risk = sum(1 for t, _ in obs if t >= tokens)
-        events = sum(1 for t, started in obs if started and t == tokens)
-        survival *= 1.0 - events / at_risk
-        points.append({"tokens": tokens, "at_risk": at_risk, "started": events, "fraction": 1.0 - survival})
-    return points
+    there) and `fraction` (scipy.stats.ecdf's estimate on the right-censored sample)."""
+    from scipy import stats   # on first use: the ablation's other commands do not need it
+
+    obs = list(observations)
+    onsets = sorted({t for t, started in obs if started})
+    if not onsets:
+        return []
+    sample = stats.CensoredData(uncensored=[t for t, started in obs if started],
+                                right=[t for t, started in obs if not started])
+    fractions = stats.ecdf(sample).cdf.evaluate(onsets)
+    return [{"tokens": tokens, "at_risk": sum(1 for t, _ in obs if t >= tokens),
+             "started": sum(1 for t, started in obs if started and t == tokens), "fraction": float(fraction)}
+            for tokens, fraction in zip(onsets, fractions)]
 
 
 def median_onset(points: Sequence[Mapping]) -> float | None:

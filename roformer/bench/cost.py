@@ -10,8 +10,8 @@ calibration it uses is printed with the pages it comes from.
 
 --variant NAME:KEY=VALUE[;KEY=VALUE...] adds a variant of the same step (repeatable), compiled and
 predicted beside it, with its predicted change: e.g. `dropout0:hidden_dropout=0`,
-`logits:forms=bf16_mlm_logits`, `batch128:batch=128`, `notriton:xla_gpu_enable_triton_gemm=true`
-(keys: the StepSpec fields, `forms` comma-separated (`forms=` none), or an `xla_...` compiler
+`logits:forms=bf16_mlm_logits`, `batch128:batch=128`, `notriton:xla_gpu_enable_triton_gemm=true`,
+`full:remat=full` (keys: the StepSpec fields, `forms` comma-separated (`forms=` none), or an `xla_...` compiler
 option). Needs the CUDA plugin (pip install -e .[cuda13], Python 3.12+); no GPU. A base/512/64
 compile takes minutes on a small CPU: --hlo-dir keeps each program and reads it back next time
 (delete it after changing the model).
@@ -41,8 +41,9 @@ from roformer.train.state import TrainSetup
 class StepSpec:
     """One train step as the benchmarks build it (roformer.bench.workload): size preset,
     sequence length, batch, position scheme, compute dtype, attention implementation, the
-    hidden and attention dropout, the dropout keys, backend forms (None: the GPU's default
-    set) and XLA options passed to the compiler (`xla_gpu_...` names)."""
+    hidden and attention dropout, the dropout keys, the encoder layers' gradient checkpointing
+    (`model.remat`), backend forms (None: the GPU's default set) and XLA options passed to the
+    compiler (`xla_gpu_...` names)."""
     size: str = "base"
     seq_len: int = 512
     batch: int = 64
@@ -53,6 +54,7 @@ class StepSpec:
     attention_dropout: float = 0.0
     dropout_rng_impl: str = "threefry2x32"
     vocab_size: int = 30522
+    remat: str = "none"
     forms: tuple[str, ...] | None = None
     compiler_options: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
@@ -60,7 +62,7 @@ class StepSpec:
         return ModelConfig.from_preset(self.size, position=self.scheme, dtype=self.dtype, vocab_size=self.vocab_size,
                                        max_position_embeddings=max(512, self.seq_len),
                                        hidden_dropout=self.hidden_dropout, attention_dropout=self.attention_dropout,
-                                       attention_impl=self.attention_impl)
+                                       attention_impl=self.attention_impl, remat=self.remat)
 
 
 def compile_spec(spec: StepSpec, gpu: str) -> tuple[deviceless.CompiledStep, float]:
@@ -93,6 +95,7 @@ def define_flags(command: cli.CommandFlags) -> None:
     command.define("--attention-dropout", type=float, default=0.0)
     command.define("--dropout-rng-impl", default="threefry2x32")
     command.define("--vocab-size", type=int, default=30522)
+    command.define("--remat", default="none", help="the encoder layers' gradient checkpointing (model.remat)")
     command.define("--forms", default=None,
                    help="backend forms, comma-separated ('' for none; default: the GPU's default set)")
     command.define("--variant", repeat=True, default=[], metavar="NAME:KEY=VALUE[;...]",
@@ -126,9 +129,10 @@ def parse_variant(text: str, base: StepSpec) -> tuple[str, StepSpec]:
 def base_spec(args: SimpleNamespace) -> StepSpec:
     forms = None if args.forms is None else tuple(form for form in args.forms.split(",") if form)
     return StepSpec(size=args.size, seq_len=args.seq_len, batch=args.batch, scheme=args.scheme,
-                               dtype=args.dtype, attention_impl=args.attention_impl,
-                               hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
-                               dropout_rng_impl=args.dropout_rng_impl, vocab_size=args.vocab_size, forms=forms)
+                    dtype=args.dtype, attention_impl=args.attention_impl,
+                    hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
+                    dropout_rng_impl=args.dropout_rng_impl, vocab_size=args.vocab_size, remat=args.remat,
+                    forms=forms)
 
 
 def code_digest() -> str:

@@ -5,13 +5,12 @@ share the cache directory (then they split a build).
 
 Not roformer.workdir_lock's lock file: a workdir refuses a second run at once, naming its
 holder's host and pid, while a cache entry makes the second run wait and then reuse what
-the first built, which an flock does with no stale lock to clear (the kernel releases it
-when the holder dies).
+the first built, which filelock's flock does with no stale lock to clear (the kernel releases
+it when the holder dies).
 """
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import socket
@@ -19,7 +18,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import filelock
+
 from roformer.errors import UserError
+from roformer.files import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -31,68 +33,64 @@ class CacheUnwritable(UserError, OSError):
 
 @contextlib.contextmanager
 def build_lock(target: Path) -> Iterator[None]:
-    """Holds the lock of cache entry `target` (`.<name>.lock` beside it) for the block, waiting
-    while another process holds it. The caller checks again for the entry once it holds the
-    lock: the process it waited for has usually built it.
+    """Holds the lock of cache entry `target` (`.<name>.lock` beside it, a `filelock.FileLock`)
+    for the block, waiting while another process holds it. The caller checks again for the
+    entry once it holds the lock: the process it waited for has usually built it.
 
-    flock, not a lock file's existence: the kernel releases it when the holder exits or is
-    killed, so a dead builder never blocks; the file it leaves (a build stopped by SIGTERM or
-    SIGKILL) is taken over, said in the log. The holder removes the file before it unlocks; a
-    waiter that then gets the lock of the removed file takes the current one instead. Where
-    the file system refuses flock, the block runs unlocked: correct, at worst built twice."""
+    filelock locks with flock, not with the file's existence: the kernel releases it when the
+    holder exits or is killed, so a dead builder never blocks. The holder names itself in
+    `.<name>.builder` beside it (the waiting line says whom it waits for) and removes that file
+    before it unlocks; one found there by the next holder was left by a build stopped by
+    SIGTERM or SIGKILL, and is said in the log. Where the lock cannot be taken (a file system
+    that refuses it), the block runs unlocked: correct, at worst built twice."""
     path = target.with_name(f".{target.name}.lock")
-    told = False
-    while True:
-        f = _open(path, target)
+    builder = target.with_name(f".{target.name}.builder")
+    _prepare(path, target)
+    lock = filelock.FileLock(path)
+    try:
         try:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if not told:
-                    f.seek(0)
-                    log.info("%s is being built by %s; waiting for it", target, f.read().strip() or "another run")
-                    told = True
-                fcntl.flock(f, fcntl.LOCK_EX)
-        except OSError as err:   # e.g. ENOLCK / EOPNOTSUPP on some network file systems
-            f.close()
-            log.info("cannot lock %s (%s): building %s without waiting for other runs", path, err, target.name)
-            f = None
-            break
-        try:
-            current = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
-        except FileNotFoundError:
-            current = False
-        if current:
-            f.seek(0)
-            left = f.read().strip()
-            if left:   # its holder was killed (SIGTERM, SIGKILL) before it removed it: nothing holds it now
-                log.info("%s: taking over the lock left by a build that was stopped (%s); building it again",
-                         target, left)
-            break
-        f.close()   # the previous holder removed it: lock the file now at `path`
-    if f is None:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            log.info("%s is being built by %s; waiting for it", target, _read(builder) or "another run")
+            lock.acquire()
+    except (OSError, NotImplementedError, RuntimeError) as err:   # e.g. ENOLCK on some network file systems
+        log.info("cannot lock %s (%s): building %s without waiting for other runs", path, err, target.name)
+        locked = False
+    else:
+        locked = True
+    if not locked:
         yield
         return
-    with f:
-        f.seek(0)
-        f.truncate()
-        f.write(f"host {socket.gethostname()} pid {os.getpid()}\n")
-        f.flush()
-        try:
-            yield
-        finally:
-            path.unlink(missing_ok=True)
+    try:
+        left = _read(builder)
+        if left:   # its holder was killed (SIGTERM, SIGKILL) before it removed it: nothing holds it now
+            log.info("%s: taking over the lock left by a build that was stopped (%s); building it again",
+                     target, left)
+        write_text_atomic(builder, f"host {socket.gethostname()} pid {os.getpid()}\n")
+        yield
+    finally:
+        builder.unlink(missing_ok=True)
+        lock.release()
 
 
-def _open(path: Path, target: Path):
-    """The lock file `path` of entry `target`, opened (created) to lock it; a cache that cannot
-    be written is said in one line (CacheUnwritable)."""
+def _read(path: Path) -> str:
+    """The text of a small file, '' where it is absent or unreadable."""
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _prepare(path: Path, target: Path) -> None:
+    """The directory of lock file `path` (of entry `target`), created and writable, with no
+    dangling symbolic link in the lock's place; a cache that cannot be written is said in one
+    line (CacheUnwritable)."""
     try:
         if path.is_symlink() and not path.exists():   # a link to nothing: no build made it, none holds it
             log.info("removing %s, a symbolic link to nothing", path)
             path.unlink()
         path.parent.mkdir(parents=True, exist_ok=True)
-        return open(path, "a+")
+        open(path, "a").close()   # as filelock will open it: refused here in the cache's words
     except OSError as error:
         raise CacheUnwritable(f"{target} must be built but the cache {path.parent} cannot be written "
                               f"({error.strerror or error}); make it writable, or set data.cache_dir (or "

@@ -208,19 +208,14 @@ def onset(tokens: list[float], gaps: list[float], threshold: float) -> dict:
 
 
 def kaplan_meier(times: np.ndarray, started: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """Fraction started by each grid time (1 - the Kaplan-Meier survival of 'not started');
-    a left-censored onset counts as started at its time (an upper bound)."""
+    """Fraction started by each grid time (1 - the Kaplan-Meier survival of 'not started',
+    scipy.stats.ecdf's on the right-censored sample); a left-censored onset counts as started
+    at its time (an upper bound)."""
+    from scipy import stats
+
     times, started = np.asarray(times, float), np.asarray(started, bool)
-    out = np.zeros(len(grid))
-    surviving = 1.0
-    event_times = np.unique(times[started])
-    for t in event_times:
-        at_risk = (times >= t).sum()
-        events = ((times == t) & started).sum()
-        if at_risk:
-            surviving *= 1 - events / at_risk
-        out[grid >= t] = 1 - surviving
-    return out
+    sample = stats.CensoredData(uncensored=times[started], right=times[~started])
+    return stats.ecdf(sample).cdf.evaluate(np.asarray(grid, float))
 
 
 def onset_curve(times, started, grid, *, level: float = 0.95) -> dict:

@@ -2,6 +2,7 @@
 optimised HLO module in the text form XLA's GPU compiler prints (runs anywhere: no jax)."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import pytest
@@ -183,3 +184,15 @@ def test_variants_parse_into_step_specs():
         cost.parse_variant("x:colour=red", base)
     with pytest.raises(ConfigError, match="NAME:KEY=VALUE"):
         cost.parse_variant("no_settings", base)
+
+
+def test_a_variant_and_the_baseline_can_set_the_layers_gradient_checkpointing():
+    """`--variant full:remat=full` and `--remat dots` compile the step with model.remat set."""
+    name, spec = cost.parse_variant("full:remat=full", cost.StepSpec(size="tiny"))
+    assert name == "full" and spec.remat == "full" and spec.model_config().remat == "full"
+    parser = argparse.ArgumentParser()
+    cost.add_args(parser)
+    assert cost.base_spec(parser.parse_args(["--remat", "dots"])).model_config().remat == "dots"
+    assert cost.base_spec(parser.parse_args([])).model_config().remat == "none"
+    with pytest.raises(ConfigError, match="remat"):
+        cost.parse_variant("bad:remat=some", cost.StepSpec(size="tiny"))[1].model_config()
