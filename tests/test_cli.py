@@ -75,7 +75,7 @@ def test_the_study_command_refuses_on_one_line_and_ablate_points_to_it(tmp_path)
     assert one_error_line(run("roformer.study", "frobnicate")).startswith("error: unexpected arguments: ['frobnicate']")
     assert one_error_line(run("roformer.study", "--config=configs/study.py:gpu_huge", f"--workdir={tmp_path}")
                           ).endswith("unknown configs/study.py variant 'gpu_huge'; choose one of 'gpu_tiny', "
-                                     "'gpu_tiny_long', 'gpu_mini', 'gpu_mini_long', 'gpu_small', 'gpu_smoke'")
+                                     "'gpu_tiny_long', 'gpu_tiny_end', 'gpu_mini', 'gpu_mini_long', 'gpu_small', 'gpu_smoke'")
     line = one_error_line(run("roformer.ablate", "--config=configs/ablation.py:gpu_tiny", f"--workdir={tmp_path}"))
     assert "python -m roformer.study --config=configs/study.py:gpu_tiny --workdir=DIR" in line
     assert not any(tmp_path.iterdir())

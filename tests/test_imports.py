@@ -120,7 +120,7 @@ def all_imports() -> dict[str, dict[str, int]]:
 # points and every package's __main__) are the top floor: nothing imports them.
 HOUSE = (
     ("errors", "files", "checksums", "settings", "host_memory", "machine", "orbax_logs", "distributed",
-     "workdir_lock", "workdir_kind", "config_files", "cli"),   # the ground: the standard library's neighbours
+     "workdir_lock", "workdir_kind", "config_files", "native_logs", "cli"),   # the ground: the standard library's neighbours
     ("model",),
     ("data", "accelerator"),   # accelerator: the device, dtype and attention path a run logs
     ("workdir",),            # a pretraining workdir's layout and its one reader

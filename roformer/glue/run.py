@@ -204,15 +204,12 @@ class ProgramsCache:
         return self._programs[key]
 
 
-def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_state,
-             run_log: RunLog, submission_dir: Path | None, programs_cache: ProgramsCache,
-             models_dir: Path, resume_dir: Path | None = None, resume_identity: dict | None = None) -> dict:
-    """Fine-tune and score `task` with every seed. With `resume_dir` (and config.checkpoint_every
-    > 0) each seed's state is saved in resume_dir/seed<k> and a rerun goes on from it
-    (roformer.glue.resume); `resume_identity` says what else the states depend on (init, model)."""
+def task_features(task: TaskSpec, config, tokenizer, *, with_tests: bool):
+    """The task's protocol, its featurized splits (train, eval by split, test by (task, split),
+    and which eval splits config.max_eval_examples cut) and the training batches' padding."""
     protocol = Protocol.from_config(config, task.name)
     train = limit_examples(read_split(task, task.train_split, **data_kwargs(config)), protocol.max_train_examples)
-    evals, tests, cut = eval_examples(task, config, with_tests=submission_dir is not None)
+    evals, tests, cut = eval_examples(task, config, with_tests=with_tests)
     if cut:
         log.warning("%s: scored on the first %d examples of %s (config.max_eval_examples): not the task's score",
                     task.display, config.max_eval_examples, ", ".join(f"{s} ({n:,})" for s, n in cut.items()))
@@ -227,6 +224,17 @@ def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_s
              why)
     eval_f = {s: feats(ex) for s, ex in evals.items()}
     test_f = {key: feats(ex) for key, ex in tests.items()}
+    return protocol, (train_f, eval_f, test_f, cut), padding
+
+
+def run_task(task: TaskSpec, config, *, tokenizer, special, model_config, init_state,
+             run_log: RunLog, submission_dir: Path | None, programs_cache: ProgramsCache,
+             models_dir: Path, resume_dir: Path | None = None, resume_identity: dict | None = None) -> dict:
+    """Fine-tune and score `task` with every seed. With `resume_dir` (and config.checkpoint_every
+    > 0) each seed's state is saved in resume_dir/seed<k> and a rerun goes on from it
+    (roformer.glue.resume); `resume_identity` says what else the states depend on (init, model)."""
+    protocol, (train_f, eval_f, test_f, cut), padding = task_features(task, config, tokenizer,
+                                                                       with_tests=submission_dir is not None)
     predict_kw = predict_kwargs(config, protocol, special.pad_id)
 
     seeds, test_predictions, trained = {}, {}, {}

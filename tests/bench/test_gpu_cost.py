@@ -2,11 +2,11 @@
 optimised HLO module in the text form XLA's GPU compiler prints (runs anywhere: no jax)."""
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 import pytest
 
+from roformer import cli
 from roformer.bench import cost, gpu_cost
 from roformer.errors import ConfigError
 
@@ -190,9 +190,9 @@ def test_a_variant_and_the_baseline_can_set_the_layers_gradient_checkpointing():
     """`--variant full:remat=full` and `--remat dots` compile the step with model.remat set."""
     name, spec = cost.parse_variant("full:remat=full", cost.StepSpec(size="tiny"))
     assert name == "full" and spec.remat == "full" and spec.model_config().remat == "full"
-    parser = argparse.ArgumentParser()
-    cost.add_args(parser)
-    assert cost.base_spec(parser.parse_args(["--remat", "dots"])).model_config().remat == "dots"
-    assert cost.base_spec(parser.parse_args([])).model_config().remat == "none"
+    command = cli.CommandFlags("bench cost")
+    cost.define_flags(command)
+    assert cost.base_spec(command.parse(["--remat", "dots"])[0]).model_config().remat == "dots"
+    assert cost.base_spec(command.parse([])[0]).model_config().remat == "none"
     with pytest.raises(ConfigError, match="remat"):
         cost.parse_variant("bad:remat=some", cost.StepSpec(size="tiny"))[1].model_config()
