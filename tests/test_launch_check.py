@@ -128,6 +128,54 @@ def test_a_real_launch_refuses_a_step_its_device_cannot_hold_and_runs_the_progra
         jax.monitoring.unregister_event_duration_listener(listener)
 
 
+def untouchable(what):
+    def touched(*args, **kwargs):
+        raise AssertionError(f"{what} was touched")
+    return touched
+
+
+def test_a_real_launch_refuses_an_unfit_step_before_the_data_or_a_checkpoint_is_touched(tmp_path, monkeypatch):
+    """On a device that reports 1 MiB, the launch fails with the one line before its data
+    pipeline (a cache build on every host) starts or its checkpoints are opened."""
+    from roformer.train import bookkeeping, train_and_evaluate
+
+    monkeypatch.setattr(compiled, "device_memory_limit", lambda: 2**20)
+    monkeypatch.setattr(bookkeeping, "run_data", untouchable("the data pipeline"))
+    monkeypatch.setattr(bookkeeping, "make_pretrain_data", untouchable("the data pipeline"))
+    monkeypatch.setattr(bookkeeping, "open_run", untouchable("the checkpoints"))
+    monkeypatch.setattr(bookkeeping, "restore_or_init", untouchable("the checkpoints"))
+    with pytest.raises(ConfigError, match=r"^does not fit: the train step needs [^\n]* per device on this cpu, which "
+                                          r"has 1.0 MiB \([^\n]* over\); [^\n]*$"):
+        train_and_evaluate(micro_config(num_devices=1), tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_a_real_launch_that_fits_runs_the_step_it_checked_before_the_data(tmp_path, monkeypatch, wiki_cache):
+    """The fit check runs once, before the data, and the loop keeps the step it compiled."""
+    from helpers.train import make_config
+    from roformer.train import bookkeeping, train_and_evaluate
+
+    order, checked = [], []
+    run_data, refuse = bookkeeping.run_data, compiled.refuse_unfit_step
+
+    def data(*args, **kwargs):
+        order.append("data")
+        return run_data(*args, **kwargs)
+
+    def check(jitted, *args, **kwargs):
+        order.append("fit check")
+        checked.append(jitted)
+        return refuse(jitted, *args, **kwargs)
+    monkeypatch.setattr(compiled, "device_memory_limit", lambda: 2**40)
+    monkeypatch.setattr(bookkeeping, "run_data", data)
+    monkeypatch.setattr(compiled, "refuse_unfit_step", check)
+    summary = train_and_evaluate(make_config(wiki_cache, **{"train.steps": 2}), tmp_path / "run")
+    assert summary["final_step"] == 2
+    # the tokenizer reaches data.vocab_size on this corpus, so the model checked is the run's
+    assert order == ["fit check", "data"] and len(checked) == 1
+
+
 # ---- with libtpu: the real steps compiled for TPU topologies ----------------------------------
 
 @needs_libtpu

@@ -71,6 +71,7 @@ def _train_phase(config, workdir: Path) -> dict:
     init_source = warm_start.find_init_checkpoint(tc.init_from, tc.init_step) if tc.init_from else None
     if init_source is None:   # this config's architecture (a warm start's is the checkpoint's: checked below)
         check_attention_setting(config.model)
+    checked = None if init_source is not None else _refuse_unfit_before_data(config, tc, mesh)
     data = bookkeeping.run_data(config.data, tc, init_source, workdir=workdir)
     if init_source is None:
         model_cfg = build_model_config(config.model, vocab_size=data.vocab_size, pad_token_id=data.pad_id)
@@ -98,17 +99,11 @@ def _train_phase(config, workdir: Path) -> dict:
             return finished
         # the device kind's (None on a CPU: MFU is not reported there)
         peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
-        setup = TrainSetup(model_cfg, *bookkeeping.run_optimizer(tc), mesh, seed=tc.seed,
-                           dropout_rng_impl=tc.dropout_rng_impl)
         cleanup.enter_context(jax.set_mesh(mesh))
-        train_jit = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
-        # On a device that reports its memory, a step that cannot fit is refused in one line before the
-        # state is made; the program compiled for the check is the one the loop runs.
-        state_structs = setup.sharded_abstract_state()
-        compiled.refuse_unfit_step(
-            train_jit, (state_structs, setup.sharded_abstract_rest(),
-                        compiled.step_batch(config.data, tc.seq_len, tc.batch_size, mesh)),
-            fsdp=mesh.shape["fsdp"], state_bytes=compiled.device_bytes(state_structs))
+        if checked is not None and checked[0].model_cfg == model_cfg:   # the data's model is the one checked
+            setup, train_jit = checked
+        else:   # a warm start's model, or a tokenizer of another size than data.vocab_size: checked now
+            setup, train_jit = _checked_train_step(config, tc, mesh, model_cfg)
         rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step
         state, start_step, train_iter = bookkeeping.restore_or_init(
             setup, checkpointer, data, tc, init_source=init_source, init_params=init_params)
@@ -186,6 +181,34 @@ def _train_phase(config, workdir: Path) -> dict:
     if is_main:
         bookkeeping.write_summary(workdir, summary)
     return summary
+
+
+def _checked_train_step(config, tc: TrainConfig, mesh, model_cfg):
+    """(the setup, its jitted train step) for `model_cfg`. On a device that reports its
+    memory, the step is compiled first and refused in one line when it cannot fit; the
+    program compiled for the check is then the one the loop runs."""
+    setup = TrainSetup(model_cfg, *bookkeeping.run_optimizer(tc), mesh, seed=tc.seed,
+                       dropout_rng_impl=tc.dropout_rng_impl)
+    train_jit = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
+    state_structs = setup.sharded_abstract_state()
+    with jax.set_mesh(mesh):
+        compiled.refuse_unfit_step(
+            train_jit, (state_structs, setup.sharded_abstract_rest(),
+                        compiled.step_batch(config.data, tc.seq_len, tc.batch_size, mesh)),
+            fsdp=mesh.shape["fsdp"], state_bytes=compiled.device_bytes(state_structs))
+    return setup, train_jit
+
+
+def _refuse_unfit_before_data(config, tc: TrainConfig, mesh):
+    """The fit check of a fresh run, before its data pipeline starts (a cache build on every
+    host) or any checkpoint is read: the config's model with data.vocab_size (the size the
+    tokenizer is trained to) compiled for this device. Returns (setup, train step) for the
+    loop to keep when the data's tokenizer gives the same model, or None where the device
+    reports no memory (a CPU), so nothing is compiled twice."""
+    if not compiled.device_memory_limit():
+        return None
+    return _checked_train_step(config, tc, mesh, build_model_config(config.model,
+                                                                    vocab_size=int(config.data.vocab_size)))
 
 
 def _make_mesh(mesh_cfg, tc: TrainConfig):
