@@ -162,6 +162,7 @@ class LaunchReport:
     model: str
     batch: str
     predicted: str | None = None         # the step time a cost model predicts, where one covers the target
+    remat: str = ""                      # the model's gradient checkpointing (model.remat)
 
     @property
     def peak_bytes(self) -> int:
@@ -237,7 +238,7 @@ def compile_run(config, target: Target, *, eval_step: bool = True) -> LaunchRepo
         target=target, mesh=dict(mesh.shape), layout=layout, device_bytes=device_memory_bytes(target, devices),
         param_bytes=device_bytes(state["params"]), opt_bytes=device_bytes(state["opt_state"]),
         groups=param_groups(state["params"], logical), checkpoint_bytes=sharding.checkpoint_bytes_per_process(state),
-        steps=reports, predicted=predicted, model=f"{config.model.size} ({_count(state['params']) / 1e6:.0f}M parameters, "
+        steps=reports, predicted=predicted, remat=model_cfg.remat, model=f"{config.model.size} ({_count(state['params']) / 1e6:.0f}M parameters, "
                              f"{model_cfg.dtype} compute)",
         batch=f"{tc.batch_size} x {tc.seq_len}" + (f", grad_accum {tc.grad_accum}" if tc.grad_accum > 1 else ""))
 
@@ -279,7 +280,7 @@ def check_fits(report: LaunchReport) -> None:
     message = unfit_message(peak, report.device_bytes, where=f"{report.target.name} ({report.target.kind})",
                             state_bytes=report.param_bytes + report.opt_bytes,
                             temp_bytes=max(s.memory["temp_size_in_bytes"] for s in report.steps),
-                            fsdp=report.mesh["fsdp"])
+                            fsdp=report.mesh["fsdp"], remat=report.remat)
     if message:
         raise ConfigError(message + f" [compiled: {train.name} {size_text(train.peak_bytes)}]")
 

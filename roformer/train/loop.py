@@ -195,7 +195,7 @@ def _checked_train_step(config, tc: TrainConfig, mesh, model_cfg):
         compiled.refuse_unfit_step(
             train_jit, (state_structs, setup.sharded_abstract_rest(),
                         compiled.step_batch(config.data, tc.seq_len, tc.batch_size, mesh)),
-            fsdp=mesh.shape["fsdp"], state_bytes=compiled.device_bytes(state_structs))
+            fsdp=mesh.shape["fsdp"], state_bytes=compiled.device_bytes(state_structs), remat=model_cfg.remat)
     return setup, train_jit
 
 
