@@ -176,6 +176,27 @@ def test_a_real_launch_that_fits_runs_the_step_it_checked_before_the_data(tmp_pa
     assert order == ["fit check", "data"] and len(checked) == 1
 
 
+@pytest.mark.slow
+def test_compile_only_compiles_the_steps_without_touching_data_or_checkpoints(monkeypatch):
+    """The whole check on a target of this host's four CPU devices (standing in for a TPU's,
+    which need libtpu) with every data and checkpoint entry point made to fail if touched."""
+    from roformer.data import pipeline
+    from roformer.train import bookkeeping
+
+    monkeypatch.setattr(launch_check, "target_devices", lambda target: jax.devices()[:4])
+    monkeypatch.setattr(launch_check, "device_memory_bytes", lambda target, devices: 2**30)
+    for module, name in ((bookkeeping, "run_data"), (bookkeeping, "make_pretrain_data"),
+                         (pipeline, "make_pretrain_data"), (pipeline, "make_source"), (pipeline, "load_tokenizer"),
+                         (bookkeeping, "open_run"), (bookkeeping, "restore_or_init")):
+        monkeypatch.setattr(module, name, untouchable(f"{module.__name__}.{name}"))
+    report = launch_check.compile_run(micro_config(data=-1, fsdp=2), launch_check.Target("cpu:4", "cpu", "cpu"))
+    assert report.mesh == {"data": 2, "fsdp": 2, "tensor": 1} and [s.name for s in report.steps] == [
+        "train step", "eval step"]
+    assert "all-gather" in report.steps[0].collectives   # FSDP gathers the parameters
+    launch_check.check_fits(report)
+    assert "fits: " in launch_check.format_report(report)
+
+
 # ---- with libtpu: the real steps compiled for TPU topologies ----------------------------------
 
 @needs_libtpu
