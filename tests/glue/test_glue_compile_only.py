@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import pytest
 
-from roformer import launch_check
+from roformer import deviceless, launch_check
 from roformer.configs import glue as glue_config
 from roformer.errors import ConfigError
 from roformer.glue import compile_only, readers, run
@@ -72,4 +72,13 @@ def test_glue_compile_only_refuses_a_config_without_a_vocabulary_size_in_one_lin
 def test_glue_programs_compile_for_a_tpu_device():
     report = compile_only.compile_glue(micro_glue_config("sst2"), launch_check.parse_target("v5e:2x2"))
     assert report.device_bytes == 16 * 2**30 and report.devices == 4
+    compile_only.check_fits(report)
+
+
+@pytest.mark.skipif(not deviceless.plugin_available(), reason="compiling for a GPU needs the CUDA plugin")
+@pytest.mark.slow
+def test_glue_programs_compile_for_a_gpu_in_its_padded_form():
+    report = compile_only.compile_glue(micro_glue_config("sst2"), launch_check.parse_target("h100:1"))
+    (group, _), = report.programs
+    assert group.padding == "call" and group.program.lengths == (32,)   # a GPU's: one length, no branch
     compile_only.check_fits(report)
