@@ -9,7 +9,7 @@ device's, the sharding of every parameter group, each process's share of the bat
 checkpoint, and the collectives of the optimised program with the bytes they move per step. A
 config that does not fit is refused in one line that says by how much and which setting helps;
 a real launch on the hardware runs the same fit check on the step it compiles anyway
-(roformer.train.compiled.refuse_unfit_step), before the state is made.
+(roformer.train.compiled.refuse_unfit_step), before its data pipeline starts.
 
 Targets: a TPU slice as Cloud TPU names it (`v5e:4x4`, `v5p:2x2x4`, `v4:2x2x2`, `v6e:4x4`;
 needs libtpu, the `[tpu]` extra, no TPU), or GPUs as `KIND:PER_HOSTxHOSTS` (`h100:8`,

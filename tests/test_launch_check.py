@@ -76,7 +76,12 @@ def test_a_step_that_does_not_fit_is_refused_in_one_line_naming_the_knob():
                               "16.00 GiB (4.00 GiB over); lower train.batch_size")
     state_heavy = compiled.unfit_message(20 * gib, 16 * gib, where="x", state_bytes=12 * gib,
                                              temp_bytes=2 * gib, fsdp=2)
-    assert "over); raise mesh.fsdp (now 2;" in state_heavy
+    assert "over); raise mesh.fsdp (now 2; parameters and optimizer state are 12.00 GiB per device)" in state_heavy
+    without_remat = compiled.unfit_message(20 * gib, 16 * gib, where="x", state_bytes=gib, temp_bytes=15 * gib,
+                                           remat="none")
+    assert "raise train.grad_accum or set model.remat=full (now none) (the train step's activations" in without_remat
+    assert "model.remat" not in compiled.unfit_message(20 * gib, 16 * gib, where="x", state_bytes=gib,
+                                                       temp_bytes=15 * gib, remat="full")
 
 
 def test_a_gpu_target_without_its_compiler_is_refused_in_one_line(monkeypatch):
