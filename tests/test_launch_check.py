@@ -79,7 +79,7 @@ def test_a_step_that_does_not_fit_is_refused_in_one_line_naming_the_knob():
     assert "over); raise mesh.fsdp (now 2; parameters and optimizer state are 12.00 GiB per device)" in state_heavy
     without_remat = compiled.unfit_message(20 * gib, 16 * gib, where="x", state_bytes=gib, temp_bytes=15 * gib,
                                            remat="none")
-    assert "raise train.grad_accum or set model.remat=full (now none) (the train step's activations" in without_remat
+    assert "raise train.grad_accum or set model.remat=full instead of none (the train step's activations" in without_remat
     assert "model.remat" not in compiled.unfit_message(20 * gib, 16 * gib, where="x", state_bytes=gib,
                                                        temp_bytes=15 * gib, remat="full")
 

@@ -158,7 +158,7 @@ def unfit_message(peak: int, limit: int, *, where: str, state_bytes: int, temp_b
         return None
     temp_knob = temp_knob or "lower train.batch_size or raise train.grad_accum"
     if remat and remat != "full":
-        temp_knob += f" or set model.remat=full (now {remat})"
+        temp_knob += f" or set model.remat=full instead of {remat}"
     state_knob = state_knob or f"raise mesh.fsdp (now {fsdp};"
     knobs = [(temp_bytes, f"{temp_knob} (the {step}'s activations and temporaries are {size_text(temp_bytes)} "
                           "per device)"),
