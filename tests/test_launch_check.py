@@ -11,7 +11,7 @@ import pytest
 from roformer.configs import tiny
 from roformer import deviceless, launch_check
 from roformer.errors import ConfigError
-from roformer.train import compiled, sharding
+from roformer.train import compiled, loop, sharding
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 needs_plugin = pytest.mark.skipif(not deviceless.plugin_available(),
@@ -139,11 +139,20 @@ def untouchable(what):
     return touched
 
 
-def test_a_real_launch_refuses_an_unfit_step_before_the_data_or_a_checkpoint_is_touched(tmp_path, monkeypatch):
+@pytest.mark.parametrize("vocab", ["", "bert-base-uncased-vocab.txt"])
+def test_a_real_launch_refuses_an_unfit_step_before_the_data_or_a_checkpoint_is_touched(tmp_path, monkeypatch,
+                                                                                       shared_data, vocab):
     """On a device that reports 1 MiB, the launch fails with the one line before its data
-    pipeline (a cache build on every host) starts or its checkpoints are opened."""
+    pipeline (a cache build on every host) starts or its checkpoints are opened; with a given
+    vocabulary file, for that vocabulary's model."""
     from roformer.train import bookkeeping, train_and_evaluate
 
+    config = micro_config(num_devices=1)
+    if vocab:
+        config.data.vocab = str(shared_data / "vocab" / vocab)
+    built = []
+    build = loop.build_model_config
+    monkeypatch.setattr(loop, "build_model_config", lambda *a, **k: built.append(k["vocab_size"]) or build(*a, **k))
     monkeypatch.setattr(compiled, "device_memory_limit", lambda: 2**20)
     monkeypatch.setattr(bookkeeping, "run_data", untouchable("the data pipeline"))
     monkeypatch.setattr(bookkeeping, "make_pretrain_data", untouchable("the data pipeline"))
@@ -151,8 +160,9 @@ def test_a_real_launch_refuses_an_unfit_step_before_the_data_or_a_checkpoint_is_
     monkeypatch.setattr(bookkeeping, "restore_or_init", untouchable("the checkpoints"))
     with pytest.raises(ConfigError, match=r"^does not fit: the train step needs [^\n]* per device on this cpu, which "
                                           r"has 1.0 MiB \([^\n]* over\); [^\n]*$"):
-        train_and_evaluate(micro_config(num_devices=1), tmp_path / "run")
+        train_and_evaluate(config, tmp_path / "run")
     assert not (tmp_path / "run" / "checkpoints").exists()
+    assert built == [30522 if vocab else 512]
 
 
 @pytest.mark.slow

@@ -201,14 +201,18 @@ def _checked_train_step(config, tc: TrainConfig, mesh, model_cfg):
 
 def _refuse_unfit_before_data(config, tc: TrainConfig, mesh):
     """The fit check of a fresh run, before its data pipeline starts (a cache build on every
-    host) or any checkpoint is read: the config's model with data.vocab_size (the size the
-    tokenizer is trained to) compiled for this device. Returns (setup, train step) for the
-    loop to keep when the data's tokenizer gives the same model, or None where the device
-    reports no memory (a CPU), so nothing is compiled twice."""
+    host) or any checkpoint is read: the config's model with data.vocab's size (a given
+    vocabulary file) or data.vocab_size (the size the tokenizer is trained to) compiled for
+    this device. Returns (setup, train step) for the loop to keep when the data's tokenizer
+    gives the same model, or None where the device reports no memory (a CPU), so nothing is
+    compiled twice."""
     if not compiled.device_memory_limit():
         return None
-    return _checked_train_step(config, tc, mesh, build_model_config(config.model,
-                                                                    vocab_size=int(config.data.vocab_size)))
+    from roformer.data.tokenizer import load_tokenizer
+
+    vocab_size = (load_tokenizer(config.data.vocab, lowercase=config.data.lowercase).vocab_size if config.data.vocab
+                  else int(config.data.vocab_size))
+    return _checked_train_step(config, tc, mesh, build_model_config(config.model, vocab_size=vocab_size))
 
 
 def _make_mesh(mesh_cfg, tc: TrainConfig):
