@@ -191,7 +191,6 @@ def test_a_real_launch_that_fits_runs_the_step_it_checked_before_the_data(tmp_pa
     assert order == ["fit check", "data"] and len(checked) == 1
 
 
-@pytest.mark.slow
 def test_compile_only_compiles_the_steps_without_touching_data_or_checkpoints(monkeypatch):
     """The whole check on a target of this host's four CPU devices (standing in for a TPU's,
     which need libtpu) with every data and checkpoint entry point made to fail if touched."""

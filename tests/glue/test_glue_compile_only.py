@@ -42,7 +42,6 @@ def cpu_target(monkeypatch):
     return launch_check.Target("cpu:4", "cpu", "cpu")
 
 
-@pytest.mark.slow
 def test_glue_programs_compile_for_a_target_without_data_and_report_one_devices_memory(cpu_target):
     report = compile_only.compile_glue(micro_glue_config(), cpu_target)
     (group, (train, predict)), = report.programs   # one batch shape and optimizer setting for the three tasks
