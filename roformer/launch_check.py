@@ -9,7 +9,7 @@ device's, the sharding of every parameter group, each process's share of the bat
 checkpoint, and the collectives of the optimised program with the bytes they move per step. A
 config that does not fit is refused in one line that says by how much and which setting helps;
 a real launch on the hardware runs the same fit check on the step it compiles anyway
-(roformer.train.compiled.refuse_unfit_step), before the state is made.
+(roformer.train.compiled.refuse_unfit_step), before its data pipeline starts.
 
 Targets: a TPU slice as Cloud TPU names it (`v5e:4x4`, `v5p:2x2x4`, `v4:2x2x2`, `v6e:4x4`;
 needs libtpu, the `[tpu]` extra, no TPU), or GPUs as `KIND:PER_HOSTxHOSTS` (`h100:8`,
@@ -162,6 +162,7 @@ class LaunchReport:
     model: str
     batch: str
     predicted: str | None = None         # the step time a cost model predicts, where one covers the target
+    remat: str = ""                      # the model's gradient checkpointing (model.remat)
 
     @property
     def peak_bytes(self) -> int:
@@ -237,7 +238,7 @@ def compile_run(config, target: Target, *, eval_step: bool = True) -> LaunchRepo
         target=target, mesh=dict(mesh.shape), layout=layout, device_bytes=device_memory_bytes(target, devices),
         param_bytes=device_bytes(state["params"]), opt_bytes=device_bytes(state["opt_state"]),
         groups=param_groups(state["params"], logical), checkpoint_bytes=sharding.checkpoint_bytes_per_process(state),
-        steps=reports, predicted=predicted, model=f"{config.model.size} ({_count(state['params']) / 1e6:.0f}M parameters, "
+        steps=reports, predicted=predicted, remat=model_cfg.remat, model=f"{config.model.size} ({_count(state['params']) / 1e6:.0f}M parameters, "
                              f"{model_cfg.dtype} compute)",
         batch=f"{tc.batch_size} x {tc.seq_len}" + (f", grad_accum {tc.grad_accum}" if tc.grad_accum > 1 else ""))
 
@@ -279,7 +280,7 @@ def check_fits(report: LaunchReport) -> None:
     message = unfit_message(peak, report.device_bytes, where=f"{report.target.name} ({report.target.kind})",
                             state_bytes=report.param_bytes + report.opt_bytes,
                             temp_bytes=max(s.memory["temp_size_in_bytes"] for s in report.steps),
-                            fsdp=report.mesh["fsdp"])
+                            fsdp=report.mesh["fsdp"], remat=report.remat)
     if message:
         raise ConfigError(message + f" [compiled: {train.name} {size_text(train.peak_bytes)}]")
 

@@ -11,7 +11,7 @@ import pytest
 from roformer.configs import tiny
 from roformer import deviceless, launch_check
 from roformer.errors import ConfigError
-from roformer.train import compiled, sharding
+from roformer.train import compiled, loop, sharding
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 needs_plugin = pytest.mark.skipif(not deviceless.plugin_available(),
@@ -76,7 +76,12 @@ def test_a_step_that_does_not_fit_is_refused_in_one_line_naming_the_knob():
                               "16.00 GiB (4.00 GiB over); lower train.batch_size")
     state_heavy = compiled.unfit_message(20 * gib, 16 * gib, where="x", state_bytes=12 * gib,
                                              temp_bytes=2 * gib, fsdp=2)
-    assert "over); raise mesh.fsdp (now 2;" in state_heavy
+    assert "over); raise mesh.fsdp (now 2; parameters and optimizer state are 12.00 GiB per device)" in state_heavy
+    without_remat = compiled.unfit_message(20 * gib, 16 * gib, where="x", state_bytes=gib, temp_bytes=15 * gib,
+                                           remat="none")
+    assert "raise train.grad_accum or set model.remat=full instead of none (the train step's activations" in without_remat
+    assert "model.remat" not in compiled.unfit_message(20 * gib, 16 * gib, where="x", state_bytes=gib,
+                                                       temp_bytes=15 * gib, remat="full")
 
 
 def test_a_gpu_target_without_its_compiler_is_refused_in_one_line(monkeypatch):
@@ -126,6 +131,84 @@ def test_a_real_launch_refuses_a_step_its_device_cannot_hold_and_runs_the_progra
             assert BACKEND_COMPILE not in compiles   # ... and its first call ran that program
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def untouchable(what):
+    def touched(*args, **kwargs):
+        raise AssertionError(f"{what} was touched")
+    return touched
+
+
+@pytest.mark.parametrize("vocab", ["", "bert-base-uncased-vocab.txt"])
+def test_a_real_launch_refuses_an_unfit_step_before_the_data_or_a_checkpoint_is_touched(tmp_path, monkeypatch,
+                                                                                       shared_data, vocab):
+    """On a device that reports 1 MiB, the launch fails with the one line before its data
+    pipeline (a cache build on every host) starts or its checkpoints are opened; with a given
+    vocabulary file, for that vocabulary's model."""
+    from roformer.train import bookkeeping, train_and_evaluate
+
+    config = micro_config(num_devices=1)
+    if vocab:
+        config.data.vocab = str(shared_data / "vocab" / vocab)
+    built = []
+    build = loop.build_model_config
+    monkeypatch.setattr(loop, "build_model_config", lambda *a, **k: built.append(k["vocab_size"]) or build(*a, **k))
+    monkeypatch.setattr(compiled, "device_memory_limit", lambda: 2**20)
+    monkeypatch.setattr(bookkeeping, "run_data", untouchable("the data pipeline"))
+    monkeypatch.setattr(bookkeeping, "make_pretrain_data", untouchable("the data pipeline"))
+    monkeypatch.setattr(bookkeeping, "open_run", untouchable("the checkpoints"))
+    monkeypatch.setattr(bookkeeping, "restore_or_init", untouchable("the checkpoints"))
+    with pytest.raises(ConfigError, match=r"^does not fit: the train step needs [^\n]* per device on this cpu, which "
+                                          r"has 1.0 MiB \([^\n]* over\); [^\n]*$"):
+        train_and_evaluate(config, tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert built == [30522 if vocab else 512]
+
+
+@pytest.mark.slow
+def test_a_real_launch_that_fits_runs_the_step_it_checked_before_the_data(tmp_path, monkeypatch, wiki_cache):
+    """The fit check runs once, before the data, and the loop keeps the step it compiled."""
+    from helpers.train import make_config
+    from roformer.train import bookkeeping, train_and_evaluate
+
+    order, checked = [], []
+    run_data, refuse = bookkeeping.run_data, compiled.refuse_unfit_step
+
+    def data(*args, **kwargs):
+        order.append("data")
+        return run_data(*args, **kwargs)
+
+    def check(jitted, *args, **kwargs):
+        order.append("fit check")
+        checked.append(jitted)
+        return refuse(jitted, *args, **kwargs)
+    monkeypatch.setattr(compiled, "device_memory_limit", lambda: 2**40)
+    monkeypatch.setattr(bookkeeping, "run_data", data)
+    monkeypatch.setattr(compiled, "refuse_unfit_step", check)
+    summary = train_and_evaluate(make_config(wiki_cache, **{"train.steps": 2}), tmp_path / "run")
+    assert summary["final_step"] == 2
+    # the tokenizer reaches data.vocab_size on this corpus, so the model checked is the run's
+    assert order == ["fit check", "data"] and len(checked) == 1
+
+
+def test_compile_only_compiles_the_steps_without_touching_data_or_checkpoints(monkeypatch):
+    """The whole check on a target of this host's four CPU devices (standing in for a TPU's,
+    which need libtpu) with every data and checkpoint entry point made to fail if touched."""
+    from roformer.data import pipeline
+    from roformer.train import bookkeeping
+
+    monkeypatch.setattr(launch_check, "target_devices", lambda target: jax.devices()[:4])
+    monkeypatch.setattr(launch_check, "device_memory_bytes", lambda target, devices: 2**30)
+    for module, name in ((bookkeeping, "run_data"), (bookkeeping, "make_pretrain_data"),
+                         (pipeline, "make_pretrain_data"), (pipeline, "make_source"), (pipeline, "load_tokenizer"),
+                         (bookkeeping, "open_run"), (bookkeeping, "restore_or_init")):
+        monkeypatch.setattr(module, name, untouchable(f"{module.__name__}.{name}"))
+    report = launch_check.compile_run(micro_config(data=-1, fsdp=2), launch_check.Target("cpu:4", "cpu", "cpu"))
+    assert report.mesh == {"data": 2, "fsdp": 2, "tensor": 1} and [s.name for s in report.steps] == [
+        "train step", "eval step"]
+    assert "all-gather" in report.steps[0].collectives   # FSDP gathers the parameters
+    launch_check.check_fits(report)
+    assert "fits: " in launch_check.format_report(report)
 
 
 # ---- with libtpu: the real steps compiled for TPU topologies ----------------------------------

@@ -2,7 +2,12 @@
     --config.init=<pretraining workdir | HF RoFormer dir | none> --workdir=DIR
 
 Evaluation only, of the fine-tuned models an earlier run kept (no training):
-python -m roformer.glue --config=<its config> --eval_only=<its workdir> --workdir=NEW_DIR"""
+python -m roformer.glue --config=<its config> --eval_only=<its workdir> --workdir=NEW_DIR
+
+Before renting the hardware, check the config for it (compiles the train and predict programs
+for one of the target's devices; reads no data, writes nothing; roformer.glue.compile_only):
+python -m roformer.glue --config=configs/glue.py:accel=tpu --config.model.size=base \
+    --config.model.vocab_size=30522 --compile_only=v5e:4x4"""
 import sys
 from pathlib import Path
 
@@ -18,6 +23,13 @@ def main(argv):
     if len(argv) > 1:
         raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
     config, workdir, eval_only = flags.FLAGS.config, flags.FLAGS.workdir, flags.FLAGS.eval_only
+    if flags.FLAGS.compile_only:
+        from roformer.glue import compile_only
+
+        print(compile_only.check_target(config, flags.FLAGS.compile_only), flush=True)
+        return
+    if not workdir:
+        raise cli.UsageError("--workdir is required (or --compile_only=TARGET to check a config for a target)")
     require_accelerator(requested_accelerator(cli.config_spec(sys.argv) or ""))
     results = evaluate_glue(config, eval_only, workdir) if eval_only else run_glue(config, workdir)
     print(open(f"{workdir}/glue_results.md").read(), end="")
@@ -48,7 +60,9 @@ if __name__ == "__main__":
     from ml_collections import config_flags
 
     config_flags.DEFINE_config_file("config", None, "GLUE config file (default: configs/glue.py).")
-    flags.DEFINE_string("workdir", None, "Output directory.", required=True)
+    flags.DEFINE_string("workdir", None, "Output directory.")
     flags.DEFINE_string("eval_only", None, "Score the fine-tuned models this GLUE workdir saved "
                         "(models/<task>/seed<k>) on the dev splits, without training.")
+    flags.DEFINE_string("compile_only", None, "Compile the train and predict programs for a target (a TPU slice "
+                        "such as v5e:4x4, or GPUs as h100:8), print memory and exit; no --workdir.")
     cli.run(main, doc=__doc__, default_config=cli.CONFIG_DIR / "glue.py")

@@ -340,18 +340,20 @@ def _batch_spec(batch_size: int, length: int, inputs: Iterable[str], label_dtype
 class Programs:
     """The compiled train and predict programs of one architecture (graph, number of
     labels) and one optimizer setting, keyed by batch shape; kept for every seed and task
-    that share them, and, with a `store`, for later runs."""
+    that share them, and, with a `store`, for later runs. `device`: the device the programs
+    are lowered for (default jax's); another platform's, to compile them for a target this
+    host does not have (roformer.glue.compile_only)."""
 
     def __init__(self, classifier: Classifier, update_settings: tuple, regression: bool,
-                 store: ProgramStore | None = None):
+                 store: ProgramStore | None = None, device=None):
         self.graphdef = classifier.graphdef
         self.regression = regression
         self.tx = unit_rate_adamw(*update_settings)
         self.label_dtype = jnp.float32 if regression else jnp.int32
-        abstract = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)  # noqa: E731
-        self.abstract_params = abstract(classifier.params)
-        self.abstract_opt_state = jax.eval_shape(self.tx.init, self.abstract_params)
-        self.abstract_rest = abstract(classifier.rest)
+        self._placed = {} if device is None else {"sharding": jax.sharding.SingleDeviceSharding(device)}
+        self.abstract_params = self._abstract(classifier.params)
+        self.abstract_opt_state = self._abstract(jax.eval_shape(self.tx.init, self.abstract_params))
+        self.abstract_rest = self._abstract(classifier.rest)
         self._train, self._predict = {}, {}
         self.compile_seconds = 0.0
         self.store, self.loaded = store, 0     # programs loaded from the store
@@ -360,6 +362,9 @@ class Programs:
             "graph": graph_text(self.graphdef), "update_settings": list(update_settings), "regression": regression,
             "state": tree_text((self.abstract_params, self.abstract_opt_state, self.abstract_rest)),
             "label_dtype": str(jnp.dtype(self.label_dtype))} if store else None
+
+    def _abstract(self, tree):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, **self._placed), tree)
 
     def gradients(self, packed: bool = False):
         """The loss and gradients of one [batch, length] batch (or one packed batch): (params,
@@ -471,20 +476,22 @@ class Programs:
 
     def lower_train(self, program: TrainProgram):
         """The train program, traced and lowered for this architecture's state (not compiled)."""
-        key = jax.eval_shape(lambda: jax.random.key(0))
+        key = self._abstract(jax.eval_shape(lambda: jax.random.key(0)))
         steps = program.steps_per_call
-        batches = {k: jax.ShapeDtypeStruct((steps, *v.shape), v.dtype) for k, v in
+        batches = {k: jax.ShapeDtypeStruct((steps, *v.shape), v.dtype, **self._placed) for k, v in
                    _batch_spec(program.batch_size, max(program.lengths), program.inputs, self.label_dtype,
                                program.rows, program.micro_batches).items()}
-        batches.update(learning_rate=jax.ShapeDtypeStruct((steps,), jnp.float32),
-                       step=jax.ShapeDtypeStruct((steps,), jnp.int32),
-                       branch=jax.ShapeDtypeStruct((steps,), jnp.int32))
+        batches.update(self._abstract(dict(learning_rate=jax.ShapeDtypeStruct((steps,), jnp.float32),
+                                           step=jax.ShapeDtypeStruct((steps,), jnp.int32),
+                                           branch=jax.ShapeDtypeStruct((steps,), jnp.int32))))
         return self._train_fn(program).lower(
             self.abstract_params, self.abstract_opt_state, self.abstract_rest, batches, key)
 
-    def _lower_predict(self, batch_size: int, length: int):
+    def lower_predict(self, batch_size: int, length: int):
+        """The predict program of [batch_size, length] batches, traced and lowered (not compiled)."""
         return self._predict_fn().lower(self.abstract_params, self.abstract_rest,
-                                        _batch_spec(batch_size, length, MODEL_INPUTS, self.label_dtype))
+                                        self._abstract(_batch_spec(batch_size, length, MODEL_INPUTS,
+                                                                   self.label_dtype)))
 
     def _describe(self, kind: str, shape) -> dict:
         return {**self._description, "kind": kind,
@@ -514,7 +521,7 @@ class Programs:
             if missing:   # a first run's long silent phase otherwise (later runs load them)
                 log.info("compiling %d programs (%d train, %d predict)", len(missing),
                          sum(kind == "train" for kind, _ in missing), sum(kind == "predict" for kind, _ in missing))
-            lowered = [self.lower_train(key) if kind == "train" else self._lower_predict(*key)
+            lowered = [self.lower_train(key) if kind == "train" else self.lower_predict(*key)
                        for kind, key in missing]      # tracing is Python: one thread
             compiled = iter(pool.map(lambda item, low: self._compile(*item, low), missing, lowered))
             for (kind, shape), program in zip(todo, found):

@@ -129,7 +129,15 @@ def step_batch(data_cfg, seq_len: int, batch_size: int, mesh) -> dict:
 
 def compile_step(jitted, *args, name: str, compiler_options: dict | None = None) -> tuple[object, StepReport]:
     started = time.perf_counter()
-    compiled = jitted.lower(*args).compile(compiler_options=compiler_options)
+    return compile_lowered(jitted.lower(*args), name=name, compiler_options=compiler_options, started=started)
+
+
+def compile_lowered(lowered, *, name: str, compiler_options: dict | None = None,
+                    started: float | None = None) -> tuple[object, StepReport]:
+    """Compile a lowered program and report what it needs per device (from `started`, the
+    time its tracing began, when given)."""
+    started = time.perf_counter() if started is None else started
+    compiled = lowered.compile(compiler_options=compiler_options)
     text = compiled.as_text()
     report = StepReport(name, memory_analysis(compiled), collectives(text), time.perf_counter() - started, text)
     return compiled, report
@@ -139,18 +147,25 @@ def size_text(n: float) -> str:
     return f"{n / GIB:.2f} GiB" if abs(n) >= GIB / 10 else f"{n / 2 ** 20:.1f} MiB"
 
 
-def unfit_message(peak: int, limit: int, *, where: str, state_bytes: int, temp_bytes: int, fsdp: int) -> str | None:
+def unfit_message(peak: int, limit: int, *, where: str, state_bytes: int, temp_bytes: int, fsdp: int = 1,
+                  remat: str = "", step: str = "train step", temp_knob: str = "", state_knob: str = "") -> str | None:
     """One line refusing a step of `peak` bytes per device on devices of `limit`, or None when it
-    fits: by how much, and which settings lower it (the batch's activations and temporaries, or
-    the parameters and optimizer state that more FSDP shards split further)."""
+    fits: by how much, and which settings lower it, the larger share first (the batch's
+    activations and temporaries, which gradient checkpointing also cuts where `remat` is not
+    "full" already, or the parameters and optimizer state that more FSDP shards split further).
+    `temp_knob`, `state_knob`: another program's settings for the two (GLUE's)."""
     if peak <= limit:
         return None
-    knobs = [(temp_bytes, f"lower train.batch_size or raise train.grad_accum (the step's activations and "
-                          f"temporaries are {size_text(temp_bytes)} per device)"),
-             (state_bytes, f"raise mesh.fsdp (now {fsdp}; parameters and optimizer state are {size_text(state_bytes)} "
-                           "per device)")]
+    temp_knob = temp_knob or "lower train.batch_size or raise train.grad_accum"
+    if remat and remat != "full":
+        temp_knob += f" or set model.remat=full instead of {remat}"
+    state_knob = state_knob or f"raise mesh.fsdp (now {fsdp};"
+    knobs = [(temp_bytes, f"{temp_knob} (the {step}'s activations and temporaries are {size_text(temp_bytes)} "
+                          "per device)"),
+             (state_bytes, f"{state_knob}{' ' if state_knob.endswith(';') else ' ('}parameters and optimizer state "
+                           f"are {size_text(state_bytes)} per device)")]
     knobs.sort(key=lambda k: -k[0])
-    return (f"does not fit: the train step needs {size_text(peak)} per device on {where}, which has {size_text(limit)} "
+    return (f"does not fit: the {step} needs {size_text(peak)} per device on {where}, which has {size_text(limit)} "
             f"({size_text(peak - limit)} over); " + ", or ".join(text for _, text in knobs))
 
 
@@ -160,7 +175,8 @@ def device_memory_limit() -> int | None:
     return (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
 
 
-def refuse_unfit_step(jitted, args: tuple, *, fsdp: int, state_bytes: int, limit: int | None = None):
+def refuse_unfit_step(jitted, args: tuple, *, fsdp: int, state_bytes: int, limit: int | None = None,
+                      remat: str = ""):
     """A real launch's fit check: compile `jitted` for `args` (ShapeDtypeStructs on the run's
     mesh; the same jitted function the loop then calls, so the program is compiled once) and
     refuse it in one line (ConfigError) when one device cannot hold it. `limit`: the device's
@@ -172,7 +188,8 @@ def refuse_unfit_step(jitted, args: tuple, *, fsdp: int, state_bytes: int, limit
     compiled, report = compile_step(jitted, *args, name="train step")
     log.info("compiled the train step in %.1fs: it needs %s per device", report.compile_s, size_text(report.peak_bytes))
     message = unfit_message(report.peak_bytes, int(limit), where=f"this {jax.local_devices()[0].device_kind}",
-                            state_bytes=state_bytes, temp_bytes=report.memory["temp_size_in_bytes"], fsdp=fsdp)
+                            state_bytes=state_bytes, temp_bytes=report.memory["temp_size_in_bytes"], fsdp=fsdp,
+                            remat=remat)
     if message:
         raise ConfigError(message)
     return compiled

@@ -74,6 +74,7 @@ class _PhaseInputs:
     data: object
     model_cfg: object
     init_params: dict | None   # a fresh warm start's parameters, until they are on the device
+    checked: tuple | None = None   # (setup, train step) the fit check before the data compiled
 
 
 @dataclasses.dataclass
@@ -141,6 +142,7 @@ def _phase_inputs(config, workdir: Path) -> _PhaseInputs:
     init_source = warm_start.find_init_checkpoint(tc.init_from, tc.init_step) if tc.init_from else None
     if init_source is None:   # this config's architecture (a warm start's is the checkpoint's: checked below)
         check_attention_setting(config.model)
+    checked = None if init_source is not None else _refuse_unfit_before_data(config, tc, mesh)
     data = bookkeeping.run_data(config.data, tc, init_source, workdir=workdir)
     if init_source is None:
         model_cfg = build_model_config(config.model, vocab_size=data.vocab_size, pad_token_id=data.pad_id)
@@ -158,7 +160,7 @@ def _phase_inputs(config, workdir: Path) -> _PhaseInputs:
     if init_source is not None and not PretrainWorkdir.holds_run(workdir):   # a fresh start will use them
         init_params = warm_start.load_init_params(init_source, model_cfg, warm_start.abstract_params(model_cfg),
                                                   data.tokenizer.hash, grow_positions=tc.init_grow_positions)
-    return _PhaseInputs(tc, mesh, init_source, data, model_cfg, init_params)
+    return _PhaseInputs(tc, mesh, init_source, data, model_cfg, init_params, checked)
 
 
 def _start_phase(cleanup: contextlib.ExitStack, config, workdir: Path, inputs: _PhaseInputs, checkpointer,
@@ -168,17 +170,12 @@ def _start_phase(cleanup: contextlib.ExitStack, config, workdir: Path, inputs: _
     tc, mesh, data, model_cfg = inputs.tc, inputs.mesh, inputs.data, inputs.model_cfg
     # the device kind's (None on a CPU: MFU is not reported there)
     peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
-    setup = TrainSetup(model_cfg, *bookkeeping.run_optimizer(tc), mesh, seed=tc.seed,
-                       dropout_rng_impl=tc.dropout_rng_impl)
     cleanup.enter_context(jax.set_mesh(mesh))
-    train_jit = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
-    # On a device that reports its memory, a step that cannot fit is refused in one line before the
-    # state is made; the program compiled for the check is the one the loop runs.
-    state_structs = setup.sharded_abstract_state()
-    compiled.refuse_unfit_step(
-        train_jit, (state_structs, setup.sharded_abstract_rest(),
-                    compiled.step_batch(config.data, tc.seq_len, tc.batch_size, mesh)),
-        fsdp=mesh.shape["fsdp"], state_bytes=compiled.device_bytes(state_structs))
+    if inputs.checked is not None and inputs.checked[0].model_cfg == model_cfg:   # the data's model is the one checked
+        setup, train_jit = inputs.checked
+    else:   # a warm start's model, or a tokenizer of another size than data.vocab_size: checked now
+        setup, train_jit = _checked_train_step(config, tc, mesh, model_cfg)
+    inputs.checked = None
     rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step
     state, start_step, train_iter = bookkeeping.restore_or_init(
         setup, checkpointer, data, tc, init_source=inputs.init_source, init_params=inputs.init_params)
@@ -246,6 +243,38 @@ def _step_loop(phase: _Phase) -> tuple[int, bool, dict]:
     if not preempted and step == phase.start_step:   # nothing left to train: report eval only
         last_eval = phase.evaluate(step)
     return step, preempted, last_eval
+
+
+def _checked_train_step(config, tc: TrainConfig, mesh, model_cfg):
+    """(the setup, its jitted train step) for `model_cfg`. On a device that reports its
+    memory, the step is compiled first and refused in one line when it cannot fit; the
+    program compiled for the check is then the one the loop runs."""
+    setup = TrainSetup(model_cfg, *bookkeeping.run_optimizer(tc), mesh, seed=tc.seed,
+                       dropout_rng_impl=tc.dropout_rng_impl)
+    train_jit = setup.jit_train_step(grad_accum=tc.grad_accum, debug_nan_step=tc.debug_nan_step)
+    state_structs = setup.sharded_abstract_state()
+    with jax.set_mesh(mesh):
+        compiled.refuse_unfit_step(
+            train_jit, (state_structs, setup.sharded_abstract_rest(),
+                        compiled.step_batch(config.data, tc.seq_len, tc.batch_size, mesh)),
+            fsdp=mesh.shape["fsdp"], state_bytes=compiled.device_bytes(state_structs), remat=model_cfg.remat)
+    return setup, train_jit
+
+
+def _refuse_unfit_before_data(config, tc: TrainConfig, mesh):
+    """The fit check of a fresh run, before its data pipeline starts (a cache build on every
+    host) or any checkpoint is read: the config's model with data.vocab's size (a given
+    vocabulary file) or data.vocab_size (the size the tokenizer is trained to) compiled for
+    this device. Returns (setup, train step) for the loop to keep when the data's tokenizer
+    gives the same model, or None where the device reports no memory (a CPU), so nothing is
+    compiled twice."""
+    if not compiled.device_memory_limit():
+        return None
+    from roformer.data.tokenizer import load_tokenizer
+
+    vocab_size = (load_tokenizer(config.data.vocab, lowercase=config.data.lowercase).vocab_size if config.data.vocab
+                  else int(config.data.vocab_size))
+    return _checked_train_step(config, tc, mesh, build_model_config(config.model, vocab_size=vocab_size))
 
 
 def _make_mesh(mesh_cfg, tc: TrainConfig):

@@ -67,7 +67,7 @@ def test_a_model_that_cannot_predict_fails_before_training(shared_data, vocab, t
     def cannot_predict(self, batch_size, length):
         raise ValueError("the kernel refuses this layout")
 
-    monkeypatch.setattr(finetune_lib.Programs, "_lower_predict", cannot_predict)
+    monkeypatch.setattr(finetune_lib.Programs, "lower_predict", cannot_predict)
     monkeypatch.setattr(glue_run, "finetune", lambda *a, **kw: pytest.fail("trained before predicting"))
     with pytest.raises(RuntimeError, match="mrpc: ValueError: the kernel refuses this layout"):
         glue_run.run_glue(tiny_config(shared_data, vocab, "mrpc"), tmp_path / "glue")

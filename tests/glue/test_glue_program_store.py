@@ -63,7 +63,7 @@ def test_a_second_run_loads_every_program_without_tracing_and_trains_bit_for_bit
         raise AssertionError("a stored program was traced again")
 
     monkeypatch.setattr(finetune_lib.Programs, "lower_train", no_tracing)
-    monkeypatch.setattr(finetune_lib.Programs, "_lower_predict", no_tracing)
+    monkeypatch.setattr(finetune_lib.Programs, "lower_predict", no_tracing)
     classifier, progs = programs(store)
     again_losses, again_params, again_preds = train_and_predict(classifier, progs)
     assert progs.loaded == 2
@@ -132,7 +132,7 @@ from roformer.glue.program_store import ProgramStore
 store, plant = ProgramStore(Path(sys.argv[1])), sys.argv[2] == "plant"
 classifier, progs = programs(store)
 if plant:   # written as the store writes an entry, without its checks
-    compiled = progs._lower_predict(*PREDICT).compile()
+    compiled = progs.lower_predict(*PREDICT).compile()
     executable, in_tree, out_tree = serialize_executable.serialize(compiled)
     key = store.key(progs._describe("predict", PREDICT))
     store.directory.mkdir(parents=True, exist_ok=True)
