@@ -45,7 +45,7 @@ from tokenizers import Tokenizer
 from roformer import cli
 from roformer.data.tokenizer import CLS, MASK, PAD, SEP, UNK, normalizer_lowercases
 from roformer.errors import ConfigError
-from roformer.files import write_bytes_atomic, write_json_atomic, write_text_atomic
+from roformer.files import EXPORT_INCOMPLETE, write_bytes_atomic, write_json_atomic, write_text_atomic
 from roformer.model import (
     DTYPES,
     ModelConfig,
@@ -68,9 +68,6 @@ SINUSOID_KEY = "encoder.embed_positions.weight"
 OUR_CONFIG_FILE = "model_config.json"
 OUR_PARAMS_DIR = "params"
 FORMAT_NAME = "roformer-jax"
-# Lies in an output directory while a conversion writes it; a directory that still has it was
-# left by a conversion that was stopped, and is refused as input.
-EXPORT_INCOMPLETE = "EXPORT_INCOMPLETE"
 OLDEST_TESTED_TRANSFORMERS = "4.45.0"
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 

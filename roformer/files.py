@@ -32,6 +32,12 @@ _DISK_FULL_TEXT = re.compile(r"\d+ requested and \d+ written|os error (28|122)\b
 _STAGING = re.compile(r"^\.(?P<name>.+)\.partial-(?P<pid>\d+)-[0-9a-f]{8}$")
 
 
+# Lies in an export's output directory while a conversion writes it (roformer.convert); a
+# directory that still has it was left by a conversion that was stopped: refused as input and
+# never uploaded (roformer.hub).
+EXPORT_INCOMPLETE = "EXPORT_INCOMPLETE"
+
+
 def is_disk_full(error: BaseException) -> bool:
     """Whether `error` says the disk (or quota) is full."""
     if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:

@@ -14,8 +14,8 @@ import json
 import os
 from pathlib import Path
 
-from roformer.convert import EXPORT_INCOMPLETE
 from roformer.errors import ConfigError, UserError
+from roformer.files import EXPORT_INCOMPLETE
 
 TOKEN_ENV = "HF_TOKEN"
 EXTRA = "pip install 'roformer-jax[hub]'"

@@ -124,13 +124,13 @@ HOUSE = (
     ("model",),
     ("data", "accelerator"),   # accelerator: the device, dtype and attention path a run logs
     ("workdir",),            # a pretraining workdir's layout and its one reader
-    ("convert",),            # HF format in and out
+    ("convert", "hub"),      # HF format in and out, and its upload to the Hub
     ("checkpoint_source",),  # which of those a model comes from
     ("train",),
     ("glue",),
     ("ablation", "study"),    # two programs side by side: neither imports the other (SIBLINGS)
     ("bench", "deviceless"),   # deviceless: the train step compiled for a GPU this host lacks
-    ("launch_check",),       # a run's steps compiled for a target ahead of its hardware
+    ("launch_check", "glue_launch_check"),   # a run's steps compiled for a target ahead of its hardware
     ("commands",),           # pretrain, ablate, capability, every __main__
 )
 COMMANDS = ("pretrain", "ablate", "capability", "evaluate", "console_scripts")

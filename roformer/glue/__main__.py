@@ -5,7 +5,7 @@ Evaluation only, of the fine-tuned models an earlier run kept (no training):
 python -m roformer.glue --config=<its config> --eval_only=<its workdir> --workdir=NEW_DIR
 
 Before renting the hardware, check the config for it (compiles the train and predict programs
-for one of the target's devices; reads no data, writes nothing; roformer.glue.compile_only):
+for one of the target's devices; reads no data, writes nothing; roformer.glue_launch_check):
 python -m roformer.glue --config=configs/glue.py:accel=tpu --config.model.size=base \
     --config.model.vocab_size=30522 --compile_only=v5e:4x4"""
 import sys
@@ -24,7 +24,7 @@ def main(argv):
         raise cli.UsageError(f"unexpected arguments: {argv[1:]}")
     config, workdir, eval_only = flags.FLAGS.config, flags.FLAGS.workdir, flags.FLAGS.eval_only
     if flags.FLAGS.compile_only:
-        from roformer.glue import compile_only
+        from roformer import glue_launch_check as compile_only
 
         print(compile_only.check_target(config, flags.FLAGS.compile_only), flush=True)
         return

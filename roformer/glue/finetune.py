@@ -342,7 +342,7 @@ class Programs:
     labels) and one optimizer setting, keyed by batch shape; kept for every seed and task
     that share them, and, with a `store`, for later runs. `device`: the device the programs
     are lowered for (default jax's); another platform's, to compile them for a target this
-    host does not have (roformer.glue.compile_only)."""
+    host does not have (roformer.glue_launch_check)."""
 
     def __init__(self, classifier: Classifier, update_settings: tuple, regression: bool,
                  store: ProgramStore | None = None, device=None):

@@ -170,12 +170,12 @@ def _start_phase(cleanup: contextlib.ExitStack, config, workdir: Path, inputs: _
     tc, mesh, data, model_cfg = inputs.tc, inputs.mesh, inputs.data, inputs.model_cfg
     # the device kind's (None on a CPU: MFU is not reported there)
     peak_flops = flops.device_peak_flops(jax.devices()[0], model_cfg.dtype, tc.peak_flops_per_device)
-    cleanup.enter_context(jax.set_mesh(mesh))
     if inputs.checked is not None and inputs.checked[0].model_cfg == model_cfg:   # the data's model is the one checked
         setup, train_jit = inputs.checked
     else:   # a warm start's model, or a tokenizer of another size than data.vocab_size: checked now
         setup, train_jit = _checked_train_step(config, tc, mesh, model_cfg)
     inputs.checked = None
+    cleanup.enter_context(jax.set_mesh(mesh))   # after the setup: its abstract model is traced without a mesh
     rest = setup.init_rest()   # RNG streams only; dropout keys are re-derived every step
     state, start_step, train_iter = bookkeeping.restore_or_init(
         setup, checkpointer, data, tc, init_source=inputs.init_source, init_params=inputs.init_params)

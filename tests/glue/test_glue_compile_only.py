@@ -1,4 +1,4 @@
-"""GLUE's compile-only check (roformer.glue.compile_only): the real train and predict programs
+"""GLUE's compile-only check (roformer.glue_launch_check): the real train and predict programs
 compiled for one device of a target, with no GLUE data read and no checkpoint weights loaded,
 and the one-line refusal of programs that device cannot hold. The target here is this host's
 CPU devices standing in for a TPU's (a test with libtpu compiles for a real topology)."""
@@ -10,7 +10,8 @@ import pytest
 from roformer import deviceless, launch_check
 from roformer.configs import glue as glue_config
 from roformer.errors import ConfigError
-from roformer.glue import compile_only, readers, run
+from roformer import glue_launch_check as compile_only
+from roformer.glue import readers, run
 from roformer.checkpoint_source import CheckpointSource
 
 needs_libtpu = pytest.mark.skipif(not launch_check.libtpu_available(),
