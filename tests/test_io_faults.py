@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from helpers import cache_entries
 from roformer import cli
 from roformer.data import DataConfig, make_pretrain_data
 from roformer.data import shards as shards_lib
@@ -42,7 +43,7 @@ def build(cache, **overrides):
 
 def test_a_truncated_cached_tokenizer_is_rebuilt_and_named_as_a_cache_entry(tmp_path, caplog):
     first = build(tmp_path)
-    [entry] = (tmp_path / "tokenizers").iterdir()
+    [entry] = cache_entries(tmp_path / "tokenizers")
     path = entry / "tokenizer.json"
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])   # a full disk cut it short
     again = build(tmp_path)
@@ -72,7 +73,7 @@ def test_a_full_disk_while_writing_shards_is_one_line_naming_the_cache_entry(tmp
         return real_save(path, array, *args, **kwargs)
 
     build(tmp_path)   # the tokenizer; then the shards again
-    for entry in (tmp_path / "shards").iterdir():
+    for entry in cache_entries(tmp_path / "shards"):
         shutil.rmtree(entry)
     monkeypatch.setattr(shards_lib.np, "save", short_write)
     message = one_line_error(lambda: build(tmp_path), capsys)

@@ -5,6 +5,7 @@ import zlib
 import numpy as np
 import pytest
 
+from helpers import cache_entries
 from roformer.data import shard_build, shards
 from roformer.data.sources import FilesSource
 from roformer.data.tokenizer import WordPieceTokenizer
@@ -138,13 +139,13 @@ def test_empty_corpus_is_an_error(tmp_path, tokenizer):
     stubs.write_text('<doc id="1" url="u" title="A">\nA\n\n</doc>\n')
     with pytest.raises(ValueError, match="corpus is empty"):
         _load(stubs, tokenizer, tmp_path / "cache")
-    assert not list((tmp_path / "cache" / "shards").iterdir())     # no half-built entry left behind
+    assert not cache_entries(tmp_path / "cache" / "shards")     # no half-built entry left behind
 
 
 def test_token_ids_beyond_the_vocabulary_make_a_cache_entry_unusable(tiny_run, tiny_cache, tmp_path):
     from roformer.data.shards import open_shards
 
-    entry = next((tiny_cache / "shards").iterdir())
+    entry = cache_entries(tiny_cache / "shards")[0]
     damaged = tmp_path / entry.name
     damaged.mkdir()
     for path in entry.iterdir():

@@ -143,3 +143,9 @@ def one_line_error(capsys, fn) -> str:
 UNWRITABLE = Path("/sys/kernel")   # a directory even root cannot create files in
 needs_unwritable = pytest.mark.skipif(not UNWRITABLE.is_dir() or os.access(UNWRITABLE, os.W_OK) and os.getuid() != 0,
                                       reason="needs Linux's sysfs, where no process may create a file")
+
+
+def cache_entries(directory: Path) -> list[Path]:
+    """The entries of a token-cache folder (`shards/`, `tokenizers/`), without the hidden build
+    lock and builder files that stay beside them (roformer.data.cache_lock)."""
+    return sorted(p for p in directory.iterdir() if not p.name.startswith("."))
