@@ -14,8 +14,8 @@ from roformer.study import session as study
 def test_a_member_reads_its_own_seeds_order_and_keys_whatever_its_group_holds():
     """A group of seed 1 alone reads seed 1's row of the pass orders (it read seed 0's when its
     index was its place among the group's seeds), and no step's dropout key is a masking key."""
-    from roformer.study.groups import member_inputs
     from roformer.study.plan import Member
+    from roformer.study.groups import member_inputs
 
     alone = member_inputs([Member(0, 1, 4e-3)])
     full = member_inputs([Member(0, 0, 4e-3), Member(1, 1, 4e-3)])
