@@ -1,6 +1,6 @@
 """What the tests share, in one place: test modules import from `helpers` (this package,
-`helpers.train`, `helpers.ablation`, `helpers.glue`), never from one another or from
-conftest.py (tests/test_imports.py checks it).
+`helpers.train`, `helpers.ablation`, `helpers.glue`, `helpers.study`), never from one another
+or from conftest.py (tests/test_imports.py checks it).
 
 Importing it first sets the environment every test runs in (tests/conftest.py does, before
 any test module): XLA's flags must be set before jax is imported anywhere, so that sharding
