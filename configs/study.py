@@ -135,7 +135,7 @@ RECIPE_CHECK = {
 }
 
 
-# The downstream arm (roformer.study.downstream, docs/study.md): the study keeps each scheme's
+# The downstream arm (roformer.study.downstream, docs/study-follow-ups.md): the study keeps each scheme's
 # chosen-rate scored members (kept/<scheme>/seed<k>: roformer.convert's format with the
 # tokenizer), and `python -m roformer.study downstream` fine-tunes each on the CPU with
 # roformer.glue for every task x fine-tuning seed. The verdict rules are fixed here, before any

@@ -33,7 +33,7 @@
 # same command resumes with the rest. Exit status: 0 the study is whole; 3 stopped by
 # study.time_limit_s, 124 by LIMIT_S (both partial: resume); anything else failed.
 # RECIPE_CHECK=1: once the study is whole, the check of its warmup and batch for learned
-# positions on the tuning seeds (python -m roformer.study recipe; docs/study.md) within what is
+# positions on the tuning seeds (python -m roformer.study recipe; docs/study-follow-ups.md) within what is
 # left of LIMIT_S, resumed by the same command; the report then carries its result.
 # Usage: scripts/gpu_comparison.sh OUTDIR VARIANT [--config.KEY=VALUE ...]
 #   (PYTHON=... to choose the interpreter, STUDY_DATA=... for another pack)

@@ -247,7 +247,7 @@ def recipe_lines(config, check: dict | None) -> list[str]:
     if check is None:
         scheme = section.scheme if section is not None else "learned"
         return lines + [f"Not checked for {scheme} in this workdir (`python -m roformer.study recipe`; "
-                        "docs/study.md).", ""]
+                        "docs/study-follow-ups.md).", ""]
     rows = [f"| {name} | {r['warmup_steps']} | {r['batch_size']} | {r['rate']:g}{' (edge)' if r['rate_at_edge'] else ''} "
             f"| {r['validation_loss']:.4f} |" for name, r in check["settings"].items()]
     lines += ["", f"Checked for {check['scheme']} on tuning seeds {', '.join(map(str, check['tuning_seeds']))} "
