@@ -1,7 +1,8 @@
-"""docs/results/2026-12-07-remat.md, base table: `python scripts/remat_base_cpu.py 4 512 mem`.
+"""docs/results/2026-12-07-remat.md, CPU tables: `python scripts/remat_base_cpu.py 4 512 mem [SIZE]`.
 
-XLA's buffer assignment (memory_analysis) of the compiled base/512 train step with
-model.remat none|full|dots on this CPU, then the step time of each (median of 2)."""
+XLA's buffer assignment (memory_analysis) of the compiled SIZE (default base) train step at
+BATCH x LENGTH with model.remat none|full|dots on this CPU, and with `time` the step time of
+each (2 steps after an untimed one)."""
 import json
 import sys
 import time
@@ -14,8 +15,9 @@ from flax import nnx
 from roformer.model import ModelConfig, RoFormerForMaskedLM
 
 batch, length, timed = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "time"
+size = sys.argv[4] if len(sys.argv) > 4 else "base"
 for remat in ("none", "full", "dots"):
-    config = ModelConfig.from_preset("base", remat=remat)
+    config = ModelConfig.from_preset(size, remat=remat)
     model = RoFormerForMaskedLM(config, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.adamw(1e-4), wrt=nnx.Param)
     ids = jnp.asarray(np.random.default_rng(0).integers(1, config.vocab_size, (batch, length)), jnp.int32)
@@ -31,7 +33,7 @@ for remat in ("none", "full", "dots"):
 
     t0 = time.perf_counter()
     mem = step.lower(model, optimizer, ids).compile().memory_analysis()
-    out = {"remat": remat, "batch": batch, "length": length, "compile_s": round(time.perf_counter() - t0, 1),
+    out = {"size": size, "remat": remat, "batch": batch, "length": length, "compile_s": round(time.perf_counter() - t0, 1),
            "temp_gib": round(mem.temp_size_in_bytes / 2**30, 3),
            "argument_gib": round(mem.argument_size_in_bytes / 2**30, 3),
            "output_gib": round(mem.output_size_in_bytes / 2**30, 3),
