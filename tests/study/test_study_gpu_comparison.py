@@ -42,7 +42,7 @@ def test_the_device_script_at_smoke_size(tmp_path):
     assert "{" not in text.split("\n## ")[0]   # the header's every placeholder filled in
     for figure in ("study_loss.png", "study_onset.png", "study_spectrum.png", "study_signal.png"):
         assert (out / figure).stat().st_size > 0
-    # What a lent machine sends back: at most 8 files, none in a subfolder.
+    # OUTDIR holds the eight files the script names (its header), none in a subfolder.
     assert len(list(out.iterdir())) <= 8 and all(p.is_file() for p in out.iterdir())
     assert (out / "records.tar.gz").stat().st_size > 0
     import tarfile

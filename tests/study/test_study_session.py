@@ -11,7 +11,7 @@ from roformer.study import session as study
 
 
 def test_a_schemes_fingerprint_does_not_depend_on_where_the_data_lie():
-    """Records made with the checkout in one place resume with it in another (a lent machine's)."""
+    """Records made with the checkout in one place resume with it in another (a fresh machine's)."""
     manifest = {"num_docs": 3, "setup_s": 1.0}
     here, there = config("gpu_tiny"), config("gpu_tiny")
     here.pretrain.data.files, there.pretrain.data.files = "/one/place/wiki_*", "/another/place/wiki_*"
