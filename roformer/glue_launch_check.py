@@ -176,15 +176,8 @@ def format_report(report: GlueReport) -> str:
                      + (f" packed into {p.rows} rows" if p.rows else "") + f" x {max(p.lengths)}, "
                      f"{p.steps_per_call} steps per call, padding {group.padding}"
                      + (f" (one program, a branch per length {list(p.lengths)})" if len(p.lengths) > 1 else ""))
-        for step in steps:
-            mem = step.memory
-            lines.append(f"    {step.name + ':':<17} arguments {size_text(mem['argument_size_in_bytes'])}, temporaries "
-                         f"{size_text(mem['temp_size_in_bytes'])}, outputs not donated "
-                         f"{size_text(mem['output_size_in_bytes'] - mem['alias_size_in_bytes'])} -> peak "
-                         f"{size_text(step.peak_bytes)} (compiled in {step.compile_s:.0f}s)")
-    share = report.peak_bytes / report.device_bytes
-    lines.append(f"  fits: {size_text(report.peak_bytes)} of {size_text(report.device_bytes)} ({share:.0%})"
-                 if share <= 1 else f"  DOES NOT FIT: {size_text(report.peak_bytes)} of {size_text(report.device_bytes)}")
+        lines += [launch_check.step_memory_line(step, "    ", 17) for step in steps]
+    lines.append(launch_check.fit_line(report.peak_bytes, report.device_bytes))
     lines.append("sharding: none; every parameter and the optimizer state whole on the one device")
     for group, steps in report.programs:
         for step in steps:

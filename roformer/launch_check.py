@@ -285,6 +285,22 @@ def check_fits(report: LaunchReport) -> None:
         raise ConfigError(message + f" [compiled: {train.name} {size_text(train.peak_bytes)}]")
 
 
+def step_memory_line(step, indent: str, width: int) -> str:
+    """A compiled step's memory (its XLA memory analysis) as one report line."""
+    m = step.memory
+    return (f"{indent}{step.name + ':':<{width}} arguments {size_text(m['argument_size_in_bytes'])}, temporaries "
+            f"{size_text(m['temp_size_in_bytes'])}, outputs not donated "
+            f"{size_text(m['output_size_in_bytes'] - m['alias_size_in_bytes'])} -> peak {size_text(step.peak_bytes)} "
+            f"(compiled in {step.compile_s:.0f}s)")
+
+
+def fit_line(peak_bytes: int, device_bytes: int) -> str:
+    """Whether a peak fits the device's memory, as the report's line."""
+    share = peak_bytes / device_bytes
+    return (f"  fits: {size_text(peak_bytes)} of {size_text(device_bytes)} ({share:.0%})" if share <= 1
+            else f"  DOES NOT FIT: {size_text(peak_bytes)} of {size_text(device_bytes)}")
+
+
 def format_report(report: LaunchReport) -> str:
     """The report as the command prints it."""
     t, layout = report.target, report.layout
@@ -297,15 +313,8 @@ def format_report(report: LaunchReport) -> str:
              "memory per device:",
              f"  parameters       {size_text(report.param_bytes)}",
              f"  optimizer state  {size_text(report.opt_bytes)}"]
-    for step in report.steps:
-        m = step.memory
-        lines.append(f"  {step.name + ':':<16} arguments {size_text(m['argument_size_in_bytes'])}, temporaries "
-                     f"{size_text(m['temp_size_in_bytes'])}, outputs not donated "
-                     f"{size_text(m['output_size_in_bytes'] - m['alias_size_in_bytes'])} -> peak {size_text(step.peak_bytes)} "
-                     f"(compiled in {step.compile_s:.0f}s)")
-    share = report.peak_bytes / report.device_bytes
-    lines.append(f"  fits: {size_text(report.peak_bytes)} of {size_text(report.device_bytes)} ({share:.0%})"
-                 if share <= 1 else f"  DOES NOT FIT: {size_text(report.peak_bytes)} of {size_text(report.device_bytes)}")
+    lines += [step_memory_line(step, "  ", 16) for step in report.steps]
+    lines.append(fit_line(report.peak_bytes, report.device_bytes))
     lines.append("parameter sharding (path, shape, logical axes -> mesh axes, per device):")
     for g in report.groups:
         times = f" x{g.count}" if g.count > 1 else ""
